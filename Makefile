@@ -1,0 +1,47 @@
+# The two commands of the README contract: `make demo` and `make test`.
+# Both bootstrap everything they need on a fresh machine.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+OPA     := .tools/bin/opa
+STAMP   := $(VENV)/.installed
+
+.PHONY: all demo test bench lint typecheck pytest policy-check tools venv clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@echo ">> creating virtualenv and installing pvegate (dev extras)"
+	@test -d $(VENV) || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install --quiet --upgrade pip
+	@$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+tools:
+	@bash scripts/provision-tools.sh
+
+demo: venv tools
+	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+policy-check: tools
+	@bash scripts/policy-checks.sh
+
+pytest: venv tools
+	$(BIN)/pytest -q
+
+test: lint typecheck policy-check pytest
+
+bench: venv tools
+	@bash scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) .state build *.egg-info

@@ -1,0 +1,100 @@
+"""The Starlette application: routes, and the lifespan that builds the components."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.approvals import Approvals
+from gateway.audit import AuditLog
+from gateway.auth import Authenticator
+from gateway.catalog import Catalog
+from gateway.components import Components
+from gateway.config import Config
+from gateway.connectors import Runtime
+from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
+from gateway.decisions import DecisionClient
+from gateway.opa_sidecar import REPO_ROOT, OPASidecar
+from gateway.targets import TargetResolver
+from gateway.transport import handle_mcp
+
+log = logging.getLogger("pvegate")
+
+
+def default_policy_paths() -> tuple[Path, ...]:
+    return (REPO_ROOT / "policies",)
+
+
+def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
+    """Start the managed sidecar (or use the external URL); returns the URL to ask."""
+    if config.opa.mode == "external":
+        if not config.opa.url:
+            raise ValueError("opa.mode external needs opa.url")
+        return config.opa.url, None
+    sidecar = OPASidecar(
+        policies=config.opa.policies or default_policy_paths(),
+        bundle=config.opa.bundle,
+        verification_key=config.opa.verification_key,
+        binary=config.opa.binary,
+        log_file=config.state_dir / "opa.log",
+        decision_logs=config.opa.decision_logs,
+    )
+    sidecar.start()
+    return sidecar.url, sidecar
+
+
+async def build_components(config: Config) -> Components:
+    catalog = Catalog.load(config.connectors_dir)
+    url, sidecar = await asyncio.to_thread(start_opa, config)
+    audit = AuditLog(config.audit_path)
+    await audit.open()
+    clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
+    runtimes: dict[str, Runtime] = {"pve_api": PveApiRuntime(clients)}
+    return Components(
+        config=config,
+        catalog=catalog,
+        audit=audit,
+        decisions=DecisionClient(url, config.opa.timeout_ms),
+        targets=TargetResolver(clients, config.target_cache_seconds),
+        approvals=Approvals(),
+        runtimes=runtimes,
+        sidecar=sidecar,
+    )
+
+
+async def health(request: Request) -> Response:
+    c: Components = request.app.state.components
+    opa_ok = c.sidecar.alive() if c.sidecar is not None else True
+    return JSONResponse({"status": "ok" if opa_ok else "degraded", "opa": opa_ok}, status_code=200 if opa_ok else 503)
+
+
+def create_app(config: Config) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        components = await build_components(config)
+        app.state.components = components
+        app.state.authenticator = Authenticator(config.auth)
+        supervisor = asyncio.create_task(components.sidecar.supervise()) if components.sidecar else None
+        log.info("pvegate ready: %d tools, OPA at %s", len(components.catalog), components.decisions.url)
+        try:
+            yield
+        finally:
+            if supervisor is not None:
+                supervisor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await supervisor
+            await components.close()
+
+    routes = [
+        Route("/mcp", handle_mcp, methods=["GET", "POST", "DELETE"]),
+        Route("/healthz", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,18 @@
+"""Connecting the official `mcp` SDK client to pvegate (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import httpx2
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+
+def mcp_client(url: str, token: str | None, ca_file: Path | None, *, mode: str = "legacy") -> Client:
+    """An SDK Client speaking Streamable HTTP to `url`, verifying TLS against `ca_file`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
+    http = httpx2.AsyncClient(headers=headers, verify=verify, timeout=httpx2.Timeout(30.0))
+    return Client(streamable_http_client(url, http_client=http), mode=mode)

@@ -1,0 +1,248 @@
+"""Gateway configuration: one YAML file, loaded into frozen dataclasses.
+
+Secrets (Proxmox tokens, the JWT signing secret, SSH keys) are never inlined here:
+the file names where to read them from (a file path or an environment variable).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where a secret lives: a file or an environment variable, never the config itself."""
+
+    file: Path | None = None
+    env: str | None = None
+
+    def read(self) -> str:
+        if self.file is not None:
+            return self.file.read_text().strip()
+        if self.env is not None:
+            value = os.environ.get(self.env)
+            if value is None:
+                raise ConfigError(f"environment variable {self.env} is not set")
+            return value.strip()
+        raise ConfigError("secret reference names neither a file nor an environment variable")
+
+    def __repr__(self) -> str:  # never print secret material, only where it is
+        return f"SecretRef(file={self.file}, env={self.env})"
+
+
+@dataclass(frozen=True)
+class SSHNodeConfig:
+    name: str
+    host: str
+    port: int
+    host_key: str  # pinned OpenSSH public key line
+
+
+@dataclass(frozen=True)
+class SSHConfig:
+    user: str
+    key_file: Path
+    nodes: dict[str, SSHNodeConfig]
+    command_timeout: float = 10.0
+    max_output_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    api_url: str
+    token: SecretRef
+    ca_file: Path | None = None
+    fingerprint: str | None = None
+    verify_tls: bool = True
+    timeout: float = 10.0
+    ssh: SSHConfig | None = None
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    issuer: str
+    audience: str
+    hs256_secret: SecretRef | None = None
+    jwks_url: str | None = None
+    jwks_file: Path | None = None
+    algorithms: tuple[str, ...] = ("HS256",)
+    leeway_seconds: int = 30
+    roles_claim: str = "roles"
+    groups_claim: str = "groups"
+    scopes_claim: str = "scope"
+    required_scopes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OPAConfig:
+    mode: str = "managed"  # managed: start `opa run --server` ourselves; external: connect to url
+    url: str | None = None
+    binary: Path | None = None
+    policies: tuple[Path, ...] = ()
+    bundle: Path | None = None
+    verification_key: Path | None = None
+    timeout_ms: int = 500
+    decision_logs: bool = True
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    cert: Path | None = None
+    key: Path | None = None
+    insecure_http: bool = False  # plain HTTP: loopback only, logged
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    token: SecretRef | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str
+    port: int
+    tls: TLSConfig
+    auth: AuthConfig
+    opa: OPAConfig
+    clusters: dict[str, ClusterConfig]
+    connectors_dir: Path
+    audit_path: Path
+    state_dir: Path
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    max_body_bytes: int = 1_048_576
+    target_cache_seconds: float = 5.0
+    public_url: str | None = None
+
+    @property
+    def default_cluster(self) -> str:
+        return next(iter(self.clusters))
+
+
+def _secret(raw: Any, base: Path, what: str) -> SecretRef:
+    if not isinstance(raw, dict) or not ({"file", "env"} & raw.keys()):
+        raise ConfigError(f"{what}: expected a mapping with 'file' or 'env'")
+    return SecretRef(
+        file=_path(raw["file"], base) if raw.get("file") else None,
+        env=raw.get("env"),
+    )
+
+
+def _path(raw: Any, base: Path) -> Path:
+    p = Path(str(raw)).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def _opt_path(raw: Any, base: Path) -> Path | None:
+    return None if raw in (None, "") else _path(raw, base)
+
+
+def _ssh(raw: dict[str, Any] | None, base: Path) -> SSHConfig | None:
+    if not raw:
+        return None
+    nodes = {
+        name: SSHNodeConfig(name=name, host=str(n["host"]), port=int(n.get("port", 22)), host_key=n["host_key"])
+        for name, n in (raw.get("nodes") or {}).items()
+    }
+    return SSHConfig(
+        user=str(raw.get("user", "root")),
+        key_file=_path(raw["key_file"], base),
+        nodes=nodes,
+        command_timeout=float(raw.get("command_timeout", 10.0)),
+        max_output_bytes=int(raw.get("max_output_bytes", 1_048_576)),
+    )
+
+
+def parse(raw: dict[str, Any], base: Path) -> Config:
+    """Build a Config from a parsed YAML mapping; relative paths resolve against `base`."""
+    try:
+        listen = raw.get("listen", {})
+        tls_raw = raw.get("tls", {})
+        auth_raw = raw["auth"]
+        opa_raw = raw.get("opa", {})
+        clusters: dict[str, ClusterConfig] = {}
+        for c in raw.get("clusters", []):
+            clusters[c["name"]] = ClusterConfig(
+                name=c["name"],
+                api_url=str(c["api_url"]).rstrip("/"),
+                token=_secret(c["token"], base, f"cluster {c['name']} token"),
+                ca_file=_opt_path(c.get("ca_file"), base),
+                fingerprint=c.get("fingerprint"),
+                verify_tls=bool(c.get("verify_tls", True)),
+                timeout=float(c.get("timeout", 10.0)),
+                ssh=_ssh(c.get("ssh"), base),
+            )
+        if not clusters:
+            raise ConfigError("at least one cluster must be configured")
+        state_dir = _path(raw.get("state_dir", ".state"), base)
+        return Config(
+            host=str(listen.get("host", "127.0.0.1")),
+            port=int(listen.get("port", 8443)),
+            tls=TLSConfig(
+                cert=_opt_path(tls_raw.get("cert"), base),
+                key=_opt_path(tls_raw.get("key"), base),
+                insecure_http=bool(tls_raw.get("insecure_http", False)),
+            ),
+            auth=AuthConfig(
+                issuer=str(auth_raw["issuer"]),
+                audience=str(auth_raw["audience"]),
+                hs256_secret=_secret(auth_raw["hs256_secret"], base, "auth.hs256_secret")
+                if auth_raw.get("hs256_secret")
+                else None,
+                jwks_url=auth_raw.get("jwks_url"),
+                jwks_file=_opt_path(auth_raw.get("jwks_file"), base),
+                algorithms=tuple(auth_raw.get("algorithms", ["HS256"])),
+                leeway_seconds=int(auth_raw.get("leeway_seconds", 30)),
+                roles_claim=str(auth_raw.get("roles_claim", "roles")),
+                groups_claim=str(auth_raw.get("groups_claim", "groups")),
+                scopes_claim=str(auth_raw.get("scopes_claim", "scope")),
+                required_scopes=tuple(auth_raw.get("required_scopes", [])),
+            ),
+            opa=OPAConfig(
+                mode=str(opa_raw.get("mode", "managed")),
+                url=opa_raw.get("url"),
+                binary=_opt_path(opa_raw.get("binary"), base),
+                policies=tuple(_path(p, base) for p in opa_raw.get("policies", [])),
+                bundle=_opt_path(opa_raw.get("bundle"), base),
+                verification_key=_opt_path(opa_raw.get("verification_key"), base),
+                timeout_ms=int(opa_raw.get("timeout_ms", 500)),
+                decision_logs=bool(opa_raw.get("decision_logs", True)),
+            ),
+            clusters=clusters,
+            connectors_dir=_path(raw.get("connectors_dir", "connectors"), base),
+            audit_path=_path(raw.get("audit", {}).get("path", state_dir / "audit.db"), base),
+            state_dir=state_dir,
+            admin=AdminConfig(
+                token=_secret(raw["admin"]["token"], base, "admin.token") if raw.get("admin", {}).get("token") else None
+            ),
+            allowed_origins=tuple(raw.get("allowed_origins", [])),
+            allowed_hosts=tuple(raw.get("allowed_hosts", [])),
+            max_body_bytes=int(raw.get("max_body_bytes", 1_048_576)),
+            target_cache_seconds=float(raw.get("target_cache_seconds", 5.0)),
+            public_url=raw.get("public_url"),
+        )
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid configuration: {exc!r}") from exc
+
+
+def load(path: Path) -> Config:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return parse(raw, path.parent.resolve())

@@ -1,0 +1,159 @@
+"""The decision client: one OPA query per call, and fail closed on any doubt.
+
+OPA unreachable, slower than the timeout, non-200, an undefined result, or a
+result outside the decision schema all become a deny with a reason that says so.
+Plain httpx (HTTP/1.1 keep-alive) is used rather than an OPA SDK: it is one POST
+with no extra layers on the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import httpx
+import jsonschema
+
+CONTRACT_VERSION = 1
+DECISION_PATH = "pvegate/decision"
+VISIBLE_TOOLS_PATH = "pvegate/visible_tools"
+APPROVER_PATH = "pvegate/approver/decision"
+
+
+def _load_schema(name: str) -> dict[str, Any]:
+    text = resources.files("gateway.schemas").joinpath(name).read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What OPA answered for one call (or the deny that stands in for no answer)."""
+
+    allow: bool
+    deny: tuple[str, ...]
+    risk: dict[str, Any] = field(default_factory=dict)
+    approval: dict[str, Any] = field(default_factory=dict)
+    obligations: dict[str, Any] = field(default_factory=dict)
+    quota: dict[str, Any] | None = None
+    decision_id: str | None = None
+    revision: str | None = None
+    eval_ns: int | None = None
+    failed_closed: bool = False
+
+    @property
+    def approval_required(self) -> bool:
+        return (
+            not self.allow
+            and not self.deny
+            and bool(self.approval.get("required"))
+            and not self.approval.get("satisfied")
+        )
+
+    @classmethod
+    def fail_closed(cls, reason: str) -> Decision:
+        return cls(allow=False, deny=(f"denied: policy decision unavailable ({reason})",), failed_closed=True)
+
+
+class PolicyError(Exception):
+    """OPA gave no usable answer; the message is safe to show to a client."""
+
+
+class DecisionClient:
+    """Asks a running OPA server; all answers pass schema validation first."""
+
+    def __init__(self, url: str, timeout_ms: int = 500) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout_ms / 1000.0
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=httpx.Timeout(self.timeout),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        self._decision_validator = jsonschema.Draft202012Validator(_load_schema("decision.schema.json"))
+        self._approver_validator = jsonschema.Draft202012Validator(
+            {
+                "type": "object",
+                "required": ["allow", "deny"],
+                "properties": {
+                    "allow": {"type": "boolean"},
+                    "deny": {"type": "array", "items": {"type": "string"}},
+                },
+            }
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def query(self, path: str, input_doc: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """POST one query; returns (result, envelope). Raises PolicyError on any doubt."""
+        try:
+            r = await self._http.post(
+                f"/v1/data/{path}",
+                params={"provenance": "true", "metrics": "true"},
+                content=json.dumps({"input": input_doc}, separators=(",", ":")),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.TimeoutException as exc:
+            raise PolicyError(f"OPA did not answer within {self.timeout * 1000:.0f} ms") from exc
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"OPA unreachable: {type(exc).__name__}") from exc
+        if r.status_code != 200:
+            raise PolicyError(f"OPA answered HTTP {r.status_code}")
+        try:
+            envelope = r.json()
+        except ValueError as exc:
+            raise PolicyError("OPA answer is not JSON") from exc
+        if not isinstance(envelope, dict) or "result" not in envelope:
+            raise PolicyError(f"policy result undefined for data.{path.replace('/', '.')}")
+        return envelope["result"], envelope
+
+    @staticmethod
+    def _provenance(envelope: dict[str, Any]) -> str | None:
+        bundles = (envelope.get("provenance") or {}).get("bundles") or {}
+        revs = [f"{name}@{b.get('revision', '')}" for name, b in sorted(bundles.items())]
+        return ",".join(revs) or None
+
+    async def decide(self, input_doc: dict[str, Any]) -> Decision:
+        try:
+            result, envelope = await self.query(DECISION_PATH, input_doc)
+        except PolicyError as exc:
+            return Decision.fail_closed(str(exc))
+        errors = sorted(self._decision_validator.iter_errors(result), key=lambda e: list(e.path))
+        if errors:
+            where = "/".join(str(p) for p in errors[0].path) or "(root)"
+            return Decision.fail_closed(f"decision does not match the contract at {where}: {errors[0].message}")
+        metrics = envelope.get("metrics") or {}
+        return Decision(
+            allow=bool(result["allow"]),
+            deny=tuple(result["deny"]),
+            risk=result.get("risk") or {},
+            approval=result.get("approval") or {},
+            obligations=result.get("obligations") or {},
+            quota=result.get("quota"),
+            decision_id=envelope.get("decision_id"),
+            revision=self._provenance(envelope),
+            eval_ns=metrics.get("timer_rego_query_eval_ns"),
+        )
+
+    async def visible_tools(self, input_doc: dict[str, Any]) -> set[str]:
+        """Names the principal may see; any doubt shows nothing."""
+        try:
+            result, _ = await self.query(VISIBLE_TOOLS_PATH, input_doc)
+        except PolicyError:
+            return set()
+        if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
+            return set()
+        return set(result)
+
+    async def may_approve(self, input_doc: dict[str, Any]) -> tuple[bool, list[str], str | None]:
+        """(allowed, reasons, decision_id) for an approver acting on a pending request."""
+        try:
+            result, envelope = await self.query(APPROVER_PATH, input_doc)
+        except PolicyError as exc:
+            return False, [f"denied: policy decision unavailable ({exc})"], None
+        if list(self._approver_validator.iter_errors(result)):
+            return False, ["denied: approver decision does not match the contract"], None
+        return bool(result["allow"]) and not result["deny"], list(result["deny"]), envelope.get("decision_id")

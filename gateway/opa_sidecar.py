@@ -1,0 +1,160 @@
+"""The managed OPA sidecar: a real `opa run --server` subprocess on a loopback port.
+
+The gateway never decides anything itself; this module only starts, watches and
+stops the process that does. If OPA dies, calls fail closed until the supervisor
+has restarted it (with backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger("pvegate.opa")
+
+OPA_VERSION = "1.22.3"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class OPAUnavailable(Exception):
+    """OPA could not be found, started, or did not become healthy."""
+
+
+def find_opa(explicit: Path | None = None) -> Path:
+    """The pinned opa binary: explicit path, $PVEGATE_OPA, the repo's .tools/bin, then PATH."""
+    candidates = [
+        explicit,
+        Path(os.environ["PVEGATE_OPA"]) if os.environ.get("PVEGATE_OPA") else None,
+        REPO_ROOT / ".tools" / "bin" / "opa",
+        Path(p) if (p := shutil.which("opa")) else None,
+    ]
+    for c in candidates:
+        if c is not None and c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise OPAUnavailable(
+        f"no opa binary found: run `make tools` (builds OPA v{OPA_VERSION} with go install) or set PVEGATE_OPA"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class OPASidecar:
+    """One managed OPA server process."""
+
+    policies: tuple[Path, ...] = ()
+    bundle: Path | None = None
+    verification_key: Path | None = None
+    binary: Path | None = None
+    log_file: Path | None = None
+    decision_logs: bool = True
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    _log_handle: object | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(find_opa(self.binary)),
+            "run",
+            "--server",
+            "--addr",
+            f"127.0.0.1:{self.port}",
+            "--log-level",
+            "error",
+            "--disable-telemetry",
+        ]
+        if self.decision_logs:
+            # Console decision logs give every answer a decision_id; system.log.mask
+            # in policies/ keeps tool arguments out of them.
+            cmd += ["--set", "decision_logs.console=true"]
+        if self.bundle is not None:
+            cmd += ["--bundle", str(self.bundle)]
+            if self.verification_key is not None:
+                cmd += ["--verification-key", str(self.verification_key)]
+        else:
+            cmd += [str(p) for p in self.policies]
+        return cmd
+
+    def start(self, timeout: float = 20.0) -> None:
+        if self.port == 0:
+            self.port = free_port()
+        cmd = self.command()
+        out: int | object = subprocess.DEVNULL
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log_handle = open(self.log_file, "ab")
+            out = self._log_handle
+        log.info("starting OPA sidecar: %s", " ".join(cmd))
+        self.process = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)  # type: ignore[arg-type]
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "not started"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise OPAUnavailable(f"OPA exited with status {self.process.returncode} during start-up")
+            try:
+                r = httpx.get(f"{self.url}/health?bundles", timeout=1.0)
+                if r.status_code == 200:
+                    return
+                last = f"health {r.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.05)
+        self.stop()
+        raise OPAUnavailable(f"OPA did not become healthy within {timeout}s ({last})")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        p, self.process = self.process, None
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self._log_handle is not None:
+            with contextlib.suppress(Exception):
+                self._log_handle.close()  # type: ignore[attr-defined]
+            self._log_handle = None
+
+    async def supervise(self, max_backoff: float = 5.0) -> None:
+        """Restart OPA with exponential backoff whenever it dies; calls deny meanwhile."""
+        backoff = 0.1
+        while True:
+            await asyncio.sleep(0.1)
+            if self.alive():
+                backoff = 0.1
+                continue
+            log.error("OPA sidecar is down; calls are denied until it is back (retry in %.1fs)", backoff)
+            await asyncio.sleep(backoff)
+            try:
+                await asyncio.to_thread(self.start)
+                self.restarts += 1
+                log.warning("OPA sidecar restarted (restart #%d)", self.restarts)
+            except OPAUnavailable as exc:
+                log.error("OPA restart failed: %s", exc)
+                backoff = min(backoff * 2, max_backoff)

@@ -1,0 +1,205 @@
+"""The hot path: one tools/call from authenticated principal to audited result.
+
+resolve tool → validate arguments → enrich (target, approval, usage) → one OPA
+query → enforce → dispatch → shape → audit. The gateway decides nothing here:
+it builds the input, asks OPA once, and does what the answer says.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.audit import AuditRecord
+from gateway.auth import Principal
+from gateway.canonical import digest_json
+from gateway.catalog import ArgumentError, Tool, arguments_digest
+from gateway.components import Components
+from gateway.connectors import CallContext, ToolError
+from gateway.decisions import CONTRACT_VERSION, Decision
+from gateway.shaping import shape
+
+
+class UnknownTool(Exception):
+    """The named tool is not in the catalog (a protocol-level error)."""
+
+
+@dataclass
+class CallRequest:
+    request_id: str
+    principal: Principal
+    tool: str
+    arguments: Any
+    protocol_version: str
+    source_ip: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CallResult:
+    outcome: str  # allowed | denied | pending_approval | invalid | failed
+    text: str
+    structured: dict[str, Any] | None = None
+    is_error: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any]:
+    now_ns = time.time_ns()
+    now = datetime.fromtimestamp(now_ns / 1e9, tz=UTC)
+    return {
+        "id": req.request_id,
+        "method": method,
+        "protocol_version": req.protocol_version,
+        "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time_ns": now_ns,
+        "weekday": now.strftime("%a"),
+        "hour_utc": now.hour,
+        "source_ip": req.source_ip,
+    }
+
+
+def audit_arguments(tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("[redacted]" if k in tool.sensitive else v) for k, v in args.items()}
+
+
+async def call_tool(c: Components, req: CallRequest) -> CallResult:
+    started = time.perf_counter()
+    who = req.principal.sub
+    tool = c.catalog.get(req.tool)
+    if tool is None:
+        await c.audit.append(AuditRecord(req.request_id, "refusal", who, req.tool, None, "unknown_tool"))
+        raise UnknownTool(req.tool)
+    try:
+        args = tool.validate(req.arguments)
+        cluster = c.cluster_for(tool, args)
+    except ArgumentError as exc:
+        await c.audit.append(
+            AuditRecord(req.request_id, "refusal", who, tool.name, None, "invalid", {"error": str(exc)})
+        )
+        return CallResult("invalid", str(exc), is_error=True)
+
+    digest = arguments_digest(tool.name, args)
+    target = await c.targets.resolve(tool, args, cluster)
+    approval, approval_error = await c.approvals.redeem(req.meta, req.principal, tool.name, digest, target)
+    if approval_error:
+        await c.audit.append(
+            AuditRecord(
+                req.request_id,
+                "refusal",
+                who,
+                tool.name,
+                _tkey(target),
+                "approval_refused",
+                {"error": approval_error},
+            )
+        )
+        return CallResult("denied", approval_error, is_error=True)
+    input_doc = {
+        "contract_version": CONTRACT_VERSION,
+        "kind": "call",
+        "principal": req.principal.as_input(),
+        "request": request_facts(req),
+        "tool": tool.policy_view(),
+        "arguments": args,
+        "arguments_digest": digest,
+        "target": target,
+        "approval": approval,
+        "usage": c.usage.counts(who, tool.name),
+        "dry_run": bool(req.meta.get("dry_run", False)),
+    }
+    decision = await c.decisions.decide(input_doc)
+    await c.audit.append(
+        AuditRecord(
+            req.request_id,
+            "received",
+            who,
+            tool.name,
+            _tkey(target),
+            None,
+            {"arguments": audit_arguments(tool, args), "target": target, "protocol": req.protocol_version},
+        ),
+        AuditRecord(
+            req.request_id,
+            "decision",
+            who,
+            tool.name,
+            _tkey(target),
+            "allow" if decision.allow else "pending" if decision.approval_required else "deny",
+            _decision_body(decision, input_doc),
+        ),
+    )  # committed before anything reaches Proxmox
+
+    if decision.approval_required:
+        return await c.approvals.pending_result(req, tool, args, digest, target, decision)
+    if not decision.allow:
+        return CallResult(
+            "denied",
+            "Denied by policy: " + "; ".join(decision.deny),
+            is_error=True,
+            structured={"allowed": False, "reasons": list(decision.deny)},
+        )
+
+    c.usage.record(who, tool.name)
+    dry_run = bool(decision.obligations.get("dry_run")) or bool(input_doc["dry_run"])
+    ctx = CallContext(cluster=cluster, dry_run=dry_run, request_id=req.request_id)
+    try:
+        output = await c.runtime(tool).call(tool, args, ctx)
+    except ToolError as exc:
+        await _audit_result(c, req, tool, target, "failed", started, {"error": str(exc)})
+        return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)
+    structured, warnings = shape(tool, output.data, decision.obligations)
+    if warnings or output.warnings:
+        structured["warnings"] = output.warnings + warnings
+    await _audit_result(
+        c,
+        req,
+        tool,
+        target,
+        "ok",
+        started,
+        {"task_id": output.task_id, "warnings": structured.get("warnings")},
+    )
+    return CallResult("allowed", c.render(tool, structured), structured=structured)
+
+
+def _tkey(target: dict[str, Any]) -> str | None:
+    if target.get("vmid") is not None:
+        return f"{target['cluster']}/{target.get('type') or 'guest'}/{target['vmid']}"
+    if target.get("node"):
+        return f"{target['cluster']}/node/{target['node']}"
+    return target.get("cluster")
+
+
+def _decision_body(d: Decision, input_doc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "allow": d.allow,
+        "deny": list(d.deny),
+        "risk": d.risk,
+        "approval": d.approval,
+        "approval_presented": (input_doc["approval"] or {}).get("id"),
+        "obligations": d.obligations,
+        "quota": d.quota,
+        "decision_id": d.decision_id,
+        "bundle_revision": d.revision,
+        "failed_closed": d.failed_closed,
+        "input_digest": digest_json(input_doc),
+        "eval_ns": d.eval_ns,
+    }
+
+
+async def _audit_result(
+    c: Components,
+    req: CallRequest,
+    tool: Tool,
+    target: dict[str, Any],
+    outcome: str,
+    started: float,
+    body: dict[str, Any],
+) -> None:
+    body["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    await c.audit.append(
+        AuditRecord(req.request_id, "result", req.principal.sub, tool.name, _tkey(target), outcome, body)
+    )

@@ -1,0 +1,49 @@
+"""Running the gateway under uvicorn, with TLS unless plain HTTP was asked for on loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import Config, ConfigError
+
+log = logging.getLogger("pvegate")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def uvicorn_config(config: Config) -> uvicorn.Config:
+    tls: dict[str, str] = {}
+    if config.tls.insecure_http:
+        if not _is_loopback(config.host):
+            raise ConfigError("plain HTTP (tls.insecure_http) is only allowed on a loopback address")
+        log.warning("serving plain HTTP on %s:%d (tls.insecure_http): loopback only", config.host, config.port)
+    else:
+        if not (config.tls.cert and config.tls.key):
+            raise ConfigError("tls.cert and tls.key are required (or tls.insecure_http on loopback)")
+        tls = {"ssl_certfile": str(config.tls.cert), "ssl_keyfile": str(config.tls.key)}
+    return uvicorn.Config(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        **tls,  # type: ignore[arg-type]
+    )
+
+
+def serve(config: Config) -> None:
+    uvicorn.Server(uvicorn_config(config)).run()

@@ -1,0 +1,37 @@
+"""Usage counters for quotas: how often a principal called a tool in recent windows.
+
+The counters are facts for the policy; the limits themselves live in Rego data.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import defaultdict
+
+WINDOWS = {"1m": 60.0, "1h": 3600.0, "24h": 86400.0}
+
+
+class UsageCounters:
+    def __init__(self) -> None:
+        self._calls: dict[tuple[str, str], list[float]] = defaultdict(list)
+
+    def _prune(self, key: tuple[str, str], now: float) -> list[float]:
+        times = self._calls[key]
+        cut = bisect.bisect_left(times, now - WINDOWS["24h"])
+        if cut:
+            del times[:cut]
+        return times
+
+    def counts(self, principal: str, tool: str, now: float | None = None) -> dict[str, dict[str, int]]:
+        now = time.time() if now is None else now
+        out: dict[str, dict[str, int]] = {}
+        for scope, key in (("tool", (principal, tool)), ("all", (principal, "*"))):
+            times = self._prune(key, now)
+            out[scope] = {name: len(times) - bisect.bisect_left(times, now - span) for name, span in WINDOWS.items()}
+        return out
+
+    def record(self, principal: str, tool: str, when: float | None = None) -> None:
+        when = time.time() if when is None else when
+        for key in ((principal, tool), (principal, "*")):
+            self._calls[key].append(when)

@@ -1,0 +1,37 @@
+"""Shared fixtures: the real simulator, the real OPA sidecar, the real gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.devenv import DevEnv, make_env
+from tests.support import GatewayThread, free_port
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from gateway.sim.harness import start_simulator
+
+    handle = start_simulator("small", tmp_path_factory.mktemp("sim"))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
+def env(sim: object, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    return make_env(tmp_path_factory.mktemp("gw"), {"default": sim}, port=free_port())  # type: ignore[dict-item]
+
+
+@pytest.fixture(scope="session")
+def gateway(env: DevEnv) -> Iterator[GatewayThread]:
+    gw = GatewayThread(env.config).start()
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="session")
+def audit_db(env: DevEnv) -> Path:
+    return env.config.audit_path

@@ -1,0 +1,110 @@
+"""The walking skeleton end to end: SDK client → HTTPS → JWT → real OPA → simulator → audit."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import httpx
+import pytest
+
+from gateway.client import mcp_client
+from gateway.config import OPAConfig
+from gateway.devenv import DevEnv
+from tests.support import GatewayThread, audit_rows, free_port
+
+
+def _request_id(result: object) -> str:
+    meta = getattr(result, "meta", None) or {}
+    return str(meta["pvegate/request_id"])
+
+
+async def test_allowed_read_is_served_and_audited(gateway: GatewayThread, env: DevEnv) -> None:
+    token = env.token("demo-agent", ["operator"])
+    async with mcp_client(env.url, token, env.ca_file) as client:
+        listed = await client.list_tools()
+        assert "list_nodes" in {t.name for t in listed.tools}
+        res = await client.call_tool("list_nodes", {})
+    assert not res.is_error, res.content
+    items = res.structured_content["items"]
+    assert {"node", "status"} <= set(items[0])
+    rid = _request_id(res)
+    rows = audit_rows(env.config.audit_path, rid)
+    assert [r["kind"] for r in rows] == ["received", "decision", "result"]
+    assert rows[1]["outcome"] == "allow" and '"decision_id":"' in rows[1]["body"]
+    assert rows[2]["outcome"] == "ok"
+
+
+async def test_policy_denial_reaches_client_with_reason(gateway: GatewayThread, env: DevEnv) -> None:
+    token = env.token("demo-stranger", [])
+    async with mcp_client(env.url, token, env.ca_file) as client:
+        listed = await client.list_tools()
+        assert listed.tools == []  # a principal with no role sees nothing
+        res = await client.call_tool("list_nodes", {})
+    assert res.is_error
+    text = " ".join(c.text for c in res.content)
+    assert "Denied by policy" in text
+    rows = audit_rows(env.config.audit_path, _request_id(res))
+    assert [r["kind"] for r in rows] == ["received", "decision"]
+    assert rows[1]["outcome"] == "deny"
+
+
+async def test_missing_token_is_401_and_audited(gateway: GatewayThread, env: DevEnv) -> None:
+    before = len([r for r in audit_rows(env.config.audit_path) if r["kind"] == "auth_failure"])
+    async with httpx.AsyncClient(verify=str(env.ca_file)) as http:
+        r = await http.post(env.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"].startswith("Bearer ")
+    assert "resource_metadata=" in r.headers["www-authenticate"]
+    after = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "auth_failure"]
+    assert len(after) == before + 1
+
+
+async def test_unreachable_opa_denies_and_audits(env: DevEnv, tmp_path: pytest.TempPathFactory) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    cfg = dataclasses.replace(
+        env.config,
+        port=free_port(),
+        opa=OPAConfig(mode="external", url=dead, timeout_ms=300),
+        audit_path=env.config.audit_path.with_name("audit-opa-down.db"),
+    )
+    gw = GatewayThread(cfg).start()
+    try:
+        url = f"https://127.0.0.1:{cfg.port}/mcp"
+        async with mcp_client(url, env.token("demo-agent", ["operator"]), env.ca_file) as client:
+            assert (await client.list_tools()).tools == []
+            res = await client.call_tool("list_nodes", {})
+        assert res.is_error
+        text = " ".join(c.text for c in res.content)
+        assert "policy decision unavailable" in text and "OPA unreachable" in text
+        rows = audit_rows(cfg.audit_path, _request_id(res))
+        assert rows[-1]["kind"] == "decision" and rows[-1]["outcome"] == "deny"
+        assert '"failed_closed":true' in rows[-1]["body"]
+    finally:
+        gw.stop()
+
+
+async def test_killed_sidecar_denies_then_recovers(env: DevEnv) -> None:
+    cfg = dataclasses.replace(
+        env.config, port=free_port(), audit_path=env.config.audit_path.with_name("audit-opa-kill.db")
+    )
+    gw = GatewayThread(cfg).start()
+    try:
+        url = f"https://127.0.0.1:{cfg.port}/mcp"
+        token = env.token("demo-agent", ["operator"])
+        sidecar = gw.components.sidecar
+        assert sidecar is not None and sidecar.process is not None
+        sidecar.process.kill()
+        sidecar.process.wait()
+        async with mcp_client(url, token, env.ca_file) as client:
+            res = await client.call_tool("list_nodes", {})
+            assert res.is_error and "policy decision unavailable" in res.content[0].text
+            deadline = time.monotonic() + 20
+            while True:  # the supervisor restarts OPA with backoff; traffic recovers by itself
+                res = await client.call_tool("list_nodes", {})
+                if not res.is_error or time.monotonic() > deadline:
+                    break
+        assert not res.is_error, res.content
+        assert sidecar.restarts >= 1
+    finally:
+        gw.stop()

@@ -1,0 +1,69 @@
+"""Test support: run the real gateway (uvicorn + managed OPA) in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from gateway.components import Components
+from gateway.config import Config
+from gateway.opa_sidecar import free_port
+from gateway.server import uvicorn_config
+
+__all__ = ["GatewayThread", "audit_rows", "free_port"]
+
+
+class GatewayThread:
+    """The gateway exactly as `pvegate serve` runs it, on its own loop in a thread."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.server = uvicorn.Server(uvicorn_config(config))
+        self.server.config.install_signal_handlers = False  # type: ignore[attr-defined]
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="pvegate-gateway")
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.loop.run_until_complete(self.server.serve())
+        except BaseException as exc:  # surfaced by start()
+            self.error = exc
+
+    def start(self, timeout: float = 60.0) -> GatewayThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if self.error is not None or not self.thread.is_alive():
+                raise RuntimeError(f"gateway failed to start: {self.error!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("gateway did not start")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def components(self) -> Components:
+        comps: Components = self.server.config.loaded_app.app.state.components  # type: ignore[attr-defined]
+        return comps
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def audit_rows(db: Path, request_id: str | None = None) -> list[dict[str, Any]]:
+    """Read audit rows straight from the SQLite file (what an operator would see)."""
+    con = sqlite3.connect(db)
+    try:
+        con.row_factory = sqlite3.Row
+        sql = "SELECT * FROM audit" + (" WHERE request_id = ?" if request_id else "") + " ORDER BY seq"
+        return [dict(r) for r in con.execute(sql, (request_id,) if request_id else ())]
+    finally:
+        con.close()
