@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--kind", default="agent", choices=["agent", "human", "service"])
     m.add_argument("--ttl", type=int, default=3600)
     m.set_defaults(func=_token_mint)
+
+    from gateway.commands import register_all
+
+    register_all(sub)
     return p
 
 
