@@ -1,0 +1,174 @@
+# METADATA
+# title: Approval requirements and presented approvals
+# description: |
+#   Decides whether a call needs a human approval (from the risk level
+#   threshold in data, from approval rules, or from the break-glass guard
+#   rail), who may give it, how many and for how long; and checks an approval
+#   presented with the call against the exact call it was granted for.
+package pvegate.approval
+
+import data.pvegate.config
+import data.pvegate.guardrails
+import data.pvegate.lib
+import data.pvegate.risk
+
+cfg := config.approval
+
+# --- is an approval required ---------------------------------------------------
+
+reasons contains msg if {
+	lib.level_rank[risk.level] >= lib.level_rank[cfg.required_from_level]
+	msg := sprintf("risk %s (score %d) is at or above the approval threshold %s", [risk.level, risk.score, cfg.required_from_level])
+}
+
+reasons contains msg if {
+	some rule in matching_rules
+	msg := object.get(rule, "reason", sprintf("approval rule %q", [object.get(rule, "name", "unnamed")]))
+}
+
+reasons contains msg if {
+	guardrails.break_glass_approval_required
+	msg := sprintf("break-glass: %s outside the maintenance window needs an approval", [input.tool.effect])
+}
+
+matching_rules contains rule if {
+	some rule in cfg.rules
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+}
+
+required if count(reasons) > 0
+
+# rules with their own approver groups replace the default groups
+rule_groups := {g |
+	some rule in matching_rules
+	some g in object.get(rule, "approver_groups", [])
+}
+
+approver_groups := sort(rule_groups) if count(rule_groups) > 0
+
+approver_groups := sort({g | some g in cfg.default_approver_groups}) if count(rule_groups) == 0
+
+level_min_approvals := object.get(cfg.min_approvals_by_level, risk.level, cfg.default_min_approvals)
+
+rule_min_approvals := {r.min_approvals |
+	some r in matching_rules
+	is_number(r.min_approvals)
+}
+
+# the strictest of the level's and the matching rules' minimums
+min_approvals := max(rule_min_approvals | {level_min_approvals})
+
+level_ttl_seconds := object.get(cfg.ttl_seconds_by_level, risk.level, cfg.default_ttl_seconds)
+
+rule_ttl_seconds := {r.ttl_seconds |
+	some r in matching_rules
+	is_number(r.ttl_seconds)
+}
+
+# the shortest of the level's and the matching rules' ttls
+ttl_seconds := min(rule_ttl_seconds | {level_ttl_seconds})
+
+# --- the approval presented with the call ----------------------------------------
+
+presented := input.approval if is_object(input.approval)
+
+# problems: ways in which the presented approval does not fit this call
+problems contains "it was granted for another tool" if presented.tool != input.tool.name
+
+problems contains "it was granted for other arguments" if presented.arguments_digest != input.arguments_digest
+
+problems contains "it was granted to another requester" if presented.requester != input.principal.sub
+
+problems contains "it was granted for another target" if {
+	some attr in ["cluster", "node", "vmid"]
+	object.get(presented.target, attr, null) != object.get(input.target, attr, null)
+}
+
+problems contains "it has expired" if time.parse_rfc3339_ns(presented.expires_at) <= lib.now_ns
+
+problems contains "its expiry time is unreadable" if {
+	presented
+	not expiry_readable
+}
+
+expiry_readable if time.parse_rfc3339_ns(presented.expires_at)
+
+problems contains "the requester approved their own request (four-eyes)" if input.principal.sub in presented.approvers
+
+problems contains "it is malformed" if {
+	presented
+	not well_formed
+}
+
+well_formed if {
+	is_string(presented.tool)
+	is_string(presented.arguments_digest)
+	is_string(presented.requester)
+	is_object(presented.target)
+	is_string(presented.expires_at)
+	is_array(presented.approvers)
+}
+
+# enough distinct approvers, at least one from a required group
+sufficient if {
+	count({a | some a in presented.approvers}) >= min_approvals
+	group_ok
+}
+
+group_ok if count(approver_groups) == 0
+
+group_ok if {
+	some g in object.get(presented, "approver_groups", [])
+	g in approver_groups
+}
+
+satisfied if {
+	presented
+	count(problems) == 0
+	sufficient
+}
+
+deny contains msg if {
+	count(problems) > 0
+	msg := sprintf(
+		"the approval %v presented with this call is not valid for it: %s; retry without it to request a new approval",
+		[object.get(presented, "id", "(no id)"), concat("; ", sort(problems))],
+	)
+}
+
+deny contains msg if {
+	required
+	presented
+	count(problems) == 0
+	not sufficient
+	msg := sprintf(
+		"the approval %v is not enough: it needs %d approver(s) from %v; retry without it to request a new approval",
+		[object.get(presented, "id", "(no id)"), min_approvals, approver_groups],
+	)
+}
+
+default required_bool := false
+
+required_bool if required
+
+default satisfied_bool := false
+
+satisfied_bool if satisfied
+
+result := {
+	"required": true,
+	"satisfied": satisfied_bool,
+	"approver_groups": approver_groups,
+	"min_approvals": min_approvals,
+	"ttl_seconds": ttl_seconds,
+	"reason": concat("; ", sort(reasons)),
+} if required
+
+result := {
+	"required": false,
+	"satisfied": satisfied_bool,
+	"approver_groups": [],
+	"min_approvals": 0,
+	"ttl_seconds": 0,
+	"reason": "",
+} if not required

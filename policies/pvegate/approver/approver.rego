@@ -1,0 +1,103 @@
+# METADATA
+# title: Four-eyes approval of pending requests
+# description: |
+#   Entry point data.pvegate.approver.decision: may this approver approve this
+#   pending request? The approver must not be the requester, must not have
+#   approved it already, must be a human with a role that may approve on the
+#   request's target, and must belong to one of the request's approver
+#   groups (through a token group, or as a listed member in
+#   data.data.approver_groups).
+package pvegate.approver
+
+import data.pvegate.config
+import data.pvegate.rbac
+
+known_contract_versions := {1}
+
+approver := input.approver
+
+pending := input.pending
+
+problems contains "no input document" if not is_object(input)
+
+problems contains msg if {
+	is_object(input)
+	v := object.get(input, "contract_version", null)
+	not v in known_contract_versions
+	msg := sprintf("unsupported contract_version %v; this policy knows %v", [v, known_contract_versions])
+}
+
+problems contains msg if {
+	is_object(input)
+	object.get(input, "kind", null) != "approve"
+	msg := sprintf("input kind must be \"approve\", got %v", [object.get(input, "kind", null)])
+}
+
+problems contains "input.approver.sub is missing" if not is_string(approver.sub)
+
+problems contains "input.pending.requester is missing" if not is_string(pending.requester)
+
+problems contains "input.pending.approver_groups is missing" if not is_array(pending.approver_groups)
+
+deny contains msg if some msg in problems
+
+deny contains "four-eyes: a requester may not approve their own request" if {
+	approver.sub == pending.requester
+}
+
+deny contains msg if {
+	some a in object.get(pending, "approvals_so_far", [])
+	a.approver == approver.sub
+	msg := sprintf("%s has already approved this request; a second approval must come from someone else", [approver.sub])
+}
+
+deny contains msg if {
+	not approver.kind == "human"
+	msg := sprintf("only humans may approve; %s is of kind %v", [approver.sub, object.get(approver, "kind", null)])
+}
+
+deny contains msg if {
+	count(problems) == 0
+	not in_required_group
+	msg := sprintf("%s is not in any of the approver groups %v for this request", [approver.sub, pending.approver_groups])
+}
+
+deny contains msg if {
+	count(problems) == 0
+	not rbac.may_approve(approver, object.get(pending, "target", {}))
+	msg := sprintf("no role of %s may approve requests on this target", [approver.sub])
+}
+
+deny contains "this request already has all the approvals it needs" if {
+	count(object.get(pending, "approvals_so_far", [])) >= pending.min_approvals
+}
+
+# a request without approver groups can be approved by any approver role
+in_required_group if count(pending.approver_groups) == 0
+
+in_required_group if {
+	some g in pending.approver_groups
+	member(approver, g)
+}
+
+member(principal, group) if group in object.get(principal, "groups", [])
+
+member(principal, group) if principal.sub in object.get(config.approver_groups, [group, "members"], [])
+
+member(principal, group) if {
+	some r in object.get(config.approver_groups, [group, "token_roles"], [])
+	r in object.get(principal, "roles", [])
+}
+
+default allow := false
+
+allow if count(deny) == 0
+
+# METADATA
+# title: Approver decision
+# description: '{"allow": bool, "deny": [reasons]} for input kind "approve"'
+# entrypoint: true
+decision := {
+	"allow": allow,
+	"deny": sort(deny),
+}

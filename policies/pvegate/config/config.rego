@@ -1,0 +1,131 @@
+# METADATA
+# title: Policy data accessors
+# description: |
+#   The only place that reads the organisation's policy data (`data.data`,
+#   loaded from policies/data/). Every setting has a safe default, so a
+#   missing or partial data document never widens access: with no data no
+#   role is bound and every call is denied.
+package pvegate.config
+
+# --- RBAC -----------------------------------------------------------------
+
+default roles := {}
+
+roles := r if {
+	r := data.data.roles
+	is_object(r)
+}
+
+default bindings := []
+
+bindings := b if {
+	b := data.data.bindings
+	is_array(b)
+}
+
+default approver_groups := {}
+
+approver_groups := g if {
+	g := data.data.approver_groups
+	is_object(g)
+}
+
+# --- guard rails ----------------------------------------------------------
+
+default protected_tags := ["protected"]
+
+protected_tags := t if {
+	t := data.data.guardrails.protected_tags
+	is_array(t)
+}
+
+# no window configured: destroy and exec are never inside one
+default maintenance_windows := []
+
+maintenance_windows := w if {
+	w := data.data.guardrails.maintenance_windows
+	is_array(w)
+}
+
+default agent_no_mutation_scopes := ["node"]
+
+agent_no_mutation_scopes := s if {
+	s := data.data.guardrails.agent_no_mutation_scopes
+	is_array(s)
+}
+
+default deny_rules := []
+
+deny_rules := r if {
+	r := data.data.guardrails.deny_rules
+	is_array(r)
+}
+
+# --- risk -----------------------------------------------------------------
+
+default_risk := {
+	"effect_points": {"read": 0, "write": 20, "exec": 35, "destroy": 45},
+	"target_tag_points": {"prod": 20},
+	"scope_points": {"guest": 0, "storage": 10, "node": 20, "cluster": 30},
+	"ha_points": 10,
+	"off_hours_points": 10,
+	"unknown_target_points": 10,
+	"dry_run_points": -30,
+	"business_hours": {"weekdays": ["Mon", "Tue", "Wed", "Thu", "Fri"], "from_hour": 8, "to_hour": 18},
+	"level_thresholds": {"medium": 25, "high": 50, "critical": 75},
+}
+
+risk := object.union(default_risk, data_risk)
+
+default data_risk := {}
+
+data_risk := r if {
+	r := data.data.risk
+	is_object(r)
+}
+
+# --- approval -------------------------------------------------------------
+
+default_approval := {
+	"required_from_level": "high",
+	"default_approver_groups": [],
+	"min_approvals_by_level": {},
+	"ttl_seconds_by_level": {},
+	"default_min_approvals": 1,
+	"default_ttl_seconds": 900,
+	"rules": [],
+}
+
+approval := object.union(default_approval, data_approval)
+
+default data_approval := {}
+
+data_approval := a if {
+	a := data.data.approval
+	is_object(a)
+}
+
+# --- obligations ----------------------------------------------------------
+
+default default_max_items := 100
+
+default_max_items := n if {
+	n := data.data.obligations.default_max_items
+	is_number(n)
+}
+
+default redact := {}
+
+redact := r if {
+	r := data.data.obligations.redact
+	is_object(r)
+}
+
+# --- quotas ---------------------------------------------------------------
+
+default quotas := []
+
+quotas := q if {
+	q := data.data.quotas
+	is_array(q)
+}

@@ -1,0 +1,155 @@
+# METADATA
+# title: pvegate decisions
+# description: |
+#   Entry point data.pvegate.decision for MCP tools/call (contract version 1,
+#   see docs/policy-contract.md). It validates the input, collects the deny
+#   reasons of RBAC, guard rails, approvals and quotas, and assembles risk,
+#   approval and obligations. It is always defined: any input it cannot
+#   decide yields allow false with a reason.
+package pvegate
+
+import data.pvegate.approval
+import data.pvegate.guardrails
+import data.pvegate.lib
+import data.pvegate.obligations
+import data.pvegate.quotas
+import data.pvegate.rbac
+import data.pvegate.risk
+
+# contract versions this policy understands
+known_contract_versions := {1}
+
+contract_version := 1
+
+kinds := {"agent", "human", "service"}
+
+scopes := {"guest", "node", "cluster", "storage"}
+
+# --- input validation --------------------------------------------------------------
+
+# input_problems: why the input cannot be decided (shared with tools/list)
+input_problems contains "no input document" if not is_object(input)
+
+input_problems contains msg if {
+	is_object(input)
+	v := object.get(input, "contract_version", null)
+	not v in known_contract_versions
+	msg := sprintf("unsupported contract_version %v; this policy knows %v", [v, known_contract_versions])
+}
+
+input_problems contains "input.principal.sub must be a non-empty string" if not principal_ok
+
+input_problems contains "input.principal.kind must be agent, human or service" if not input.principal.kind in kinds
+
+input_problems contains "input.principal.roles and .groups must be arrays" if not principal_lists_ok
+
+input_problems contains "input.request.time must be an RFC 3339 time" if not lib.now_ns
+
+principal_ok if {
+	is_string(input.principal.sub)
+	input.principal.sub != ""
+}
+
+principal_lists_ok if {
+	is_array(input.principal.roles)
+	is_array(input.principal.groups)
+}
+
+# call_problems: additionally, for tools/call
+call_problems contains msg if some msg in input_problems
+
+call_problems contains msg if {
+	is_object(input)
+	object.get(input, "kind", null) != "call"
+	msg := sprintf("input kind must be \"call\" for this entry point, got %v", [object.get(input, "kind", null)])
+}
+
+call_problems contains "input.tool.name must be a string" if not is_string(input.tool.name)
+
+call_problems contains "input.tool.effect must be read, write, destroy or exec" if not input.tool.effect in lib.effects
+
+call_problems contains "input.tool.scope must be guest, node, cluster or storage" if not input.tool.scope in scopes
+
+call_problems contains "input.target must be an object" if not is_object(input.target)
+
+call_problems contains "input.arguments_digest must be a string" if not is_string(input.arguments_digest)
+
+call_problems contains "input.usage must hold the usage counters" if not is_object(input.usage)
+
+# --- the decision ------------------------------------------------------------------
+
+deny_reasons contains msg if some msg in rbac.deny
+
+deny_reasons contains msg if some msg in guardrails.deny
+
+deny_reasons contains msg if some msg in approval.deny
+
+deny_reasons contains msg if some msg in quotas.deny
+
+default allow := false
+
+allow if {
+	count(call_problems) == 0
+	count(deny_reasons) == 0
+	not approval.required
+}
+
+allow if {
+	count(call_problems) == 0
+	count(deny_reasons) == 0
+	approval.required
+	approval.satisfied
+}
+
+# returned when the input cannot be decided at all
+fallback(reasons) := {
+	"contract_version": contract_version,
+	"allow": false,
+	"deny": reasons,
+	"risk": {"score": 100, "level": "critical", "factors": []},
+	"approval": {
+		"required": false,
+		"satisfied": false,
+		"approver_groups": [],
+		"min_approvals": 0,
+		"ttl_seconds": 0,
+		"reason": "",
+	},
+	"obligations": {"dry_run": true, "redact": [], "max_items": 0},
+	"quota": null,
+}
+
+# METADATA
+# title: Decision for tools/call
+# description: The decision document of contract version 1 (gateway/schemas/decision.schema.json).
+# entrypoint: true
+default decision := {
+	"contract_version": 1,
+	"allow": false,
+	"deny": ["the policy could not compute a decision for this input; denied by default"],
+	"risk": {"score": 100, "level": "critical", "factors": []},
+	"approval": {
+		"required": false,
+		"satisfied": false,
+		"approver_groups": [],
+		"min_approvals": 0,
+		"ttl_seconds": 0,
+		"reason": "",
+	},
+	"obligations": {"dry_run": true, "redact": [], "max_items": 0},
+	"quota": null,
+}
+
+decision := fallback(sort(call_problems)) if count(call_problems) > 0
+
+decision := {
+	"contract_version": contract_version,
+	"allow": allow,
+	"deny": sort(deny_reasons),
+	"risk": risk.result,
+	"approval": approval.result,
+	"obligations": obligations.result,
+	"quota": quotas.result,
+} if {
+	count(call_problems) == 0
+}

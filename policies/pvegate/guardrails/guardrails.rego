@@ -1,0 +1,117 @@
+# METADATA
+# title: Guard rails
+# description: |
+#   Deny rules that hold whatever the roles say:
+#   - guests carrying a protected tag are never destroyed;
+#   - destroy and exec only inside a maintenance window, unless a break-glass
+#     role grants the call, in which case it needs an approval instead;
+#   - agents never mutate node-scope (configurable) tools;
+#   - no mutation of a guest the gateway could not resolve;
+#   - the organisation's extra deny rules from data.
+package pvegate.guardrails
+
+import data.pvegate.config
+import data.pvegate.lib
+import data.pvegate.obligations
+import data.pvegate.rbac
+
+mutation if input.tool.effect in lib.mutating_effects
+
+target_known if input.target.known == true
+
+# --- protected guests ----------------------------------------------------------
+
+deny contains msg if {
+	input.tool.effect == "destroy"
+	some tag in lib.tags_of(input.target)
+	tag in config.protected_tags
+	msg := sprintf(
+		"guest %v is tagged %q: protected guests are never destroyed (remove the tag through change management first)",
+		[input.target.vmid, tag],
+	)
+}
+
+# --- maintenance window ----------------------------------------------------------
+
+in_maintenance_window if {
+	some w in config.maintenance_windows
+	lib.in_window(w, lib.weekday, lib.hour_utc)
+}
+
+# destroy/exec outside any window, not a dry run
+outside_window_risky if {
+	input.tool.effect in {"destroy", "exec"}
+	not obligations.dry_run
+	not in_maintenance_window
+}
+
+deny contains msg if {
+	outside_window_risky
+	not rbac.break_glass
+	msg := sprintf(
+		"%s tools may only run inside a maintenance window (%s); now is %s %02d:00 UTC. Retry in a window, run it as a dry run, or use a break-glass role with an approval",
+		[input.tool.effect, windows_text, lib.weekday, lib.hour_utc],
+	)
+}
+
+# a break-glass role turns the window denial into an approval requirement
+break_glass_approval_required if {
+	outside_window_risky
+	rbac.break_glass
+}
+
+default windows_text := "none configured"
+
+windows_text := concat("; ", sort([window_text(w) | some w in config.maintenance_windows])) if {
+	count(config.maintenance_windows) > 0
+}
+
+window_text(w) := sprintf("%s %s %02d:00-%02d:00", [object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour])
+
+# --- agents and node-level resources -----------------------------------------------
+
+deny contains msg if {
+	input.principal.kind == "agent"
+	mutation
+	input.tool.scope in config.agent_no_mutation_scopes
+	msg := sprintf(
+		"agents may not %s %s-level resources (tool %q); a human operator must do this",
+		[input.tool.effect, input.tool.scope, input.tool.name],
+	)
+}
+
+# hidden_from_list(principal, tool): target-independent guard rails that make a
+# tool useless to the principal, so tools/list can hide it.
+hidden_from_list(principal, tool) if {
+	principal.kind == "agent"
+	tool.effect in lib.mutating_effects
+	tool.scope in config.agent_no_mutation_scopes
+}
+
+# deny rules that do not depend on the target hide the tool too
+hidden_from_list(principal, tool) if {
+	some rule in config.deny_rules
+	not "target_tags" in object.keys(rule)
+	lib.tool_matches(rule, tool)
+	lib.in_list(rule, "principal_kinds", principal.kind)
+}
+
+# --- unresolved targets ----------------------------------------------------------
+
+deny contains msg if {
+	mutation
+	input.tool.scope == "guest"
+	not target_known
+	msg := sprintf(
+		"the target guest of %q could not be resolved (unknown node/vmid or inventory lookup failed); refusing to mutate an unverified guest",
+		[input.tool.name],
+	)
+}
+
+# --- the organisation's deny rules --------------------------------------------------
+
+deny contains msg if {
+	some rule in config.deny_rules
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), object.get(rule, "name", "unnamed")])
+}

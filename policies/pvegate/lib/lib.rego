@@ -1,0 +1,105 @@
+# METADATA
+# title: Shared helpers
+# description: Selector matching, time helpers and small utilities used by every policy package.
+package pvegate.lib
+
+effects := {"read", "write", "destroy", "exec"}
+
+mutating_effects := {"write", "destroy", "exec"}
+
+# Windows the usage counters are kept for, in seconds.
+window_seconds := {"1m": 60, "1h": 3600, "24h": 86400}
+
+level_rank := {"low": 0, "medium": 1, "high": 2, "critical": 3}
+
+weekday_names := ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+
+# --- selectors -------------------------------------------------------------
+# A selector is an object whose keys are all optional; an absent key matches
+# anything. See policies/data/data.yaml for the vocabulary.
+
+# glob_any(patterns, s) is true when s matches one of the globs; `*` spans any
+# characters (no delimiters).
+glob_any(patterns, s) if {
+	some p in patterns
+	glob.match(p, null, s)
+}
+
+# in_list(sel, key, value): sel[key] is absent, or value is listed in it.
+in_list(sel, key, _) if not key in object.keys(sel)
+
+in_list(sel, key, value) if value in sel[key]
+
+# any_in_list(sel, key, values): sel[key] is absent, or some value is listed.
+any_in_list(sel, key, _) if not key in object.keys(sel)
+
+any_in_list(sel, key, values) if {
+	some v in values
+	v in sel[key]
+}
+
+tools_match(sel, _) if not "tools" in object.keys(sel)
+
+tools_match(sel, name) if glob_any(sel.tools, name)
+
+# tool_matches(sel, tool) tests a selector's tool-side keys.
+tool_matches(sel, tool) if {
+	in_list(sel, "effects", tool.effect)
+	in_list(sel, "domains", tool.domain)
+	in_list(sel, "scopes", tool.scope)
+	any_in_list(sel, "tool_tags", object.get(tool, "tags", []))
+	tools_match(sel, tool.name)
+}
+
+# call_matches(sel, principal, tool, target) also tests principal kind and target tags.
+call_matches(sel, principal, tool, target) if {
+	tool_matches(sel, tool)
+	in_list(sel, "principal_kinds", principal.kind)
+	any_in_list(sel, "target_tags", tags_of(target))
+}
+
+# tags_of(target) is the target's tag list, [] when it has none.
+tags_of(target) := t if {
+	t := target.tags
+	is_array(t)
+} else := []
+
+# --- time ------------------------------------------------------------------
+
+# now_ns: request time in ns since the epoch, from request.time_ns or request.time.
+now_ns := input.request.time_ns if is_number(input.request.time_ns)
+
+now_ns := time.parse_rfc3339_ns(input.request.time) if not is_number(input.request.time_ns)
+
+# weekday ("Mon") and UTC hour of the request, as the gateway computed them
+# (falling back to request time).
+weekday := input.request.weekday if is_string(input.request.weekday)
+
+weekday := substring(time.weekday(now_ns), 0, 3) if not is_string(input.request.weekday)
+
+hour_utc := input.request.hour_utc if is_number(input.request.hour_utc)
+
+hour_utc := time.clock(now_ns)[0] if not is_number(input.request.hour_utc)
+
+# in_hours(from, to, h): from <= h < to, wrapping past midnight when from > to.
+in_hours(from, to, h) if {
+	from <= to
+	h >= from
+	h < to
+}
+
+in_hours(from, to, h) if {
+	from > to
+	h >= from
+}
+
+in_hours(from, to, h) if {
+	from > to
+	h < to
+}
+
+# in_window(w, day, h): window w ({weekdays, from_hour, to_hour}) contains the instant.
+in_window(w, day, h) if {
+	day in w.weekdays
+	in_hours(w.from_hour, w.to_hour, h)
+}

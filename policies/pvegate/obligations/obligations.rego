@@ -1,0 +1,50 @@
+# METADATA
+# title: Obligations
+# description: |
+#   What the gateway must do when it runs an allowed call: force a dry run for
+#   roles that may only plan, redact output fields, cap list lengths.
+package pvegate.obligations
+
+import data.pvegate.config
+import data.pvegate.lib
+import data.pvegate.rbac
+
+# forced_dry_run: the call mutates and every role that grants it is plan-only.
+forced_dry_run if {
+	input.tool.effect in lib.mutating_effects
+	count(rbac.granting_bindings) > 0
+	every b in rbac.granting_bindings {
+		config.roles[b.role].plan_only == true
+	}
+}
+
+# dry_run: the call runs as a dry run, because the caller asked or a role forces it.
+dry_run if input.dry_run == true
+
+dry_run if forced_dry_run
+
+# redact: output paths to blank out, from every redaction entry whose tool glob matches.
+redact := sort({path |
+	some pattern, paths in config.redact
+	glob.match(pattern, null, input.tool.name)
+	some path in paths
+})
+
+# max_items: the most generous limit among the granting roles (roles are
+# additive); the data's default when none grants or none sets one.
+max_items := max({n |
+	some b in rbac.granting_bindings
+	n := object.get(config.roles[b.role], "max_items", config.default_max_items)
+}) if count(rbac.granting_bindings) > 0
+
+max_items := config.default_max_items if count(rbac.granting_bindings) == 0
+
+result := {
+	"dry_run": dry_run_bool,
+	"redact": redact,
+	"max_items": max_items,
+}
+
+default dry_run_bool := false
+
+dry_run_bool if dry_run

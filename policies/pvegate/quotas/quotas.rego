@@ -1,0 +1,85 @@
+# METADATA
+# title: Quotas
+# description: |
+#   Per-principal call quotas from the usage counters in the input. A quota
+#   (data.data.quotas) selects calls like any selector and counts either this
+#   principal's calls to this tool (counter "tool") or to any tool (counter
+#   "all") in a window of 1m, 1h or 24h. The counters hold the calls already
+#   made in the window, not the current one: a quota denies when
+#   used >= limit.
+#
+#   resets_in_seconds is an approximation: the counters are kept by the
+#   gateway, so the policy assumes fixed windows aligned to the UTC epoch
+#   (minute, hour, day boundaries) and reports the seconds left until the
+#   current one ends.
+package pvegate.quotas
+
+import data.pvegate.config
+import data.pvegate.lib
+
+# matching quotas and their state
+states contains state if {
+	some q in config.quotas
+	lib.call_matches(q, input.principal, input.tool, input.target)
+	counter := object.get(q, "counter", "tool")
+	state := {
+		"quota": q,
+		"counter": counter,
+		"used": used(counter, q.window),
+		"resets_in_seconds": resets_in_seconds(q.window),
+	}
+}
+
+# used(counter, window): the count from input.usage; a missing counter counts
+# as exhausted (fail closed) so a gateway that forgets usage cannot bypass quotas.
+used(counter, window) := n if {
+	n := input.usage[counter][window]
+	is_number(n)
+} else := 9223372036854775807
+
+# resets_in_seconds(window): seconds until the current fixed window ends.
+resets_in_seconds(window) := w - (floor(lib.now_ns / 1000000000) % w) if {
+	w := lib.window_seconds[window]
+}
+
+exceeded contains state if {
+	some state in states
+	state.used >= state.quota.limit
+}
+
+deny contains msg if {
+	some state in exceeded
+	msg := sprintf(
+		"quota %q exceeded: %s in the last %s (limit %d); it resets in about %d s",
+		[state.quota.name, usage_text(state), state.quota.window, state.quota.limit, state.resets_in_seconds],
+	)
+}
+
+usage_text(state) := sprintf("%d calls to %q", [state.used, input.tool.name]) if state.counter == "tool"
+
+usage_text(state) := sprintf("%d calls to any tool", [state.used]) if state.counter != "tool"
+
+deny contains msg if {
+	some q in config.quotas
+	lib.call_matches(q, input.principal, input.tool, input.target)
+	not lib.window_seconds[q.window]
+	msg := sprintf("quota %q has an unknown window %v; denying until the policy data is fixed", [q.name, q.window])
+}
+
+# the exceeded quota reported in the decision: the one that resets last
+# (ties broken by name), because retrying is pointless before then.
+default result := null
+
+result := q if {
+	count(exceeded) > 0
+	ordered := sort([[s.resets_in_seconds, s.quota.name] | some s in exceeded])
+	last := ordered[count(ordered) - 1]
+	some s in exceeded
+	s.quota.name == last[1]
+	q := {
+		"name": s.quota.name,
+		"limit": s.quota.limit,
+		"window": s.quota.window,
+		"resets_in_seconds": s.resets_in_seconds,
+	}
+}

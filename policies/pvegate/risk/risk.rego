@@ -1,0 +1,116 @@
+# METADATA
+# title: Risk scoring
+# description: |
+#   A 0-100 score from listed factors so a human can see why: the tool's
+#   effect, the target's tags (e.g. prod), the blast radius of node- and
+#   cluster-scope tools, HA-managed guests, time outside business hours, an
+#   unresolved target, and a discount for dry runs. Everything but the effect
+#   counts for mutations only. Points and thresholds come from data.data.risk.
+package pvegate.risk
+
+import data.pvegate.config
+import data.pvegate.lib
+import data.pvegate.obligations
+
+cfg := config.risk
+
+mutation if input.tool.effect in lib.mutating_effects
+
+factors contains factor if {
+	points := cfg.effect_points[input.tool.effect]
+	points != 0
+	factor := {
+		"name": sprintf("effect:%s", [input.tool.effect]),
+		"points": points,
+		"why": sprintf("tool %q has effect %s", [input.tool.name, input.tool.effect]),
+	}
+}
+
+factors contains factor if {
+	mutation
+	some tag in lib.tags_of(input.target)
+	points := cfg.target_tag_points[tag]
+	factor := {
+		"name": sprintf("target_tag:%s", [tag]),
+		"points": points,
+		"why": sprintf("the target guest is tagged %q", [tag]),
+	}
+}
+
+factors contains factor if {
+	mutation
+	points := cfg.scope_points[input.tool.scope]
+	points != 0
+	factor := {
+		"name": sprintf("blast_radius:%s", [input.tool.scope]),
+		"points": points,
+		"why": sprintf("the tool acts on a whole %s", [input.tool.scope]),
+	}
+}
+
+factors contains factor if {
+	mutation
+	is_string(input.target.ha_state)
+	factor := {
+		"name": "ha_managed",
+		"points": cfg.ha_points,
+		"why": sprintf("the guest is HA-managed (state %s): HA may fight or amplify the change", [input.target.ha_state]),
+	}
+}
+
+factors contains factor if {
+	mutation
+	not business_hours
+	factor := {
+		"name": "off_hours",
+		"points": cfg.off_hours_points,
+		"why": sprintf("%s %02d:00 UTC is outside business hours: fewer people around to notice", [lib.weekday, lib.hour_utc]),
+	}
+}
+
+factors contains factor if {
+	mutation
+	input.tool.scope == "guest"
+	not input.target.known == true
+	factor := {
+		"name": "unknown_target",
+		"points": cfg.unknown_target_points,
+		"why": "the target guest could not be resolved",
+	}
+}
+
+factors contains factor if {
+	mutation
+	obligations.dry_run
+	factor := {
+		"name": "dry_run",
+		"points": cfg.dry_run_points,
+		"why": "dry run: nothing is changed",
+	}
+}
+
+business_hours if lib.in_window(cfg.business_hours, lib.weekday, lib.hour_utc)
+
+raw_score := sum([f.points | some f in factors])
+
+score := min([100, max([0, raw_score])])
+
+default level := "low"
+
+level := "medium" if {
+	score >= cfg.level_thresholds.medium
+	score < cfg.level_thresholds.high
+}
+
+level := "high" if {
+	score >= cfg.level_thresholds.high
+	score < cfg.level_thresholds.critical
+}
+
+level := "critical" if score >= cfg.level_thresholds.critical
+
+result := {
+	"score": score,
+	"level": level,
+	"factors": [f | some f in factors],
+}
