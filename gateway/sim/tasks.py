@@ -1,0 +1,93 @@
+"""Worker tasks with real-format UPIDs (NOTES §3.13).
+
+A mutation registers a task, returns its UPID at once, and the state change is
+applied when the simulated duration has elapsed, exactly like a forked PVE worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import time
+from collections.abc import Callable
+
+from gateway.sim.errors import ApiError
+from gateway.sim.state import Cluster, Task
+
+log = logging.getLogger("pvegate.sim.tasks")
+
+UPID_RE = re.compile(
+    r"^UPID:([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):"
+    r"([0-9A-Fa-f]{8}):([^:\s/]+):([^:\s/]*):([^:\s/]+):$"
+)
+
+# the work function returns extra log lines; raising ApiError fails the task with its message
+Work = Callable[[], list[str] | None]
+
+
+def make_upid(node: str, pid: int, pstart: int, starttime: int, wtype: str, wid: str, user: str) -> str:
+    return f"UPID:{node}:{pid:08X}:{pstart:08X}:{starttime:08X}:{wtype}:{wid}:{user}:"
+
+
+class TaskManager:
+    def __init__(self, cluster: Cluster, duration: Callable[[], float]) -> None:
+        self.cluster = cluster
+        self.duration = duration
+        self._pids = itertools.count(0x000F0000 + int(time.time()) % 0x10000)
+        self._running: set[asyncio.Task[None]] = set()
+
+    def start(
+        self,
+        node: str,
+        wtype: str,
+        wid: str,
+        user: str,
+        work: Work,
+        first_log: list[str] | None = None,
+        seconds: float | None = None,
+        on_finish: Callable[[bool], None] | None = None,
+    ) -> Task:
+        now = time.time()
+        n = self.cluster.nodes[node]
+        pid = next(self._pids)
+        # pstart is the process start in clock ticks since boot (USER_HZ=100)
+        pstart = int((now - n.boot_time) * 100) & 0xFFFFFFFFF
+        starttime = int(now)
+        upid = make_upid(node, pid, pstart, starttime, wtype, wid, user)
+        task = Task(upid=upid, node=node, pid=pid, pstart=pstart, starttime=starttime, type=wtype, id=wid, user=user)
+        task.log.extend(first_log or [])
+        self.cluster.tasks[upid] = task
+        dur = self.duration() if seconds is None else seconds
+        t = asyncio.get_running_loop().create_task(self._run(task, work, dur, on_finish))
+        self._running.add(t)
+        t.add_done_callback(self._running.discard)
+        return task
+
+    async def _run(self, task: Task, work: Work, seconds: float, on_finish: Callable[[bool], None] | None) -> None:
+        await asyncio.sleep(seconds)
+        ok = True
+        try:
+            extra = work() or []
+            task.log.extend(extra)
+            task.exitstatus = "OK"
+            task.log.append("TASK OK")
+        except ApiError as e:
+            ok = False
+            task.exitstatus = e.message
+            task.log.append(f"TASK ERROR: {e.message}")
+        except Exception as e:  # a simulator bug must still end the task
+            log.exception("task %s crashed", task.upid)
+            ok = False
+            task.exitstatus = f"simulator error: {e}"
+            task.log.append(f"TASK ERROR: {task.exitstatus}")
+        task.status = "stopped"
+        task.endtime = int(time.time())
+        if on_finish:
+            on_finish(ok)
+        self.cluster.touch()
+
+    async def drain(self) -> None:
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
