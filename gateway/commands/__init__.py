@@ -8,7 +8,10 @@ from __future__ import annotations
 import importlib
 
 # One line per subcommand module; keep sorted.
-MODULES: tuple[str, ...] = ()
+MODULES: tuple[str, ...] = (
+    "gateway.commands.bundle",
+    "gateway.commands.policy",
+)
 
 
 def register_all(sub: object) -> None:
