@@ -9,22 +9,22 @@ package pvegate
 import data.pvegate.guardrails
 import data.pvegate.rbac
 
-list_problems contains msg if some msg in input_problems
+listing_problems contains msg if some msg in input_problems
 
-list_problems contains msg if {
+listing_problems contains msg if {
 	is_object(input)
 	object.get(input, "kind", null) != "list"
 	msg := sprintf("input kind must be \"list\" for this entry point, got %v", [object.get(input, "kind", null)])
 }
 
-list_problems contains "input.tools must be an array" if not is_array(input.tools)
+listing_problems contains "input.tools must be an array" if not is_array(input.tools)
 
 # METADATA
 # title: Visible tools for tools/list
 # description: Set of tool names (a JSON array over the REST API).
 # entrypoint: true
 visible_tools contains tool.name if {
-	count(list_problems) == 0
+	count(listing_problems) == 0
 	some tool in input.tools
 	rbac.tool_visible(tool)
 	not guardrails.hidden_from_list(input.principal, tool)

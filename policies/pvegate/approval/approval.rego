@@ -18,7 +18,10 @@ cfg := config.approval
 
 reasons contains msg if {
 	lib.level_rank[risk.level] >= lib.level_rank[cfg.required_from_level]
-	msg := sprintf("risk %s (score %d) is at or above the approval threshold %s", [risk.level, risk.score, cfg.required_from_level])
+	msg := sprintf(
+		"risk %s (score %d) is at or above the approval threshold %s",
+		[risk.level, risk.score, cfg.required_from_level],
+	)
 }
 
 reasons contains msg if {
@@ -39,7 +42,7 @@ matching_rules contains rule if {
 required if count(reasons) > 0
 
 # rules with their own approver groups replace the default groups
-rule_groups := {g |
+rule_groups contains g if {
 	some rule in matching_rules
 	some g in object.get(rule, "approver_groups", [])
 }
@@ -50,7 +53,7 @@ approver_groups := sort({g | some g in cfg.default_approver_groups}) if count(ru
 
 level_min_approvals := object.get(cfg.min_approvals_by_level, risk.level, cfg.default_min_approvals)
 
-rule_min_approvals := {r.min_approvals |
+rule_min_approvals contains r.min_approvals if {
 	some r in matching_rules
 	is_number(r.min_approvals)
 }
@@ -60,7 +63,7 @@ min_approvals := max(rule_min_approvals | {level_min_approvals})
 
 level_ttl_seconds := object.get(cfg.ttl_seconds_by_level, risk.level, cfg.default_ttl_seconds)
 
-rule_ttl_seconds := {r.ttl_seconds |
+rule_ttl_seconds contains r.ttl_seconds if {
 	some r in matching_rules
 	is_number(r.ttl_seconds)
 }
@@ -91,14 +94,14 @@ problems contains "its expiry time is unreadable" if {
 	not expiry_readable
 }
 
-expiry_readable if time.parse_rfc3339_ns(presented.expires_at)
-
 problems contains "the requester approved their own request (four-eyes)" if input.principal.sub in presented.approvers
 
 problems contains "it is malformed" if {
 	presented
 	not well_formed
 }
+
+expiry_readable if time.parse_rfc3339_ns(presented.expires_at)
 
 well_formed if {
 	is_string(presented.tool)
@@ -162,7 +165,9 @@ result := {
 	"min_approvals": min_approvals,
 	"ttl_seconds": ttl_seconds,
 	"reason": concat("; ", sort(reasons)),
-} if required
+} if {
+	required
+}
 
 result := {
 	"required": false,
@@ -171,4 +176,6 @@ result := {
 	"min_approvals": 0,
 	"ttl_seconds": 0,
 	"reason": "",
-} if not required
+} if {
+	not required
+}

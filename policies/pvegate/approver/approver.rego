@@ -14,7 +14,7 @@ import data.pvegate.rbac
 
 known_contract_versions := {1}
 
-approver := input.approver
+candidate := input.approver
 
 pending := input.pending
 
@@ -33,7 +33,7 @@ problems contains msg if {
 	msg := sprintf("input kind must be \"approve\", got %v", [object.get(input, "kind", null)])
 }
 
-problems contains "input.approver.sub is missing" if not is_string(approver.sub)
+problems contains "input.approver.sub is missing" if not is_string(candidate.sub)
 
 problems contains "input.pending.requester is missing" if not is_string(pending.requester)
 
@@ -42,30 +42,30 @@ problems contains "input.pending.approver_groups is missing" if not is_array(pen
 deny contains msg if some msg in problems
 
 deny contains "four-eyes: a requester may not approve their own request" if {
-	approver.sub == pending.requester
+	candidate.sub == pending.requester
 }
 
 deny contains msg if {
 	some a in object.get(pending, "approvals_so_far", [])
-	a.approver == approver.sub
-	msg := sprintf("%s has already approved this request; a second approval must come from someone else", [approver.sub])
+	a.approver == candidate.sub
+	msg := sprintf("%s has already approved this request; a second approval must come from someone else", [candidate.sub])
 }
 
 deny contains msg if {
-	not approver.kind == "human"
-	msg := sprintf("only humans may approve; %s is of kind %v", [approver.sub, object.get(approver, "kind", null)])
+	not candidate.kind == "human"
+	msg := sprintf("only humans may approve; %s is of kind %v", [candidate.sub, object.get(candidate, "kind", null)])
 }
 
 deny contains msg if {
 	count(problems) == 0
 	not in_required_group
-	msg := sprintf("%s is not in any of the approver groups %v for this request", [approver.sub, pending.approver_groups])
+	msg := sprintf("%s is not in any of the approver groups %v for this request", [candidate.sub, pending.approver_groups])
 }
 
 deny contains msg if {
 	count(problems) == 0
-	not rbac.may_approve(approver, object.get(pending, "target", {}))
-	msg := sprintf("no role of %s may approve requests on this target", [approver.sub])
+	not rbac.may_approve(candidate, object.get(pending, "target", {}))
+	msg := sprintf("no role of %s may approve requests on this target", [candidate.sub])
 }
 
 deny contains "this request already has all the approvals it needs" if {
@@ -77,7 +77,7 @@ in_required_group if count(pending.approver_groups) == 0
 
 in_required_group if {
 	some g in pending.approver_groups
-	member(approver, g)
+	member(candidate, g)
 }
 
 member(principal, group) if group in object.get(principal, "groups", [])

@@ -15,12 +15,7 @@ import data.pvegate.lib
 import data.pvegate.obligations
 import data.pvegate.rbac
 
-mutation if input.tool.effect in lib.mutating_effects
-
-target_known if input.target.known == true
-
-# --- protected guests ----------------------------------------------------------
-
+# protected guests are never destroyed
 deny contains msg if {
 	input.tool.effect == "destroy"
 	some tag in lib.tags_of(input.target)
@@ -31,7 +26,54 @@ deny contains msg if {
 	)
 }
 
-# --- maintenance window ----------------------------------------------------------
+# destroy and exec only inside a maintenance window (break-glass: see below)
+deny contains msg if {
+	outside_window_risky
+	not rbac.break_glass
+	msg := sprintf(
+		concat("", [
+			"%s tools may only run inside a maintenance window (%s); now is %s %02d:00 UTC. ",
+			"Retry in a window, run it as a dry run, or use a break-glass role with an approval",
+		]),
+		[input.tool.effect, windows_text, lib.weekday, lib.hour_utc],
+	)
+}
+
+# agents never mutate node-level (configurable) resources
+deny contains msg if {
+	input.principal.kind == "agent"
+	mutation
+	input.tool.scope in config.agent_no_mutation_scopes
+	msg := sprintf(
+		"agents may not %s %s-level resources (tool %q); a human operator must do this",
+		[input.tool.effect, input.tool.scope, input.tool.name],
+	)
+}
+
+# no mutation of a guest the gateway could not resolve
+deny contains msg if {
+	mutation
+	input.tool.scope == "guest"
+	not target_known
+	msg := sprintf(
+		concat("", [
+			"the target guest of %q could not be resolved (unknown node/vmid or inventory lookup failed); ",
+			"refusing to mutate an unverified guest",
+		]),
+		[input.tool.name],
+	)
+}
+
+# the organisation's deny rules
+deny contains msg if {
+	some rule in config.deny_rules
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), object.get(rule, "name", "unnamed")])
+}
+
+mutation if input.tool.effect in lib.mutating_effects
+
+target_known if input.target.known == true
 
 in_maintenance_window if {
 	some w in config.maintenance_windows
@@ -43,15 +85,6 @@ outside_window_risky if {
 	input.tool.effect in {"destroy", "exec"}
 	not obligations.dry_run
 	not in_maintenance_window
-}
-
-deny contains msg if {
-	outside_window_risky
-	not rbac.break_glass
-	msg := sprintf(
-		"%s tools may only run inside a maintenance window (%s); now is %s %02d:00 UTC. Retry in a window, run it as a dry run, or use a break-glass role with an approval",
-		[input.tool.effect, windows_text, lib.weekday, lib.hour_utc],
-	)
 }
 
 # a break-glass role turns the window denial into an approval requirement
@@ -66,19 +99,10 @@ windows_text := concat("; ", sort([window_text(w) | some w in config.maintenance
 	count(config.maintenance_windows) > 0
 }
 
-window_text(w) := sprintf("%s %s %02d:00-%02d:00", [object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour])
-
-# --- agents and node-level resources -----------------------------------------------
-
-deny contains msg if {
-	input.principal.kind == "agent"
-	mutation
-	input.tool.scope in config.agent_no_mutation_scopes
-	msg := sprintf(
-		"agents may not %s %s-level resources (tool %q); a human operator must do this",
-		[input.tool.effect, input.tool.scope, input.tool.name],
-	)
-}
+window_text(w) := sprintf(
+	"%s %s %02d:00-%02d:00",
+	[object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour],
+)
 
 # hidden_from_list(principal, tool): target-independent guard rails that make a
 # tool useless to the principal, so tools/list can hide it.
@@ -94,24 +118,4 @@ hidden_from_list(principal, tool) if {
 	not "target_tags" in object.keys(rule)
 	lib.tool_matches(rule, tool)
 	lib.in_list(rule, "principal_kinds", principal.kind)
-}
-
-# --- unresolved targets ----------------------------------------------------------
-
-deny contains msg if {
-	mutation
-	input.tool.scope == "guest"
-	not target_known
-	msg := sprintf(
-		"the target guest of %q could not be resolved (unknown node/vmid or inventory lookup failed); refusing to mutate an unverified guest",
-		[input.tool.name],
-	)
-}
-
-# --- the organisation's deny rules --------------------------------------------------
-
-deny contains msg if {
-	some rule in config.deny_rules
-	lib.call_matches(rule, input.principal, input.tool, input.target)
-	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), object.get(rule, "name", "unnamed")])
 }

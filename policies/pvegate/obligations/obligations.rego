@@ -35,7 +35,9 @@ redact := sort({path |
 max_items := max({n |
 	some b in rbac.granting_bindings
 	n := object.get(config.roles[b.role], "max_items", config.default_max_items)
-}) if count(rbac.granting_bindings) > 0
+}) if {
+	count(rbac.granting_bindings) > 0
+}
 
 max_items := config.default_max_items if count(rbac.granting_bindings) == 0
 

@@ -141,13 +141,13 @@ target_text := sprintf("node %v", [input.target.node]) if {
 # --- tools/list ---------------------------------------------------------------
 
 # the lister's bindings, computed once per query
-list_bindings := bindings_for(input.principal)
+lister_bindings := bindings_for(input.principal)
 
-list_roles := {config.roles[b.role] | some b in list_bindings}
+lister_roles contains config.roles[b.role] if some b in lister_bindings
 
 # tool_visible(tool): some bound role grants the tool on some target.
 tool_visible(tool) if {
-	some role in list_roles
+	some role in lister_roles
 	role_grants(role, tool)
 	not role_denies(role, tool)
 }

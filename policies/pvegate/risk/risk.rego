@@ -64,7 +64,10 @@ factors contains factor if {
 	factor := {
 		"name": "off_hours",
 		"points": cfg.off_hours_points,
-		"why": sprintf("%s %02d:00 UTC is outside business hours: fewer people around to notice", [lib.weekday, lib.hour_utc]),
+		"why": sprintf(
+			"%s %02d:00 UTC is outside business hours: fewer people around to notice",
+			[lib.weekday, lib.hour_utc],
+		),
 	}
 }
 
