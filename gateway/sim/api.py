@@ -67,9 +67,15 @@ def check_schema_perm(ctx: Ctx, ep: Endpoint) -> None:
 def _eval(ctx: Ctx, expr: list[Any]) -> bool:
     op = expr[0]
     if op == "perm":
+        opts = expr[3:]
+        if "require_param" in opts:
+            # the check only applies when that parameter was passed
+            pname = opts[opts.index("require_param") + 1]
+            if pname not in ctx.params:
+                return False
         path = _subst(expr[1], ctx.params)
         privs = list(expr[2])
-        if "any" in expr[3:]:
+        if "any" in opts:
             return ctx.can(path, *privs)
         return all(ctx.can(path, p) for p in privs)
     if op == "and":

@@ -48,7 +48,10 @@ class TaskManager:
         first_log: list[str] | None = None,
         seconds: float | None = None,
         on_finish: Callable[[bool], None] | None = None,
+        begin: Work | None = None,
     ) -> Task:
+        """Fork a worker. `begin` runs at once inside the worker (take locks, check
+        conflicts); an ApiError there fails the task immediately, as in PVE."""
         now = time.time()
         n = self.cluster.nodes[node]
         pid = next(self._pids)
@@ -59,6 +62,17 @@ class TaskManager:
         task = Task(upid=upid, node=node, pid=pid, pstart=pstart, starttime=starttime, type=wtype, id=wid, user=user)
         task.log.extend(first_log or [])
         self.cluster.tasks[upid] = task
+        if begin is not None:
+            try:
+                task.log.extend(begin() or [])
+            except ApiError as e:
+                task.status = "stopped"
+                task.exitstatus = e.message
+                task.endtime = starttime
+                task.log.append(f"TASK ERROR: {e.message}")
+                self.cluster.touch()
+                return task
+            self.cluster.touch()
         dur = self.duration() if seconds is None else seconds
         t = asyncio.get_running_loop().create_task(self._run(task, work, dur, on_finish))
         self._running.add(t)
