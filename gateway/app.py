@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -23,8 +24,11 @@ from gateway.connectors import Runtime
 from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
 from gateway.decisions import DecisionClient
 from gateway.opa_sidecar import REPO_ROOT, OPASidecar
+from gateway.request_state import RequestStates, Sealer, Sessions
+from gateway.security import TransportGuard
 from gateway.targets import TargetResolver
 from gateway.transport import handle_mcp
+from gateway.wellknown import WELL_KNOWN, protected_resource
 
 log = logging.getLogger("pvegate")
 
@@ -82,6 +86,9 @@ def create_app(config: Config) -> Starlette:
         components = await build_components(config)
         app.state.components = components
         app.state.authenticator = Authenticator(config.auth)
+        sealer = Sealer()  # per-process key: request states and session ids are short-lived
+        app.state.request_states = RequestStates(sealer)
+        app.state.sessions = Sessions(sealer)
         supervisor = asyncio.create_task(components.sidecar.supervise()) if components.sidecar else None
         log.info("pvegate ready: %d tools, OPA at %s", len(components.catalog), components.decisions.url)
         try:
@@ -96,5 +103,7 @@ def create_app(config: Config) -> Starlette:
     routes = [
         Route("/mcp", handle_mcp, methods=["GET", "POST", "DELETE"]),
         Route("/healthz", health, methods=["GET"]),
+        Route(WELL_KNOWN, protected_resource, methods=["GET"]),
+        Route(WELL_KNOWN + "/mcp", protected_resource, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportGuard, config=config)])

@@ -122,6 +122,7 @@ class Config:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = 1_048_576
+    max_inflight_per_client: int = 64  # concurrent requests one client address may have open
     target_cache_seconds: float = 5.0
     public_url: str | None = None
 
@@ -229,6 +230,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             allowed_origins=tuple(raw.get("allowed_origins", [])),
             allowed_hosts=tuple(raw.get("allowed_hosts", [])),
             max_body_bytes=int(raw.get("max_body_bytes", 1_048_576)),
+            max_inflight_per_client=int(raw.get("max_inflight_per_client", 64)),
             target_cache_seconds=float(raw.get("target_cache_seconds", 5.0)),
             public_url=raw.get("public_url"),
         )

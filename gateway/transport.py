@@ -1,67 +1,75 @@
-"""MCP over Streamable HTTP: a lean JSON-RPC handler on Starlette.
+"""MCP over Streamable HTTP at /mcp: one lean Starlette handler for both protocol eras.
 
-Stateless, JSON responses only (no SSE stream, no session ids). Protocol faults
-become JSON-RPC errors; tool-level outcomes (denials, invalid arguments,
-pending approvals) become tool results with isError, which a model can act on.
+Stateless, JSON responses only (no SSE stream, no server-held sessions):
+- handshake era (2025-03-26, 2025-06-18, 2025-11-25): `initialize`, then the
+  `MCP-Protocol-Version` header on every request;
+- 2026-07-28: every request self-describing (`_meta` envelope + routing headers).
+The SDK's server machinery is not on this path (see docs/mcp.md for the
+measurement); its pure helpers and wire types are used to get the format right.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from typing import Any
 
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway import __version__
+from gateway import handoff, methods, modern
 from gateway.audit import AuditRecord
-from gateway.auth import AuthError, Principal
+from gateway.auth import Authenticator, AuthError, Principal
 from gateway.components import Components
-from gateway.decisions import CONTRACT_VERSION
-from gateway.pipeline import CallRequest, UnknownTool, call_tool, request_facts
+from gateway.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    Message,
+    RpcFault,
+    error_response,
+    parse_message,
+    result_response,
+)
+from gateway.request_state import RequestStates, Sessions
+from gateway.wellknown import metadata_url
 
 log = logging.getLogger("pvegate.transport")
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-
-SUPPORTED_VERSIONS = tuple(v for v in HANDSHAKE_PROTOCOL_VERSIONS if v >= "2025-03-26")
+LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_LEGACY = LEGACY_VERSIONS[-1]
 DEFAULT_VERSION = "2025-03-26"  # what the spec says to assume when the header is absent
-
-
-def rpc_error(id_: Any, code: int, message: str, status: int = 200) -> JSONResponse:
-    return JSONResponse({"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message}}, status_code=status)
-
-
-def rpc_result(id_: Any, result: dict[str, Any]) -> JSONResponse:
-    return JSONResponse({"jsonrpc": "2.0", "id": id_, "result": result})
+SESSION_HEADER = "mcp-session-id"
 
 
 def www_authenticate(c: Components, err: AuthError) -> str:
-    base = c.config.public_url or f"https://{c.config.host}:{c.config.port}"
-    return (
-        f'Bearer error="{err.error}", error_description="{err}", '
-        f'resource_metadata="{base}/.well-known/oauth-protected-resource"'
-    )
+    parts = [f'error="{err.error}"', f'error_description="{_quote(str(err))}"']
+    if err.scope:
+        parts.append(f'scope="{" ".join(err.scope)}"')
+    parts.append(f'resource_metadata="{metadata_url(c.config)}"')
+    return "Bearer " + ", ".join(parts)
 
 
-async def authenticate(c: Components, request: Request, authn: Any) -> Principal | Response:
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', "'")
+
+
+def _source_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+async def authenticate(c: Components, request: Request) -> Principal | Response:
+    authn: Authenticator = request.app.state.authenticator
     try:
-        principal: Principal = authn.authenticate(request.headers.get("authorization"))
-        return principal
+        return await authn.authenticate(request.headers.get("authorization"))
     except AuthError as err:
         await c.audit.append(
             AuditRecord(
                 uuid.uuid4().hex,
                 "auth_failure",
                 outcome=err.error,
-                body={"reason": str(err), "source_ip": request.client.host if request.client else None},
+                body={"reason": str(err), "status": err.status, "source_ip": _source_ip(request)},
             )
         )
         return JSONResponse(
@@ -71,101 +79,125 @@ async def authenticate(c: Components, request: Request, authn: Any) -> Principal
         )
 
 
+def _media_type(value: str) -> str:
+    return value.split(";")[0].strip().lower()
+
+
+def _accepts_json(accept: str | None) -> bool:
+    if accept is None:
+        return True  # lenient with minimal clients; a present header must allow JSON
+    types = {_media_type(part) for part in accept.split(",")}
+    return bool(types & {"application/json", "application/*", "*/*"})
+
+
 async def handle_mcp(request: Request) -> Response:
     c: Components = request.app.state.components
     if request.method != "POST":
+        # No server-initiated SSE stream and no server-held session to delete.
         return Response(status_code=405, headers={"Allow": "POST"})
-    principal = await authenticate(c, request, request.app.state.authenticator)
+    principal = await authenticate(c, request)
     if not isinstance(principal, Principal):
         return principal
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        return rpc_error(None, INVALID_REQUEST, "Content-Type must be application/json", status=415)
-    body = await request.body()
-    if len(body) > c.config.max_body_bytes:
-        return rpc_error(None, INVALID_REQUEST, "request body too large", status=413)
+    if _media_type(request.headers.get("content-type", "")) != "application/json":
+        refusal = error_response(None, INVALID_REQUEST, "Content-Type must be application/json", status=415)
+        return await _refuse(c, principal, request, refusal)
+    if not _accepts_json(request.headers.get("accept")):
+        refusal = error_response(None, INVALID_REQUEST, "Accept must allow application/json", status=406)
+        return await _refuse(c, principal, request, refusal)
+    version_header = request.headers.get("mcp-protocol-version")
+    msg: Message | None = None
     try:
-        msg = json.loads(body)
-    except ValueError:
-        return rpc_error(None, PARSE_ERROR, "Parse error: body is not valid JSON", status=400)
-    if isinstance(msg, list):
-        return rpc_error(None, INVALID_REQUEST, "JSON-RPC batches are not supported", status=400)
-    if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
-        return rpc_error(msg.get("id") if isinstance(msg, dict) else None, INVALID_REQUEST, "Invalid Request", 400)
-    method: str = msg["method"]
-    if "id" not in msg:  # a notification: accepted, nothing to answer
+        msg = parse_message(await request.body())
+        if modern.is_modern(version_header):
+            assert version_header is not None
+            return await _modern(c, principal, request, msg, version_header)
+        return await _legacy(c, principal, request, msg, version_header)
+    except RpcFault as fault:
+        status = _status(fault, modern.is_modern(version_header))
+        if fault.id is None and msg is not None:
+            fault.id = msg.id
+        response = error_response(fault.id, fault.code, fault.message, fault.data, status=status)
+        if fault.audited:
+            return response
+        return await _refuse(c, principal, request, response, fault)
+
+
+def _status(fault: RpcFault, is_modern: bool) -> int | None:
+    """Modern era: the SDK's code→status table. Handshake era: 400 for envelope faults, else 200."""
+    if is_modern:
+        return None
+    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST) else 200
+
+
+async def _refuse(
+    c: Components, principal: Principal, request: Request, response: Response, fault: RpcFault | None = None
+) -> Response:
+    """Audit a protocol-level refusal of an authenticated request, then send it."""
+    body: dict[str, Any] = {"status": response.status_code, "source_ip": _source_ip(request)}
+    if fault is not None:
+        body.update(code=fault.code, reason=fault.message)
+    await c.audit.append(AuditRecord(uuid.uuid4().hex, "refusal", principal.sub, None, None, "protocol_error", body))
+    return response
+
+
+def _exchange(
+    c: Components, principal: Principal, request: Request, version: str, modern_era: bool, url_elicitation: bool
+) -> methods.Exchange:
+    states: RequestStates = request.app.state.request_states
+    return methods.Exchange(c, principal, version, modern_era, _source_ip(request), url_elicitation, states)
+
+
+async def _modern(c: Components, principal: Principal, request: Request, msg: Message, version_header: str) -> Response:
+    if msg.is_notification:
+        modern.check_notification(version_header)
         return Response(status_code=202)
-    id_ = msg["id"]
-    if not isinstance(id_, (str, int)) or isinstance(id_, bool):
-        return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or integer", 400)
-    params = msg.get("params") or {}
-    if not isinstance(params, dict):
-        return rpc_error(id_, INVALID_PARAMS, "params must be an object")
-
-    if method == "initialize":
-        return rpc_result(id_, initialize_result(params))
-    version = request.headers.get("mcp-protocol-version", DEFAULT_VERSION)
-    if version not in SUPPORTED_VERSIONS:
-        return rpc_error(id_, INVALID_REQUEST, f"Unsupported protocol version: {version}", status=400)
-    if method == "ping":
-        return rpc_result(id_, {})
-    if method == "tools/list":
-        return rpc_result(id_, await list_tools(c, principal, version, request))
-    if method == "tools/call":
-        return await handle_call(c, principal, id_, params, version, request)
-    return rpc_error(id_, METHOD_NOT_FOUND, f"Method not found: {method}")
+    raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
+    version, capabilities = modern.classify(msg, dict(request.headers), raw_headers)
+    x = _exchange(c, principal, request, version, True, modern.wants_url_elicitation(capabilities))
+    return result_response(msg.id, await modern.dispatch(x, msg))
 
 
-def initialize_result(params: dict[str, Any]) -> dict[str, Any]:
-    asked = params.get("protocolVersion")
-    version = asked if asked in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1]
-    return {
+async def _legacy(
+    c: Components, principal: Principal, request: Request, msg: Message, version_header: str | None
+) -> Response:
+    if msg.is_notification:  # notifications/initialized, cancelled, ...: accepted, nothing to answer
+        return Response(status_code=202)
+    if msg.method == "initialize":
+        return _initialize(request, principal, msg)
+    version = version_header or DEFAULT_VERSION
+    if version not in LEGACY_VERSIONS:
+        raise RpcFault(
+            INVALID_REQUEST,
+            f"Unsupported protocol version: {version}; supported: {', '.join((*LEGACY_VERSIONS, *modern.SUPPORTED))}",
+            id_=msg.id,
+        )
+    sessions: Sessions = request.app.state.sessions
+    elicit = sessions.url_elicitation(request.headers.get(SESSION_HEADER), principal)
+    x = _exchange(c, principal, request, version, False, elicit)
+    if msg.method == "ping":
+        return result_response(msg.id, {})
+    if msg.method == "tools/list":
+        return result_response(msg.id, await methods.list_tools(x))
+    if msg.method == "tools/call":
+        return result_response(msg.id, await methods.call(x, msg.params))
+    raise RpcFault(METHOD_NOT_FOUND, f"Method not found: {msg.method}", id_=msg.id)
+
+
+def _initialize(request: Request, principal: Principal, msg: Message) -> Response:
+    asked = msg.params.get("protocolVersion")
+    if not isinstance(asked, str):
+        raise RpcFault(INVALID_PARAMS, "Invalid params: initialize needs a protocolVersion", id_=msg.id)
+    # Counter-offer our latest when we do not speak the asked revision (the client may then disconnect).
+    version = asked if asked in LEGACY_VERSIONS else LATEST_LEGACY
+    result = {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": False}},
-        "serverInfo": {"name": "pvegate", "title": "pvegate Proxmox VE gateway", "version": __version__},
-        "instructions": "Every tool call is decided by the operator's policy; denials carry the reasons.",
+        "serverInfo": methods.SERVER_INFO,
+        "instructions": methods.INSTRUCTIONS,
     }
-
-
-async def list_tools(c: Components, principal: Principal, version: str, request: Request) -> dict[str, Any]:
-    req = CallRequest(uuid.uuid4().hex, principal, "", None, version, request.client.host if request.client else None)
-    visible = await c.decisions.visible_tools(
-        {
-            "contract_version": CONTRACT_VERSION,
-            "kind": "list",
-            "principal": principal.as_input(),
-            "request": request_facts(req, "tools/list"),
-            "tools": [t.policy_view() for t in c.catalog],
-        }
-    )
-    return {"tools": [t.mcp_view() for t in c.catalog if t.name in visible]}
-
-
-async def handle_call(
-    c: Components, principal: Principal, id_: Any, params: dict[str, Any], version: str, request: Request
-) -> Response:
-    name = params.get("name")
-    if not isinstance(name, str):
-        return rpc_error(id_, INVALID_PARAMS, "tools/call needs a tool name")
-    meta = params.get("_meta") or {}
-    req = CallRequest(
-        request_id=uuid.uuid4().hex,
-        principal=principal,
-        tool=name,
-        arguments=params.get("arguments"),
-        protocol_version=version,
-        source_ip=request.client.host if request.client else None,
-        meta=meta if isinstance(meta, dict) else {},
-    )
-    try:
-        result = await call_tool(c, req)
-    except UnknownTool:
-        return rpc_error(id_, INVALID_PARAMS, f"Unknown tool: {name}")
-    except Exception:
-        log.exception("internal error in tools/call %s (request %s)", name, req.request_id)
-        return rpc_error(id_, INTERNAL_ERROR, f"internal error (request {req.request_id})")
-    out: dict[str, Any] = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
-    if result.structured is not None:
-        out["structuredContent"] = result.structured
-    out["_meta"] = {"pvegate/request_id": req.request_id, "pvegate/outcome": result.outcome, **result.meta}
-    return rpc_result(id_, out)
+    headers: dict[str, str] = {}
+    if version >= "2025-11-25" and handoff.url_elicitation_declared(msg.params.get("capabilities")):
+        # Stateless memory of the declared capability: a sealed session id the client echoes.
+        sessions: Sessions = request.app.state.sessions
+        headers["Mcp-Session-Id"] = sessions.mint(principal, version, True)
+    return result_response(msg.id, result, headers=headers)

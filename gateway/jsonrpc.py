@@ -1,0 +1,119 @@
+"""JSON-RPC 2.0 envelopes for the MCP endpoint: parse one message, build replies.
+
+Error codes and their HTTP statuses come from the `mcp` package (one table for
+both protocol eras), so the wire answer for a fault is the spec's, not ours.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
+from mcp_types.jsonrpc import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    URL_ELICITATION_REQUIRED,
+)
+from starlette.responses import Response
+
+__all__ = [
+    "HEADER_MISMATCH",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "PARSE_ERROR",
+    "UNSUPPORTED_PROTOCOL_VERSION",
+    "URL_ELICITATION_REQUIRED",
+    "Message",
+    "RpcFault",
+    "error_response",
+    "parse_message",
+    "result_response",
+]
+
+
+class RpcFault(Exception):
+    """A protocol fault that becomes a JSON-RPC error reply."""
+
+    def __init__(self, code: int, message: str, data: Any = None, id_: Any = None, *, audited: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.id = id_
+        self.audited = audited  # already recorded by whoever raised it
+
+
+@dataclass(frozen=True)
+class Message:
+    """One parsed JSON-RPC request or notification (id is absent for notifications)."""
+
+    method: str
+    params: dict[str, Any]
+    id: str | int | None
+    is_notification: bool
+    raw: dict[str, Any]
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def result_response(id_: Any, result: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        _dumps({"jsonrpc": "2.0", "id": id_, "result": result}), media_type="application/json", headers=headers
+    )
+
+
+def error_response(id_: Any, code: int, message: str, data: Any = None, status: int | None = None) -> Response:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return Response(
+        _dumps({"jsonrpc": "2.0", "id": id_, "error": error}),
+        status_code=status if status is not None else ERROR_CODE_HTTP_STATUS.get(code, 200),
+        media_type="application/json",
+    )
+
+
+def fault_response(fault: RpcFault) -> Response:
+    return error_response(fault.id, fault.code, fault.message, fault.data)
+
+
+def parse_message(body: bytes) -> Message:
+    """Decode a POST body into one request or notification, or raise the spec's fault."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # huge int literals raise ValueError, deep nesting RecursionError
+        raise RpcFault(PARSE_ERROR, "Parse error: the body is not valid JSON") from exc
+    if isinstance(doc, list):
+        raise RpcFault(INVALID_REQUEST, "Invalid Request: JSON-RPC batches are not accepted; send one message per POST")
+    if not isinstance(doc, dict):
+        raise RpcFault(INVALID_REQUEST, "Invalid Request: the body must be a JSON-RPC request object")
+    has_id = "id" in doc
+    id_ = doc.get("id")
+    valid_id = isinstance(id_, (str, int)) and not isinstance(id_, bool)
+    reply_id = id_ if valid_id else None
+    if doc.get("jsonrpc") != "2.0":
+        raise RpcFault(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', id_=reply_id)
+    method = doc.get("method")
+    if not isinstance(method, str):
+        if "result" in doc or "error" in doc:
+            raise RpcFault(INVALID_REQUEST, "Invalid Request: this server sends no requests, so it takes no responses")
+        raise RpcFault(INVALID_REQUEST, 'Invalid Request: "method" must be a string', id_=reply_id)
+    if has_id and not valid_id:
+        raise RpcFault(INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer')
+    params = doc.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RpcFault(INVALID_PARAMS, 'Invalid params: "params" must be an object', id_=reply_id)
+    return Message(method=method, params=params, id=reply_id, is_notification=not has_id, raw=doc)
