@@ -788,3 +788,124 @@ def get_pools(ctx: Ctx) -> Any:
     if poolid and not out:
         raise ApiError(500, f"pool '{poolid}' does not exist")
     return out
+
+
+# ---- further endpoints the connector catalog uses --------------------------------
+
+
+@route("GET", "/nodes/{node}/version")
+def get_node_version(ctx: Ctx) -> Any:
+    return views.version(ctx.rt.cluster)
+
+
+@route("GET", "/nodes/{node}/dns")
+def get_node_dns(ctx: Ctx) -> Any:
+    n = ctx.rt.cluster.nodes[ctx.params["node"]]
+    gw = n.ip.rsplit(".", 1)[0] + ".1"
+    return {"search": "lab.internal", "dns1": gw, "dns2": "9.9.9.9"}
+
+
+SERVICES = [
+    ("pveproxy", "PVE API Proxy Server"),
+    ("pvedaemon", "PVE API Daemon"),
+    ("pvestatd", "PVE Status Daemon"),
+    ("pve-cluster", "The Proxmox VE cluster filesystem"),
+    ("corosync", "Corosync Cluster Engine"),
+    ("pve-firewall", "Proxmox VE firewall"),
+    ("pve-ha-crm", "PVE Cluster HA Resource Manager Daemon"),
+    ("pve-ha-lrm", "PVE Local HA Resource Manager Daemon"),
+    ("sshd", "OpenBSD Secure Shell server"),
+    ("chrony", "chrony, an NTP client/server"),
+    ("cron", "Regular background program processing daemon"),
+    ("postfix", "Postfix Mail Transport Agent (instance -)"),
+    ("spiceproxy", "PVE SPICE Proxy Server"),
+    ("systemd-journald", "Journal Service"),
+    ("syslog", "System Logging Service"),
+]
+
+
+@route("GET", "/nodes/{node}/services")
+def get_node_services(ctx: Ctx) -> Any:
+    return [
+        {"service": s, "name": s, "desc": d, "state": "running", "active-state": "active", "unit-state": "enabled"}
+        for s, d in SERVICES
+    ]
+
+
+@both("GET", "/nodes/{node}/{kind}/{vmid}/pending")
+def get_pending(ctx: Ctx) -> Any:
+    g = ctx.guest(kind_of(ctx.path))
+    return [{"key": k, "value": v} for k, v in sorted(g.config.items())]
+
+
+@both("GET", "/nodes/{node}/{kind}/{vmid}/migrate")
+def get_migrate_precondition(ctx: Ctx) -> Any:
+    g = ctx.guest(kind_of(ctx.path))
+    cl = ctx.rt.cluster
+    running = g.status != "stopped"
+    local_disks = [
+        {"volid": v.volid, "size": v.size, "drivename": "scsi0" if g.type == "qemu" else "rootfs", "is_attached": 1}
+        for v in cl.volumes
+        if v.vmid == g.vmid and v.content in ("images", "rootdir") and not cl.storages[v.storage].shared
+    ]
+    others = [n for n in cl.nodes if n != g.node]
+    allowed = [n for n in others if ctx.rt.node_online(n)]
+    d: dict[str, Any] = {
+        "running": 1 if running else 0,
+        "allowed_nodes": allowed,
+        "not_allowed_nodes": {n: {"unavailable_storages": []} for n in others if n not in allowed},
+        "local_disks": local_disks if g.type == "qemu" else [],
+        "local_resources": [],
+        "mapped-resources": [],
+    }
+    if g.type == "lxc":
+        d = {"running": d["running"], "allowed-nodes": allowed, "not-allowed-nodes": d["not_allowed_nodes"]}
+    return d
+
+
+@route("GET", "/nodes/{node}/lxc/{vmid}/firewall/rules")
+def get_lxc_fw_rules(ctx: Ctx) -> Any:
+    g = ctx.guest("lxc")
+    return _rules(ctx.rt.cluster.guest_firewall_rules.get(g.vmid, []))
+
+
+@route("GET", "/cluster/backup-info/not-backed-up")
+def get_not_backed_up(ctx: Ctx) -> Any:
+    cl = ctx.rt.cluster
+    covered: set[int] = set()
+    for j in cl.backup_jobs:
+        if not j.get("enabled", 1):
+            continue
+        if j.get("all"):
+            excl = {int(x) for x in str(j.get("exclude", "")).split(",") if x}
+            covered |= {v for v in cl.guests if v not in excl}
+        if j.get("pool"):
+            covered |= {g.vmid for g in cl.guests.values() if g.pool == j["pool"]}
+        covered |= {int(x) for x in str(j.get("vmid", "")).split(",") if x.strip()}
+    return [
+        {"vmid": g.vmid, "name": g.name, "type": g.type}
+        for g in sorted(cl.guests.values(), key=lambda g: g.vmid)
+        if g.vmid not in covered and not g.template
+    ]
+
+
+@route("GET", "/cluster/ha/groups")
+def get_ha_groups(ctx: Ctx) -> Any:
+    out = []
+    for name, h in ctx.rt.cluster.ha_groups.items():
+        out.append(
+            {
+                "group": name,
+                "type": "group",
+                "nodes": h.get("nodes", ""),
+                "restricted": int(h.get("restricted", 0)),
+                "nofailback": int(h.get("nofailback", 0)),
+                "digest": config_digest(h),
+            }
+        )
+    return out
+
+
+@route("GET", "/cluster/replication")
+def get_replication(ctx: Ctx) -> Any:
+    return []
