@@ -173,6 +173,10 @@ class ApiApp:
         if handler is None and rt.schema.permissive:
             handler, path_params = _match_routes(method, path)
         try:
+            if ep is not None and not ep.info.get("allowtoken", 1):
+                raise ApiError(
+                    403, f"Permission check failed (URI '{path}' not available with API token, need proper ticket.)"
+                )
             if handler is None:
                 if ep is not None or (rt.schema.permissive and path_known):
                     raise ApiError(
@@ -185,10 +189,6 @@ class ApiApp:
                 raise ApiError(400, "Parameter verification failed.", e.errors) from None
             ctx = Ctx(rt=rt, principal=principal, method=method, path=path, params=params)
             if ep is not None:
-                if not ep.info.get("allowtoken", 1):
-                    raise ApiError(
-                        403, f"Permission check failed (URI '{path}' not available with API token, need proper ticket.)"
-                    )
                 check_schema_perm(ctx, ep)
                 node = params.get("node")
                 if ep.info.get("proxyto") == "node" and isinstance(node, str):

@@ -34,7 +34,10 @@ def run(rt: Runtime, node: str, argv: list[str]) -> Result:
     cmd = argv[0].rsplit("/", 1)[-1] if argv[0].startswith("/usr/") or argv[0].startswith("/bin/") else argv[0]
     fn = COMMANDS.get(cmd)
     if fn is None:
-        return Result(stderr=f"bash: line 1: {argv[0]}: command not found\n", exit_status=127)
+        return Result(
+            stderr=f"bash: line 1: {argv[0]}: command not found (pvegate simulator: read-only commands only)\n",
+            exit_status=127,
+        )
     return fn(rt, node, argv[1:])
 
 
