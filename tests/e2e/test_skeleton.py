@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ssl
 import time
 
 import httpx
@@ -51,7 +52,7 @@ async def test_policy_denial_reaches_client_with_reason(gateway: GatewayThread, 
 
 async def test_missing_token_is_401_and_audited(gateway: GatewayThread, env: DevEnv) -> None:
     before = len([r for r in audit_rows(env.config.audit_path) if r["kind"] == "auth_failure"])
-    async with httpx.AsyncClient(verify=str(env.ca_file)) as http:
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(env.ca_file))) as http:
         r = await http.post(env.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert r.status_code == 401
     assert r.headers["www-authenticate"].startswith("Bearer ")
