@@ -138,11 +138,14 @@ class Acl:
         self.cluster = cluster
         self._cache: dict[tuple[str, str, bool], frozenset[str]] = {}
         self._cache_version = -1
+        self._roles_cache: dict[str, set[str]] | None = None
 
     def _roles(self) -> dict[str, set[str]]:
-        roles = builtin_roles(self.cluster.major)
-        roles.update({k: set(v) for k, v in self.cluster.roles.items()})
-        return roles
+        if self._roles_cache is None:
+            roles = builtin_roles(self.cluster.major)
+            roles.update({k: set(v) for k, v in self.cluster.roles.items()})
+            self._roles_cache = roles
+        return self._roles_cache
 
     def _tree_privs(self, acls: list[AclEntry], path: str) -> set[str] | None:
         """Privileges from a list of ACL entries for `path`; None if no entry applies."""

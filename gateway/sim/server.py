@@ -49,6 +49,8 @@ class _QuietServer(uvicorn.Server):
 def _bind(port: int) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # inherited by accepted sockets on Linux: without it, header+body writes hit Nagle/delayed-ACK (40 ms)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.bind(("127.0.0.1", port))
     s.listen(1024)
     s.setblocking(False)
@@ -66,6 +68,7 @@ def _uvicorn(app: Any, tls: tuple[Path, Path] | None) -> _QuietServer:
         ssl_certfile=str(tls[0]) if tls else None,
         ssl_keyfile=str(tls[1]) if tls else None,
         timeout_keep_alive=30,
+        timeout_graceful_shutdown=1,
         server_header=False,
         date_header=True,
     )
@@ -139,4 +142,5 @@ async def serve(opts: Options, on_ready: Any = None) -> None:
     admin.should_exit = True
     for s in ssh_servers:
         s.close()
-    await asyncio.wait_for(asyncio.gather(api_task, admin_task, return_exceptions=True), timeout=5)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(api_task, admin_task, return_exceptions=True), timeout=3)
