@@ -9,6 +9,7 @@
 package pvegate
 
 import data.pvegate.approval
+import data.pvegate.config
 import data.pvegate.guardrails
 import data.pvegate.lib
 import data.pvegate.obligations
@@ -28,7 +29,10 @@ scopes := {"guest", "node", "cluster", "storage"}
 # --- input validation --------------------------------------------------------------
 
 # input_problems: why the input cannot be decided (shared with tools/list)
-input_problems contains "no input document" if not is_object(input)
+# NOTE: `not is_string(x)` and `not x in s` are never true when x is undefined
+# (OPA evaluates the arguments outside the negation), so every check below
+# negates a helper rule instead.
+input_problems contains "no input document" if not input_is_object
 
 input_problems contains msg if {
 	is_object(input)
@@ -39,11 +43,15 @@ input_problems contains msg if {
 
 input_problems contains "input.principal.sub must be a non-empty string" if not principal_ok
 
-input_problems contains "input.principal.kind must be agent, human or service" if not input.principal.kind in kinds
+input_problems contains "input.principal.kind must be agent, human or service" if not principal_kind_ok
 
 input_problems contains "input.principal.roles and .groups must be arrays" if not principal_lists_ok
 
 input_problems contains "input.request.time must be an RFC 3339 time" if not lib.now_ns
+
+input_is_object if is_object(input)
+
+principal_kind_ok if input.principal.kind in kinds
 
 principal_ok if {
 	is_string(input.principal.sub)
@@ -64,19 +72,36 @@ call_problems contains msg if {
 	msg := sprintf("input kind must be \"call\" for this entry point, got %v", [object.get(input, "kind", null)])
 }
 
-call_problems contains "input.tool.name must be a string" if not is_string(input.tool.name)
+call_problems contains "input.tool.name must be a string" if not tool_name_ok
 
-call_problems contains "input.tool.effect must be read, write, destroy or exec" if not input.tool.effect in lib.effects
+call_problems contains "input.tool.effect must be read, write, destroy or exec" if not tool_effect_ok
 
-call_problems contains "input.tool.scope must be guest, node, cluster or storage" if not input.tool.scope in scopes
+call_problems contains "input.tool.scope must be guest, node, cluster or storage" if not tool_scope_ok
 
-call_problems contains "input.target must be an object" if not is_object(input.target)
+call_problems contains "input.target must be an object" if not target_ok
 
-call_problems contains "input.arguments_digest must be a string" if not is_string(input.arguments_digest)
+call_problems contains "input.arguments_digest must be a string" if not digest_ok
 
-call_problems contains "input.usage must hold the usage counters" if not is_object(input.usage)
+call_problems contains "input.usage must hold the usage counters" if not usage_ok
+
+tool_name_ok if is_string(input.tool.name)
+
+tool_effect_ok if input.tool.effect in lib.effects
+
+tool_scope_ok if input.tool.scope in scopes
+
+target_ok if is_object(input.target)
+
+digest_ok if is_string(input.arguments_digest)
+
+usage_ok if is_object(input.usage)
 
 # --- the decision ------------------------------------------------------------------
+
+deny_reasons contains msg if {
+	some problem in config.problems
+	msg := sprintf("policy data error: %s; denied until the data is fixed", [problem])
+}
 
 deny_reasons contains msg if some msg in rbac.deny
 

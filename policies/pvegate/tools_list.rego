@@ -17,7 +17,9 @@ listing_problems contains msg if {
 	msg := sprintf("input kind must be \"list\" for this entry point, got %v", [object.get(input, "kind", null)])
 }
 
-listing_problems contains "input.tools must be an array" if not is_array(input.tools)
+listing_problems contains "input.tools must be an array" if not tools_ok
+
+tools_ok if is_array(input.tools)
 
 # METADATA
 # title: Visible tools for tools/list

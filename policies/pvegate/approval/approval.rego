@@ -10,6 +10,7 @@ package pvegate.approval
 import data.pvegate.config
 import data.pvegate.guardrails
 import data.pvegate.lib
+import data.pvegate.obligations
 import data.pvegate.risk
 
 cfg := config.approval
@@ -34,10 +35,17 @@ reasons contains msg if {
 	msg := sprintf("break-glass: %s outside the maintenance window needs an approval", [input.tool.effect])
 }
 
+# approval rules do not apply to dry runs (nothing changes) unless the rule
+# says `include_dry_run: true`
 matching_rules contains rule if {
 	some rule in cfg.rules
 	lib.call_matches(rule, input.principal, input.tool, input.target)
+	applies_to_this_run(rule)
 }
+
+applies_to_this_run(_) if not obligations.dry_run
+
+applies_to_this_run(rule) if rule.include_dry_run == true
 
 required if count(reasons) > 0
 
@@ -149,10 +157,6 @@ deny contains msg if {
 		[object.get(presented, "id", "(no id)"), min_approvals, approver_groups],
 	)
 }
-
-default required_bool := false
-
-required_bool if required
 
 default satisfied_bool := false
 

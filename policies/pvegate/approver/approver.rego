@@ -18,7 +18,8 @@ candidate := input.approver
 
 pending := input.pending
 
-problems contains "no input document" if not is_object(input)
+# (negate helper rules: `not is_string(x)` is never true for an undefined x)
+problems contains "no input document" if not input_is_object
 
 problems contains msg if {
 	is_object(input)
@@ -33,11 +34,19 @@ problems contains msg if {
 	msg := sprintf("input kind must be \"approve\", got %v", [object.get(input, "kind", null)])
 }
 
-problems contains "input.approver.sub is missing" if not is_string(candidate.sub)
+problems contains "input.approver.sub is missing" if not candidate_ok
 
-problems contains "input.pending.requester is missing" if not is_string(pending.requester)
+problems contains "input.pending.requester is missing" if not requester_ok
 
-problems contains "input.pending.approver_groups is missing" if not is_array(pending.approver_groups)
+problems contains "input.pending.approver_groups is missing" if not groups_ok
+
+input_is_object if is_object(input)
+
+candidate_ok if is_string(candidate.sub)
+
+requester_ok if is_string(pending.requester)
+
+groups_ok if is_array(pending.approver_groups)
 
 deny contains msg if some msg in problems
 

@@ -129,3 +129,32 @@ quotas := q if {
 	q := data.data.quotas
 	is_array(q)
 }
+
+# --- data errors ----------------------------------------------------------
+# problems: mistakes in the policy data that would otherwise silently weaken a
+# control. The decision denies with these reasons until the data is fixed.
+
+problems contains msg if {
+	some q in quotas
+	not valid_quota(q)
+	msg := sprintf("quota %v needs a name, a window of 1m/1h/24h and a numeric limit", [object.get(q, "name", "(unnamed)")])
+}
+
+problems contains msg if {
+	not approval.required_from_level in {"low", "medium", "high", "critical"}
+	msg := sprintf("approval.required_from_level %v is not a risk level", [approval.required_from_level])
+}
+
+problems contains "risk.level_thresholds needs numeric medium, high and critical" if not valid_thresholds
+
+valid_quota(q) if {
+	is_string(q.name)
+	q.window in {"1m", "1h", "24h"}
+	is_number(q.limit)
+}
+
+valid_thresholds if {
+	is_number(risk.level_thresholds.medium)
+	is_number(risk.level_thresholds.high)
+	is_number(risk.level_thresholds.critical)
+}

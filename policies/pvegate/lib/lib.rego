@@ -12,8 +12,6 @@ window_seconds := {"1m": 60, "1h": 3600, "24h": 86400}
 
 level_rank := {"low": 0, "medium": 1, "high": 2, "critical": 3}
 
-weekday_names := ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-
 # --- selectors -------------------------------------------------------------
 # A selector is an object whose keys are all optional; an absent key matches
 # anything. See policies/data/data.yaml for the vocabulary.
@@ -67,19 +65,19 @@ tags_of(target) := t if {
 # --- time ------------------------------------------------------------------
 
 # now_ns: request time in ns since the epoch, from request.time_ns or request.time.
-now_ns := input.request.time_ns if is_number(input.request.time_ns)
-
-now_ns := time.parse_rfc3339_ns(input.request.time) if not is_number(input.request.time_ns)
+now_ns := input.request.time_ns if {
+	is_number(input.request.time_ns)
+} else := time.parse_rfc3339_ns(input.request.time)
 
 # weekday ("Mon") and UTC hour of the request, as the gateway computed them
 # (falling back to request time).
-weekday := input.request.weekday if is_string(input.request.weekday)
+weekday := input.request.weekday if {
+	is_string(input.request.weekday)
+} else := substring(time.weekday(now_ns), 0, 3)
 
-weekday := substring(time.weekday(now_ns), 0, 3) if not is_string(input.request.weekday)
-
-hour_utc := input.request.hour_utc if is_number(input.request.hour_utc)
-
-hour_utc := time.clock(now_ns)[0] if not is_number(input.request.hour_utc)
+hour_utc := input.request.hour_utc if {
+	is_number(input.request.hour_utc)
+} else := time.clock(now_ns)[0]
 
 # in_hours(from, to, h): from <= h < to, wrapping past midnight when from > to.
 in_hours(from, to, h) if {

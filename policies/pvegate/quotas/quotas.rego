@@ -55,13 +55,6 @@ deny contains msg if {
 	)
 }
 
-deny contains msg if {
-	some q in config.quotas
-	lib.call_matches(q, input.principal, input.tool, input.target)
-	not lib.window_seconds[q.window]
-	msg := sprintf("quota %q has an unknown window %v; denying until the policy data is fixed", [q.name, q.window])
-}
-
 usage_text(state) := sprintf("%d calls to %q", [state.used, input.tool.name]) if state.counter == "tool"
 
 usage_text(state) := sprintf("%d calls to any tool", [state.used]) if state.counter != "tool"

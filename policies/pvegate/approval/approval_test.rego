@@ -1,0 +1,113 @@
+package pvegate.approval_test
+
+import data.pvegate.approval
+import data.pvegate.fixtures_test as fx
+
+prod_stop := fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+
+test_high_risk_requires_approval if {
+	approval.required with input as prod_stop
+	r := approval.result with input as prod_stop
+	r.required == true
+	r.satisfied == false
+	r.approver_groups == ["ops-approvers", "sre-leads"]
+	r.min_approvals == 1
+	r.ttl_seconds == 900
+	contains(r.reason, "risk high (score 50) is at or above the approval threshold high")
+}
+
+test_low_risk_needs_no_approval if {
+	r := approval.result with input as fx.call(fx.agent, fx.vm_stop, fx.web_guest)
+	r == {"required": false, "satisfied": false, "approver_groups": [], "min_approvals": 0, "ttl_seconds": 0, "reason": ""}
+}
+
+test_destroy_rule_requires_sre_lead if {
+	inp := fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
+	r := approval.result with input as inp
+	r.required
+	r.approver_groups == ["sre-leads"]
+	contains(r.reason, "destroying data needs an SRE lead's approval")
+}
+
+test_rule_without_reason_is_named if {
+	rules := [{"name": "stop-rule", "tools": ["vm_stop"], "min_approvals": 3, "ttl_seconds": 60}]
+	inp := fx.call(fx.agent, fx.vm_stop, fx.web_guest)
+	r := approval.result with input as inp with data.data.approval.rules as rules
+	contains(r.reason, "approval rule \"stop-rule\"")
+	r.min_approvals == 3
+	r.ttl_seconds == 60
+	r.approver_groups == ["ops-approvers", "sre-leads"]
+}
+
+test_critical_needs_two_approvals if {
+	inp := fx.call(fx.admin, fx.guest_delete, fx.protected_guest)
+	r := approval.result with input as object.union(inp, {"target": {"ha_state": "started"}})
+	r.min_approvals == 2
+	r.ttl_seconds == 600
+}
+
+test_break_glass_outside_window_requires_approval if {
+	r := approval.result with input as fx.call(fx.breakglass, fx.guest_delete, fx.lab_guest)
+	contains(r.reason, "break-glass: destroy outside the maintenance window needs an approval")
+}
+
+test_valid_approval_satisfies if {
+	inp := fx.with_approval(prod_stop, ["alice"], ["sre-leads"])
+	approval.satisfied with input as inp
+	count(approval.deny) == 0 with input as inp
+	approval.result.satisfied with input as inp
+}
+
+test_approval_from_other_group_is_not_enough if {
+	rules := [{"name": "r", "tools": ["vm_stop"], "approver_groups": ["dba"]}]
+	inp := fx.with_approval(prod_stop, ["alice"], ["sre-leads"])
+	not approval.satisfied with input as inp with data.data.approval.rules as rules
+	fx.has_reason(approval.deny, "is not enough: it needs 1 approver(s) from [\"dba\"]") with input as inp
+		with data.data.approval.rules as rules
+}
+
+test_too_few_approvers if {
+	critical := object.union(fx.call(fx.admin, fx.guest_delete, fx.protected_guest), {"target": {"ha_state": "started"}})
+	inp := fx.with_approval(critical, ["alice"], ["sre-leads"])
+	approval.min_approvals == 2 with input as inp
+	not approval.satisfied with input as inp
+	inp2 := fx.with_approval(critical, ["alice", "bob"], ["sre-leads"])
+	approval.satisfied with input as inp2
+}
+
+test_no_groups_required_accepts_any_group if {
+	inp := fx.with_approval(prod_stop, ["alice"], [])
+	approval.satisfied with input as inp with data.data.approval.default_approver_groups as []
+}
+
+bad_approval(patch) := object.union(fx.with_approval(prod_stop, ["alice"], ["sre-leads"]), {"approval": patch})
+
+rejected(patch, why) if {
+	inp := bad_approval(patch)
+	not approval.satisfied with input as inp
+	fx.has_reason(approval.deny, why) with input as inp
+}
+
+test_approval_binding_is_checked if {
+	rejected({"tool": "vm_start"}, "granted for another tool")
+	rejected({"arguments_digest": "sha256:00"}, "granted for other arguments")
+	rejected({"requester": "someone-else"}, "granted to another requester")
+	rejected({"target": {"vmid": 999}}, "granted for another target")
+	rejected({"target": {"node": "pve2"}}, "granted for another target")
+	rejected({"expires_at": "2026-11-25T15:00:00Z"}, "it has expired")
+	rejected({"expires_at": "soon"}, "its expiry time is unreadable")
+	rejected({"approvers": ["demo-agent"]}, "approved their own request (four-eyes)")
+	rejected({"approvers": "alice"}, "it is malformed")
+}
+
+test_approval_without_id_is_reported if {
+	inp := json.remove(bad_approval({"tool": "x"}), ["approval/id"])
+	fx.has_reason(approval.deny, "the approval (no id) presented") with input as inp
+}
+
+test_rules_skip_dry_runs_unless_asked if {
+	inp := object.union(fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000), {"dry_run": true})
+	count(approval.matching_rules) == 0 with input as inp
+	rules := [{"name": "always", "effects": ["destroy"], "include_dry_run": true}]
+	count(approval.matching_rules) == 1 with input as inp with data.data.approval.rules as rules
+}

@@ -1,0 +1,73 @@
+package pvegate.approver_test
+
+import data.pvegate.approver
+import data.pvegate.fixtures_test as fx
+
+groups := ["sre-leads"]
+
+test_alice_may_approve_agent_request if {
+	approver.decision == {"allow": true, "deny": []} with input as fx.approve_input(fx.alice, "demo-agent", groups, [])
+}
+
+test_membership_from_data if {
+	# bob carries no group in his token; data lists him in ops-approvers
+	approver.allow with input as fx.approve_input(fx.bob, "demo-agent", ["ops-approvers"], [])
+	d := approver.decision with input as fx.approve_input(fx.bob, "demo-agent", groups, [])
+	fx.has_reason(d.deny, "bob is not in any of the approver groups [\"sre-leads\"]")
+}
+
+test_membership_by_token_role if {
+	inp := fx.approve_input(fx.bob, "demo-agent", ["dba"], [])
+	approver.allow with input as inp with data.data.approver_groups.dba as {"token_roles": ["dba-lead"]}
+		with input.approver.roles as ["dba-lead"]
+}
+
+test_no_groups_means_any_approver if {
+	approver.allow with input as fx.approve_input(fx.bob, "demo-agent", [], [])
+}
+
+test_requester_may_not_approve_own_request if {
+	d := approver.decision with input as fx.approve_input(fx.alice, "alice", groups, [])
+	d.allow == false
+	fx.has_reason(d.deny, "four-eyes")
+}
+
+test_no_double_approval if {
+	inp := object.union(fx.approve_input(fx.alice, "demo-agent", groups, [{"approver": "alice"}]), {"pending": {"min_approvals": 2}})
+	d := approver.decision with input as inp
+	fx.has_reason(d.deny, "alice has already approved this request")
+}
+
+test_fully_approved_request if {
+	d := approver.decision with input as fx.approve_input(fx.alice, "demo-agent", groups, [{"approver": "bob"}])
+	fx.has_reason(d.deny, "already has all the approvals it needs")
+}
+
+test_agents_may_not_approve if {
+	a := object.union(fx.alice, {"kind": "agent", "sub": "robot"})
+	d := approver.decision with input as fx.approve_input(a, "demo-agent", groups, [])
+	fx.has_reason(d.deny, "only humans may approve; robot is of kind agent")
+}
+
+test_needs_approve_role if {
+	# in the group by token, but no role with approve: true
+	p := object.union(fx.nobody, {"groups": ["ops-approvers"]})
+	d := approver.decision with input as fx.approve_input(p, "demo-agent", ["ops-approvers"], [])
+	fx.has_reason(d.deny, "no role of mallory may approve requests on this target")
+}
+
+test_malformed_input if {
+	d := approver.decision with input as {"contract_version": 2, "kind": "call"}
+	d.allow == false
+	fx.has_reason(d.deny, "unsupported contract_version 2")
+	fx.has_reason(d.deny, "input kind must be \"approve\"")
+	fx.has_reason(d.deny, "input.approver.sub is missing")
+	fx.has_reason(d.deny, "input.pending.requester is missing")
+	fx.has_reason(d.deny, "input.pending.approver_groups is missing")
+}
+
+test_no_input if {
+	d := approver.decision with input as "nonsense"
+	d.allow == false
+	fx.has_reason(d.deny, "no input document")
+}

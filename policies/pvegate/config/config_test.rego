@@ -1,0 +1,59 @@
+package pvegate.config_test
+
+import data.pvegate.config
+
+test_safe_defaults_without_data if {
+	config.roles == {} with data.data as {}
+	config.bindings == [] with data.data as {}
+	config.approver_groups == {} with data.data as {}
+	config.protected_tags == ["protected"] with data.data as {}
+	config.maintenance_windows == [] with data.data as {}
+	config.agent_no_mutation_scopes == ["node"] with data.data as {}
+	config.deny_rules == [] with data.data as {}
+	config.risk == config.default_risk with data.data as {}
+	config.approval == config.default_approval with data.data as {}
+	config.default_max_items == 100 with data.data as {}
+	config.redact == {} with data.data as {}
+	config.quotas == [] with data.data as {}
+}
+
+test_wrong_types_fall_back_to_defaults if {
+	bad := {
+		"roles": [], "bindings": {}, "approver_groups": [], "quotas": {},
+		"guardrails": {"protected_tags": "protected", "maintenance_windows": {}, "agent_no_mutation_scopes": "node", "deny_rules": {}},
+		"risk": [], "approval": [], "obligations": {"default_max_items": "many", "redact": []},
+	}
+	config.roles == {} with data.data as bad
+	config.bindings == [] with data.data as bad
+	config.protected_tags == ["protected"] with data.data as bad
+	config.maintenance_windows == [] with data.data as bad
+	config.risk == config.default_risk with data.data as bad
+	config.default_max_items == 100 with data.data as bad
+	config.quotas == [] with data.data as bad
+}
+
+test_data_overrides_merge_with_defaults if {
+	r := config.risk with data.data.risk as {"ha_points": 99}
+	r.ha_points == 99
+	r.effect_points.write == 20
+}
+
+test_data_problems if {
+	bad := {
+		"quotas": [{"name": "weekly", "window": "7d", "limit": 5}, {"window": "1m", "limit": 1}, {"name": "x", "window": "1m"}],
+		"approval": {"required_from_level": "extreme"},
+		"risk": {"level_thresholds": {"medium": "25"}},
+	}
+	p := config.problems with data.data as bad
+	p == {
+		"quota weekly needs a name, a window of 1m/1h/24h and a numeric limit",
+		"quota (unnamed) needs a name, a window of 1m/1h/24h and a numeric limit",
+		"quota x needs a name, a window of 1m/1h/24h and a numeric limit",
+		"approval.required_from_level extreme is not a risk level",
+		"risk.level_thresholds needs numeric medium, high and critical",
+	}
+}
+
+test_demo_data_has_no_problems if {
+	count(config.problems) == 0
+}

@@ -1,0 +1,102 @@
+# Golden decision cases: policies/golden/<scenario>.json, loaded by
+# `opa test policies` at data.golden.<scenario> (each file holds one object
+# keyed by its scenario name). Every case's input is decided by
+# data.pvegate.decision and compared with its partial expectations. The same
+# files are replayed against a live OPA server by tests/policy/test_golden_live.py.
+package pvegate.golden_test
+
+default cases := {}
+
+cases := data.golden
+
+# failures: [scenario, what went wrong] for every unmet expectation
+failures contains [name, msg] if {
+	some name, c in cases
+	d := data.pvegate.decision with input as c.input
+	some msg in mismatches(c.expect, d)
+}
+
+failures contains [name, "the case's name field must equal its key and file name"] if {
+	some name, c in cases
+	c.name != name
+}
+
+mismatches(exp, d) := union({
+	value_mismatch(exp, d),
+	deny_mismatch(exp, d),
+	obligation_mismatch(exp, d),
+	factor_mismatch(exp, d),
+	reason_mismatch(exp, d),
+})
+
+# the decision facts that expectations of the same name compare by equality
+observed(d) := {
+	"allow": d.allow,
+	"risk_level": d.risk.level,
+	"approval_required": d.approval.required,
+	"approval_satisfied": d.approval.satisfied,
+	"approver_groups": d.approval.approver_groups,
+	"min_approvals": d.approval.min_approvals,
+	"quota": d.quota,
+}
+
+value_mismatch(exp, d) := {sprintf("%s: want %v, got %v", [key, exp[key], got]) |
+	some key, got in observed(d)
+	key in object.keys(exp)
+	exp[key] != got
+}
+
+deny_mismatch(exp, d) := {sprintf("deny: no reason contains %q; got %v", [frag, d.deny]) |
+	some frag in object.get(exp, "deny_contains", [])
+	not has_fragment(d.deny, frag)
+} | {sprintf("deny: want none, got %v", [d.deny]) |
+	exp.deny_empty == true
+	count(d.deny) > 0
+}
+
+obligation_mismatch(exp, d) := {sprintf("obligations.%s: want %v, got %v", [k, v, d.obligations[k]]) |
+	some k, v in object.get(exp, "obligations", {})
+	d.obligations[k] != v
+}
+
+factor_mismatch(exp, d) := {sprintf("risk factors: want %q among %v", [name, names]) |
+	names := {f.name | some f in d.risk.factors}
+	some name in object.get(exp, "risk_factors_include", [])
+	not name in names
+}
+
+reason_mismatch(exp, d) := {sprintf("approval.reason: want it to contain %q, got %q", [frag, d.approval.reason]) |
+	frag := exp.approval_reason_contains
+	not contains(d.approval.reason, frag)
+}
+
+has_fragment(reasons, frag) if {
+	some r in reasons
+	contains(r, frag)
+}
+
+test_golden_cases_are_loaded if {
+	count(cases) >= 20
+}
+
+test_golden_cases_decide_as_expected if {
+	count(failures) == 0
+}
+
+# the comparison itself can fail: a wrong expectation is reported
+test_golden_comparison_detects_mismatch if {
+	c := cases.viewer_reads_guest_config
+	d := data.pvegate.decision with input as c.input
+	bad := {
+		"allow": false, "deny_contains": ["nope"], "deny_empty": true, "risk_level": "critical",
+		"obligations": {"max_items": 1}, "risk_factors_include": ["x"], "approval_reason_contains": "x",
+	}
+	count(mismatches(bad, d)) == 6
+	count(mismatches(c.expect, d)) == 0
+}
+
+test_golden_deny_empty_detects_reasons if {
+	c := cases.viewer_cannot_stop_guest
+	d := data.pvegate.decision with input as c.input
+	count(mismatches({"deny_empty": true}, d)) == 1
+}

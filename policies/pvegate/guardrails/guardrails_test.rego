@@ -1,0 +1,92 @@
+package pvegate.guardrails_test
+
+import data.pvegate.fixtures_test as fx
+import data.pvegate.guardrails
+
+test_protected_guest_never_destroyed if {
+	# even by break-glass, in the maintenance window, with an approval
+	inp := fx.call_at(fx.breakglass, fx.guest_delete, fx.protected_guest, fx.sat_1000)
+	reasons := guardrails.deny with input as fx.with_approval(inp, ["alice"], ["sre-leads"])
+	fx.has_reason(reasons, "guest 102 is tagged \"protected\"")
+}
+
+test_protected_tag_does_not_block_other_effects if {
+	count(guardrails.deny) == 0 with input as fx.call(fx.agent, fx.vm_stop, fx.protected_guest)
+}
+
+test_destroy_outside_window_denied if {
+	reasons := guardrails.deny with input as fx.call(fx.admin, fx.guest_delete, fx.lab_guest)
+	fx.has_reason(reasons, "destroy tools may only run inside a maintenance window (weekend Sat,Sun 00:00-24:00;")
+	fx.has_reason(reasons, "now is Wed 15:00 UTC")
+}
+
+test_exec_outside_window_denied if {
+	reasons := guardrails.deny with input as fx.call(fx.admin, fx.guest_exec, fx.lab_guest)
+	fx.has_reason(reasons, "exec tools may only run inside a maintenance window")
+}
+
+test_destroy_inside_weekend_window if {
+	count(guardrails.deny) == 0 with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
+}
+
+test_destroy_inside_weeknight_window_wrapping_midnight if {
+	count(guardrails.deny) == 0 with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.wed_2310)
+	count(guardrails.deny) == 0 with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.wed_0300)
+}
+
+test_dry_run_is_exempt_from_window if {
+	inp := object.union(fx.call(fx.admin, fx.guest_delete, fx.lab_guest), {"dry_run": true})
+	count(guardrails.deny) == 0 with input as inp
+}
+
+test_break_glass_outside_window_needs_approval_not_denial if {
+	inp := fx.call(fx.breakglass, fx.guest_delete, fx.lab_guest)
+	count(guardrails.deny) == 0 with input as inp
+	guardrails.break_glass_approval_required with input as inp
+}
+
+test_no_windows_configured if {
+	reasons := guardrails.deny with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
+		with data.data.guardrails.maintenance_windows as []
+	fx.has_reason(reasons, "maintenance window (none configured)")
+}
+
+test_agent_may_not_mutate_node_scope if {
+	reasons := guardrails.deny with input as fx.call(fx.agent, fx.node_network_update, fx.node_target)
+	fx.has_reason(reasons, "agents may not write node-level resources")
+	count(guardrails.deny) == 0 with input as fx.call(fx.admin, fx.node_network_update, fx.node_target)
+}
+
+test_unresolved_guest_not_mutated if {
+	reasons := guardrails.deny with input as fx.call(fx.agent, fx.vm_stop, fx.unknown_target)
+	fx.has_reason(reasons, "could not be resolved")
+	count(guardrails.deny) == 0 with input as fx.call(fx.agent, fx.guest_config_tool, fx.unknown_target)
+}
+
+test_missing_known_flag_counts_as_unresolved if {
+	inp := json.remove(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), ["target/known"])
+	fx.has_reason(guardrails.deny, "could not be resolved") with input as inp
+}
+
+test_org_deny_rule if {
+	reasons := guardrails.deny with input as fx.call(fx.agent, fx.access_user_update, fx.unknown_target)
+	fx.has_reason(reasons, "agents may not change users, tokens or permissions (rule \"no-agent-access-changes\")")
+}
+
+test_org_deny_rule_defaults if {
+	reasons := guardrails.deny with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+		with data.data.guardrails.deny_rules as [{"tools": ["vm_stop"]}]
+	fx.has_reason(reasons, "denied by rule (rule \"unnamed\")")
+}
+
+test_hidden_from_list if {
+	guardrails.hidden_from_list(fx.agent, fx.node_network_update)
+	guardrails.hidden_from_list(fx.agent, fx.access_user_update)
+	not guardrails.hidden_from_list(fx.admin, fx.node_network_update)
+	not guardrails.hidden_from_list(fx.agent, fx.vm_stop)
+}
+
+test_target_dependent_deny_rule_does_not_hide if {
+	rules := [{"name": "no-prod", "target_tags": ["prod"], "tools": ["vm_stop"]}]
+	not guardrails.hidden_from_list(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as rules
+}

@@ -1,0 +1,49 @@
+package pvegate.lib_test
+
+import data.pvegate.fixtures_test as fx
+import data.pvegate.lib
+
+test_glob_any if {
+	lib.glob_any(["vm_*", "lxc_*"], "lxc_start")
+	lib.glob_any(["*snapshot_delete"], "vm_snapshot_delete")
+	not lib.glob_any(["vm_*"], "guest_delete")
+	not lib.glob_any([], "vm_stop")
+}
+
+test_tool_matches if {
+	lib.tool_matches({}, fx.vm_stop)
+	lib.tool_matches({"tools": ["vm_*"], "effects": ["write"], "domains": ["guest"], "scopes": ["guest"]}, fx.vm_stop)
+	lib.tool_matches({"tool_tags": ["power", "x"]}, fx.vm_stop)
+	not lib.tool_matches({"tool_tags": ["x"]}, fx.vm_stop)
+	not lib.tool_matches({"effects": ["read"]}, fx.vm_stop)
+	not lib.tool_matches({"tools": []}, fx.vm_stop)
+}
+
+test_call_matches if {
+	lib.call_matches({"principal_kinds": ["agent"], "target_tags": ["prod"]}, fx.agent, fx.vm_stop, fx.prod_guest)
+	not lib.call_matches({"principal_kinds": ["human"]}, fx.agent, fx.vm_stop, fx.prod_guest)
+	not lib.call_matches({"target_tags": ["prod"]}, fx.agent, fx.vm_stop, fx.unknown_target)
+	not lib.call_matches({"target_tags": ["prod"]}, fx.agent, fx.vm_stop, {"known": false})
+}
+
+test_in_hours if {
+	lib.in_hours(8, 18, 8)
+	not lib.in_hours(8, 18, 18)
+	lib.in_hours(22, 5, 23)
+	lib.in_hours(22, 5, 0)
+	not lib.in_hours(22, 5, 5)
+	not lib.in_hours(22, 5, 12)
+}
+
+test_time_from_input if {
+	lib.now_ns == 1795621200000000000 with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	lib.weekday == "Wed" with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	lib.hour_utc == 15 with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+}
+
+test_time_computed_from_rfc3339 if {
+	inp := {"request": {"time": "2026-11-29T15:40:00Z"}}
+	lib.now_ns == 1795966800000000000 with input as inp
+	lib.weekday == "Sun" with input as inp
+	lib.hour_utc == 15 with input as inp
+}

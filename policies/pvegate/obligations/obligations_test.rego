@@ -1,0 +1,47 @@
+package pvegate.obligations_test
+
+import data.pvegate.fixtures_test as fx
+import data.pvegate.obligations
+
+test_plan_only_role_forces_dry_run if {
+	inp := fx.call(fx.planner, fx.vm_stop, fx.lab_guest)
+	obligations.forced_dry_run with input as inp
+	obligations.result.dry_run with input as inp
+}
+
+test_plan_only_does_not_apply_to_reads if {
+	not obligations.forced_dry_run with input as fx.call(fx.planner, fx.guest_config_tool, fx.lab_guest)
+}
+
+test_operator_not_forced if {
+	inp := fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	not obligations.forced_dry_run with input as inp
+	obligations.result.dry_run == false with input as inp
+}
+
+test_requested_dry_run_is_echoed if {
+	inp := object.union(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), {"dry_run": true})
+	obligations.result.dry_run with input as inp
+}
+
+test_no_granting_role_no_forced_dry_run if {
+	not obligations.forced_dry_run with input as fx.call(fx.nobody, fx.vm_stop, fx.prod_guest)
+}
+
+test_redaction_paths_from_matching_globs if {
+	paths := obligations.redact with input as fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+	paths == ["config.cipassword", "config.sshkeys"]
+	count(obligations.redact) == 0 with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+}
+
+test_max_items_most_generous_granting_role if {
+	obligations.max_items == 500 with input as fx.call(fx.agent, fx.guest_config_tool, fx.prod_guest)
+	obligations.max_items == 200 with input as fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+}
+
+test_max_items_default if {
+	obligations.max_items == 100 with input as fx.call(fx.nobody, fx.guest_config_tool, fx.prod_guest)
+	org := {"roles": {"r": {"allow": [{}]}}, "bindings": [{"role": "r", "subjects": ["mallory"]}]}
+	obligations.max_items == 100 with input as fx.call(fx.nobody, fx.guest_config_tool, fx.prod_guest)
+		with data.data as org
+}

@@ -1,0 +1,53 @@
+package pvegate.quotas_test
+
+import data.pvegate.fixtures_test as fx
+import data.pvegate.quotas
+
+with_usage(inp, usage) := object.union(inp, {"usage": usage})
+
+destroy_call := fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
+
+test_under_quota if {
+	count(quotas.deny) == 0 with input as destroy_call
+	quotas.result == null with input as destroy_call
+}
+
+test_destroy_quota_exceeded if {
+	inp := with_usage(destroy_call, {"tool": {"1h": 3}})
+	want := "quota \"destroy-per-hour\" exceeded: 3 calls to \"guest_delete\" in the last 1h (limit 3)"
+	fx.has_reason(quotas.deny, want) with input as inp
+
+	# Sat 10:00:00 is the start of an hour: the fixed window resets in a full hour
+	quotas.result == {"name": "destroy-per-hour", "limit": 3, "window": "1h", "resets_in_seconds": 3600} with input as inp
+}
+
+test_reset_time_mid_window if {
+	inp := with_usage(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), {"tool": {"1m": 10}})
+
+	# 15:40:00 -> the minute window resets in 60 s; the day window in 8h20m
+	quotas.result.resets_in_seconds == 60 with input as inp
+	inp2 := with_usage(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), {"all": {"24h": 5000}})
+	quotas.result.resets_in_seconds == 30000 with input as inp2
+}
+
+test_all_counter if {
+	inp := with_usage(fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest), {"all": {"1m": 120}})
+	fx.has_reason(quotas.deny, "quota \"calls-per-minute\" exceeded: 120 calls to any tool in the last 1m") with input as inp
+}
+
+test_the_quota_resetting_last_is_reported if {
+	inp := with_usage(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), {"tool": {"1m": 10}, "all": {"1m": 200, "24h": 6000}})
+	count(quotas.deny) == 3 with input as inp
+	quotas.result.name == "agent-calls-per-day" with input as inp
+}
+
+test_missing_counter_fails_closed if {
+	inp := json.remove(destroy_call, ["usage/tool/1h"])
+	fx.has_reason(quotas.deny, "quota \"destroy-per-hour\" exceeded") with input as inp
+}
+
+test_quota_kind_filter if {
+	# the agent write quota does not apply to humans
+	inp := with_usage(fx.call(fx.admin, fx.vm_stop, fx.prod_guest), {"tool": {"1m": 50}})
+	count(quotas.deny) == 0 with input as inp
+}

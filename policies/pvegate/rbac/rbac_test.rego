@@ -1,0 +1,127 @@
+package pvegate.rbac_test
+
+import data.pvegate.fixtures_test as fx
+import data.pvegate.rbac
+
+test_operator_token_role_grants_guest_power if {
+	count(rbac.granting_bindings) == 1 with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	count(rbac.deny) == 0 with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	rbac.granting_roles == {"operator"} with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+}
+
+test_unbound_principal_is_denied_with_reason if {
+	reasons := rbac.deny with input as fx.call(fx.nobody, fx.vm_stop, fx.prod_guest)
+	fx.has_reason(reasons, "no role of principal \"mallory\" permits write tool \"vm_stop\" on guest 101")
+}
+
+test_viewer_may_read_but_not_write if {
+	count(rbac.deny) == 0 with input as fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+	count(rbac.deny) == 1 with input as fx.call(fx.viewer, fx.vm_stop, fx.prod_guest)
+}
+
+test_viewer_may_not_read_access_domain if {
+	reasons := rbac.deny with input as fx.call(fx.viewer, fx.token_perms_tool, fx.unknown_target)
+	fx.has_reason(reasons, "on an unresolved target")
+}
+
+test_auditor_reads_access_domain if {
+	count(rbac.deny) == 0 with input as fx.call(fx.auditor, fx.token_perms_tool, fx.unknown_target)
+}
+
+test_role_deny_overrides_allow if {
+	# operator allows write on guest_* but denies *guest_migrate
+	reasons := rbac.deny with input as fx.call(fx.agent, fx.guest_migrate, fx.prod_guest)
+	fx.has_reason(reasons, "role \"operator\" (binding \"operators\") forbids tool \"guest_migrate\"")
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.agent, fx.guest_migrate, fx.prod_guest)
+}
+
+test_deny_from_one_role_beats_allow_from_another if {
+	org := {
+		"roles": {"a": {"allow": [{"tools": ["*"]}]}, "b": {"allow": [{"effects": ["read"]}], "deny": [{"tools": ["vm_stop"]}]}},
+		"bindings": [{"name": "ba", "role": "a", "subjects": ["mallory"]}, {"name": "bb", "role": "b", "subjects": ["mallory"]}],
+	}
+	reasons := rbac.deny with input as fx.call(fx.nobody, fx.vm_stop, fx.prod_guest) with data.data as org
+	fx.has_reason(reasons, "role \"b\" (binding \"bb\") forbids")
+	count(rbac.granting_bindings) == 1 with input as fx.call(fx.nobody, fx.vm_stop, fx.prod_guest) with data.data as org
+}
+
+test_pool_scoped_binding_applies_only_in_pool if {
+	count(rbac.deny) == 0 with input as fx.call(fx.web_dev, fx.vm_stop, fx.web_guest)
+	reasons := rbac.deny with input as fx.call(fx.web_dev, fx.vm_stop, fx.lab_guest)
+	fx.has_reason(reasons, "guest 205 on node pve1 (pool lab)")
+}
+
+test_pool_scope_fails_on_unknown_target if {
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.web_dev, fx.vm_stop, fx.unknown_target)
+}
+
+test_node_text_in_reason if {
+	reasons := rbac.deny with input as fx.call(fx.nobody, node_scoped_nodes_tool, fx.node_target)
+	fx.has_reason(reasons, "on node pve1")
+}
+
+node_scoped_nodes_tool := object.union(fx.nodes_tool, {"scope": "node"})
+
+scoped_org(scope) := {
+	"roles": {"r": {"allow": [{"tools": ["*"]}]}},
+	"bindings": [{"name": "scoped", "role": "r", "subjects": ["mallory"], "scope": scope}],
+}
+
+granted(scope, target) if {
+	count(rbac.granting_bindings) == 1 with input as fx.call(fx.nobody, fx.vm_stop, target)
+		with data.data as scoped_org(scope)
+}
+
+test_scope_clusters if {
+	granted({"clusters": ["default"]}, fx.prod_guest)
+	not granted({"clusters": ["other"]}, fx.prod_guest)
+}
+
+test_scope_nodes if {
+	granted({"nodes": ["pve1"]}, fx.prod_guest)
+	not granted({"nodes": ["pve2"]}, fx.prod_guest)
+}
+
+test_scope_guest_tags if {
+	granted({"guest_tags": ["prod", "x"]}, fx.prod_guest)
+	not granted({"guest_tags": ["x"]}, fx.prod_guest)
+}
+
+test_scope_vmid_ranges if {
+	granted({"vmids": [{"from": 100, "to": 199}]}, fx.prod_guest)
+	not granted({"vmids": [{"from": 200, "to": 299}]}, fx.prod_guest)
+	not granted({"vmids": [{"from": 100, "to": 199}]}, fx.unknown_target)
+}
+
+test_scope_all_constraints_must_hold if {
+	granted({"pools": ["web"], "nodes": ["pve1"]}, fx.prod_guest)
+	not granted({"pools": ["web"], "nodes": ["pve9"]}, fx.prod_guest)
+}
+
+test_binding_by_group_and_kind_filter if {
+	# admins binding is restricted to humans
+	count(rbac.granting_bindings) == 1 with input as fx.call(fx.admin, fx.node_network_update, fx.node_target)
+	agent_admin := object.union(fx.admin, {"kind": "agent"})
+	count(rbac.granting_bindings) == 0 with input as fx.call(agent_admin, fx.node_network_update, fx.node_target)
+}
+
+test_binding_to_unknown_role_is_ignored if {
+	org := {"roles": {}, "bindings": [{"name": "x", "role": "ghost", "subjects": ["mallory"]}]}
+	count(rbac.bindings_for(fx.nobody)) == 0 with data.data as org
+}
+
+test_break_glass_role if {
+	rbac.break_glass with input as fx.call(fx.breakglass, fx.guest_delete, fx.lab_guest)
+	not rbac.break_glass with input as fx.call(fx.admin, fx.guest_delete, fx.lab_guest)
+}
+
+test_tool_visible_ignores_scope if {
+	rbac.tool_visible(fx.vm_stop) with input as fx.listing_input(fx.web_dev, [])
+	not rbac.tool_visible(fx.guest_delete) with input as fx.listing_input(fx.web_dev, [])
+}
+
+test_may_approve if {
+	rbac.may_approve(fx.alice, fx.prod_guest)
+	rbac.may_approve(fx.bob, fx.prod_guest)
+	not rbac.may_approve(fx.agent, fx.prod_guest)
+}

@@ -1,0 +1,49 @@
+package pvegate_test
+
+import data.pvegate
+import data.pvegate.fixtures_test as fx
+
+catalog := [
+	fx.vm_stop, fx.lxc_start, fx.guest_delete, fx.guest_migrate, fx.snapshot_delete, fx.guest_exec,
+	fx.guest_config_tool, fx.nodes_tool, fx.token_perms_tool, fx.node_network_update, fx.access_user_update,
+]
+
+visible(p) := v if {
+	v := pvegate.visible_tools with input as fx.listing_input(p, catalog)
+}
+
+test_viewer_sees_reads_only if {
+	visible(fx.viewer) == {"get_guest_config", "list_nodes"}
+}
+
+test_operator_agent if {
+	visible(fx.agent) == {"get_guest_config", "list_nodes", "lxc_start", "snapshot_delete", "vm_stop"}
+}
+
+test_admin_sees_everything if {
+	visible(fx.admin) == {t.name | some t in catalog}
+}
+
+test_agent_never_sees_node_mutations if {
+	# an agent with the admin role still does not see node-scope mutations or access changes
+	a := object.union(fx.agent, {"groups": ["pve-admins"]})
+	org_admin_any := [{"name": "a", "role": "admin", "groups": ["pve-admins"]}]
+	v := pvegate.visible_tools with input as fx.listing_input(a, catalog) with data.data.bindings as org_admin_any
+	not "node_network_update" in v
+	not "access_user_update" in v
+	"guest_exec" in v
+}
+
+test_unbound_principal_sees_nothing if {
+	count(visible(fx.nobody)) == 0
+}
+
+test_list_bad_input_shows_nothing if {
+	count(pvegate.visible_tools) == 0 with input as object.union(fx.listing_input(fx.admin, catalog), {"kind": "call"})
+	count(pvegate.visible_tools) == 0 with input as json.remove(fx.listing_input(fx.admin, catalog), ["tools"])
+	count(pvegate.visible_tools) == 0 with input as object.union(fx.listing_input(fx.admin, catalog), {"contract_version": 7})
+}
+
+test_empty_data_lists_nothing if {
+	count(pvegate.visible_tools) == 0 with input as fx.listing_input(fx.admin, catalog) with data.data as {}
+}
