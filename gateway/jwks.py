@@ -112,7 +112,7 @@ class JwksKeys:
             now = time.monotonic()
             if not force and not self._stale():
                 return
-            if now - self._last_attempt < self.min_refresh_seconds and self._keys:
+            if self.url and now - self._last_attempt < self.min_refresh_seconds and self._keys:
                 return  # rate limit: a flood of unknown kids must not become a flood of fetches
             self._last_attempt = now
             try:

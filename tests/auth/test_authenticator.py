@@ -1,0 +1,219 @@
+"""Token verification against real keys: every way a token can be wrong is refused, with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jwt
+import pytest
+
+from gateway.auth import Authenticator, AuthError
+from gateway.config import AuthConfig, SecretRef
+from gateway.jwks import JwksKeys
+from tests.auth.keys import AUDIENCE, ISSUER, IdP, alg_none, claims_for
+
+HS_SECRET = "an-hs256-service-secret-of-decent-length-0123456789"
+
+
+@pytest.fixture
+def idp() -> IdP:
+    p = IdP()
+    for alg in ("RS256", "ES256", "EdDSA"):
+        p.add(alg, kid=alg.lower())
+    return p
+
+
+def make_auth(tmp_path: Path, idp: IdP, **kw: object) -> Authenticator:
+    secret = tmp_path / "hs"
+    secret.write_text(HS_SECRET)
+    fields: dict[str, object] = {
+        "hs256_secret": SecretRef(file=secret),
+        "jwks_file": idp.write(tmp_path / "jwks.json"),
+        "algorithms": ("RS256", "ES256", "EdDSA", "HS256"),
+        "roles_claim": "realm_access.roles",
+        **kw,
+    }
+    cfg = AuthConfig(issuer=ISSUER, audience=AUDIENCE, **fields)  # type: ignore[arg-type]
+    return Authenticator(cfg)
+
+
+def run(auth: Authenticator, token: str) -> object:
+    return asyncio.run(auth.authenticate(f"Bearer {token}"))
+
+
+def refused(auth: Authenticator, token: str) -> AuthError:
+    with pytest.raises(AuthError) as info:
+        run(auth, token)
+    return info.value
+
+
+@pytest.mark.parametrize("kid", ["rs256", "es256", "eddsa"])
+def test_idp_tokens_verify_and_claim_paths_apply(tmp_path: Path, idp: IdP, kid: str) -> None:
+    p = run(make_auth(tmp_path, idp), idp.token(kid))
+    assert p.sub == "idp-agent" and p.roles == ("operator",) and p.groups == ("sre",)  # type: ignore[attr-defined]
+
+
+def test_hs256_service_token_verifies(tmp_path: Path, idp: IdP) -> None:
+    token = jwt.encode(claims_for(), HS_SECRET, algorithm="HS256")
+    assert run(make_auth(tmp_path, idp), token).sub == "idp-agent"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("claims", "reason"),
+    [
+        ({"exp": int(time.time()) - 120}, "expired"),
+        ({"aud": "https://someone-else/mcp"}, "audience"),
+        ({"iss": "https://evil.example"}, "issuer"),
+        ({"nbf": int(time.time()) + 600}, "not yet valid"),
+        ({"iat": int(time.time()) + 600}, "not yet valid"),
+        ({"exp": None}, "'exp'"),
+        ({"aud": None}, "'aud'"),
+    ],
+)
+def test_bad_claims_are_refused(tmp_path: Path, idp: IdP, claims: dict[str, object], reason: str) -> None:
+    err = refused(make_auth(tmp_path, idp), idp.token("rs256", **claims))
+    assert err.status == 401 and err.error == "invalid_token" and reason in str(err)
+
+
+def test_small_leeway_tolerates_clock_skew(tmp_path: Path, idp: IdP) -> None:
+    token = idp.token("es256", exp=int(time.time()) - 5)
+    assert run(make_auth(tmp_path, idp), token)
+
+
+def test_alg_none_is_refused(tmp_path: Path, idp: IdP) -> None:
+    err = refused(make_auth(tmp_path, idp), alg_none(claims_for()))
+    assert "algorithm 'none' is not accepted" in str(err)
+
+
+def test_hs_rs_confusion_is_refused(tmp_path: Path, idp: IdP) -> None:
+    """HS256 signed with the RSA *public* key as the secret: verified only with the HS secret, so it fails."""
+    _, key = idp.keys["rs256"]
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    forged = jwt.api_jws.PyJWS()
+    forged._algorithms["HS256"].prepare_key = lambda k: k  # bypass pyjwt's own PEM guard, as an attacker would
+    token = forged.encode(json.dumps(claims_for()).encode(), pem, algorithm="HS256", headers={"kid": "rs256"})
+    err = refused(make_auth(tmp_path, idp), token)
+    assert "signature" in str(err)
+    rs_only = make_auth(tmp_path, idp, hs256_secret=None, algorithms=("RS256",))
+    assert "algorithm 'HS256' is not accepted" in str(refused(rs_only, token))
+
+
+def test_unknown_kid_is_refused(tmp_path: Path, idp: IdP) -> None:
+    stranger = IdP()
+    stranger.add("RS256", kid="not-ours")
+    err = refused(make_auth(tmp_path, idp), stranger.token("not-ours"))
+    assert "unknown signing key 'not-ours'" in str(err)
+
+
+def test_key_of_the_wrong_type_for_the_alg_is_refused(tmp_path: Path, idp: IdP) -> None:
+    """A token claiming ES256 but naming the RSA key's kid: the key type decides, not the header."""
+    _, ec_key = idp.keys["es256"]
+    token = jwt.encode(claims_for(), ec_key, algorithm="ES256", headers={"kid": "rs256"})
+    assert "cannot verify ES256" in str(refused(make_auth(tmp_path, idp), token))
+
+
+def test_tampered_signature_and_payload_are_refused(tmp_path: Path, idp: IdP) -> None:
+    auth = make_auth(tmp_path, idp)
+    head, body, sig = idp.token("rs256").split(".")
+    flipped = sig[:-4] + ("AAAA" if sig[-4:] != "AAAA" else "BBBB")
+    assert "signature" in str(refused(auth, f"{head}.{body}.{flipped}"))
+    other = jwt.utils.base64url_encode(json.dumps(claims_for(sub="root")).encode()).decode()
+    assert "signature" in str(refused(auth, f"{head}.{other}.{sig}"))
+
+
+def test_missing_scope_is_403_insufficient_scope(tmp_path: Path, idp: IdP) -> None:
+    auth = make_auth(tmp_path, idp, required_scopes=("pvegate:tools",))
+    err = refused(auth, idp.token("rs256", scope="openid"))
+    assert (err.status, err.error, err.scope) == (403, "insufficient_scope", ("pvegate:tools",))
+    assert run(auth, idp.token("rs256"))
+
+
+def test_malformed_headers_are_invalid_request(tmp_path: Path, idp: IdP) -> None:
+    auth = make_auth(tmp_path, idp)
+    for header in (None, "", "Basic abc", "Bearer ", "Bearer not-a-jwt"):
+        with pytest.raises(AuthError) as info:
+            asyncio.run(auth.authenticate(header))
+        assert info.value.status == 401
+
+
+def test_jwks_file_rotation_is_picked_up(tmp_path: Path, idp: IdP) -> None:
+    auth = make_auth(tmp_path, idp)
+    assert run(auth, idp.token("rs256"))
+    new_kid = idp.add("RS256", kid="rs256-2026")
+    del idp.keys["rs256"]
+    idp.write(tmp_path / "jwks.json")
+    os.utime(tmp_path / "jwks.json", (time.time() + 1, time.time() + 1))  # mtime granularity
+    assert run(auth, idp.token(new_kid)).sub == "idp-agent"  # type: ignore[attr-defined]
+
+
+class _JwksServer:
+    def __init__(self, idp: IdP) -> None:
+        self.idp = idp
+        self.fetches = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.fetches += 1
+                body = json.dumps(outer.idp.jwks()).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/jwks.json"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def jwks_server(idp: IdP) -> Iterator[_JwksServer]:
+    s = _JwksServer(idp)
+    yield s
+    s.server.shutdown()
+
+
+def test_jwks_url_caches_and_rotates_on_unknown_kid(jwks_server: _JwksServer, idp: IdP) -> None:
+    cfg = AuthConfig(issuer=ISSUER, audience=AUDIENCE, jwks_url=jwks_server.url, algorithms=("RS256", "EdDSA"))
+    keys = JwksKeys(url=jwks_server.url, min_refresh_seconds=0.5)
+    auth = Authenticator(cfg, jwks=keys)
+
+    async def scenario() -> None:
+        for _ in range(5):
+            await auth.authenticate(f"Bearer {idp.token('rs256')}")
+        assert jwks_server.fetches == 1  # cached
+        kid = idp.add("EdDSA", kid="rotated")  # the IdP rotates in a new key
+        await asyncio.sleep(0.6)
+        assert (await auth.authenticate(f"Bearer {idp.token(kid)}")).sub == "idp-agent"
+        assert jwks_server.fetches == 2
+        stranger = IdP()
+        stranger.add("RS256", kid="forged")
+        for _ in range(20):  # a flood of unknown kids costs at most one fetch per interval
+            with pytest.raises(AuthError):
+                await auth.authenticate(f"Bearer {stranger.token('forged')}")
+        assert jwks_server.fetches <= 3
+
+    asyncio.run(scenario())
+
+
+def test_jwks_url_must_be_https_off_loopback() -> None:
+    with pytest.raises(ValueError, match="https"):
+        JwksKeys(url="http://idp.example.com/jwks.json")
+
+
+def test_configuring_alg_none_is_rejected(tmp_path: Path, idp: IdP) -> None:
+    with pytest.raises(ValueError):
+        Authenticator(AuthConfig(issuer=ISSUER, audience=AUDIENCE, algorithms=("none",)))
