@@ -21,6 +21,7 @@ venv: $(STAMP)
 
 tools:
 	@bash scripts/provision-tools.sh
+	@bash scripts/provision-inspector.sh
 
 demo: venv tools
 	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,)
