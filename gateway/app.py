@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.approvals import Approvals
-from gateway.audit import AuditLog
+from gateway.admin import admin_routes
+from gateway.approvals import build_approvals
+from gateway.audit import AuditLog, known_secrets
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.components import Components
@@ -28,6 +30,7 @@ from gateway.request_state import RequestStates, Sealer, Sessions
 from gateway.security import TransportGuard
 from gateway.targets import TargetResolver
 from gateway.transport import handle_mcp
+from gateway.usage import UsageCounters
 from gateway.wellknown import WELL_KNOWN, protected_resource
 
 log = logging.getLogger("pvegate")
@@ -58,17 +61,21 @@ def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
 async def build_components(config: Config) -> Components:
     catalog = Catalog.load(config.connectors_dir)
     url, sidecar = await asyncio.to_thread(start_opa, config)
-    audit = AuditLog(config.audit_path)
+    audit = AuditLog(config.audit_path, secrets=known_secrets(config))
     await audit.open()
+    usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
+    usage.load(await audit.allowed_since(time.time() - 86400))
+    decisions = DecisionClient(url, config.opa.timeout_ms)
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     runtimes: dict[str, Runtime] = {"pve_api": PveApiRuntime(clients)}
     return Components(
         config=config,
         catalog=catalog,
         audit=audit,
-        decisions=DecisionClient(url, config.opa.timeout_ms),
+        decisions=decisions,
         targets=TargetResolver(clients, config.target_cache_seconds),
-        approvals=Approvals(),
+        approvals=await build_approvals(config, audit, decisions),
+        usage=usage,
         runtimes=runtimes,
         sidecar=sidecar,
     )
@@ -105,5 +112,6 @@ def create_app(config: Config) -> Starlette:
         Route("/healthz", health, methods=["GET"]),
         Route(WELL_KNOWN, protected_resource, methods=["GET"]),
         Route(WELL_KNOWN + "/mcp", protected_resource, methods=["GET"]),
+        *admin_routes(config.admin.token is not None),
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportGuard, config=config)])

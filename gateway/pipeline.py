@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.audit import AuditRecord
+from gateway.audit import CALL_SECRETS, AuditRecord, redact_arguments, secret_values
 from gateway.auth import Principal
 from gateway.canonical import digest_json
 from gateway.catalog import ArgumentError, Tool, arguments_digest
@@ -61,8 +61,8 @@ def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any
     }
 
 
-def audit_arguments(tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("[redacted]" if k in tool.sensitive else v) for k, v in args.items()}
+def audit_arguments(tool: Tool, args: dict[str, Any], redact: Any = ()) -> dict[str, Any]:
+    return redact_arguments(tool.sensitive, args, redact if isinstance(redact, list) else ())
 
 
 async def call_tool(c: Components, req: CallRequest) -> CallResult:
@@ -72,6 +72,7 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     if tool is None:
         await c.audit.append(AuditRecord(req.request_id, "refusal", who, req.tool, None, "unknown_tool"))
         raise UnknownTool(req.tool)
+    CALL_SECRETS.set(secret_values(tool.sensitive, req.arguments))  # scrubbed from every record of this call
     try:
         args = tool.validate(req.arguments)
         cluster = c.cluster_for(tool, args)
@@ -83,7 +84,9 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
 
     digest = arguments_digest(tool.name, args)
     target = await c.targets.resolve(tool, args, cluster)
-    approval, approval_error = await c.approvals.redeem(req.meta, req.principal, tool.name, digest, target)
+    approval, approval_error = await c.approvals.redeem(
+        req.meta, req.principal, tool.name, digest, target, request_id=req.request_id
+    )
     if approval_error:
         await c.audit.append(
             AuditRecord(
@@ -119,7 +122,11 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
             tool.name,
             _tkey(target),
             None,
-            {"arguments": audit_arguments(tool, args), "target": target, "protocol": req.protocol_version},
+            {
+                "arguments": audit_arguments(tool, args, decision.obligations.get("redact")),
+                "target": target,
+                "protocol": req.protocol_version,
+            },
         ),
         AuditRecord(
             req.request_id,

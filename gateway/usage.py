@@ -35,3 +35,8 @@ class UsageCounters:
         when = time.time() if when is None else when
         for key in ((principal, tool), (principal, "*")):
             self._calls[key].append(when)
+
+    def load(self, calls: list[tuple[float, str, str]]) -> None:
+        """Seed the counters with (time, principal, tool) of calls executed before a restart."""
+        for when, principal, tool in sorted(calls):
+            self.record(principal, tool, when)

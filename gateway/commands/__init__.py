@@ -9,6 +9,8 @@ import importlib
 
 # One line per subcommand module; keep sorted.
 MODULES: tuple[str, ...] = (
+    "gateway.commands.approvals",
+    "gateway.commands.audit",
     "gateway.commands.bundle",
     "gateway.commands.policy",
 )
