@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,13 @@ def host_key_fingerprint(pub_line: str) -> str:
 
 
 class _Server(asyncssh.SSHServer):
-    def __init__(self, authorized: asyncssh.SSHAuthorizedKeys) -> None:
+    def __init__(self, authorized: asyncssh.SSHAuthorizedKeys, online: Callable[[], bool]) -> None:
         self._authorized = authorized
+        self._online = online
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        if not self._online():
+            conn.abort()  # an offline node: the TCP session dies before the SSH handshake completes
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -107,7 +113,7 @@ async def start_node_server(rt: Runtime, node: str, keys: SshKeys, port: int) ->
         process.exit(res.exit_status)
 
     server = await asyncssh.create_server(
-        lambda: _Server(authorized),
+        lambda: _Server(authorized, lambda: rt.node_online(node)),
         "127.0.0.1",
         port,
         server_host_keys=[str(keys.host_keys[node])],

@@ -124,3 +124,8 @@ async def test_host_key_pinning_and_key_only_auth(simh: SimHandle) -> None:
         async with asyncssh.connect(n.ssh_host, n.ssh_port, username="admin", client_keys=[str(simh.ssh_client_key)],
                                     known_hosts=_known_hosts(simh, "pve1")):  # fmt: skip
             pass
+
+
+async def test_offline_node_unreachable(simh: SimHandle) -> None:
+    with pytest.raises((OSError, asyncssh.Error)):
+        await run(simh, "qm list", node="pve3")
