@@ -23,7 +23,9 @@ from gateway.catalog import Catalog
 from gateway.components import Components
 from gateway.config import Config
 from gateway.connectors import Runtime
+from gateway.connectors.composite import CompositeRuntime
 from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
+from gateway.connectors.ssh import AllowList, SshRuntime
 from gateway.decisions import DecisionClient
 from gateway.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.request_state import RequestStates, Sealer, Sessions
@@ -67,16 +69,21 @@ async def build_components(config: Config) -> Components:
     usage.load(await audit.allowed_since(time.time() - 86400))
     decisions = DecisionClient(url, config.opa.timeout_ms)
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
-    runtimes: dict[str, Runtime] = {"pve_api": PveApiRuntime(clients)}
+    targets = TargetResolver(clients, config.target_cache_seconds)
+    runtimes: dict[str, Runtime] = {
+        "pve_api": PveApiRuntime(clients, targets),
+        "ssh": SshRuntime(config.clusters, targets, AllowList(catalog)),
+    }
+    runtimes["composite"] = CompositeRuntime(catalog, dict(runtimes))
     return Components(
         config=config,
         catalog=catalog,
         audit=audit,
         decisions=decisions,
-        targets=TargetResolver(clients, config.target_cache_seconds),
+        targets=targets,
         approvals=await build_approvals(config, audit, decisions),
-        usage=usage,
         runtimes=runtimes,
+        usage=usage,
         sidecar=sidecar,
     )
 

@@ -15,6 +15,8 @@ def project(tool: Tool, data: Any) -> Any:
     if not fields:
         return data
     keep = set(fields)
+    if isinstance(data, dict) and isinstance(data.get("items"), list):  # a fan-out: project the rows
+        return {**data, "items": project(tool, data["items"])}
     if isinstance(data, list):
         return [{k: v for k, v in row.items() if k in keep} if isinstance(row, dict) else row for row in data]
     if isinstance(data, dict):
@@ -59,13 +61,14 @@ def shape(tool: Tool, data: Any, obligations: dict[str, Any]) -> tuple[dict[str,
     """The structured result the client sees, and warnings about what was cut."""
     warnings: list[str] = []
     data = drop_sensitive(project(tool, data), frozenset(tool.sensitive))
-    limit = obligations.get("max_items")
-    if isinstance(data, list) and isinstance(limit, int) and len(data) > limit:
-        warnings.append(f"output limited by policy to {limit} of {len(data)} items")
-        data = data[:limit]
     doc: dict[str, Any] = (
         {"items": data} if isinstance(data, list) else data if isinstance(data, dict) else {"value": data}
     )
+    limit = obligations.get("max_items")
+    items = doc.get("items")
+    if isinstance(items, list) and isinstance(limit, int) and len(items) > limit:
+        warnings.append(f"output limited by policy to {limit} of {len(items)} items")
+        doc = {**doc, "items": items[:limit]}
     for path in obligations.get("redact") or []:
         redact_path(doc, str(path).split("."))
     return doc, warnings

@@ -54,6 +54,15 @@ class TargetResolver:
             self._cache[cluster] = (time.monotonic(), index)
             return index
 
+    async def guest(self, cluster: str, vmid: int) -> dict[str, Any] | None:
+        """The /cluster/resources row of a guest (node, type, ...), or None if not visible."""
+        row = (await self._index(cluster))["guests"].get(int(vmid))
+        return dict(row) if row is not None else None
+
+    async def nodes(self, cluster: str) -> dict[str, dict[str, Any]]:
+        """Node name -> its /cluster/resources row (status online|offline|unknown)."""
+        return dict((await self._index(cluster))["nodes"])
+
     def invalidate(self, cluster: str) -> None:
         self._cache.pop(cluster, None)
 

@@ -13,6 +13,7 @@ MODULES: tuple[str, ...] = (
     "gateway.commands.audit",
     "gateway.commands.bundle",
     "gateway.commands.policy",
+    "gateway.commands.tools",
 )
 
 
