@@ -7,6 +7,8 @@
 #   role is bound and every call is denied.
 package pvegate.config
 
+import data.pvegate.lib
+
 # --- RBAC -----------------------------------------------------------------
 
 default roles := {}
@@ -14,6 +16,15 @@ default roles := {}
 roles := r if {
 	r := data.data.roles
 	is_object(r)
+}
+
+# compiled_roles: role name -> its allow and deny selectors, compiled once
+compiled_roles[name] := {
+	"allow": [lib.compile(sel) | some sel in object.get(role, "allow", [])],
+	"deny": [lib.compile(sel) | some sel in object.get(role, "deny", [])],
+} if {
+	some name, role in roles
+	is_object(role)
 }
 
 default bindings := []

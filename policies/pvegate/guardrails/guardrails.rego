@@ -104,18 +104,25 @@ window_text(w) := sprintf(
 	[object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour],
 )
 
-# hidden_from_list(principal, tool): target-independent guard rails that make a
-# tool useless to the principal, so tools/list can hide it.
-hidden_from_list(principal, tool) if {
-	principal.kind == "agent"
+# hidden_from_list(tool): target-independent guard rails that make a tool
+# useless to the lister (input.principal), so tools/list can hide it.
+hidden_from_list(tool) if {
+	lister_is_agent
 	tool.effect in lib.mutating_effects
 	tool.scope in config.agent_no_mutation_scopes
 }
 
 # deny rules that do not depend on the target hide the tool too
-hidden_from_list(principal, tool) if {
+hidden_from_list(tool) if {
+	some c in lister_deny_rules
+	lib.compiled_matches(c, tool)
+}
+
+lister_is_agent if input.principal.kind == "agent"
+
+# the lister's target-independent deny rules, compiled once per query
+lister_deny_rules contains lib.compile(rule) if {
 	some rule in config.deny_rules
 	not "target_tags" in object.keys(rule)
-	lib.tool_matches(rule, tool)
-	lib.in_list(rule, "principal_kinds", principal.kind)
+	lib.in_list(rule, "principal_kinds", input.principal.kind)
 }

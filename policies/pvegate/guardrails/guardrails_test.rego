@@ -79,14 +79,16 @@ test_org_deny_rule_defaults if {
 	fx.has_reason(reasons, "denied by rule (rule \"unnamed\")")
 }
 
+hidden(p, tool) if guardrails.hidden_from_list(tool) with input as fx.listing_input(p, [tool])
+
 test_hidden_from_list if {
-	guardrails.hidden_from_list(fx.agent, fx.node_network_update)
-	guardrails.hidden_from_list(fx.agent, fx.access_user_update)
-	not guardrails.hidden_from_list(fx.admin, fx.node_network_update)
-	not guardrails.hidden_from_list(fx.agent, fx.vm_stop)
+	hidden(fx.agent, fx.node_network_update)
+	hidden(fx.agent, fx.access_user_update)
+	not hidden(fx.admin, fx.node_network_update)
+	not hidden(fx.agent, fx.vm_stop)
 }
 
 test_target_dependent_deny_rule_does_not_hide if {
 	rules := [{"name": "no-prod", "target_tags": ["prod"], "tools": ["vm_stop"]}]
-	not guardrails.hidden_from_list(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as rules
+	not hidden(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as rules
 }

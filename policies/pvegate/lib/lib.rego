@@ -36,18 +36,60 @@ any_in_list(sel, key, values) if {
 	v in sel[key]
 }
 
-tools_match(sel, _) if not "tools" in object.keys(sel)
+# compile(sel): the selector's tool-side keys as sets, "*" standing for an
+# absent key (or a "*" listed in it). Compiled once per query, matched often.
+compile(sel) := {
+	"effects": key_set(sel, "effects"),
+	"domains": key_set(sel, "domains"),
+	"scopes": key_set(sel, "scopes"),
+	"tool_tags": key_set(sel, "tool_tags"),
+	"any_name": any_name(sel),
+	"names": {n | some n in object.get(sel, "tools", []); not is_glob(n)},
+	"patterns": [p | some p in object.get(sel, "tools", []); is_glob(p)],
+}
 
-tools_match(sel, name) if glob_any(sel.tools, name)
+# is_glob(s): s uses glob syntax (* ? [..] {..}) rather than naming one tool
+is_glob(s) if regex.match(`[*?\[{]`, s)
+
+any_name(sel) if not "tools" in object.keys(sel)
+
+any_name(sel) if "*" in sel.tools
+
+default any_name(_) := false
+
+key_set(sel, key) := {v | some v in sel[key]} if key in object.keys(sel)
+
+key_set(sel, key) := {"*"} if not key in object.keys(sel)
+
+# compiled_matches(c, tool): the compiled selector c matches the tool. The
+# cheap set tests come first; no backtracking until the name globs.
+compiled_matches(c, tool) if {
+	count({tool.effect, "*"} & c.effects) > 0
+	count({tool.domain, "*"} & c.domains) > 0
+	count({tool.scope, "*"} & c.scopes) > 0
+	tags_hit(c.tool_tags, object.get(tool, "tags", []))
+	name_hit(c, tool.name)
+}
+
+# (else chains: stop at the first definition that holds)
+tags_hit(wanted, tags) if {
+	"*" in wanted
+} else if {
+	some t in tags
+	t in wanted
+}
+
+# name_hit(c, name): the compiled selector's tool names/globs admit the name
+name_hit(c, name) if {
+	c.any_name
+} else if {
+	name in c.names
+} else if {
+	glob_any(c.patterns, name)
+}
 
 # tool_matches(sel, tool) tests a selector's tool-side keys.
-tool_matches(sel, tool) if {
-	in_list(sel, "effects", tool.effect)
-	in_list(sel, "domains", tool.domain)
-	in_list(sel, "scopes", tool.scope)
-	any_in_list(sel, "tool_tags", object.get(tool, "tags", []))
-	tools_match(sel, tool.name)
-}
+tool_matches(sel, tool) if compiled_matches(compile(sel), tool)
 
 # call_matches(sel, principal, tool, target) also tests principal kind and target tags.
 call_matches(sel, principal, tool, target) if {

@@ -47,3 +47,16 @@ test_time_computed_from_rfc3339 if {
 	lib.weekday == "Sun" with input as inp
 	lib.hour_utc == 15 with input as inp
 }
+
+test_compiled_names_and_globs if {
+	c := lib.compile({"tools": ["vm_stop", "lxc_?tart", "snap*", "{a,b}_x"]})
+	c.names == {"vm_stop"}
+	c.any_name == false
+	lib.name_hit(c, "vm_stop")
+	lib.name_hit(c, "lxc_start")
+	lib.name_hit(c, "snapshot_delete")
+	lib.name_hit(c, "b_x")
+	not lib.name_hit(c, "vm_start")
+	lib.compile({"tools": ["x", "*"]}).any_name
+	lib.compile({}).any_name
+}

@@ -19,7 +19,7 @@ bindings_for(principal) := {b |
 	some b in config.bindings
 	binds(b, principal)
 	lib.in_list(b, "principal_kinds", principal.kind)
-	is_object(config.roles[b.role])
+	config.compiled_roles[b.role]
 }
 
 binds(b, principal) if principal.sub in object.get(b, "subjects", [])
@@ -74,16 +74,16 @@ applies(b, target) if scope_covers(object.get(b, "scope", {}), target)
 
 # --- role permissions ----------------------------------------------------------
 
-# role_grants(role, tool): some allow selector of the role matches the tool.
-role_grants(role, tool) if {
-	some sel in object.get(role, "allow", [])
-	lib.tool_matches(sel, tool)
+# role_grants(name, tool): some allow selector of the role matches the tool.
+role_grants(name, tool) if {
+	some c in config.compiled_roles[name].allow
+	lib.compiled_matches(c, tool)
 }
 
-# role_denies(role, tool): some deny selector of the role matches the tool.
-role_denies(role, tool) if {
-	some sel in object.get(role, "deny", [])
-	lib.tool_matches(sel, tool)
+# role_denies(name, tool): some deny selector of the role matches the tool.
+role_denies(name, tool) if {
+	some c in config.compiled_roles[name].deny
+	lib.compiled_matches(c, tool)
 }
 
 # --- the current tools/call ---------------------------------------------------
@@ -97,9 +97,8 @@ applicable_bindings contains b if {
 # applicable bindings whose role grants the tool (and does not itself deny it)
 granting_bindings contains b if {
 	some b in applicable_bindings
-	role := config.roles[b.role]
-	role_grants(role, input.tool)
-	not role_denies(role, input.tool)
+	role_grants(b.role, input.tool)
+	not role_denies(b.role, input.tool)
 }
 
 # granting_roles: names of the roles that grant this call
@@ -113,7 +112,7 @@ break_glass if {
 
 deny contains msg if {
 	some b in applicable_bindings
-	role_denies(config.roles[b.role], input.tool)
+	role_denies(b.role, input.tool)
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
 }
 
@@ -139,17 +138,101 @@ target_text := sprintf("node %v", [input.target.node]) if {
 }
 
 # --- tools/list ---------------------------------------------------------------
+# A listing checks every catalog tool against the lister's role selectors. To
+# keep that fast for hundreds of tools, the selectors are indexed once per
+# query by effect, domain and scope: a tool only meets the few selectors its
+# (effect, domain, scope) admits, and only those test tags and name globs.
 
 # the lister's bindings, computed once per query
 lister_bindings := bindings_for(input.principal)
 
-lister_roles contains config.roles[b.role] if some b in lister_bindings
+lister_roles contains b.role if some b in lister_bindings
 
-# tool_visible(tool): some bound role grants the tool on some target.
+# lister_selectors: [role, "allow"|"deny", index] -> compiled selector
+lister_selectors[[name, kind, i]] := c if {
+	some name in lister_roles
+	some kind in ["allow", "deny"]
+	some i, c in config.compiled_roles[name][kind]
+}
+
+# selector ids by each value they accept ("*": any value)
+ids_by_effect[v] contains id if {
+	some id, c in lister_selectors
+	some v in c.effects
+}
+
+ids_by_domain[v] contains id if {
+	some id, c in lister_selectors
+	some v in c.domains
+}
+
+ids_by_scope[v] contains id if {
+	some id, c in lister_selectors
+	some v in c.scopes
+}
+
+# per value present in the listed tools: the ids accepting it (complete
+# rules, so each is computed once per query)
+effect_ids := {v: (object.get(ids_by_effect, v, set()) | object.get(ids_by_effect, "*", set())) |
+	some v in {t.effect | some t in input.tools}
+}
+
+domain_ids := {v: (object.get(ids_by_domain, v, set()) | object.get(ids_by_domain, "*", set())) |
+	some v in {t.domain | some t in input.tools}
+}
+
+scope_ids := {v: (object.get(ids_by_scope, v, set()) | object.get(ids_by_scope, "*", set())) |
+	some v in {t.scope | some t in input.tools}
+}
+
+# shape_ids: (effect, domain, scope) of the listed tools -> selector ids admitting it
+shape_ids := {shape: ids |
+	some shape in {[t.effect, t.domain, t.scope] | some t in input.tools}
+	ids := (effect_ids[shape[0]] & domain_ids[shape[1]]) & scope_ids[shape[2]]
+}
+
+# plain_shapes: shapes visible whatever the tool's name and tags: a role
+# grants them with a selector that constrains neither, and denies nothing there
+plain_shapes contains shape if {
+	some shape, ids in shape_ids
+	some id in ids
+	id[1] == "allow"
+	"*" in lister_selectors[id].tool_tags
+	lister_selectors[id].any_name
+	not role_denies_in(ids, id[0])
+}
+
+role_denies_in(ids, role) if {
+	some id in ids
+	id[0] == role
+	id[1] == "deny"
+}
+
+# tool_visible(tool): some bound role grants the tool on some target, and that
+# role does not deny it.
+tool_visible(tool) if [tool.effect, tool.domain, tool.scope] in plain_shapes
+
 tool_visible(tool) if {
-	some role in lister_roles
-	role_grants(role, tool)
-	not role_denies(role, tool)
+	shape := [tool.effect, tool.domain, tool.scope]
+	not shape in plain_shapes
+	ids := shape_ids[shape]
+	some id in ids
+	id[1] == "allow"
+	rest_hits(lister_selectors[id], tool)
+	not role_denies_among(ids, id[0], tool)
+}
+
+role_denies_among(ids, role, tool) if {
+	some id in ids
+	id[0] == role
+	id[1] == "deny"
+	rest_hits(lister_selectors[id], tool)
+}
+
+# rest_hits(c, tool): the tag and name parts of a compiled selector
+rest_hits(c, tool) if {
+	lib.tags_hit(c.tool_tags, object.get(tool, "tags", []))
+	lib.name_hit(c, tool.name)
 }
 
 # --- approvers ------------------------------------------------------------------

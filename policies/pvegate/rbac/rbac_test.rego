@@ -116,8 +116,10 @@ test_break_glass_role if {
 }
 
 test_tool_visible_ignores_scope if {
-	rbac.tool_visible(fx.vm_stop) with input as fx.listing_input(fx.web_dev, [])
-	not rbac.tool_visible(fx.guest_delete) with input as fx.listing_input(fx.web_dev, [])
+	inp := fx.listing_input(fx.web_dev, [fx.vm_stop, fx.guest_delete, fx.guest_config_tool])
+	rbac.tool_visible(fx.vm_stop) with input as inp
+	rbac.tool_visible(fx.guest_config_tool) with input as inp
+	not rbac.tool_visible(fx.guest_delete) with input as inp
 }
 
 test_may_approve if {

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# All policy checks, as `make test` runs them. Exits non-zero on the first
+# failing check (after running all of them, so one run shows every problem).
+#
+#   1. opa check --strict      compile with strict mode
+#   2. opa fmt --list --fail   every .rego file is opa-fmt formatted
+#   3. opa test --coverage     unit tests + golden cases, coverage >= threshold
+#   4. regal lint              Regal (provisioned by scripts/provision-regal.sh)
+#   5. opa build (bundle)      policies/ builds as a bundle without test files
+#
+# Env: OPA (default .tools/bin/opa), REGAL (default .tools/bin/regal),
+#      COVERAGE_THRESHOLD (default 95), SKIP_REGAL=1 to skip the lint when
+#      Regal cannot be provisioned (reported as a failure unless set).
+set -uo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO_ROOT}"
+
+OPA="${OPA:-.tools/bin/opa}"
+REGAL="${REGAL:-.tools/bin/regal}"
+THRESHOLD="${COVERAGE_THRESHOLD:-95}"
+POLICIES="policies"
+failed=()
+
+step() { printf '\n== %s\n' "$*"; }
+fail() {
+	printf 'FAILED: %s\n' "$1"
+	failed+=("$1")
+}
+
+if [[ ! -x "${OPA}" ]]; then
+	echo "no OPA binary at ${OPA}: run scripts/provision-tools.sh (make tools)" >&2
+	exit 1
+fi
+
+step "opa check --strict ${POLICIES}"
+"${OPA}" check --strict "${POLICIES}" || fail "opa check --strict"
+
+step "opa fmt --list --fail ${POLICIES}"
+"${OPA}" fmt --list --fail "${POLICIES}" || fail "opa fmt (run: ${OPA} fmt -w ${POLICIES})"
+
+step "opa test ${POLICIES} --coverage --threshold ${THRESHOLD}"
+# the pretty run shows each failing test; the coverage run enforces the threshold
+if "${OPA}" test "${POLICIES}"; then
+	cov_json="$(mktemp)"
+	"${OPA}" test "${POLICIES}" --coverage --threshold "${THRESHOLD}" --format json >"${cov_json}"
+	cov_rc=$?
+	python3 - "${cov_json}" "${THRESHOLD}" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+total = report.get("coverage", 0.0)
+print(f"coverage: {total:.2f}% (threshold {sys.argv[2]}%)")
+for name, f in sorted(report.get("files", {}).items()):
+    if name.endswith("_test.rego"):
+        continue
+    rows = sorted({r["start"]["row"] for r in f.get("not_covered", [])})
+    if rows:
+        print(f"  {name}: {f.get('coverage', 0):.1f}%  not covered: lines {rows}")
+PY
+	rm -f "${cov_json}"
+	[[ ${cov_rc} -eq 0 ]] || fail "coverage below ${THRESHOLD}%"
+else
+	fail "opa test"
+fi
+
+step "regal lint ${POLICIES}"
+if [[ ! -x "${REGAL}" ]]; then
+	bash scripts/provision-regal.sh || true
+fi
+if [[ -x "${REGAL}" ]]; then
+	"${REGAL}" lint "${POLICIES}" || fail "regal lint"
+elif [[ "${SKIP_REGAL:-0}" == "1" ]]; then
+	echo "regal not available; skipped (SKIP_REGAL=1)"
+else
+	fail "regal lint (regal could not be provisioned; see scripts/provision-regal.sh)"
+fi
+
+step "opa build -b ${POLICIES} (production bundle, tests excluded)"
+bundle="$(mktemp -d)/bundle.tar.gz"
+if "${OPA}" build -b "${POLICIES}" --ignore '*_test.rego' -o "${bundle}"; then
+	if tar -tzf "${bundle}" 2>/dev/null | grep -E '_test\.rego$|/golden/'; then
+		fail "bundle contains test files or golden cases"
+	else
+		echo "bundle ok: $(tar -tzf "${bundle}" 2>/dev/null | grep -c '\.rego$') policy files, data: $(tar -tzf "${bundle}" 2>/dev/null | grep -E 'data\.(json|yaml)$' | tr '\n' ' ')"
+	fi
+else
+	fail "opa build"
+fi
+rm -rf "$(dirname "${bundle}")"
+
+echo
+if ((${#failed[@]})); then
+	printf 'policy checks FAILED: %s\n' "${failed[*]}"
+	exit 1
+fi
+echo "policy checks passed"
