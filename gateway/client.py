@@ -7,12 +7,29 @@ from pathlib import Path
 
 import httpx2
 from mcp.client.client import Client
+from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 
 
-def mcp_client(url: str, token: str | None, ca_file: Path | None, *, mode: str = "legacy") -> Client:
-    """An SDK Client speaking Streamable HTTP to `url`, verifying TLS against `ca_file`."""
+def mcp_client(
+    url: str,
+    token: str | None,
+    ca_file: Path | None,
+    *,
+    mode: str = "legacy",
+    elicitation_callback: ElicitationFnT | None = None,
+) -> Client:
+    """An SDK Client speaking Streamable HTTP to `url`, verifying TLS against `ca_file`.
+
+    mode: "legacy" (initialize handshake, 2025-11-25), "2026-07-28" (stateless, pinned) or
+    "auto" (server/discover probe, falls back to the handshake). An elicitation callback
+    declares URL elicitation, which turns a pending approval into the in-protocol hand-off.
+    """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
     http = httpx2.AsyncClient(headers=headers, verify=verify, timeout=httpx2.Timeout(30.0))
-    return Client(streamable_http_client(url, http_client=http), mode=mode)
+    return Client(
+        streamable_http_client(url, http_client=http),
+        mode=mode,  # type: ignore[arg-type]
+        elicitation_callback=elicitation_callback,
+    )

@@ -46,6 +46,10 @@ class Exchange:
     states: RequestStates
 
 
+def raw_meta_lacks_token(meta: dict[str, Any]) -> bool:
+    return meta.get("pvegate/approval") is None  # an explicit one-time token takes precedence
+
+
 def request_digest(name: str, arguments: Any) -> str:
     """What a requestState is bound to: the tool and its exact arguments."""
     return digest_json({"tool": name, "arguments": arguments if arguments is not None else {}})
@@ -101,6 +105,11 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
                 audited=True,
             ) from exc
         meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
+    elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
+        recalled = x.states.recall(x.principal, request_digest(name, arguments))
+        if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
+            meta[handoff.APPROVAL_REQUEST_META] = recalled
+            retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
     try:
         result = await call_tool(x.c, req)
@@ -117,6 +126,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
             return out
         if x.version >= "2025-11-25":
+            x.states.remember(x.principal, request_digest(name, arguments), aid)
             raise RpcFault(
                 URL_ELICITATION_REQUIRED,
                 "This call needs a human approval: open the URL, then retry the call",

@@ -86,6 +86,7 @@ class RequestStates:
         self.sealer = sealer
         self.ttl = ttl_seconds
         self._used: dict[str, float] = {}  # nonce -> expiry; pruned as they lapse
+        self._handoffs: dict[tuple[str, str], tuple[str, float]] = {}  # legacy era, see remember()
 
     def mint(self, principal: Principal, request_digest: str, approval_id: str) -> str:
         return self.sealer.seal(
@@ -123,6 +124,22 @@ class RequestStates:
         if len(self._used) > 1024:
             for n in [n for n, e in self._used.items() if e < now]:
                 del self._used[n]
+
+    # 2025-11-25 has no requestState: the client retries the identical call after the URL
+    # elicitation. The same binding (principal + request digest, short-lived, single-use)
+    # is then held here instead of in the client's hands.
+    def remember(self, principal: Principal, request_digest: str, approval_id: str) -> None:
+        now = time.time()
+        if len(self._handoffs) > 4096:
+            for k in [k for k, (_, e) in self._handoffs.items() if e < now]:
+                del self._handoffs[k]
+        self._handoffs[(principal_key(principal), request_digest)] = (approval_id, now + self.ttl)
+
+    def recall(self, principal: Principal, request_digest: str) -> str | None:
+        entry = self._handoffs.pop((principal_key(principal), request_digest), None)
+        if entry is None or entry[1] < time.time():
+            return None
+        return entry[0]
 
 
 class Sessions:

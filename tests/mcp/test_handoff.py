@@ -1,0 +1,167 @@
+"""Approval hand-off inside the protocol, end to end: real OPA, real approvals, real simulator.
+
+2026-07-28 + URL elicitation → input_required with a sealed requestState; 2025-11-25 + URL
+elicitation → -32042; neither → the plain pending result. Each ends with the call running once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import ssl
+import subprocess
+from typing import Any
+
+import httpx
+import pytest
+from mcp.shared.exceptions import MCPError
+from mcp_types import ElicitRequestURLParams, ElicitResult
+
+from gateway.client import mcp_client
+from tests.approvals.conftest import Api
+from tests.mcp.test_inspector import CLI
+from tests.mcp.wire import modern_body, modern_headers
+
+_timeouts = itertools.count(501)
+URL_ELICITATION = {"elicitation": {"url": {}}}
+
+
+def shutdown_args() -> dict[str, Any]:
+    return {"vmid": 100, "timeout": next(_timeouts)}  # unique: a distinct call, visible in the sim log
+
+
+def shutdowns(sim: Any, timeout: int) -> int:
+    return sum(
+        1
+        for r in sim.requests_log()
+        if r["method"] == "POST"
+        and r["path"].endswith("/status/shutdown")
+        and str((r.get("body") or {}).get("timeout")) == str(timeout)
+    )
+
+
+def approver(api: Api) -> str:
+    return api.human("alice", ["sre-leads"])
+
+
+async def test_2026_input_required_round_trip_with_the_sdk_client(api: Api, asim: Any) -> None:
+    args = shutdown_args()
+    seen: list[ElicitRequestURLParams] = []
+
+    async def on_elicit(context: Any, params: Any) -> ElicitResult:
+        assert isinstance(params, ElicitRequestURLParams) and params.url.startswith(api.base + "/admin/approvals/")
+        assert shutdowns(asim, args["timeout"]) == 0  # nothing ran before the human said yes
+        seen.append(params)
+        vote = await api.vote(params.url.rsplit("/", 1)[-1], approver(api))  # the human, on the approval page
+        assert vote.status_code == 200, vote.text
+        return ElicitResult(action="accept")
+
+    async with mcp_client(
+        api.env.url, api.agent(), api.env.ca_file, mode="2026-07-28", elicitation_callback=on_elicit
+    ) as client:
+        res = await client.call_tool("vm_shutdown", args)
+    assert len(seen) == 1 and "human must approve" in seen[0].message
+    assert res.meta and res.meta["pvegate/outcome"] in ("allowed", "failed"), res  # it ran
+    assert shutdowns(asim, args["timeout"]) == 1
+
+
+async def test_2025_11_25_url_elicitation_error_then_retry(api: Api, asim: Any) -> None:
+    args = shutdown_args()
+
+    async def on_elicit(context: Any, params: Any) -> ElicitResult:  # declares the capability
+        return ElicitResult(action="accept")
+
+    async with mcp_client(
+        api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=on_elicit
+    ) as client:
+        with pytest.raises(MCPError) as info:
+            await client.call_tool("vm_shutdown", args)
+        assert info.value.error.code == -32042
+        elicitation = info.value.error.data["elicitations"][0]
+        assert elicitation["mode"] == "url" and elicitation["url"].endswith(
+            "/admin/approvals/" + elicitation["elicitationId"]
+        )
+        assert shutdowns(asim, args["timeout"]) == 0
+        vote = await api.vote(elicitation["elicitationId"], approver(api))
+        assert vote.status_code == 200, vote.text
+        res = await client.call_tool("vm_shutdown", args)  # the identical retry redeems it, once
+    assert res.meta and res.meta["pvegate/outcome"] in ("allowed", "failed"), res
+    assert shutdowns(asim, args["timeout"]) == 1
+
+
+async def test_clients_without_elicitation_get_the_plain_pending_result(api: Api) -> None:
+    for mode in ("legacy", "2026-07-28"):
+        async with mcp_client(api.env.url, api.agent(), api.env.ca_file, mode=mode) as client:
+            res = await client.call_tool("vm_shutdown", shutdown_args())
+        assert res.is_error and res.meta and res.meta["pvegate/outcome"] == "pending_approval"
+        assert res.structured_content["approval"]["id"].startswith("apr-")
+
+
+def test_request_state_is_single_use_and_bound_to_the_call(api: Api, asim: Any) -> None:
+    args = shutdown_args()
+    token = api.agent()
+    ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
+
+    def post(params: dict[str, Any], who: str = token) -> httpx.Response:
+        body = modern_body("tools/call", params, capabilities=URL_ELICITATION)
+        return http.post(api.env.url, json=body, headers=modern_headers(who, "tools/call", "vm_shutdown"))
+
+    with httpx.Client(verify=ctx, timeout=30) as http:
+        first = post({"name": "vm_shutdown", "arguments": args}).json()["result"]
+        assert first["resultType"] == "input_required"
+        state = first["requestState"]
+        url = first["inputRequests"]["pvegate_approval"]["params"]["url"]
+        import asyncio
+
+        assert asyncio.run(api.vote(url.rsplit("/", 1)[-1], approver(api))).status_code == 200
+        responses = {"pvegate_approval": {"action": "accept"}}
+        other_args = {**args, "timeout": args["timeout"] + 1000}
+        changed = post(
+            {"name": "vm_shutdown", "arguments": other_args, "requestState": state, "inputResponses": responses}
+        )
+        assert changed.status_code == 400 and "different tool call" in changed.json()["error"]["message"]
+        thief = post(
+            {"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses},
+            api.agent("mallory"),
+        )
+        assert thief.status_code == 400 and "another principal" in thief.json()["error"]["message"]
+        ok = post(
+            {"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses}
+        ).json()["result"]
+        assert ok["_meta"]["pvegate/outcome"] in ("allowed", "failed"), ok
+        replay = post({"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses})
+        assert replay.status_code == 400 and "already used" in replay.json()["error"]["message"]
+    assert shutdowns(asim, args["timeout"]) == 1
+
+
+@pytest.mark.skipif(not CLI.exists(), reason="MCP Inspector not installed: run scripts/provision-inspector.sh")
+def test_inspector_approval_round_trip(api: Api, asim: Any) -> None:
+    import asyncio
+
+    args = shutdown_args()
+
+    def inspector(*extra: str) -> dict[str, Any]:
+        cmd = ["node", str(CLI), api.env.url, "--transport", "http", "--header", f"Authorization: Bearer {api.agent()}"]
+        cmd += [
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "vm_shutdown",
+            "--tool-arg",
+            "vmid=100",
+            f"timeout={args['timeout']}",
+            *extra,
+        ]
+        env = {**os.environ, "NODE_EXTRA_CA_CERTS": str(api.env.ca_file)}
+        proc = subprocess.run(cmd, cwd=CLI.parent, capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return dict(json.loads(proc.stdout))
+
+    pending = inspector()
+    assert pending["isError"] is True and pending["_meta"]["pvegate/outcome"] == "pending_approval"
+    vote = asyncio.run(api.vote(pending["_meta"]["pvegate/approval_id"], approver(api)))
+    assert vote.status_code == 200, vote.text
+    done = inspector("--tool-metadata", f"pvegate/approval={vote.json()['token']}")
+    assert done["_meta"]["pvegate/outcome"] in ("allowed", "failed"), done
+    assert shutdowns(asim, args["timeout"]) == 1
