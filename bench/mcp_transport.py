@@ -29,7 +29,9 @@ from starlette.routing import Route
 from gateway import modern
 from gateway.jsonrpc import RpcFault, error_response, parse_message, result_response
 
-ASGI = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGI = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 MODERN_META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
     "io.modelcontextprotocol/clientCapabilities": {},
@@ -152,7 +154,7 @@ async def main(calls: int) -> None:
                 await measure(app, era, min(300, calls))  # warm-up
                 s = sorted(await measure(app, era, calls))
                 rows.append((name, era, statistics.median(s), s[int(len(s) * 0.99) - 1], 1e6 / statistics.mean(s)))
-    print(f"| server | era | p50 µs/call | p99 µs/call | calls/s (one core, in-process) |")
+    print("| server | era | p50 µs/call | p99 µs/call | calls/s (one core, in-process) |")
     print("|---|---|---:|---:|---:|")
     for name, era, p50, p99, rate in rows:
         print(f"| {name} | {era} | {p50:.0f} | {p99:.0f} | {rate:.0f} |")
