@@ -120,6 +120,7 @@ def start_simulator(
         "0",
         "--ssh-port-base",
         "0",
+        "--quiet",  # connection info (with token secrets) goes to the ready file, not the log
     ]
     if not ssh:
         cmd.append("--no-ssh")

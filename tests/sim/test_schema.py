@@ -78,7 +78,11 @@ def test_connector_catalog_is_implemented(simh: SimHandle) -> None:
     assert eps, "no connectors found"
     for method, path, fixed in eps:
         if method != "GET":
-            continue  # mutations are exercised by test_tasks against a throw-away simulator
+            # mutations run against a throw-away simulator in test_tasks; here: a handler must exist
+            for kind in ("qemu", "lxc") if "{type}" in path else ("",):
+                template = path.replace("{type}", kind)
+                assert (method, template) in ROUTES, (method, template)
+            continue
         kinds = ["qemu", "lxc"] if "{type}" in path else ["qemu" if "/qemu/" in path else "lxc"]
         for kind in kinds:
             concrete = path.replace("{type}", kind).replace("{vmid}", str(GUESTS[kind]))
