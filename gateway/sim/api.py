@@ -196,6 +196,9 @@ class ApiApp:
             result = handler(ctx)
         except ApiError as e:
             return error_response(e)
+        except Exception as e:  # a simulator bug: answer like a PVE handler `die`, keep serving
+            log.exception("handler for %s %s crashed", method, path)
+            return error_response(ApiError(500, f"simulator error: {e}"))
         if isinstance(result, RawBody):
             return Response(result.body, status_code=200, headers={**HEADERS, "content-type": JSON_CT})
         if isinstance(result, Reply):

@@ -7,6 +7,7 @@ exec is recorded (node, command, argv, exit status) for the ssh log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ import asyncssh
 
 from gateway.sim import shell
 from gateway.sim.runtime import Runtime
+
+log = logging.getLogger("pvegate.sim.ssh")
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,11 @@ async def start_node_server(rt: Runtime, node: str, keys: SshKeys, port: int) ->
             entry["exit_status"] = 2
             process.exit(2)
             return
-        res = shell.run(rt, node, entry["argv"])
+        try:
+            res = shell.run(rt, node, entry["argv"])
+        except Exception as e:  # a simulator bug must not hang the client
+            log.exception("ssh command %r crashed", command)
+            res = shell.Result(stderr=f"simulator error: {e}\n", exit_status=255)
         if res.stdout:
             process.stdout.write(res.stdout)
         if res.stderr:
