@@ -268,17 +268,22 @@ class ApprovalStore:
                 )
         return ids
 
+    async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """A read under the connection lock, fully fetched: no statement stays open across an
+        await (an open read would pin an old snapshot and make the next write fail as busy)."""
+        async with self._lock:
+            async with self.db.execute(sql, args) as cur:
+                return [dict(r) for r in await cur.fetchall()]
+
     async def get(self, request_id: str) -> ApprovalRequest:
-        async with self.db.execute("SELECT * FROM approval_requests WHERE id = ?", (request_id,)) as cur:
-            row = await cur.fetchone()
-        if row is None:
+        rows = await self._rows("SELECT * FROM approval_requests WHERE id = ?", (request_id,))
+        if not rows:
             raise NotFound(request_id)
-        req = ApprovalRequest.from_row(dict(row))
-        async with self.db.execute(
+        req = ApprovalRequest.from_row(rows[0])
+        req.votes = await self._rows(
             "SELECT approver, verdict, at, note, opa_decision_id FROM approval_votes WHERE request_id = ? ORDER BY at",
             (request_id,),
-        ) as cur:
-            req.votes = [dict(r) async for r in cur]
+        )
         return req
 
     async def list(self, state: str | None = "pending", limit: int = 200) -> list[ApprovalRequest]:
@@ -288,8 +293,7 @@ class ApprovalStore:
             sql += " WHERE state = ?"
             args = (state,)
         sql += " ORDER BY created_at DESC LIMIT ?"
-        async with self.db.execute(sql, (*args, limit)) as cur:
-            ids = [str(r[0]) async for r in cur]
+        ids = [str(r["id"]) for r in await self._rows(sql, (*args, limit))]
         return [await self.get(i) for i in ids]
 
     async def find_or_create(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
@@ -403,8 +407,8 @@ class ApprovalStore:
         if column not in ("token_hash", "id"):
             raise ValueError(column)
         now = time.time()
-        async with self._lock:
-            cur = await self.db.execute(
+        async with self.transaction() as db:  # the conditional UPDATE is the whole consumption
+            cur = await db.execute(
                 "UPDATE approval_requests SET state = 'used', used_at = ?, used_by_request = ? "  # noqa: S608
                 f"WHERE {column} = ? AND state = 'approved' AND used_at IS NULL AND token_expires_at > ? "
                 "AND requester = ? AND tool = ? AND arguments_digest = ? AND target_key = ?",
@@ -412,8 +416,8 @@ class ApprovalStore:
             )
             changed = cur.rowcount
             await cur.close()
-        async with self.db.execute(f"SELECT id FROM approval_requests WHERE {column} = ?", (key,)) as c2:  # noqa: S608
-            row = await c2.fetchone()
+            async with db.execute(f"SELECT id FROM approval_requests WHERE {column} = ?", (key,)) as c2:  # noqa: S608
+                row = await c2.fetchone()
         if row is None:
             return None, "the approval token is not known to this gateway (mistyped, or never issued)"
         req = await self.get(str(row[0]))
@@ -426,6 +430,10 @@ def _state_word(state: str, expires_at: float) -> str:
     if state == "pending" and expires_at <= time.time():
         return "expired"
     return state
+
+
+def _tdesc(target: dict[str, Any]) -> str:
+    return "/".join(str(target.get(k)) for k in ("cluster", "node", "vmid") if target.get(k) is not None)
 
 
 def _why_not(req: ApprovalRequest, principal: str, tool: str, digest: str, tkey: str, now: float) -> str:
@@ -444,10 +452,10 @@ def _why_not(req: ApprovalRequest, principal: str, tool: str, digest: str, tkey:
         return f"approval {rid} was granted to another principal, not {principal}"
     if req.tool != tool:
         return f"approval {rid} was granted for tool {req.tool}, not {tool}"
+    if req.target_key != tkey:
+        return f"approval {rid} was granted for another target ({_tdesc(req.target)})"
     if req.arguments_digest != digest:
         return f"approval {rid} was granted for other arguments ({req.arguments_digest})"
-    if req.target_key != tkey:
-        return f"approval {rid} was granted for another target"
     return f"approval {rid} is {req.state} and cannot be used"
 
 

@@ -1,0 +1,66 @@
+"""`pvegate approvals` on the database, with the approver's own token and a real OPA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.approvals.conftest import Api, outcome
+from tests.approvals.test_flow import pending, shutdown_args, sim_shutdowns
+from tests.support import GatewayThread
+
+
+def pvegate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+async def test_cli_list_show_approve_with_temporary_sidecar(api: Api, asim: Any, tmp_path: Path) -> None:
+    cfg = str(api.env.config_path)
+    args = shutdown_args()
+    aid, _ = await pending(api, "vm_shutdown", args)
+    listed = pvegate("approvals", "list", "--config", cfg)
+    assert listed.returncode == 0 and aid in listed.stdout
+    shown = pvegate("approvals", "show", aid, "--config", cfg)
+    assert shown.returncode == 0 and "vm_shutdown" in shown.stdout and "sre-leads" in shown.stdout
+
+    no_identity = pvegate("approvals", "approve", aid, "--config", cfg)
+    assert no_identity.returncode == 2 and "your own approver token" in no_identity.stderr
+
+    token_file = tmp_path / "alice.jwt"
+    token_file.write_text(api.human("alice", ["sre-leads"]))
+    approved = pvegate("approvals", "approve", aid, "--config", cfg, "--token-file", str(token_file))
+    assert approved.returncode == 0, approved.stderr
+    lines = approved.stdout.splitlines()
+    token = lines[lines.index("one-time approval token (shown once, stored only as a hash):") + 1].strip()
+    res = await api.call(api.agent(), "vm_shutdown", args, approval=token)
+    assert outcome(res) in ("allowed", "failed") and len(sim_shutdowns(asim, args["timeout"])) == 1
+    assert "used" in pvegate("approvals", "show", aid, "--config", cfg).stdout
+
+
+async def test_cli_refusals_come_from_opa(api: Api, agw: GatewayThread) -> None:
+    cfg = str(api.env.config_path)
+    aid, _ = await pending(api, "vm_shutdown", shutdown_args())
+    opa = agw.components.decisions.url
+    bob = pvegate(
+        "approvals", "deny", aid, "--config", cfg, "--opa-url", opa, env={"PVEGATE_APPROVER_TOKEN": api.human("bob")}
+    )
+    assert bob.returncode == 1 and "not in any of the approver groups" in bob.stderr
+    forged = pvegate("approvals", "approve", aid, "--config", cfg, "--opa-url", opa, "--token", "not-a-jwt")
+    assert forged.returncode == 2 and "rejected" in forged.stderr
+    unknown = pvegate("approvals", "show", "apr-nope", "--config", cfg)
+    assert unknown.returncode == 4
+    withdrawn = pvegate("approvals", "withdraw", aid, "--config", cfg, "--note", "cli test")
+    assert withdrawn.returncode == 0
+    assert "withdrawn" in pvegate("approvals", "show", aid, "--config", cfg).stdout
+    verify = pvegate("audit", "verify", "--config", cfg)  # CLI appends joined the gateway's chain cleanly
+    assert verify.returncode == 0, verify.stderr

@@ -1,0 +1,276 @@
+"""The audit trail of real calls: order and facts, durability before dispatch, refusals,
+planted secrets, usage counters across a restart, and a SIGKILL in the middle of a load."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import sqlite3
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway import audit as auditlib
+from gateway.devenv import DevEnv, make_env
+from tests.support import GatewayThread, audit_rows, free_port
+
+
+class Mcp:
+    def __init__(self, env: DevEnv, url: str | None = None) -> None:
+        self.url = url or env.url
+        self.env = env
+        self.ctx = ssl.create_default_context(cafile=str(env.ca_file))
+        self.n = 0
+
+    async def call(
+        self, token: str, tool: str, args: Any, http: httpx.AsyncClient | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        self.n += 1
+        body = {"jsonrpc": "2.0", "id": self.n, "method": "tools/call", "params": {"name": tool, "arguments": args}}
+        headers = {"Authorization": f"Bearer {token}", "MCP-Protocol-Version": "2025-06-18"}
+        if http is not None:
+            r = await http.post(self.url, json=body, headers=headers)
+        else:
+            async with httpx.AsyncClient(verify=self.ctx, timeout=30) as h:
+                r = await h.post(self.url, json=body, headers=headers)
+        return r.status_code, r.json() if r.content else {}
+
+
+def rid(doc: dict[str, Any]) -> str:
+    return str(doc["result"]["_meta"]["pvegate/request_id"])
+
+
+async def test_records_in_order_with_decision_facts(xgw: GatewayThread, xenv: DevEnv) -> None:
+    mcp = Mcp(xenv)
+    status, doc = await mcp.call(xenv.token("demo-agent", ["operator"]), "vm_start", {"vmid": 102})
+    assert status == 200 and doc["result"]["_meta"]["pvegate/outcome"] in ("allowed", "failed"), doc
+    rows = audit_rows(xenv.config.audit_path, rid(doc))
+    assert [r["kind"] for r in rows] == ["received", "decision", "result"]
+    received, decision, result = (json.loads(r["body"]) for r in rows)
+    assert received["arguments"] == {"vmid": 102} and received["target"]["vmid"] == 102
+    assert rows[0]["principal"] == "demo-agent" and rows[0]["tool"] == "vm_start"
+    assert rows[0]["target"] == "default/qemu/102"
+    assert rows[1]["outcome"] == "allow"
+    assert decision["decision_id"] and decision["input_digest"].startswith("sha256:")
+    assert "bundle_revision" in decision and decision["risk"]["level"] in ("low", "medium", "high", "critical")
+    assert decision["deny"] == [] and decision["approval"]["required"] is False
+    assert result["duration_ms"] > 0 and rows[2]["outcome"] in ("ok", "failed")
+    if rows[2]["outcome"] == "ok":
+        assert str(result["task_id"]).startswith("UPID:")
+
+
+async def test_decision_is_durable_before_the_connector_answers(xgw: GatewayThread, xenv: DevEnv, xsim: Any) -> None:
+    mcp = Mcp(xenv)
+    who = "durable-probe-" + secrets.token_hex(4)
+    xsim.set_faults(latency_ms=1500, latency_path="^/nodes$")
+    try:
+        call = asyncio.create_task(mcp.call(xenv.token(who, ["operator"]), "list_nodes", {}))
+        deadline = time.monotonic() + 10
+        seen: list[tuple[str, str]] = []
+        while time.monotonic() < deadline and not seen:
+            con = sqlite3.connect(xenv.config.audit_path)  # another connection: what a crash would leave
+            seen = con.execute("SELECT kind, outcome FROM audit WHERE principal = ? ORDER BY seq", (who,)).fetchall()
+            con.close()
+            await asyncio.sleep(0.05)
+        assert not call.done(), "the call finished before the check: latency fault not applied"
+        assert seen == [("received", None), ("decision", "allow")]  # intent on disk, no result yet
+        status, doc = await call
+        assert status == 200 and [r["kind"] for r in audit_rows(xenv.config.audit_path, rid(doc))][-1] == "result"
+    finally:
+        xsim.set_faults(latency_ms=0, latency_path=None)
+
+
+async def test_auth_failures_and_refusals_are_recorded(xgw: GatewayThread, xenv: DevEnv) -> None:
+    mcp = Mcp(xenv)
+    before = len([r for r in audit_rows(xenv.config.audit_path) if r["kind"] == "auth_failure"])
+    status, _ = await mcp.call("not-a-jwt", "list_nodes", {})
+    assert status == 401
+    assert len([r for r in audit_rows(xenv.config.audit_path) if r["kind"] == "auth_failure"]) == before + 1
+    token = xenv.token("demo-agent", ["operator"])
+    status, doc = await mcp.call(token, "get_guest_status", {"vmid": "abc"})
+    rows = audit_rows(xenv.config.audit_path, rid(doc))
+    assert [(r["kind"], r["outcome"]) for r in rows] == [("refusal", "invalid")]
+    status, doc = await mcp.call(token, "no_such_tool", {})
+    assert "error" in doc
+    last = audit_rows(xenv.config.audit_path)[-1]
+    assert (last["kind"], last["outcome"], last["tool"]) == ("refusal", "unknown_tool", "no_such_tool")
+
+
+async def test_planted_secrets_never_reach_the_database(xgw: GatewayThread, xenv: DevEnv, xsim: Any) -> None:
+    mcp = Mcp(xenv)
+    agent_jwt = xenv.token("demo-agent", ["operator"])
+    password = "PlantedCiPass-" + secrets.token_hex(8)
+    too_long = "PlantedTooLong-" + secrets.token_hex(32)  # fails validation: the error would quote it
+    bogus_bearer = "eyJhbGciOiJIUzI1NiJ9.PlantedBearer" + secrets.token_hex(8) + ".sig"
+
+    status, doc = await mcp.call(agent_jwt, "vm_set_cipassword", {"vmid": 103, "cipassword": password})
+    assert status == 200 and doc["result"]["_meta"]["pvegate/outcome"] in ("allowed", "failed"), doc
+    set_rid = rid(doc)
+    status, doc = await mcp.call(agent_jwt, "vm_set_cipassword", {"vmid": 103, "cipassword": too_long})
+    assert doc["result"]["_meta"]["pvegate/outcome"] == "invalid"
+    refusal = audit_rows(xenv.config.audit_path, rid(doc))[0]
+    assert "[redacted]" in refusal["body"]  # the validation error quoted the value; the audit scrubbed it
+    for tool, args in [
+        ("list_guest_containers", {"vmid": 200}),
+        ("inspect_compose_stack", {"vmid": 200, "project": "app"}),
+        ("lxc_docker_inspect", {"vmid": 200, "container": "app-db-1"}),
+        ("lxc_docker_inspect", {"vmid": 200, "container": "app-worker-1"}),
+        ("get_guest_config", {"vmid": 103}),
+    ]:
+        status, doc = await mcp.call(agent_jwt, tool, args)
+        assert status == 200, doc
+    status, _ = await mcp.call(bogus_bearer, "list_nodes", {})
+    assert status == 401
+
+    received = audit_rows(xenv.config.audit_path, set_rid)[0]
+    assert json.loads(received["body"])["arguments"]["cipassword"] == "[redacted]"
+    admin_token = (xenv.workdir / "secrets" / "admin-token").read_text().strip()
+    planted = {
+        "cloud-init password argument": password,
+        "invalid password argument": too_long,
+        "container env (postgres)": "SimPlantedSecret-pg-7f3a9c",
+        "container env (api token)": "SimPlantedSecret-api-41d2e8",
+        "JWT signing secret": xenv.jwt_secret,
+        "admin token": admin_token,
+        "agent bearer token": agent_jwt,
+        "rejected bearer token": bogus_bearer,
+        **{f"Proxmox token {name}": value for name, value in xsim.tokens.items()},
+        **{f"Proxmox token secret {name}": value.rsplit("=", 1)[-1] for name, value in xsim.tokens.items()},
+    }
+    files = sorted(xenv.config.audit_path.parent.glob(xenv.config.audit_path.name + "*"))
+    assert any(f.name.endswith("-wal") for f in files)  # the WAL is searched too
+    raw = b"".join(f.read_bytes() for f in files)
+    leaked = [what for what, value in planted.items() if value.encode() in raw]
+    assert leaked == []
+    assert auditlib.verify(xenv.config.audit_path).ok
+
+
+async def test_usage_counters_survive_a_restart(xgw: GatewayThread, xenv: DevEnv) -> None:
+    mcp = Mcp(xenv)
+    who = "usage-probe-" + secrets.token_hex(4)
+    for _ in range(3):
+        await mcp.call(xenv.token(who, ["operator"]), "list_nodes", {})
+    cfg = dataclasses.replace(xenv.config, port=free_port())  # a fresh gateway on the same audit DB
+    gw = GatewayThread(cfg).start()
+    try:
+        counts = gw.components.usage.counts(who, "list_nodes")
+    finally:
+        gw.stop()
+    assert counts["tool"]["1h"] == 3 and counts["all"]["24h"] == 3
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _serve(env: DevEnv, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(env.config_path)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+
+async def _wait_up(env: DevEnv, proc: subprocess.Popen[bytes], ctx: ssl.SSLContext) -> None:
+    deadline = time.monotonic() + 60
+    base = env.url.rsplit("/mcp", 1)[0]
+    async with httpx.AsyncClient(verify=ctx, timeout=2) as http:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "gateway exited during start-up"
+            try:
+                if (await http.get(base + "/healthz")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError("gateway did not come up")
+
+
+async def test_sigkill_mid_load_loses_no_record(xsim: Any, tmp_path: Path, connectors_dir: Path) -> None:
+    env = make_env(tmp_path / "gw", {"default": xsim}, port=free_port(), extra={"connectors_dir": str(connectors_dir)})
+    mcp = Mcp(env)
+    token = env.token("kill-probe", ["operator"])
+    log = tmp_path / "serve.log"
+    proc = _serve(env, log)
+    opa_pids: list[int] = []
+    try:
+        await _wait_up(env, proc, mcp.ctx)
+        xsim.clear_logs()
+        answered = 0
+        stop = asyncio.Event()
+
+        async def worker() -> None:
+            nonlocal answered
+            async with httpx.AsyncClient(verify=mcp.ctx, timeout=10) as http:
+                while not stop.is_set():
+                    try:
+                        status, _ = await mcp.call(token, "list_nodes", {}, http=http)
+                        answered += status == 200
+                    except (httpx.HTTPError, ValueError):
+                        return  # the gateway is gone
+
+        workers = [asyncio.create_task(worker()) for _ in range(8)]
+        while answered < 60:
+            await asyncio.sleep(0.01)
+        opa_pids = _children(proc.pid)
+        proc.send_signal(signal.SIGKILL)  # mid-load: calls are in every stage of the pipeline
+        proc.wait()
+        stop.set()
+        await asyncio.gather(*workers)
+    finally:
+        for pid in opa_pids:  # the OPA sidecar the killed gateway had started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    seen = [r for r in xsim.requests_log() if r["method"] == "GET" and r["path"] == "/api2/json/nodes"]
+    # restart on the same database: it opens, serves, and shuts down cleanly
+    proc = _serve(env, log)
+    try:
+        await _wait_up(env, proc, mcp.ctx)
+        status, _ = await mcp.call(token, "list_nodes", {})
+        assert status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+    verify = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "audit", "verify", "--config", str(env.config_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert verify.returncode == 0, verify.stderr
+    con = sqlite3.connect(env.config.audit_path)
+    allowed = con.execute(
+        "SELECT COUNT(*) FROM audit WHERE kind = 'decision' AND outcome = 'allow' AND tool = 'list_nodes' "
+        "AND principal = 'kill-probe'"
+    ).fetchone()[0]
+    con.close()
+    # each allowed list_nodes makes exactly one GET /nodes, and nothing else does: every request the
+    # simulator saw before the kill has its decision record iff there are at least as many of them
+    # (the call after the restart adds one to both sides)
+    assert len(seen) >= 60
+    assert allowed - 1 >= len(seen), (allowed, len(seen))
+    print(f"SIGKILL: simulator saw {len(seen)} GET /nodes, audit holds {allowed - 1} allowed decisions")
