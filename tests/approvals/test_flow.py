@@ -175,7 +175,7 @@ async def test_denied_and_withdrawn(api: Api) -> None:
 
 
 async def test_expiry_of_pending_requests_and_tokens(api: Api) -> None:
-    aid, res = await pending(api, "vm_suspend", {"vmid": 100})
+    aid, _ = await pending(api, "vm_suspend", {"vmid": 100})
     await asyncio.sleep(2.2)
     late = await api.vote(aid, api.human("alice", ["sre-leads"]))
     assert late.status_code == 403 and "expired" in late.json()["reasons"][0]
