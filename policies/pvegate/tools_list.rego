@@ -29,5 +29,5 @@ visible_tools contains tool.name if {
 	count(listing_problems) == 0
 	some tool in input.tools
 	rbac.tool_visible(tool)
-	not guardrails.hidden_from_list(tool)
+	not tool.name in guardrails.hidden_from_list
 }

@@ -104,21 +104,21 @@ window_text(w) := sprintf(
 	[object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour],
 )
 
-# hidden_from_list(tool): target-independent guard rails that make a tool
-# useless to the lister (input.principal), so tools/list can hide it.
-hidden_from_list(tool) if {
-	lister_is_agent
+# hidden_from_list: names of listed tools (input.tools) that target-independent
+# guard rails make useless to the lister (input.principal): tools/list hides them.
+hidden_from_list contains tool.name if {
+	input.principal.kind == "agent"
+	some tool in input.tools
 	tool.effect in lib.mutating_effects
 	tool.scope in config.agent_no_mutation_scopes
 }
 
 # deny rules that do not depend on the target hide the tool too
-hidden_from_list(tool) if {
+hidden_from_list contains tool.name if {
 	some c in lister_deny_rules
+	some tool in input.tools
 	lib.compiled_matches(c, tool)
 }
-
-lister_is_agent if input.principal.kind == "agent"
 
 # the lister's target-independent deny rules, compiled once per query
 lister_deny_rules contains lib.compile(rule) if {

@@ -79,7 +79,10 @@ test_org_deny_rule_defaults if {
 	fx.has_reason(reasons, "denied by rule (rule \"unnamed\")")
 }
 
-hidden(p, tool) if guardrails.hidden_from_list(tool) with input as fx.listing_input(p, [tool])
+hidden(p, tool) if {
+	hidden := guardrails.hidden_from_list with input as fx.listing_input(p, [tool])
+	tool.name in hidden
+}
 
 test_hidden_from_list if {
 	hidden(fx.agent, fx.node_network_update)

@@ -51,11 +51,11 @@ compile(sel) := {
 # is_glob(s): s uses glob syntax (* ? [..] {..}) rather than naming one tool
 is_glob(s) if regex.match(`[*?\[{]`, s)
 
+default any_name(_) := false
+
 any_name(sel) if not "tools" in object.keys(sel)
 
 any_name(sel) if "*" in sel.tools
-
-default any_name(_) := false
 
 key_set(sel, key) := {v | some v in sel[key]} if key in object.keys(sel)
 

@@ -171,21 +171,28 @@ ids_by_scope[v] contains id if {
 	some v in c.scopes
 }
 
-# per value present in the listed tools: the ids accepting it (complete
-# rules, so each is computed once per query)
-effect_ids := {v: (object.get(ids_by_effect, v, set()) | object.get(ids_by_effect, "*", set())) |
+# per value present in the listed tools: the ids accepting it. Complete rules
+# on purpose: each is computed once per query (a partial object rule would be
+# re-evaluated for every tool that looks a key up).
+accepting(index, v) := object.get(index, v, set()) | object.get(index, "*", set())
+
+# regal ignore:prefer-set-or-object-rule
+effect_ids := {v: accepting(ids_by_effect, v) |
 	some v in {t.effect | some t in input.tools}
 }
 
-domain_ids := {v: (object.get(ids_by_domain, v, set()) | object.get(ids_by_domain, "*", set())) |
+# regal ignore:prefer-set-or-object-rule
+domain_ids := {v: accepting(ids_by_domain, v) |
 	some v in {t.domain | some t in input.tools}
 }
 
-scope_ids := {v: (object.get(ids_by_scope, v, set()) | object.get(ids_by_scope, "*", set())) |
+# regal ignore:prefer-set-or-object-rule
+scope_ids := {v: accepting(ids_by_scope, v) |
 	some v in {t.scope | some t in input.tools}
 }
 
 # shape_ids: (effect, domain, scope) of the listed tools -> selector ids admitting it
+# regal ignore:prefer-set-or-object-rule
 shape_ids := {shape: ids |
 	some shape in {[t.effect, t.domain, t.scope] | some t in input.tools}
 	ids := (effect_ids[shape[0]] & domain_ids[shape[1]]) & scope_ids[shape[2]]
