@@ -51,6 +51,17 @@ def db_path(args: argparse.Namespace) -> Path:
     return load(args.config).audit_path
 
 
+def _archive_defaults(args: argparse.Namespace) -> tuple[float | None, Path | None]:
+    """(age in seconds, archive directory) from the configuration, when --db is not used."""
+    if args.db is not None:
+        return None, None
+    from gateway.config import load
+
+    cfg = load(args.config)
+    days = cfg.audit_retention_days
+    return (days * 86400 if days else None), cfg.audit_archive_dir
+
+
 def _query(args: argparse.Namespace, **kw: Any) -> auditlib.Query:
     return auditlib.Query(
         principal=args.principal,
@@ -150,9 +161,14 @@ def _export(args: argparse.Namespace) -> int:
 
 def _archive(args: argparse.Namespace) -> int:
     path = db_path(args)
-    out_dir = Path(args.out_dir) if args.out_dir else path.parent / "audit-archive"
+    age, conf_dir = _archive_defaults(args)
+    age = args.older_than if args.older_than is not None else age
+    if age is None:
+        print("error: give --older-than, or set audit.retention_days in the configuration", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out_dir) if args.out_dir else conf_dir or path.parent / "audit-archive"
     try:
-        res = auditlib.archive(path, time.time() - args.older_than, out_dir)
+        res = auditlib.archive(path, time.time() - age, out_dir)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -215,6 +231,6 @@ def register(sub: Any) -> None:
 
     r = asub.add_parser("archive", help="move old records to a JSONL archive, keeping the chain verifiable")
     _common(r)
-    r.add_argument("--older-than", type=parse_age, required=True, help="e.g. 90d")
-    r.add_argument("--out-dir", type=Path, help="default: audit-archive/ next to the database")
+    r.add_argument("--older-than", type=parse_age, help="e.g. 90d (default: audit.retention_days)")
+    r.add_argument("--out-dir", type=Path, help="default: audit.archive_dir, or audit-archive/ next to the database")
     r.set_defaults(func=_archive)

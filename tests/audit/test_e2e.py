@@ -274,3 +274,35 @@ async def test_sigkill_mid_load_loses_no_record(xsim: Any, tmp_path: Path, conne
     assert len(seen) >= 60
     assert allowed - 1 >= len(seen), (allowed, len(seen))
     print(f"SIGKILL: simulator saw {len(seen)} GET /nodes, audit holds {allowed - 1} allowed decisions")
+
+
+async def test_configured_retention_archives_and_chain_continues(xsim: Any, tmp_path: Path) -> None:
+    db = tmp_path / "state" / "audit.db"
+    env = make_env(
+        tmp_path,
+        {"default": xsim},
+        port=free_port(),
+        extra={"audit": {"path": str(db), "retention_days": 1 / 86400, "archive_dir": str(tmp_path / "arch")}},
+    )
+    log = auditlib.AuditLog(db)
+    await log.open()
+    await log.append(*[auditlib.AuditRecord(f"old-{i}", "decision", outcome="allow") for i in range(5)])
+    await asyncio.sleep(1.2)  # older than the one-second retention
+    await log.append(auditlib.AuditRecord("new", "decision", outcome="deny"))
+    await log.close()
+
+    def pvegate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "audit", *args, "--config", str(env.config_path)],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+    done = pvegate("archive")
+    assert done.returncode == 0 and "archived records 1..5" in done.stdout, done.stderr
+    files = sorted((tmp_path / "arch").glob("*.jsonl"))
+    assert len(files) == 1
+    assert [r["request_id"] for r in auditlib.search(db, auditlib.Query())] == ["new"]
+    assert pvegate("verify").returncode == 0
+    assert pvegate("verify", "--archive", str(files[0])).returncode == 0
