@@ -22,6 +22,7 @@ import httpx
 from gateway.catalog import Tool
 from gateway.config import ClusterConfig
 from gateway.connectors import CallContext, ToolError, ToolOutput
+from gateway.connectors.breaker import CircuitBreaker
 from gateway.connectors.reducers import TRANSFORMS
 
 if TYPE_CHECKING:  # targets imports this module
@@ -101,6 +102,7 @@ class PveApiClient:
         self._headers = {"Authorization": f"PVEAPIToken={cluster.token.read()}"}
         self._http: httpx.AsyncClient | None = None
         self._lock = asyncio.Lock()
+        self.breaker = CircuitBreaker(cluster.name)  # fail fast while the cluster's API is down
 
     async def _client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -133,7 +135,7 @@ class PveApiClient:
         attempts = 1 + (READ_RETRIES if method == "GET" else 0)
         for attempt in range(attempts):
             try:
-                r = await http.request(method, path, params=params, data=data)
+                r = await self.breaker.call(lambda: http.request(method, path, params=params, data=data))
                 break
             except (httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError) as exc:
                 if attempt + 1 < attempts:
@@ -264,6 +266,8 @@ class PveApiRuntime:
         data = await client.request(spec["method"], path, params=query or None, data=body or None)
         if tool.effect != "read":
             self.resolver.invalidate(ctx.cluster)  # a mutation may move or change the guest
+        if spec.get("fan_out") and isinstance(data, list):  # same row shape as the all-nodes answer
+            data = [{**r, "node": r.get("node", values["node"])} if isinstance(r, dict) else r for r in data]
         warnings: list[str] = []
         task_id = None
         if spec.get("task") and isinstance(data, str) and data.startswith("UPID:"):
