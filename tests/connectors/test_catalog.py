@@ -1,0 +1,219 @@
+"""The catalog as data: format, strictness, PVE schema membership, simulator coverage, CLI."""
+
+from __future__ import annotations
+
+import fnmatch
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.catalog import Catalog, CatalogError
+from gateway.connectors.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
+from gateway.opa_sidecar import REPO_ROOT
+
+CONNECTORS = REPO_ROOT / "connectors"
+SHARED = REPO_ROOT.parent / "shared" / "pve-api"
+TWELVE = [
+    "list_nodes",
+    "get_node_capacity",
+    "list_guests",
+    "get_guest_config",
+    "get_guest_status",
+    "list_storage",
+    "list_snapshots",
+    "list_backups",
+    "check_ip_availability",
+    "list_guest_containers",
+    "inspect_compose_stack",
+    "guest_health_summary",
+]
+MUTATIONS = [
+    *(f"{k}_{op}" for k in ("vm", "lxc") for op in ("start", "stop", "shutdown", "reboot", "suspend", "resume")),
+    "snapshot_create",
+    "snapshot_delete",
+    "snapshot_rollback",
+    "backup_now",
+    "guest_migrate",
+    "guest_clone",
+    "guest_config_update",
+    "guest_delete",
+]
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return Catalog.load(CONNECTORS)
+
+
+@pytest.fixture(scope="module", params=["8.4", "9.1"])
+def pve_schema(request: pytest.FixtureRequest) -> PveSchema:
+    path = SHARED / f"pve-{request.param}-apidata.json"
+    if not path.exists():
+        pytest.fail(f"PVE API schema {path} is missing: the connector check cannot run")
+    return PveSchema.load(path)
+
+
+def test_catalog_size_and_required_tools(catalog: Catalog) -> None:
+    assert len(catalog) >= 60
+    names = {t.name for t in catalog}
+    assert set(TWELVE) <= names
+    assert set(MUTATIONS) <= names
+    more = {
+        "get_cluster_status",
+        "get_cluster_resources",
+        "list_tasks",
+        "get_task_status",
+        "get_task_log",
+        "get_ha_status",
+        "get_ceph_status",
+        "list_firewall_rules",
+        "get_node_network",
+        "get_token_permissions",
+    }
+    assert more <= names
+
+
+def test_every_pve_api_endpoint_is_in_the_pve_schema(catalog: Catalog, pve_schema: PveSchema) -> None:
+    assert check_catalog(catalog, pve_schema) == []
+
+
+def test_schema_check_catches_a_wrong_endpoint(catalog: Catalog, pve_schema: PveSchema, tmp_path: Path) -> None:
+    doc = yaml.safe_load((CONNECTORS / "nodes.yaml").read_text())
+    doc["tools"][0]["pve_api"]["path"] = "/nodes/{node}/execute-anything"
+    doc["tools"][0]["params"] = {"node": "required"}
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    problems = check_catalog(Catalog.load(tmp_path), pve_schema)
+    assert any("execute-anything" in p and "not in" in p for p in problems)
+
+
+def test_every_pve_api_endpoint_is_served_by_the_simulator(catalog: Catalog) -> None:
+    import gateway.sim.api  # noqa: F401  (registers the simulator's handlers)
+    from gateway.sim.routes import ROUTES
+
+    missing = [
+        f"{t.name}: {m} {p}"
+        for t in catalog
+        if t.connector == "pve_api"
+        for m, p, _ in expansions(t)
+        if (m, p) not in ROUTES
+    ]
+    assert missing == [], "the simulator would answer 501 for these"
+
+
+def test_annotations_follow_effect(catalog: Catalog) -> None:
+    for t in catalog:
+        a = t.annotations
+        assert a["readOnlyHint"] is (t.effect == "read")
+        assert a["destructiveHint"] is (t.effect in ("destroy", "exec"))
+        assert t.mcp_view()["annotations"] == a
+
+
+def test_parameters_are_strict(catalog: Catalog) -> None:
+    for t in catalog:
+        p = t.parameters
+        assert p["additionalProperties"] is False, t.name
+        assert "cluster" in p["properties"], t.name
+        for name, s in p["properties"].items():
+            if s.get("type") == "string":
+                assert "maxLength" in s or "enum" in s, (t.name, name)
+            if s.get("type") == "integer":
+                assert "minimum" in s and "maximum" in s, (t.name, name)
+            assert "\\d" not in str(s.get("pattern", "")), (t.name, name)
+        if "vmid" in p["properties"]:
+            assert p["properties"]["vmid"]["minimum"] == 100 and p["properties"]["vmid"]["maximum"] == 999999999
+
+
+def test_policy_library_globs_cover_the_mutations(catalog: Catalog) -> None:
+    """The operator role's write/destroy globs match our mutation names (policies/data/data.yaml)."""
+    data = yaml.safe_load((REPO_ROOT / "policies" / "data" / "data.yaml").read_text())
+    op = data["roles"]["operator"]
+    write_globs = [g for rule in op["allow"] if "write" in rule.get("effects", []) for g in rule.get("tools", [])]
+    for t in catalog:
+        if t.effect == "write":
+            assert any(fnmatch.fnmatchcase(t.name, g) for g in write_globs), t.name
+    deny = [g for rule in op["deny"] for g in rule["tools"]]
+    assert any(fnmatch.fnmatchcase("guest_delete", g) for g in deny)
+    assert any(fnmatch.fnmatchcase("guest_migrate", g) for g in deny)
+
+
+def test_privileges_come_from_the_schema(catalog: Catalog, pve_schema: PveSchema) -> None:
+    privs, _ = privileges(catalog.tools["vm_start"], pve_schema)
+    assert [(p.path, p.privs) for p in privs] == [("/vms/{vmid}", ("VM.PowerMgmt",))]
+    privs, _ = privileges(catalog.tools["snapshot_rollback"], pve_schema)
+    assert privs[0].any_of and "VM.Snapshot.Rollback" in privs[0].privs
+    need = least_privilege(catalog, pve_schema, ("read",))
+    assert "VM.Audit" in need and "VM.PowerMgmt" not in need
+
+
+BAD = [
+    ("duplicate", lambda d: d["tools"].append(dict(d["tools"][0])), "duplicate tool name"),
+    ("placeholder", lambda d: d["tools"][0]["pve_api"].update(path="/nodes/{nodename}"), "placeholder {nodename}"),
+    ("free string", lambda d: d["tools"][0].update(params={"xx": {"type": "string"}}), "needs maxLength"),
+    (
+        "backslash d",
+        lambda d: d["tools"][0].update(params={"xx": {"type": "string", "maxLength": 3, "pattern": "^\\d+$"}}),
+        "not \\d",
+    ),
+    ("unknown key", lambda d: d["tools"][0].update(shell="rm -rf /"), "Additional properties"),
+]
+
+
+@pytest.mark.parametrize(("label", "mutate", "message"), BAD, ids=[b[0] for b in BAD])
+def test_loader_refuses_bad_files(tmp_path: Path, label: str, mutate: object, message: str) -> None:
+    doc = yaml.safe_load((CONNECTORS / "nodes.yaml").read_text())
+    mutate(doc)  # type: ignore[operator]
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    with pytest.raises(CatalogError) as exc:
+        Catalog.load(tmp_path)
+    assert message in str(exc.value)
+
+
+def test_ssh_tool_must_use_whole_placeholders(tmp_path: Path) -> None:
+    params = (CONNECTORS / "params.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(params)
+    tool = {
+        "name": "bad_ssh",
+        "title": "x",
+        "description": "a command with a shell string in it",
+        "domain": "node",
+        "effect": "exec",
+        "scope": "node",
+        "params": {"node": "required"},
+        "ssh": {"node": "node", "argv": ["sh", "-c", "ls {node}"], "parse": "text"},
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump({"tools": [tool]}))
+    with pytest.raises(CatalogError, match="read-only"):
+        Catalog.load(tmp_path)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+    )
+
+
+def test_cli_check_show_and_least_privilege() -> None:
+    r = _cli(
+        "check",
+        "--pve-schema",
+        str(SHARED / "pve-8.4-apidata.json"),
+        "--pve-schema",
+        str(SHARED / "pve-9.1-apidata.json"),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OK" in r.stdout
+    r = _cli("tools", "show", "snapshot_create", "--pve-schema", str(SHARED / "pve-9.1-apidata.json"))
+    assert r.returncode == 0
+    assert (
+        "POST /nodes/{node}/qemu/{vmid}/snapshot" in r.stdout and "POST /nodes/{node}/lxc/{vmid}/snapshot" in r.stdout
+    )
+    assert "VM.Snapshot on /vms/{vmid}" in r.stdout
+    r = _cli("tools", "least-privilege", "--pve-schema", str(SHARED / "pve-9.1-apidata.json"), "--effects", "read")
+    assert r.returncode == 0 and "pveum role add PVEGate" in r.stdout and "VM.PowerMgmt" not in r.stdout
+    r = _cli("tools", "list")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) >= 60
