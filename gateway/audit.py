@@ -257,6 +257,15 @@ class AuditLog:
         await asyncio.shield(fut)  # a cancelled caller must not un-write a queued record
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_batches()
+        finally:  # however the writer ends, nobody waits forever for a record that will not be written
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is not None and not item[1].done():
+                    item[1].set_exception(AuditClosed("audit writer stopped"))
+
+    async def _write_batches(self) -> None:
         stop = False
         while not stop:
             item = await self._queue.get()
