@@ -28,6 +28,7 @@ tools_ok if is_array(input.tools)
 visible_tools contains tool.name if {
 	count(listing_problems) == 0
 	some tool in input.tools
-	rbac.tool_visible(tool)
-	not tool.name in guardrails.hidden_from_list
+	shape := [tool.effect, tool.domain, tool.scope]
+	rbac.tool_visible(tool, shape)
+	not guardrails.hidden_from_list(tool, shape)
 }

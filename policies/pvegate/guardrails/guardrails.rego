@@ -104,20 +104,21 @@ window_text(w) := sprintf(
 	[object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour],
 )
 
-# hidden_from_list: names of listed tools (input.tools) that target-independent
-# guard rails make useless to the lister (input.principal): tools/list hides them.
-hidden_from_list contains tool.name if {
-	input.principal.kind == "agent"
-	some tool in input.tools
-	tool.effect in lib.mutating_effects
-	tool.scope in config.agent_no_mutation_scopes
+# hidden_from_list(tool, shape): a target-independent guard rail makes the
+# tool useless to the lister (input.principal), so tools/list hides it.
+hidden_from_list(tool, shape) if {
+	shape in agent_hidden_shapes
+} else if {
+	some c in lister_deny_rules
+	lib.compiled_matches(c, tool)
 }
 
-# deny rules that do not depend on the target hide the tool too
-hidden_from_list contains tool.name if {
-	some c in lister_deny_rules
-	some tool in input.tools
-	lib.compiled_matches(c, tool)
+# shapes [effect, domain, scope] of listed tools agents may not use
+agent_hidden_shapes contains shape if {
+	input.principal.kind == "agent"
+	some shape in rbac.listed_shapes
+	shape[0] in lib.mutating_effects
+	shape[2] in config.agent_no_mutation_scopes
 }
 
 # the lister's target-independent deny rules, compiled once per query

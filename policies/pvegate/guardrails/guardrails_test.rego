@@ -80,8 +80,7 @@ test_org_deny_rule_defaults if {
 }
 
 hidden(p, tool) if {
-	hidden := guardrails.hidden_from_list with input as fx.listing_input(p, [tool])
-	tool.name in hidden
+	guardrails.hidden_from_list(tool, [tool.effect, tool.domain, tool.scope]) with input as fx.listing_input(p, [tool])
 }
 
 test_hidden_from_list if {

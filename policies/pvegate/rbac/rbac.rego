@@ -192,9 +192,12 @@ scope_ids := {v: accepting(ids_by_scope, v) |
 }
 
 # shape_ids: (effect, domain, scope) of the listed tools -> selector ids admitting it
+# listed_shapes: the distinct (effect, domain, scope) of the listed tools
+listed_shapes contains [t.effect, t.domain, t.scope] if some t in input.tools
+
 # regal ignore:prefer-set-or-object-rule
 shape_ids := {shape: ids |
-	some shape in {[t.effect, t.domain, t.scope] | some t in input.tools}
+	some shape in listed_shapes
 	ids := (effect_ids[shape[0]] & domain_ids[shape[1]]) & scope_ids[shape[2]]
 }
 
@@ -215,13 +218,11 @@ role_denies_in(ids, role) if {
 	id[1] == "deny"
 }
 
-# tool_visible(tool): some bound role grants the tool on some target, and that
-# role does not deny it.
-tool_visible(tool) if [tool.effect, tool.domain, tool.scope] in plain_shapes
-
-tool_visible(tool) if {
-	shape := [tool.effect, tool.domain, tool.scope]
-	not shape in plain_shapes
+# tool_visible(tool, shape): some bound role grants the tool on some target,
+# and that role does not deny it; shape is [effect, domain, scope] of the tool.
+tool_visible(tool, shape) if {
+	shape in plain_shapes
+} else if {
 	ids := shape_ids[shape]
 	some id in ids
 	id[1] == "allow"
