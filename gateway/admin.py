@@ -1,7 +1,7 @@
 """The admin HTTP API under /admin, separate from the MCP endpoint.
 
 Two credentials, never interchangeable:
-- operator endpoints (health, audit verify/records, approval listing, withdraw)
+- operator endpoints (health, metrics, audit verify/records, approval listing, withdraw)
   take the admin bearer token from `admin.token` (a secret file). It is not a
   JWT, so it can never call tools on /mcp.
 - approver endpoints (approve, deny) take the approver's *own* bearer JWT,
@@ -168,6 +168,36 @@ async def health(request: Request) -> Response:
     )
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus text format: audit records by kind and outcome, approvals by state, OPA health."""
+    if (denied := await operator(request)) is not None:
+        return denied
+    c = _components(request)
+    lines = [
+        "# HELP pvegate_audit_records_total Audit records written by this process, by kind and outcome.",
+        "# TYPE pvegate_audit_records_total counter",
+    ]
+    for (kind, outcome), n in sorted(c.audit.counts.items()):
+        lines.append(f'pvegate_audit_records_total{{kind="{kind}",outcome="{outcome}"}} {n}')
+    lines += [
+        "# HELP pvegate_audit_commits_total Audit transactions (group commits) by this process.",
+        "# TYPE pvegate_audit_commits_total counter",
+        f"pvegate_audit_commits_total {c.audit.commits}",
+        "# HELP pvegate_opa_up Whether the policy engine is reachable (managed sidecar alive).",
+        "# TYPE pvegate_opa_up gauge",
+        f"pvegate_opa_up {int(c.sidecar.alive()) if c.sidecar is not None else 1}",
+        "# HELP pvegate_opa_restarts_total Restarts of the managed OPA sidecar.",
+        "# TYPE pvegate_opa_restarts_total counter",
+        f"pvegate_opa_restarts_total {c.sidecar.restarts if c.sidecar is not None else 0}",
+    ]
+    if c.approvals.store is not None:
+        lines += ["# HELP pvegate_approvals Approval requests by state.", "# TYPE pvegate_approvals gauge"]
+        counts = await c.approvals.store.state_counts()
+        for state in ("pending", "approved", "denied", "withdrawn", "expired", "used"):
+            lines.append(f'pvegate_approvals{{state="{state}"}} {counts.get(state, 0)}')
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
 async def audit_verify(request: Request) -> Response:
     if (denied := await operator(request)) is not None:
         return denied
@@ -284,6 +314,7 @@ def admin_routes(enabled: bool) -> list[Route]:
         return []
     return [
         Route("/admin/health", health, methods=["GET"]),
+        Route("/admin/metrics", metrics, methods=["GET"]),
         Route("/admin/audit/verify", audit_verify, methods=["GET"]),
         Route("/admin/audit/records", audit_records, methods=["GET"]),
         Route("/admin/approvals", approvals_list, methods=["GET"]),

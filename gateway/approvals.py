@@ -286,6 +286,10 @@ class ApprovalStore:
         )
         return req
 
+    async def state_counts(self) -> dict[str, int]:
+        rows = await self._rows("SELECT state, COUNT(*) AS n FROM approval_requests GROUP BY state", ())
+        return {str(r["state"]): int(r["n"]) for r in rows}
+
     async def list(self, state: str | None = "pending", limit: int = 200) -> list[ApprovalRequest]:
         sql = "SELECT id FROM approval_requests"
         args: tuple[Any, ...] = ()

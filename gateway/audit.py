@@ -223,6 +223,7 @@ class AuditLog:
         self._writer: asyncio.Task[None] | None = None
         self.commits = 0  # transactions committed (for tests and metrics)
         self.records = 0
+        self.counts: dict[tuple[str, str], int] = {}  # (kind, outcome) -> records written by this process
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -327,6 +328,9 @@ class AuditLog:
             raise
         self.commits += 1
         self.records += len(records)
+        for rec in records:
+            key = (rec.kind, rec.outcome or "")
+            self.counts[key] = self.counts.get(key, 0) + 1
 
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:
         assert self._db is not None

@@ -197,6 +197,10 @@ async def test_credentials_are_not_interchangeable(api: Api) -> None:
     assert jwt_on_operator.status_code == 401
     assert (await api.admin("GET", "/admin/health", None)).status_code == 401
     assert (await api.admin("GET", "/admin/health", api.admin_token)).json()["opa"] is True
+    m = await api.admin("GET", "/admin/metrics", api.admin_token)
+    assert m.status_code == 200 and 'pvegate_approvals{state="pending"}' in m.text
+    assert 'pvegate_audit_records_total{kind="decision",outcome="pending"}' in m.text
+    assert (await api.admin("GET", "/admin/metrics", api.human("alice", ["sre-leads"]))).status_code == 401
     async with api.client() as http:
         r = await http.post(
             api.env.url,
