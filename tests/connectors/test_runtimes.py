@@ -1,0 +1,137 @@
+"""Runtime guarantees against the real simulator: TLS pinning, host-key pinning, output cap,
+clear 403s, and a token that never shows up in logs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import ssl
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncssh
+import pytest
+
+from gateway.catalog import Catalog
+from gateway.config import ClusterConfig, SecretRef
+from gateway.connectors import CallContext, ToolError
+from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
+from gateway.connectors.ssh import AllowList, SshRuntime
+from gateway.devenv import DevEnv
+from gateway.opa_sidecar import REPO_ROOT
+from gateway.targets import TargetResolver
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return Catalog.load(REPO_ROOT / "connectors")
+
+
+def _cluster(env: DevEnv, **changes: Any) -> ClusterConfig:
+    return dataclasses.replace(env.config.clusters["default"], **changes)
+
+
+def _leaf_fingerprint(api_url: str) -> str:
+    u = urlsplit(api_url)
+    pem = ssl.get_server_certificate((u.hostname or "", u.port or 443))
+    return ":".join(f"{b:02X}" for b in hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).digest())
+
+
+async def test_fingerprint_pinning(env: DevEnv, sim: Any) -> None:
+    good = PveApiClient(_cluster(env, ca_file=None, fingerprint=_leaf_fingerprint(sim.api_url)))
+    try:
+        assert (await good.request("GET", "/version"))["version"].startswith("8.")
+    finally:
+        await good.close()
+    bad = PveApiClient(_cluster(env, ca_file=None, fingerprint="00" * 32))
+    sim.clear_logs()
+    with pytest.raises(ToolError, match="does not match the pinned fingerprint"):
+        await bad.request("GET", "/version")
+    assert sim.requests_log() == []  # the token never went out
+
+
+async def test_tls_is_verified_by_default(env: DevEnv, sim: Any) -> None:
+    client = PveApiClient(_cluster(env, ca_file=None))  # system trust store: the simulator's CA is not in it
+    sim.clear_logs()
+    with pytest.raises(ToolError, match="unreachable"):
+        await client.request("GET", "/version")
+    await client.close()
+    assert sim.requests_log() == []
+
+
+async def test_verify_tls_off_is_explicit_and_logged(env: DevEnv, caplog: pytest.LogCaptureFixture) -> None:
+    client = PveApiClient(_cluster(env, ca_file=None, verify_tls=False))
+    with caplog.at_level(logging.WARNING, logger="pvegate.pve_api"):
+        assert await client.request("GET", "/version")
+    await client.close()
+    assert "TLS verification is OFF for cluster default" in caplog.text
+
+
+async def test_403_names_the_missing_privilege(
+    env: DevEnv, sim: Any, catalog: Catalog, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token_file = tmp_path / "auditor-token"
+    token_file.write_text(sim.tokens["auditor"])
+    client = PveApiClient(_cluster(env, token=SecretRef(file=token_file)))
+    rt = PveApiRuntime({"default": client}, TargetResolver({"default": client}))
+    tool = catalog.tools["vm_start"]
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(ToolError) as exc:
+            await rt.call(tool, {"vmid": 102}, CallContext("default"))
+    await rt.close()
+    assert str(exc.value) == "the gateway's Proxmox token lacks VM.PowerMgmt on /vms/102 (cluster default)"
+    assert sim.tokens["auditor"].split("=", 1)[1] not in caplog.text
+
+
+def _ssh_runtime(env: DevEnv, catalog: Catalog, **ssh_changes: Any) -> SshRuntime:
+    cl = env.config.clusters["default"]
+    assert cl.ssh is not None
+    cl = dataclasses.replace(cl, ssh=dataclasses.replace(cl.ssh, **ssh_changes))
+    client = PveApiClient(cl)
+    return SshRuntime({"default": cl}, TargetResolver({"default": client}), AllowList(catalog))
+
+
+async def test_changed_host_key_fails_closed(env: DevEnv, sim: Any, catalog: Catalog) -> None:
+    cl = env.config.clusters["default"]
+    assert cl.ssh is not None
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    nodes = {n: dataclasses.replace(c, host_key=other) for n, c in cl.ssh.nodes.items()}
+    rt = _ssh_runtime(env, catalog, nodes=nodes)
+    sim.clear_logs()
+    with pytest.raises(ToolError, match="does not match the pinned key"):
+        await rt.call(catalog.tools["node_qm_list"], {"node": "pve1"}, CallContext("default"))
+    await rt.close()
+    assert sim.ssh_log() == []
+
+
+async def test_output_cap_and_pool_reuse(env: DevEnv, catalog: Catalog) -> None:
+    rt = _ssh_runtime(env, catalog, max_output_bytes=64)
+    with pytest.raises(ToolError, match="exceeded the 64-byte cap"):
+        await rt.call(catalog.tools["node_qm_list"], {"node": "pve1"}, CallContext("default"))
+    await rt.close()
+    rt = _ssh_runtime(env, catalog)
+    for _ in range(3):
+        out = await rt.call(catalog.tools["node_pct_list"], {"node": "pve2"}, CallContext("default"))
+        assert {r["vmid"] for r in out.data} >= {"201", "202"}
+    assert len(rt.pool._conns) == 1  # one connection per node, reused
+    await rt.close()
+
+
+async def test_retries_only_for_reads(env: DevEnv, sim: Any, catalog: Catalog) -> None:
+    client = PveApiClient(_cluster(env))
+    rt = PveApiRuntime({"default": client}, TargetResolver({"default": client}))
+    try:
+        sim.set_faults(drop_rate=1.0, drop_path="^/(version|nodes/pve2/qemu/102/status/start)$")
+        sim.clear_logs()
+        with pytest.raises(ToolError):
+            await client.request("GET", "/version")
+        assert len([e for e in sim.requests_log() if e["path"].endswith("/version")]) == 3
+        sim.clear_logs()
+        with pytest.raises(ToolError):
+            await rt.call(catalog.tools["vm_start"], {"vmid": 102}, CallContext("default"))
+        assert len([e for e in sim.requests_log() if e["method"] == "POST"]) == 1  # a mutation is never retried
+    finally:
+        sim.set_faults(drop_rate=0.0, drop_path=None)
+        await rt.close()
