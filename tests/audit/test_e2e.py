@@ -227,7 +227,9 @@ async def test_sigkill_mid_load_loses_no_record(xsim: Any, tmp_path: Path, conne
                         return  # the gateway is gone
 
         workers = [asyncio.create_task(worker()) for _ in range(8)]
+        deadline = time.monotonic() + 30
         while answered < 60:
+            assert time.monotonic() < deadline and all(not w.done() for w in workers), "load did not run"
             await asyncio.sleep(0.01)
         opa_pids = _children(proc.pid)
         proc.send_signal(signal.SIGKILL)  # mid-load: calls are in every stage of the pipeline
