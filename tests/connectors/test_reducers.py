@@ -1,0 +1,71 @@
+"""check_ip_availability's verdict rule on hand-made check results (the e2e scenario always
+has an offline node, so "free" can only be shown here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.connectors import ToolError
+from gateway.connectors.reducers import check_ip_availability, storage
+
+GUESTS = [{"vmid": 100, "type": "qemu", "status": "running", "name": "web"}]
+NODES = [{"node": "pve1", "status": "online"}, {"node": "pve2", "status": "online"}]
+
+
+def fake(answers: dict[str, Any]) -> Any:
+    async def sub(name: str, args: dict[str, Any]) -> Any:
+        value = answers[name]
+        if isinstance(value, Exception):
+            raise value
+        return value(args) if callable(value) else value
+
+    return sub
+
+
+def base(**over: Any) -> dict[str, Any]:
+    answers: dict[str, Any] = {
+        "list_guests": GUESTS,
+        "get_guest_config": {"config": {"ipconfig0": "ip=10.0.0.5/24,gw=10.0.0.1"}},
+        "vm_agent_network": ToolError("QEMU guest agent is not running"),
+        "list_nodes": NODES,
+        "node_arp_table": [{"dst": "10.0.0.9", "state": ["FAILED"]}],
+        "node_ping": {"ok": False, "exit_status": 1},
+    }
+    answers.update(over)
+    return answers
+
+
+async def test_free_only_when_every_check_ran_and_agreed() -> None:
+    w: list[str] = []
+    out = await check_ip_availability(fake(base()), {"ip": "10.0.0.9"}, w)
+    assert out["status"] == "free" and out["evidence"] == [] and w == []
+
+
+async def test_a_failed_check_makes_it_unknown_never_free() -> None:
+    w: list[str] = []
+    out = await check_ip_availability(fake(base(node_ping=ToolError("ssh down"))), {"ip": "10.0.0.9"}, w)
+    assert out["status"] == "unknown" and w
+    out = await check_ip_availability(fake(base(list_nodes=[*NODES, {"node": "pve3", "status": "offline"}])),
+                                      {"ip": "10.0.0.9"}, [])  # fmt: skip
+    assert out["status"] == "unknown"
+
+
+async def test_any_sighting_is_in_use_even_when_partial() -> None:
+    out = await check_ip_availability(fake(base(node_ping=ToolError("ssh down"))), {"ip": "10.0.0.5"}, [])
+    assert out["status"] == "in_use" and "configured on guest 100 (web)" in out["evidence"]
+    arp = [{"dst": "10.0.0.9", "lladdr": "aa:bb", "state": ["STALE"]}]
+    out = await check_ip_availability(fake(base(node_arp_table=arp)), {"ip": "10.0.0.9"}, [])
+    assert out["status"] == "in_use"
+
+
+def test_storage_available_is_never_computed() -> None:
+    rows = storage(
+        [
+            {"storage": "a", "node": "n", "active": 1, "total": 100, "used": 40, "avail": 50, "content": "images"},
+            {"storage": "b", "node": "n", "active": 1, "total": 100, "used": 40, "content": "iso"},
+            {"storage": "c", "node": "n", "active": 0, "content": "backup"},
+        ],
+        {},
+    )
+    assert [r["available"] for r in rows] == [50, None, None]  # never 100 - 40
+    assert rows[2]["total"] is None and rows[2]["content"] == ["backup"]
