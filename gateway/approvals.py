@@ -436,6 +436,17 @@ def _state_word(state: str, expires_at: float) -> str:
     return state
 
 
+def _audit_target(target: dict[str, Any] | None) -> str | None:
+    """The audit's target key, as the pipeline writes it (cluster/type/vmid, cluster/node/name, cluster)."""
+    if not target:
+        return None
+    if target.get("vmid") is not None:
+        return f"{target.get('cluster')}/{target.get('type') or 'guest'}/{target['vmid']}"
+    if target.get("node"):
+        return f"{target.get('cluster')}/node/{target['node']}"
+    return str(target.get("cluster")) if target.get("cluster") else None
+
+
 def _tdesc(target: dict[str, Any]) -> str:
     return "/".join(str(target.get(k)) for k in ("cluster", "node", "vmid") if target.get(k) is not None)
 
@@ -512,7 +523,7 @@ class Approvals:
         if req is None:
             return None, f"approval refused: {why}"
         await self._audit(
-            request_id or req.id, "approval", principal.sub, req.tool, "consumed", {"approval_id": req.id}
+            request_id or req.id, "approval", principal.sub, req.tool, "consumed", {"approval_id": req.id}, req.target
         )
         return self.facts(req), None
 
@@ -576,6 +587,7 @@ class Approvals:
             tool.name,
             "requested" if created else "pending_reused",
             {"approval_id": pending.id, "expires_at": rfc3339(pending.expires_at), "reason": reason},
+            target,
         )
         how = self.how_to_approve(pending.id)
         text = (
@@ -638,7 +650,7 @@ class Approvals:
         if out.ok:
             body.update(state=out.state, approvals=out.approvals, needed=out.needed, token_minted=out.token is not None)
         outcome = {"approve": "approved", "deny": "denied"}[verdict] if out.ok else f"{verdict}_refused"
-        await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body)
+        await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target)
         return out
 
     async def withdraw(self, approval_id: str, by: str, note: str | None = None) -> VoteOutcome:
@@ -653,14 +665,22 @@ class Approvals:
             req.tool,
             "withdrawn" if out.ok else "withdraw_refused",
             {"approval_id": approval_id, "reasons": out.reasons, "note": note},
+            req.target,
         )
         return out
 
     async def _audit(
-        self, request_id: str, kind: str, who: str, tool: str | None, outcome: str, body: dict[str, Any]
+        self,
+        request_id: str,
+        kind: str,
+        who: str,
+        tool: str | None,
+        outcome: str,
+        body: dict[str, Any],
+        target: dict[str, Any] | None = None,
     ) -> None:
         if self.audit is not None:
-            await self.audit.append(AuditRecord(request_id, kind, who, tool, None, outcome, body))
+            await self.audit.append(AuditRecord(request_id, kind, who, tool, _audit_target(target), outcome, body))
 
     async def close(self) -> None:
         if self.store is not None:
