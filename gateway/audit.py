@@ -340,12 +340,13 @@ class AuditLog:
             sql += " WHERE request_id = ?"
             args = (request_id,)
         async with self._db.execute(sql + " ORDER BY seq", args) as cur:
-            out = []
-            async for r in cur:
-                d = dict(zip(COLUMNS, r, strict=True))
-                d["body"] = json.loads(d["body"])
-                out.append(d)
-            return out
+            fetched = await cur.fetchall()  # at once: no read stays open across the writer's awaits
+        out = []
+        for r in fetched:
+            d = dict(zip(COLUMNS, r, strict=True))
+            d["body"] = json.loads(d["body"])
+            out.append(d)
+        return out
 
     async def allowed_since(self, since: float) -> list[tuple[float, str, str]]:
         """(ts, principal, tool) of calls allowed (so executed) since `since`: usage counters' memory."""
@@ -355,7 +356,8 @@ class AuditLog:
             "AND principal IS NOT NULL AND tool IS NOT NULL ORDER BY ts"
         )
         async with self._db.execute(sql, (since,)) as cur:
-            return [(float(r[0]), str(r[1]), str(r[2])) async for r in cur]
+            fetched = await cur.fetchall()
+        return [(float(r[0]), str(r[1]), str(r[2])) for r in fetched]
 
 
 async def _tail_async(db: aiosqlite.Connection) -> tuple[int, str]:
