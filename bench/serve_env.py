@@ -38,6 +38,7 @@ def main() -> None:
     print(
         f"sim_ca={sim.ca_file}\npve_token={work / 'gw' / 'secrets' / 'default-pve-token'}\nworkdir={work}", flush=True
     )
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # sigwait needs them blocked
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make bench`: the side-by-side benchmark (bench/run.py -> docs/performance.md),
+# then the long resilience tests (soak, 200k-call runs) behind the `slow` marker.
+#   BENCH_ARGS="--seconds 5 --memory-calls 50000"  make bench   # a shorter run
+#   BENCH_SKIP_SLOW=1 make bench                                # benchmark only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v wrk >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo ">> installing wrk (Debian package)"
+    apt-get install -y wrk >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y wrk >/dev/null; }
+  else
+    echo "error: wrk is not installed; run: sudo apt-get install -y wrk" >&2
+    exit 2
+  fi
+fi
+
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+.venv/bin/python bench/run.py ${BENCH_ARGS:-}
+
+if [ -z "${BENCH_SKIP_SLOW:-}" ]; then
+  echo ">> slow resilience tests (soak)"
+  .venv/bin/pytest -q -m slow tests/resilience
+fi
