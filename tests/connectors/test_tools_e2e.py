@@ -329,3 +329,15 @@ def test_no_secret_reaches_the_audit_log(gateway: GatewayThread, env: DevEnv, si
     for secret in sim.tokens.values():
         assert secret.split("=", 1)[1].encode() not in raw
     assert PLANTED.encode() not in raw
+
+
+EXERCISED_ELSEWHERE = {
+    *(f"{k}_{op}" for k in ("vm", "lxc") for op in ("start", "stop", "shutdown", "reboot", "suspend", "resume")),
+    "snapshot_create", "backup_now", "guest_config_update", "guest_clone", "guest_migrate",
+    "get_task_status", "get_task_log", "get_ceph_status",
+}  # fmt: skip
+
+
+def test_every_tool_has_an_end_to_end_test(gateway: GatewayThread) -> None:
+    covered = {r[0] for r in READS} | {d[0] for d in DESTROY} | EXERCISED_ELSEWHERE
+    assert covered == set(gateway.components.catalog.tools)
