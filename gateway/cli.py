@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    for noisy in ("httpx", "httpx2", "asyncssh"):  # one line per request is not an operator log
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     handler: Handler = args.func
     try:
         return handler(args)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx2
@@ -11,14 +13,15 @@ from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 
 
-def mcp_client(
+@asynccontextmanager
+async def mcp_client(
     url: str,
     token: str | None,
     ca_file: Path | None,
     *,
     mode: str = "legacy",
     elicitation_callback: ElicitationFnT | None = None,
-) -> Client:
+) -> AsyncIterator[Client]:
     """An SDK Client speaking Streamable HTTP to `url`, verifying TLS against `ca_file`.
 
     mode: "legacy" (initialize handshake, 2025-11-25), "2026-07-28" (stateless, pinned) or
@@ -27,9 +30,13 @@ def mcp_client(
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
-    http = httpx2.AsyncClient(headers=headers, verify=verify, timeout=httpx2.Timeout(30.0))
-    return Client(
-        streamable_http_client(url, http_client=http),
-        mode=mode,  # type: ignore[arg-type]
-        elicitation_callback=elicitation_callback,
-    )
+    # A client we hand to the SDK is ours to close: its keep-alive connections would
+    # otherwise outlive the session and hold the server's graceful shutdown.
+    async with httpx2.AsyncClient(headers=headers, verify=verify, timeout=httpx2.Timeout(30.0)) as http:
+        client = Client(
+            streamable_http_client(url, http_client=http),
+            mode=mode,  # type: ignore[arg-type]
+            elicitation_callback=elicitation_callback,
+        )
+        async with client:
+            yield client

@@ -6,19 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import shutil
+import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import uvicorn
 
+from gateway.audit import verify as verify_audit
 from gateway.client import mcp_client
 from gateway.devenv import DevEnv, make_env
 from gateway.opa_sidecar import REPO_ROOT
 from gateway.server import uvicorn_config
 
-DEMO_DIR = REPO_ROOT / ".state" / "demo"
+DEMO_DIR = Path(os.environ.get("PVEGATE_DEMO_DIR") or REPO_ROOT / ".state" / "demo")
 
 
 @dataclass
@@ -57,38 +62,99 @@ def _text(result: Any) -> str:
     return " ".join(getattr(c, "text", "") for c in result.content)
 
 
-def scripted_steps(env: DevEnv) -> list[Step]:
+def _meta(result: Any) -> dict[str, Any]:
+    return dict(getattr(result, "meta", None) or {})
+
+
+def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
+    """An operator agent's session: read, a guard-rail denial, and a four-eyes approval."""
     agent = env.token("demo-agent", ["operator"])
-    stranger = env.token("demo-stranger", [])
+    alice = env.token("alice", ["approver"], groups=["sre-leads"], kind="human")
+    risky = ("vm_shutdown", {"node": "pve1", "vmid": 100, "timeout": 30})  # prod + HA: high risk
+    state: dict[str, str] = {}
+    verify = ssl.create_default_context(cafile=str(env.ca_file))
 
     async def list_tools() -> tuple[bool, str]:
         async with mcp_client(env.url, agent, env.ca_file) as client:
-            tools = await client.list_tools()
-        names = [t.name for t in tools.tools]
-        return "list_nodes" in names, f"demo-agent sees {len(names)} tools: {', '.join(names[:8])}..."
+            tools = (await client.list_tools()).tools
+        names = {t.name for t in tools}
+        hidden = "guest_delete" not in names  # operators may never delete guests, so they never see it
+        return "list_guests" in names and hidden, f"demo-agent sees {len(names)} tools (guest_delete hidden)"
 
     async def allowed_read() -> tuple[bool, str]:
         async with mcp_client(env.url, agent, env.ca_file) as client:
-            res = await client.call_tool("list_nodes", {})
+            res = await client.call_tool("list_guests", {})
         items = (res.structured_content or {}).get("items", [])
-        nodes = ", ".join(f"{n.get('node')}({n.get('status')})" for n in items)
-        return (not res.is_error and bool(items)), f"list_nodes allowed -> {nodes}"
+        prod = sum(1 for g in items if "prod" in (g.get("tags") or []))
+        return not res.is_error and bool(items), f"list_guests allowed: {len(items)} guests, {prod} tagged prod"
 
-    async def denied_call() -> tuple[bool, str]:
-        async with mcp_client(env.url, stranger, env.ca_file) as client:
-            res = await client.call_tool("list_nodes", {})
-        return res.is_error and "Denied by policy" in _text(res), f"no-role principal -> {_text(res)}"
+    async def guard_rail() -> tuple[bool, str]:
+        async with mcp_client(env.url, agent, env.ca_file) as client:
+            res = await client.call_tool("guest_delete", {"node": "pve2", "vmid": 107})
+        return res.is_error and "protected" in _text(res), _text(res)
+
+    async def needs_approval() -> tuple[bool, str]:
+        async with mcp_client(env.url, agent, env.ca_file) as client:
+            res = await client.call_tool(*risky)
+        meta = _meta(res)
+        state["approval"] = str(meta.get("pvegate/approval_id", ""))
+        ok = res.is_error and meta.get("pvegate/outcome") == "pending_approval" and bool(state["approval"])
+        return ok, _text(res)[:220] + "..."
+
+    async def self_approval() -> tuple[bool, str]:
+        async with httpx.AsyncClient(verify=verify) as http:
+            r = await http.post(
+                f"{admin_url}/admin/approvals/{state['approval']}/approve",
+                headers={"Authorization": f"Bearer {agent}"},
+                json={"note": "I approve myself"},
+            )
+        return (
+            r.status_code == 403,
+            f"the agent tries to approve its own request -> HTTP {r.status_code}: {r.text[:160]}",
+        )
+
+    async def alice_approves() -> tuple[bool, str]:
+        async with httpx.AsyncClient(verify=verify) as http:
+            r = await http.post(
+                f"{admin_url}/admin/approvals/{state['approval']}/approve",
+                headers={"Authorization": f"Bearer {alice}"},
+                json={"note": "planned maintenance"},
+            )
+        token = r.json().get("token", "") if r.status_code == 200 else ""
+        state["token"] = token
+        return bool(token), f"alice (sre-leads) approves -> HTTP {r.status_code}, one-time token issued (shown once)"
+
+    async def retry_with_token() -> tuple[bool, str]:
+        async with mcp_client(env.url, agent, env.ca_file) as client:
+            res = await client.call_tool(*risky, meta={"pvegate/approval": state["token"]})  # type: ignore[arg-type]
+        upid = str((res.structured_content or {}).get("upid", ""))
+        return not res.is_error and upid.startswith("UPID:"), f"retry with the token runs: {upid or _text(res)}"
+
+    async def replay() -> tuple[bool, str]:
+        async with mcp_client(env.url, agent, env.ca_file) as client:
+            res = await client.call_tool(*risky, meta={"pvegate/approval": state["token"]})  # type: ignore[arg-type]
+        return res.is_error and "used" in _text(res), f"replaying the token -> {_text(res)}"
+
+    async def audit_chain() -> tuple[bool, str]:
+        result = verify_audit(env.config.audit_path)
+        return result.ok, f"pvegate audit verify: {result.checked} records, chain intact={result.ok}"
 
     return [
         Step("tools/list as demo-agent (operator)", list_tools),
-        Step("an allowed read: list_nodes", allowed_read),
-        Step("a denied call: a principal with no role", denied_call),
+        Step("an allowed read", allowed_read),
+        Step("a guard-rail denial: delete a protected guest", guard_rail),
+        Step("a risky call needs a human: shut down a prod HA guest", needs_approval),
+        Step("four-eyes: the agent cannot approve itself", self_approval),
+        Step("an approver approves", alice_approves),
+        Step("the agent retries with the one-time token", retry_with_token),
+        Step("the token cannot be replayed", replay),
+        Step("the audit chain verifies", audit_chain),
     ]
 
 
 async def run_session(env: DevEnv) -> bool:
     ok = True
-    for i, step in enumerate(scripted_steps(env), 1):
+    for i, step in enumerate(scripted_steps(env, env.url.removesuffix("/mcp")), 1):
         try:
             passed, detail = await step.run()
         except Exception as exc:
@@ -105,6 +171,8 @@ async def _demo(oneshot: bool, port: int) -> int:
     sim = await asyncio.to_thread(start_simulator, "default", DEMO_DIR / "sim")
     try:
         say(f"   API {sim.api_url}; SSH nodes: {', '.join(sim.ssh_nodes) or 'none'}")
+        # a fresh audit and approval store each run; TLS and secrets are kept, so client configs stay valid
+        shutil.rmtree(DEMO_DIR / "state", ignore_errors=True)
         env = make_env(DEMO_DIR, {"default": sim}, port=port)
         say(">> starting OPA sidecar and gateway")
         server = uvicorn.Server(uvicorn_config(env.config))
