@@ -17,7 +17,7 @@ from gateway.auth import Principal
 from gateway.canonical import digest_json
 from gateway.catalog import ArgumentError, Tool, arguments_digest
 from gateway.components import Components
-from gateway.connectors import CallContext, ToolError
+from gateway.connectors import CallContext, Refused, ToolError
 from gateway.decisions import CONTRACT_VERSION, Decision
 from gateway.shaping import shape
 
@@ -154,6 +154,11 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     ctx = CallContext(cluster=cluster, dry_run=dry_run, request_id=req.request_id)
     try:
         output = await c.runtime(tool).call(tool, args, ctx)
+    except Refused as exc:  # nothing was sent: a refusal, not a failure
+        await c.audit.append(
+            AuditRecord(req.request_id, "refusal", who, tool.name, _tkey(target), "refused", {"error": str(exc)})
+        )
+        return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except ToolError as exc:
         await _audit_result(c, req, tool, target, "failed", started, {"error": str(exc)})
         return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)

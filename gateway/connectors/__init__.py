@@ -12,6 +12,10 @@ class ToolError(Exception):
     """The connector could not do what the tool asked; the message is safe for the client."""
 
 
+class Refused(ToolError):
+    """The runtime refused the request before anything left the gateway (e.g. an SSH allow-list miss)."""
+
+
 @dataclass
 class ToolOutput:
     data: Any

@@ -23,6 +23,7 @@ import jsonschema
 from gateway.catalog import PLACEHOLDER, Catalog, Tool
 from gateway.config import ClusterConfig, SSHConfig, SSHNodeConfig
 from gateway.connectors import CallContext, ToolError, ToolOutput
+from gateway.connectors import Refused as BaseRefused
 
 if TYPE_CHECKING:  # targets imports this module
     from gateway.targets import TargetResolver
@@ -33,7 +34,7 @@ UNSAFE = re.compile(r"[\s;&|<>()$`\\\"'*?\[\]{}!#~^=,%]")
 MAX_VALUE = 256
 
 
-class Refused(ToolError):
+class Refused(BaseRefused):
     """The argv is not on the allow-list; nothing was sent."""
 
 

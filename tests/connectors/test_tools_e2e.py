@@ -92,7 +92,7 @@ READS: list[tuple[str, dict[str, Any], Check]] = [
     ),
     ("list_backup_jobs", {}, lambda s: {"backup-prod-nightly", "backup-lab-weekly"} == {r["id"] for r in items(s)}),
     ("list_not_backed_up", {}, lambda s: isinstance(s["items"], list)),
-    ("list_snapshots", {"vmid": 100}, lambda s: [r["name"] for r in items(s)] == ["pre-upgrade"]),
+    ("list_snapshots", {"vmid": 100}, lambda s: [r["name"] for r in items(s)] == ["pre_upgrade"]),
     ("list_tasks", {"node": "pve1"}, lambda s: isinstance(s["items"], list)),
     ("list_tasks", {}, lambda s: "collected_at" in s and any("pve3" in w for w in s["warnings"])),
     ("node_arp_table", {"node": "pve1"}, lambda s: any(r["dst"] == "10.10.1.100" for r in items(s))),

@@ -67,7 +67,7 @@ def _connector_endpoints() -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
-SAMPLE = {"node": "pve1", "storage": "local", "snapname": "pre-upgrade", "upid": None}
+SAMPLE = {"node": "pve1", "storage": "local", "snapname": "pre_upgrade", "upid": None}
 GUESTS = {"qemu": 100, "lxc": 200}
 
 
