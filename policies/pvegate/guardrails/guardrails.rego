@@ -109,12 +109,24 @@ window_text(w) := sprintf(
 hidden_from_list(tool, shape) if {
 	shape in agent_hidden_shapes
 } else if {
+	shape in deny_rule_shapes
 	some c in lister_deny_rules
 	lib.compiled_matches(c, tool)
 }
 
+# shapes of listed tools that some of the lister's deny rules admit
+# regal ignore:prefer-set-or-object-rule
+deny_rule_shapes := {shape |
+	some c in lister_deny_rules
+	some shape in rbac.listed_shapes
+	count({shape[0], "*"} & c.effects) > 0
+	count({shape[1], "*"} & c.domains) > 0
+	count({shape[2], "*"} & c.scopes) > 0
+}
+
 # shapes [effect, domain, scope] of listed tools agents may not use
-agent_hidden_shapes contains shape if {
+# regal ignore:prefer-set-or-object-rule
+agent_hidden_shapes := {shape |
 	input.principal.kind == "agent"
 	some shape in rbac.listed_shapes
 	shape[0] in lib.mutating_effects

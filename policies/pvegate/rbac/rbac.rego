@@ -212,6 +212,43 @@ plain_shapes contains shape if {
 	not role_denies_in(ids, id[0])
 }
 
+# plain_grants: shape -> roles granting it with a selector that constrains
+# neither name nor tags. (Complete rules here and below on purpose: computed
+# once per query, then looked up per tool.)
+# regal ignore:prefer-set-or-object-rule
+plain_grants := {shape: roles |
+	some shape, ids in shape_ids
+	roles := {id[0] |
+		some id in ids
+		id[1] == "allow"
+		"*" in lister_selectors[id].tool_tags
+		lister_selectors[id].any_name
+	}
+	count(roles) > 0
+}
+
+# name_denies: [shape, role] -> the role's deny selectors admitting the shape,
+# merged into one name matcher, when none of them looks at tags
+# regal ignore:prefer-set-or-object-rule
+name_denies := {[shape, role]: merged |
+	some shape, roles in plain_grants
+	some role in roles
+	denies := [lister_selectors[id] | some id in shape_ids[shape]; id[0] == role; id[1] == "deny"]
+	count(denies) > 0
+	every c in denies {
+		"*" in c.tool_tags
+	}
+	merged := {
+		"any_name": any_true([c.any_name | some c in denies]),
+		"names": {n | some c in denies; some n in c.names},
+		"patterns": [p | some c in denies; some p in c.patterns],
+	}
+}
+
+default any_true(_) := false
+
+any_true(bools) if true in bools
+
 role_denies_in(ids, role) if {
 	some id in ids
 	id[0] == role
@@ -222,6 +259,10 @@ role_denies_in(ids, role) if {
 # and that role does not deny it; shape is [effect, domain, scope] of the tool.
 tool_visible(tool, shape) if {
 	shape in plain_shapes
+} else if {
+	# a role grants the shape outright and only denies some names there
+	some role in plain_grants[shape]
+	not lib.name_hit(name_denies[[shape, role]], tool.name)
 } else if {
 	ids := shape_ids[shape]
 	some id in ids

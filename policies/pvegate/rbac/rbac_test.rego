@@ -129,3 +129,18 @@ test_may_approve if {
 	rbac.may_approve(fx.bob, fx.prod_guest)
 	not rbac.may_approve(fx.agent, fx.prod_guest)
 }
+
+test_listing_name_denies_in_plain_shapes if {
+	org := {
+		"roles": {"r": {
+			"allow": [{"effects": ["write"]}],
+			"deny": [{"tools": ["vm_stop", "lxc_*"]}, {"tools": ["*"], "domains": ["snapshot"]}],
+		}},
+		"bindings": [{"role": "r", "subjects": ["mallory"]}],
+	}
+	snap_create := fx.tool("snapshot_create", "snapshot", "write", "guest", [])
+	vm_start := fx.tool("vm_start", "guest", "write", "guest", [])
+	tools := [fx.vm_stop, fx.lxc_start, snap_create, vm_start]
+	v := data.pvegate.visible_tools with input as fx.listing_input(fx.nobody, tools) with data.data as org
+	v == {"vm_start"}
+}
