@@ -91,6 +91,8 @@ class OPASidecar:
             if self.verification_key is not None:
                 cmd += ["--verification-key", str(self.verification_key)]
         else:
+            # a policy directory also holds tests, golden cases and lint config: not policy
+            cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
             cmd += [str(p) for p in self.policies]
         return cmd
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,19 +281,15 @@ def test_visible_tools_per_role(opa: OPASidecar) -> None:
     assert not errors, errors[0].message
 
 
-def test_visible_tools_fast_with_500_tools(opa: OPASidecar) -> None:
-    """tools/list is one query; with 500 tools OPA's own eval time stays small."""
-    listing = _listing("demo-agent", [], "agent", _catalog(500), ["operator"])
-    post(opa, "pvegate/visible_tools", listing)  # warm up
-    evals = []
-    for _ in range(7):
-        body = post(opa, "pvegate/visible_tools", listing)
-        evals.append(body["metrics"]["timer_rego_query_eval_ns"] / 1e6)
-        assert 0 < len(body["result"]) < 500
-    median = statistics.median(evals)
-    print(f"visible_tools over 500 tools: median OPA eval {median:.1f} ms (runs: {[round(e, 1) for e in evals]})")
-    # the design target is <= 20 ms; the bound leaves room for a loaded 2-core CI machine
-    assert median < 60, f"median eval {median:.1f} ms"
+def test_visible_tools_with_500_tools(opa: OPASidecar) -> None:
+    """tools/list over a 500-tool catalog is one query with the right answer (its speed is
+    measured by `make bench`, never asserted here)."""
+    catalog = _catalog(500)
+    body = post(opa, "pvegate/visible_tools", _listing("demo-agent", [], "agent", catalog, ["operator"]))
+    visible = set(body["result"])
+    by_name = {t["name"]: t for t in catalog}
+    assert 0 < len(visible) < 500
+    assert not any(by_name[n]["scope"] == "node" and by_name[n]["effect"] != "read" for n in visible)
 
 
 # --- approvals ----------------------------------------------------------------------
