@@ -15,7 +15,6 @@ import jwt
 
 from gateway.devenv import AUDIENCE, ISSUER, DevEnv
 
-
 ATTACKER = "attacker-chosen-hmac-key-0123456789abcdef"
 
 
@@ -52,6 +51,7 @@ def unsigned(payload: dict[str, Any], alg: str = "none") -> str:
 
 def authorization(variant: str, env: DevEnv, sub: str) -> str | list[str] | None:
     good = sign(env, claims(sub))
+    admin_claims = claims(sub, roles=["admin"], groups=["pve-admins"], pvegate_kind="human")
     h, p, s = good.split(".")
     now = int(time.time())
     table: dict[str, Any] = {
@@ -81,7 +81,7 @@ def authorization(variant: str, env: DevEnv, sub: str) -> str | list[str] | None
         "sub_int": "Bearer " + sign(env, claims(sub, sub=12345)),
         "no_exp": "Bearer " + sign(env, claims(sub, exp=None)),
         # the operator's real signature over a payload that now claims admin
-        "tampered_payload_admin": f"Bearer {h}.{_b64(claims(sub, roles=['admin'], groups=['pve-admins'], pvegate_kind='human'))}.{s}",
+        "tampered_payload_admin": f"Bearer {h}.{_b64(admin_claims)}.{s}",
         "spliced_signature": f"Bearer {h}.{p}." + sign(env, claims("someone-else")).split(".")[2],
         "truncated_signature": f"Bearer {h}.{p}.{s[:-4]}",
         # key-location headers pointing at attacker material, signed with the attacker's key:
@@ -98,7 +98,7 @@ def authorization(variant: str, env: DevEnv, sub: str) -> str | list[str] | None
         + jwt.encode(claims(sub), ATTACKER, algorithm="HS256").split(".")[2],
         "crit_header": "Bearer " + sign(env, claims(sub), headers={"crit": ["exp"], "exp": 1}),
         "roles_string": "Bearer " + sign(env, claims(sub, roles="admin")),
-        "unicode_sub": "Bearer " + sign(env, claims("аdmin\u202e")),
+        "unicode_sub": "Bearer " + sign(env, claims("\u0430dmin\u202e")),
         "token_in_query": None,  # the runner puts the token in ?access_token= instead
         "two_auth_headers": ["Bearer " + unsigned(claims(sub, roles=["admin"])), "Bearer " + good],
         "bearer_with_trailing_data": "Bearer " + good + ", Bearer " + good,
