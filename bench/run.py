@@ -41,6 +41,7 @@ BENCH = ROOT / "bench"
 DOC = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 PY = sys.executable
+HZ = os.sysconf("SC_CLK_TCK")
 N_PRINCIPALS = 1000  # service principals the load rotates through (quotas are per principal)
 
 
@@ -62,6 +63,21 @@ class Proc:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         return 0
+
+    def cpu_ticks(self) -> int:
+        """utime+stime of the process and its children still running (pvegate's OPA sidecar)."""
+        pids = [self.popen.pid]
+        children = Path(f"/proc/{self.popen.pid}/task/{self.popen.pid}/children")
+        if children.exists():
+            pids += [int(p) for p in children.read_text().split()]
+        total = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+        return total
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -268,7 +284,12 @@ def run(a: argparse.Namespace) -> Results:
             if c % 2 == 0:
                 order.reverse()
             for side, url, args in order:
+                server = gw if side == "A" else base
+                ticks = server.cpu_ticks()
                 row[side] = wrk(url, script, args, c, a.seconds)
+                # CPU per call of the server under test (A: gateway + its OPA sidecar): steadier than req/s
+                # on a shared machine, since it does not depend on what else competes for the cores
+                row[side]["cpu_ms_per_call"] = (server.cpu_ticks() - ticks) * 1000 / HZ / max(1, row[side]["requests"])
                 if side == "A":
                     calls_a += row[side]["requests"]
                 log(
@@ -410,14 +431,15 @@ def report(r: Results, command: str) -> str:
         "generator, pvegate, its OPA sidecar, the baseline and the simulator share all cores.",
         "",
         "| concurrency | A req/s | A p50 ms | A p99 ms | B req/s | B p50 ms | B p99 ms | A/B throughput | "
-        "direct sim req/s | direct p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "A CPU ms/call | B CPU ms/call | direct sim req/s | direct p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in r.levels:
         A, B, S = row["A"], row["B"], row["sim"]
         lines.append(
             f"| {row['c']} | {A['rps']:.0f} | {ms(A['p50_us'])} | {ms(A['p99_us'])} | {B['rps']:.0f} | "
-            f"{ms(B['p50_us'])} | {ms(B['p99_us'])} | {row['ratio']:.2f}x | {S['rps']:.0f} | {ms(S['p99_us'])} |"
+            f"{ms(B['p50_us'])} | {ms(B['p99_us'])} | {row['ratio']:.2f}x | {A['cpu_ms_per_call']:.2f} | "
+            f"{B['cpu_ms_per_call']:.2f} | {S['rps']:.0f} | {ms(S['p99_us'])} |"
         )
     errs = [(row["c"], side, row[side]["requests"] - row[side]["ok"]) for row in r.levels for side in ("A", "B")]
     bad = [e for e in errs if e[2]]
