@@ -80,7 +80,7 @@ class OPASidecar:
             f"127.0.0.1:{self.port}",
             "--log-level",
             "error",
-            "--disable-telemetry",
+            "--skip-version-check",
         ]
         if self.decision_logs:
             # Console decision logs give every answer a decision_id; system.log.mask
