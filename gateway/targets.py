@@ -34,15 +34,15 @@ class TargetResolver:
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def _index(self, cluster: str) -> dict[str, Any]:
+    async def _index(self, cluster: str, fresh: bool = False) -> dict[str, Any]:
         now = time.monotonic()
         hit = self._cache.get(cluster)
-        if hit and now - hit[0] < self.ttl:
+        if hit and not fresh and now - hit[0] < self.ttl:
             return hit[1]
         lock = self._locks.setdefault(cluster, asyncio.Lock())
         async with lock:
             hit = self._cache.get(cluster)
-            if hit and time.monotonic() - hit[0] < self.ttl:
+            if hit and not fresh and time.monotonic() - hit[0] < self.ttl:
                 return hit[1]
             rows = await self.clients[cluster].request("GET", "/cluster/resources")
             index: dict[str, Any] = {"guests": {}, "nodes": {}}
@@ -76,7 +76,10 @@ class TargetResolver:
         if not (vmid_param in arguments or node_param in arguments) or cluster not in self.clients:
             return target
         try:
-            index = await self._index(cluster)
+            # A mutation is decided on facts read now, not up to `ttl` old: a guest tagged
+            # protected (or moved out of a pool) in Proxmox a moment ago must not be
+            # destroyed on the strength of the cached tags. Reads keep the cache.
+            index = await self._index(cluster, fresh=tool.effect != "read")
         except Exception:  # a failed lookup leaves the target unknown; policy decides what that means
             return target
         if vmid_param and vmid_param in arguments:
