@@ -349,10 +349,11 @@ class AuditLog:
         return out
 
     async def allowed_since(self, since: float) -> list[tuple[float, str, str]]:
-        """(ts, principal, tool) of calls allowed (so executed) since `since`: usage counters' memory."""
+        """(ts, principal, tool) of calls allowed or held for approval since `since`: usage counters' memory."""
         assert self._db is not None
         sql = (
-            "SELECT ts, principal, tool FROM audit WHERE ts >= ? AND kind = 'decision' AND outcome = 'allow' "
+            "SELECT ts, principal, tool FROM audit WHERE ts >= ? AND kind = 'decision' "
+            "AND outcome IN ('allow', 'pending') "
             "AND principal IS NOT NULL AND tool IS NOT NULL ORDER BY ts"
         )
         async with self._db.execute(sql, (since,)) as cur:

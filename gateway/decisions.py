@@ -146,7 +146,10 @@ class DecisionClient:
             return Decision.fail_closed(f"decision does not match the contract at {where}: {errors[0].message}")
         metrics = envelope.get("metrics") or {}
         return Decision(
-            allow=bool(result["allow"]),
+            # defence in depth against a policy bug: a deny reason, or an unmet approval, always wins
+            allow=bool(result["allow"])
+            and not result["deny"]
+            and not ((result.get("approval") or {}).get("required") and not result["approval"].get("satisfied")),
             deny=tuple(result["deny"]),
             risk=result.get("risk") or {},
             approval=result.get("approval") or {},

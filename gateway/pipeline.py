@@ -100,6 +100,7 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
             )
         )
         return CallResult("denied", approval_error, is_error=True)
+    usage, slot = c.usage.reserve(who, tool.name)  # counts and slot in one step: quotas cannot be raced
     input_doc = {
         "contract_version": CONTRACT_VERSION,
         "kind": "call",
@@ -110,7 +111,7 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         "arguments_digest": digest,
         "target": target,
         "approval": approval,
-        "usage": c.usage.counts(who, tool.name),
+        "usage": usage,
         "dry_run": bool(req.meta.get("dry_run", False)),
     }
     decision = await c.decisions.decide(input_doc)
@@ -139,9 +140,10 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         ),
     )  # committed before anything reaches Proxmox
 
-    if decision.approval_required:
+    if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
         return await c.approvals.pending_result(req, tool, args, digest, target, decision)
     if not decision.allow:
+        c.usage.release(who, tool.name, slot)
         return CallResult(
             "denied",
             "Denied by policy: " + "; ".join(decision.deny),
@@ -149,7 +151,6 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
             structured={"allowed": False, "reasons": list(decision.deny)},
         )
 
-    c.usage.record(who, tool.name)
     dry_run = bool(decision.obligations.get("dry_run")) or bool(input_doc["dry_run"])
     ctx = CallContext(cluster=cluster, dry_run=dry_run, request_id=req.request_id)
     try:
@@ -162,6 +163,11 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     except ToolError as exc:
         await _audit_result(c, req, tool, target, "failed", started, {"error": str(exc)})
         return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)
+    except Exception as exc:  # a bug after the decision: the request may have reached Proxmox, so say so
+        await _audit_result(
+            c, req, tool, target, "failed", started, {"error": f"internal error ({type(exc).__name__})"}
+        )
+        raise
     structured, warnings = shape(tool, output.data, decision.obligations)
     if warnings or output.warnings:
         structured["warnings"] = output.warnings + warnings

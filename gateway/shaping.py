@@ -47,13 +47,14 @@ def redact_path(doc: Any, parts: list[str]) -> None:
 
 
 def drop_sensitive(doc: Any, names: frozenset[str]) -> Any:
-    """Remove sensitive keys at any depth (connector-declared, never returned)."""
+    """Remove sensitive keys at any depth (connector-declared, never returned), and
+    key/value rows naming one (PVE's pending-config rows are {"key": ..., "value": ...})."""
     if not names:
         return doc
     if isinstance(doc, dict):
         return {k: drop_sensitive(v, names) for k, v in doc.items() if k not in names}
     if isinstance(doc, list):
-        return [drop_sensitive(v, names) for v in doc]
+        return [drop_sensitive(v, names) for v in doc if not (isinstance(v, dict) and v.get("key") in names)]
     return doc
 
 

@@ -34,7 +34,23 @@ class UsageCounters:
     def record(self, principal: str, tool: str, when: float | None = None) -> None:
         when = time.time() if when is None else when
         for key in ((principal, tool), (principal, "*")):
-            self._calls[key].append(when)
+            bisect.insort(self._calls[key], when)
+
+    def reserve(self, principal: str, tool: str) -> tuple[dict[str, dict[str, int]], float]:
+        """Read the counts and take a slot in one step (no await in between), so concurrent
+        calls each see the ones before them; a quota cannot be raced past."""
+        now = time.time()
+        counts = self.counts(principal, tool, now)
+        self.record(principal, tool, now)
+        return counts, now
+
+    def release(self, principal: str, tool: str, when: float) -> None:
+        """Give back a slot taken by reserve() for a call that was denied."""
+        for key in ((principal, tool), (principal, "*")):
+            times = self._calls[key]
+            i = bisect.bisect_left(times, when)
+            if i < len(times) and times[i] == when:
+                del times[i]
 
     def load(self, calls: list[tuple[float, str, str]]) -> None:
         """Seed the counters with (time, principal, tool) of calls executed before a restart."""
