@@ -8,7 +8,10 @@ BIN="$ROOT/.tools/bin"
 mkdir -p "$BIN"
 
 have_version() { # $1=binary; succeeds when it reports the pinned version
-  "$1" version 2>/dev/null | grep -q "^Version: ${OPA_VERSION#v}\$"
+  # capture first: with pipefail, `grep -q` closing the pipe early would fail the check
+  local out
+  out="$("$1" version 2>/dev/null)" || return 1
+  grep -q "^Version: ${OPA_VERSION#v}\$" <<<"$out"
 }
 
 if [ -x "$BIN/opa" ] && have_version "$BIN/opa"; then
