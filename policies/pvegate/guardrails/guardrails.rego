@@ -7,6 +7,7 @@
 #     role grants the call, in which case it needs an approval instead;
 #   - agents never mutate node-scope (configurable) tools;
 #   - no mutation of a guest the gateway could not resolve;
+#   - no removal of the tags other rules depend on (protected, risk-bearing);
 #   - the organisation's extra deny rules from data.
 package pvegate.guardrails
 
@@ -64,6 +65,23 @@ deny contains msg if {
 	)
 }
 
+# The tags that guard rails and risk read are not taken off through the gateway:
+# otherwise the agent they constrain could disarm them (untag, then delete).
+deny contains msg if {
+	mutation
+	"tags" in object.keys(input.arguments)
+	some tag in lib.tags_of(input.target)
+	tag in guarded_tags
+	not tag in requested_tags
+	msg := sprintf(
+		concat("", [
+			"removing the tag %q from guest %v would weaken the guard rails that depend on it; ",
+			"keep it in the new tags, or change guard-rail tags through change management",
+		]),
+		[tag, input.target.vmid],
+	)
+}
+
 # the organisation's deny rules
 deny contains msg if {
 	some rule in config.deny_rules
@@ -72,6 +90,17 @@ deny contains msg if {
 }
 
 mutation if input.tool.effect in lib.mutating_effects
+
+# tags that decide what other rules do: protected ones, and the ones that carry risk points
+guarded_tags contains tag if some tag in config.protected_tags
+
+guarded_tags contains tag if some tag, _ in config.risk.target_tag_points
+
+# the tag list a call asks for (PVE separates tags with ';', and accepts ',' and spaces)
+requested_tags contains tag if {
+	some tag in regex.split(`[;, ]+`, input.arguments.tags)
+	tag != ""
+}
 
 target_known if input.target.known == true
 

@@ -94,3 +94,32 @@ test_target_dependent_deny_rule_does_not_hide if {
 	rules := [{"name": "no-prod", "target_tags": ["prod"], "tools": ["vm_stop"]}]
 	not hidden(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as rules
 }
+
+config_update := {
+	"name": "guest_config_update", "title": "guest_config_update", "connector": "pve_api",
+	"domain": "guest", "effect": "write", "tags": ["config"], "scope": "guest",
+}
+
+with_tags(inp, tags) := object.union(inp, {"arguments": {"vmid": inp.target.vmid, "tags": tags}})
+
+test_removing_protected_tag_denied if {
+	inp := with_tags(fx.call(fx.agent, config_update, fx.protected_guest), "prod")
+	reasons := guardrails.deny with input as inp
+	fx.has_reason(reasons, "removing the tag \"protected\" from guest 102")
+}
+
+test_removing_risk_tag_denied if {
+	inp := with_tags(fx.call(fx.agent, config_update, fx.protected_guest), "protected;db")
+	reasons := guardrails.deny with input as inp
+	fx.has_reason(reasons, "removing the tag \"prod\" from guest 102")
+}
+
+test_keeping_guarded_tags_and_adding_others_allowed if {
+	inp := with_tags(fx.call(fx.agent, config_update, fx.protected_guest), "db,prod protected;web")
+	count(guardrails.deny) == 0 with input as inp
+}
+
+test_config_update_without_tags_is_not_a_tag_change if {
+	inp := object.union(fx.call(fx.agent, config_update, fx.protected_guest), {"arguments": {"vmid": 102, "cores": 2}})
+	count(guardrails.deny) == 0 with input as inp
+}
