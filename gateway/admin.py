@@ -230,9 +230,11 @@ async def audit_records(request: Request) -> Response:
 
 
 async def approvals_list(request: Request) -> Response:
-    who = await _caller(request)
-    if isinstance(who, JSONResponse):
-        return who
+    # the whole queue (every requester's tools, targets, arguments) is the operator's view;
+    # a principal reaches one request by its unguessable id, as the approval page does
+    refused = await operator(request)
+    if refused is not None:
+        return refused
     store = _approvals(request).store
     if store is None:
         return _err(404, "not_enabled", "approvals are not enabled")
