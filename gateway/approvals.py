@@ -25,6 +25,7 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -210,6 +211,17 @@ class NotFound(Exception):
     """No approval request with that id."""
 
 
+def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
+    groups: set[str] = set()
+    for v in votes:
+        try:
+            facts = json.loads(v.get("approver_facts") or "{}")
+        except ValueError:
+            continue
+        groups.update(g for g in facts.get("qualified_groups") or [] if isinstance(g, str))
+    return sorted(groups)
+
+
 class ApprovalStore:
     """The approval tables, on their own connection to the audit database file."""
 
@@ -281,7 +293,8 @@ class ApprovalStore:
             raise NotFound(request_id)
         req = ApprovalRequest.from_row(rows[0])
         req.votes = await self._rows(
-            "SELECT approver, verdict, at, note, opa_decision_id FROM approval_votes WHERE request_id = ? ORDER BY at",
+            "SELECT approver, approver_facts, verdict, at, note, opa_decision_id FROM approval_votes "
+            "WHERE request_id = ? ORDER BY at",
             (request_id,),
         )
         return req
@@ -340,7 +353,13 @@ class ApprovalStore:
         return await self.get(str(row[0])), False
 
     async def vote(
-        self, request_id: str, approver: Principal, verdict: str, decision_id: str | None, note: str | None
+        self,
+        request_id: str,
+        approver: Principal,
+        verdict: str,
+        decision_id: str | None,
+        note: str | None,
+        qualified_groups: Sequence[str] = (),
     ) -> VoteOutcome:
         """Record an OPA-approved vote; completes the request when enough approvals are in."""
         now = time.time()
@@ -359,7 +378,15 @@ class ApprovalStore:
             try:
                 await db.execute(
                     "INSERT INTO approval_votes VALUES (?,?,?,?,?,?,?)",
-                    (request_id, approver.sub, canonical_json(approver.as_input()), verdict, now, decision_id, note),
+                    (
+                        request_id,
+                        approver.sub,
+                        canonical_json({**approver.as_input(), "qualified_groups": list(qualified_groups)}),
+                        verdict,
+                        now,
+                        decision_id,
+                        note,
+                    ),
                 )
             except aiosqlite.IntegrityError:
                 return VoteOutcome(False, state, reasons=[f"{approver.sub} has already voted on {request_id}"])
@@ -533,7 +560,9 @@ class Approvals:
         return {
             "id": req.id,
             "approvers": [v["approver"] for v in req.approvals],
-            "approver_groups": list(req.approver_groups),
+            # the groups the approving voters belonged to when OPA let them vote, not the
+            # groups the request asked for: the policy checks them against what it requires now
+            "approver_groups": _voter_groups(req.approvals),
             "approved_at": rfc3339(req.decided_at or time.time()),
             "tool": req.tool,
             "arguments_digest": req.arguments_digest,
@@ -641,11 +670,11 @@ class Approvals:
         if req.state != "pending":
             out = VoteOutcome(False, req.state, reasons=[f"request {approval_id} is {req.state}"])
         else:
-            allowed, reasons, decision_id = await self.decisions.may_approve(approve_input(req, approver, verdict))
-            if not allowed:
-                out = VoteOutcome(False, req.state, reasons=reasons or ["denied by the approver policy"])
+            verdict_ = await self.decisions.may_approve(approve_input(req, approver, verdict))
+            if not verdict_.allowed:
+                out = VoteOutcome(False, req.state, reasons=verdict_.reasons or ["denied by the approver policy"])
             else:
-                out = await self.store.vote(approval_id, approver, verdict, decision_id, note)
+                out = await self.store.vote(approval_id, approver, verdict, verdict_.decision_id, note, verdict_.groups)
         body: dict[str, Any] = {"approval_id": approval_id, "verdict": verdict, "ok": out.ok, "reasons": out.reasons}
         if out.ok:
             body.update(state=out.state, approvals=out.approvals, needed=out.needed, token_minted=out.token is not None)

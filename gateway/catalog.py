@@ -132,9 +132,13 @@ def _short(message: str) -> str:
     return message if len(message) <= 200 else message[:200] + "…"
 
 
-def arguments_digest(tool: str, arguments: dict[str, Any]) -> str:
-    """SHA-256 over canonical JSON of the tool name and its validated arguments."""
-    canonical = json.dumps({"tool": tool, "arguments": arguments}, sort_keys=True, separators=(",", ":"))
+def arguments_digest(tool: str, arguments: dict[str, Any], *, dry_run: bool = False) -> str:
+    """SHA-256 over canonical JSON of the tool name and its validated arguments; a dry run
+    digests differently, so an approval granted for a rehearsal never runs the real call."""
+    doc: dict[str, Any] = {"tool": tool, "arguments": arguments}
+    if dry_run:
+        doc["dry_run"] = True
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -62,6 +62,13 @@ class Decision:
         return cls(allow=False, deny=(f"denied: policy decision unavailable ({reason})",), failed_closed=True)
 
 
+class ApproverVerdict(NamedTuple):
+    allowed: bool
+    reasons: list[str]
+    decision_id: str | None
+    groups: list[str]  # the request's approver groups this approver qualified through
+
+
 class PolicyError(Exception):
     """OPA gave no usable answer; the message is safe to show to a client."""
 
@@ -90,6 +97,7 @@ class DecisionClient:
                 "properties": {
                     "allow": {"type": "boolean"},
                     "deny": {"type": "array", "items": {"type": "string"}},
+                    "groups": {"type": "array", "items": {"type": "string"}},
                 },
             }
         )
@@ -170,12 +178,15 @@ class DecisionClient:
             return set()
         return set(result)
 
-    async def may_approve(self, input_doc: dict[str, Any]) -> tuple[bool, list[str], str | None]:
-        """(allowed, reasons, decision_id) for an approver acting on a pending request."""
+    async def may_approve(self, input_doc: dict[str, Any]) -> ApproverVerdict:
+        """May an approver act on a pending request, and through which of its groups."""
         try:
             result, envelope = await self.query(APPROVER_PATH, input_doc)
         except PolicyError as exc:
-            return False, [f"denied: policy decision unavailable ({exc})"], None
+            return ApproverVerdict(False, [f"denied: policy decision unavailable ({exc})"], None, [])
         if list(self._approver_validator.iter_errors(result)):
-            return False, ["denied: approver decision does not match the contract"], None
-        return bool(result["allow"]) and not result["deny"], list(result["deny"]), envelope.get("decision_id")
+            return ApproverVerdict(False, ["denied: approver decision does not match the contract"], None, [])
+        allowed = bool(result["allow"]) and not result["deny"]
+        return ApproverVerdict(
+            allowed, list(result["deny"]), envelope.get("decision_id"), list(result.get("groups", []))
+        )

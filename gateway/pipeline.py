@@ -82,7 +82,7 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         )
         return CallResult("invalid", str(exc), is_error=True)
 
-    digest = arguments_digest(tool.name, args)
+    digest = arguments_digest(tool.name, args, dry_run=bool(req.meta.get("dry_run", False)))
     target = await c.targets.resolve(tool, args, cluster)
     approval, approval_error = await c.approvals.redeem(
         req.meta, req.principal, tool.name, digest, target, request_id=req.request_id

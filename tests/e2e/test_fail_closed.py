@@ -58,8 +58,8 @@ async def test_broken_policies_deny(broken_opa: tuple[str, str]) -> None:
         assert d.allow is False and d.failed_closed
         assert EXPECTED[name] in d.deny[0], d.deny
         assert await client.visible_tools({"kind": "list"}) == set()
-        ok, reasons, _ = await client.may_approve({"kind": "approve"})
-        assert ok is False and reasons
+        verdict = await client.may_approve({"kind": "approve"})
+        assert verdict.allowed is False and verdict.reasons
     finally:
         await client.close()
 

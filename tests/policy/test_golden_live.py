@@ -329,7 +329,7 @@ def test_approver_four_eyes(opa: OPASidecar) -> None:
     }
     ok = _approve(alice, "demo-agent", [])
     assert not list(validator("approve_input").iter_errors(ok))
-    assert post(opa, "pvegate/approver/decision", ok)["result"] == {"allow": True, "deny": []}
+    assert post(opa, "pvegate/approver/decision", ok)["result"] == {"allow": True, "deny": [], "groups": ["sre-leads"]}
     own = post(opa, "pvegate/approver/decision", _approve(alice, "alice", []))["result"]
     assert own["allow"] is False and any("four-eyes" in r for r in own["deny"])
     bob = {**alice, "sub": "bob", "groups": []}

@@ -35,3 +35,27 @@ def test_released_slot_no_longer_counts() -> None:
     counts, _ = usage.reserve("agent", "vm_reboot")
     assert counts["tool"]["1m"] == 1 and counts["all"]["1m"] == 1
     assert a <= b
+
+
+def test_dry_run_digests_differently() -> None:
+    from gateway.catalog import arguments_digest
+
+    args = {"node": "pve1", "vmid": 100}
+    assert arguments_digest("vm_stop", args) != arguments_digest("vm_stop", args, dry_run=True)
+    assert arguments_digest("vm_stop", args) == arguments_digest("vm_stop", dict(reversed(args.items())))
+
+
+def test_approval_facts_report_the_voters_groups() -> None:
+    import json
+
+    from gateway.approvals import _voter_groups
+
+    votes = [
+        {
+            "approver": "bob",
+            "verdict": "approve",
+            "approver_facts": json.dumps({"groups": [], "qualified_groups": ["ops-approvers"]}),
+        },
+        {"approver": "eve", "verdict": "approve", "approver_facts": "not json"},
+    ]
+    assert _voter_groups(votes) == ["ops-approvers"]

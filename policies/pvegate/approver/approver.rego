@@ -89,6 +89,13 @@ in_required_group if {
 	member(candidate, g)
 }
 
+# the request's approver groups this approver belongs to: recorded with the vote, they
+# become input.approval.approver_groups when the approval is redeemed
+qualified_groups contains g if {
+	some g in pending.approver_groups
+	member(candidate, g)
+}
+
 member(principal, group) if group in object.get(principal, "groups", [])
 
 member(principal, group) if principal.sub in object.get(config.approver_groups, [group, "members"], [])
@@ -104,9 +111,10 @@ allow if count(deny) == 0
 
 # METADATA
 # title: Approver decision
-# description: '{"allow": bool, "deny": [reasons]} for input kind "approve"'
+# description: '{"allow": bool, "deny": [reasons], "groups": [qualified groups]} for input kind "approve"'
 # entrypoint: true
 decision := {
 	"allow": allow,
 	"deny": sort(deny),
+	"groups": sort(qualified_groups),
 }

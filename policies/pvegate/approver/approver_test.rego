@@ -6,7 +6,14 @@ import data.pvegate.fixtures_test as fx
 groups := ["sre-leads"]
 
 test_alice_may_approve_agent_request if {
-	approver.decision == {"allow": true, "deny": []} with input as fx.approve_input(fx.alice, "demo-agent", groups, [])
+	d := approver.decision with input as fx.approve_input(fx.alice, "demo-agent", groups, [])
+	d == {"allow": true, "deny": [], "groups": ["sre-leads"]}
+}
+
+test_decision_names_the_groups_the_approver_qualified_through if {
+	# bob qualifies for ops-approvers through the data's member list, not his token
+	d := approver.decision with input as fx.approve_input(fx.bob, "demo-agent", ["ops-approvers", "sre-leads"], [])
+	d.groups == ["ops-approvers"]
 }
 
 test_membership_from_data if {
