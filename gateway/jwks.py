@@ -112,8 +112,10 @@ class JwksKeys:
             now = time.monotonic()
             if not force and not self._stale():
                 return
-            if self.url and now - self._last_attempt < self.min_refresh_seconds and self._keys:
-                return  # rate limit: a flood of unknown kids must not become a flood of fetches
+            if self.url and now - self._last_attempt < self.min_refresh_seconds:
+                # rate limit, with or without keys: a flood of unknown kids (or of requests while
+                # the identity provider is down) must not become a flood of serialised fetches
+                return
             self._last_attempt = now
             try:
                 mtime = self.file.stat().st_mtime if self.file is not None else None
