@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ class Tool:
     output: dict[str, Any] = field(default_factory=dict)
     dry_run: str | None = None
     source: str = ""
+    uses: tuple[dict[str, Any], ...] = ()  # a composite's leaf tools, as the policy sees them
     _validator: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -84,6 +85,7 @@ class Tool:
             "effect": self.effect,
             "tags": list(self.tags),
             "scope": self.scope,
+            **({"uses": list(self.uses)} if self.uses else {}),
         }
 
     def mcp_view(self) -> dict[str, Any]:
@@ -330,4 +332,6 @@ class Catalog:
                 used = tools.get(sub)
                 if used is None or used.effect != "read" or used.connector == "composite":
                     raise CatalogError(f"{t.source}: tool {t.name}: uses {sub}, which is not a read-only leaf tool")
+            # the policy grants a composite only where it would grant every leaf it reads through
+            tools[t.name] = replace(t, uses=tuple(tools[sub].policy_view() for sub in t.spec.get("uses", [])))
         return cls(tools)

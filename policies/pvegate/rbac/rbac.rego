@@ -101,6 +101,12 @@ granting_bindings contains b if {
 	not role_denies(b.role, input.tool)
 }
 
+leaf_granted(leaf) if {
+	some b in applicable_bindings
+	role_grants(b.role, leaf)
+	not role_denies(b.role, leaf)
+}
+
 # granting_roles: names of the roles that grant this call
 granting_roles contains b.role if some b in granting_bindings
 
@@ -114,6 +120,16 @@ deny contains msg if {
 	some b in applicable_bindings
 	role_denies(b.role, input.tool)
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
+}
+
+# a composite tool reads through leaf tools: it is granted only where each leaf is
+deny contains msg if {
+	some leaf in object.get(input.tool, "uses", [])
+	not leaf_granted(leaf)
+	msg := sprintf(
+		"composite tool %q reads through %q, which no role of principal %q permits on %s",
+		[input.tool.name, leaf.name, input.principal.sub, target_text],
+	)
 }
 
 deny contains msg if {

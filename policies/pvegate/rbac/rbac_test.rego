@@ -144,3 +144,20 @@ test_listing_name_denies_in_plain_shapes if {
 	v := data.pvegate.visible_tools with input as fx.listing_input(fx.nobody, tools) with data.data as org
 	v == {"vm_start"}
 }
+
+health_summary(leaves) := object.union(
+	fx.tool("guest_health_summary", "guest", "read", "guest", []),
+	{"connector": "composite", "uses": leaves},
+)
+
+test_composite_granted_when_every_leaf_is if {
+	leaves := [fx.guest_config_tool, fx.tool("list_snapshots", "snapshot", "read", "guest", [])]
+	count(rbac.deny) == 0 with input as fx.call(fx.viewer, health_summary(leaves), fx.prod_guest)
+}
+
+test_composite_denied_when_a_leaf_is_not if {
+	# the viewer may not read the access domain, so a composite reading through it is denied
+	leaves := [fx.guest_config_tool, fx.token_perms_tool]
+	reasons := rbac.deny with input as fx.call(fx.viewer, health_summary(leaves), fx.prod_guest)
+	fx.has_reason(reasons, sprintf("reads through %q", [fx.token_perms_tool.name]))
+}
