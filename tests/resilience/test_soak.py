@@ -102,8 +102,9 @@ async def test_soak_no_errors_flat_memory_audit_verifies(rsim: Any, tmp_path: Pa
 
     print(f"soak: {sent} calls in {SECONDS:.0f}s; RSS samples (s, KiB): {samples}")
     assert errors == [], errors[:10]
-    # flat memory: after the first minute (imports, caches, pools warm), growth stays under 10 %
-    warm = next((kb for t, kb in samples if t >= min(60.0, SECONDS / 2)), samples[0][1])
+    # flat memory: once warm (the first quarter: connection pools, SQLite page cache, target cache,
+    # allocator arenas), growth over the rest of the run stays under 10 %
+    warm = next((kb for t, kb in samples if t >= SECONDS / 4), samples[0][1])
     assert samples[-1][1] < warm * 1.10, samples
     verify = subprocess.run(
         [str(PVEGATE), "audit", "verify", "--config", str(env.config_path)], capture_output=True, text=True
