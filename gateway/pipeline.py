@@ -66,42 +66,57 @@ def audit_arguments(tool: Tool, args: dict[str, Any], redact: Any = ()) -> dict[
 
 
 async def call_tool(c: Components, req: CallRequest) -> CallResult:
+    """resolve → validate → enrich → decide (one OPA query) → audit → enforce → dispatch."""
     started = time.perf_counter()
-    who = req.principal.sub
     tool = c.catalog.get(req.tool)
     if tool is None:
-        await c.audit.append(AuditRecord(req.request_id, "refusal", who, req.tool, None, "unknown_tool"))
+        await _refuse(c, req, req.tool, None, "unknown_tool", None)
         raise UnknownTool(req.tool)
     CALL_SECRETS.set(secret_values(tool.sensitive, req.arguments))  # scrubbed from every record of this call
     try:
         args = tool.validate(req.arguments)
         cluster = c.cluster_for(tool, args)
     except ArgumentError as exc:
-        await c.audit.append(
-            AuditRecord(req.request_id, "refusal", who, tool.name, None, "invalid", {"error": str(exc)})
-        )
+        await _refuse(c, req, tool.name, None, "invalid", str(exc))
         return CallResult("invalid", str(exc), is_error=True)
 
-    digest = arguments_digest(tool.name, args, dry_run=bool(req.meta.get("dry_run", False)))
+    dry_run = bool(req.meta.get("dry_run", False))
+    digest = arguments_digest(tool.name, args, dry_run=dry_run)
     target = await c.targets.resolve(tool, args, cluster)
-    approval, approval_error = await c.approvals.redeem(
+    approval, refusal = await c.approvals.redeem(
         req.meta, req.principal, tool.name, digest, target, request_id=req.request_id
     )
-    if approval_error:
-        await c.audit.append(
-            AuditRecord(
-                req.request_id,
-                "refusal",
-                who,
-                tool.name,
-                _tkey(target),
-                "approval_refused",
-                {"error": approval_error},
-            )
-        )
-        return CallResult("denied", approval_error, is_error=True)
-    usage, slot = c.usage.reserve(who, tool.name)  # counts and slot in one step: quotas cannot be raced
-    input_doc = {
+    if refusal:
+        await _refuse(c, req, tool.name, target, "approval_refused", refusal)
+        return CallResult("denied", refusal, is_error=True)
+    usage, slot = c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
+    input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
+    decision = await c.decisions.decide(input_doc)
+    await _audit_decision(c, req, tool, args, target, decision, input_doc)  # durable before Proxmox hears of it
+
+    if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
+        return await c.approvals.pending_result(req, tool, args, digest, target, decision)
+    if not decision.allow:
+        c.usage.release(req.principal.sub, tool.name, slot)
+        reasons = list(decision.deny)
+        denial = {"allowed": False, "reasons": reasons}
+        return CallResult("denied", "Denied by policy: " + "; ".join(reasons), structured=denial, is_error=True)
+    ctx = CallContext(cluster, dry_run=dry_run or bool(decision.obligations.get("dry_run")), request_id=req.request_id)
+    return await dispatch(c, req, tool, args, target, ctx, decision, started)
+
+
+def policy_input(
+    req: CallRequest,
+    tool: Tool,
+    args: dict[str, Any],
+    digest: str,
+    target: dict[str, Any],
+    approval: dict[str, Any] | None,
+    usage: dict[str, dict[str, int]],
+    dry_run: bool,
+) -> dict[str, Any]:
+    """The one document OPA decides on (docs/policy-contract.md)."""
+    return {
         "contract_version": CONTRACT_VERSION,
         "kind": "call",
         "principal": req.principal.as_input(),
@@ -112,53 +127,25 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         "target": target,
         "approval": approval,
         "usage": usage,
-        "dry_run": bool(req.meta.get("dry_run", False)),
+        "dry_run": dry_run,
     }
-    decision = await c.decisions.decide(input_doc)
-    await c.audit.append(
-        AuditRecord(
-            req.request_id,
-            "received",
-            who,
-            tool.name,
-            _tkey(target),
-            None,
-            {
-                "arguments": audit_arguments(tool, args, decision.obligations.get("redact")),
-                "target": target,
-                "protocol": req.protocol_version,
-            },
-        ),
-        AuditRecord(
-            req.request_id,
-            "decision",
-            who,
-            tool.name,
-            _tkey(target),
-            "allow" if decision.allow else "pending" if decision.approval_required else "deny",
-            _decision_body(decision, input_doc),
-        ),
-    )  # committed before anything reaches Proxmox
 
-    if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
-        return await c.approvals.pending_result(req, tool, args, digest, target, decision)
-    if not decision.allow:
-        c.usage.release(who, tool.name, slot)
-        return CallResult(
-            "denied",
-            "Denied by policy: " + "; ".join(decision.deny),
-            is_error=True,
-            structured={"allowed": False, "reasons": list(decision.deny)},
-        )
 
-    dry_run = bool(decision.obligations.get("dry_run")) or bool(input_doc["dry_run"])
-    ctx = CallContext(cluster=cluster, dry_run=dry_run, request_id=req.request_id)
+async def dispatch(
+    c: Components,
+    req: CallRequest,
+    tool: Tool,
+    args: dict[str, Any],
+    target: dict[str, Any],
+    ctx: CallContext,
+    decision: Decision,
+    started: float,
+) -> CallResult:
+    """Run an allowed call through its connector, shape the output, audit the result."""
     try:
         output = await c.runtime(tool).call(tool, args, ctx)
     except Refused as exc:  # nothing was sent: a refusal, not a failure
-        await c.audit.append(
-            AuditRecord(req.request_id, "refusal", who, tool.name, _tkey(target), "refused", {"error": str(exc)})
-        )
+        await _refuse(c, req, tool.name, target, "refused", str(exc))
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except ToolError as exc:
         await _audit_result(c, req, tool, target, "failed", started, {"error": str(exc)})
@@ -171,16 +158,40 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     structured, warnings = shape(tool, output.data, decision.obligations)
     if warnings or output.warnings:
         structured["warnings"] = output.warnings + warnings
-    await _audit_result(
-        c,
-        req,
-        tool,
-        target,
-        "ok",
-        started,
-        {"task_id": output.task_id, "warnings": structured.get("warnings")},
-    )
+    body = {"task_id": output.task_id, "warnings": structured.get("warnings")}
+    await _audit_result(c, req, tool, target, "ok", started, body)
     return CallResult("allowed", c.render(tool, structured), structured=structured)
+
+
+async def _refuse(
+    c: Components, req: CallRequest, tool: str, target: dict[str, Any] | None, outcome: str, error: str | None
+) -> None:
+    body = {"error": error} if error is not None else None
+    tkey = _tkey(target) if target is not None else None
+    await c.audit.append(AuditRecord(req.request_id, "refusal", req.principal.sub, tool, tkey, outcome, body))
+
+
+async def _audit_decision(
+    c: Components,
+    req: CallRequest,
+    tool: Tool,
+    args: dict[str, Any],
+    target: dict[str, Any],
+    decision: Decision,
+    input_doc: dict[str, Any],
+) -> None:
+    """received + decision, committed together before anything reaches Proxmox."""
+    who, tkey = req.principal.sub, _tkey(target)
+    received = {
+        "arguments": audit_arguments(tool, args, decision.obligations.get("redact")),
+        "target": target,
+        "protocol": req.protocol_version,
+    }
+    outcome = "allow" if decision.allow else "pending" if decision.approval_required else "deny"
+    await c.audit.append(
+        AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
+        AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, _decision_body(decision, input_doc)),
+    )
 
 
 def _tkey(target: dict[str, Any]) -> str | None:

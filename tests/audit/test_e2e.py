@@ -284,12 +284,14 @@ async def test_configured_retention_archives_and_chain_continues(xsim: Any, tmp_
         tmp_path,
         {"default": xsim},
         port=free_port(),
-        extra={"audit": {"path": str(db), "retention_days": 1 / 86400, "archive_dir": str(tmp_path / "arch")}},
+        extra={"audit": {"path": str(db), "retention_days": 6 / 86400, "archive_dir": str(tmp_path / "arch")}},
     )
     log = auditlib.AuditLog(db)
     await log.open()
     await log.append(*[auditlib.AuditRecord(f"old-{i}", "decision", outcome="allow") for i in range(5)])
-    await asyncio.sleep(1.2)  # older than the one-second retention
+    # older than the six-second retention; the new record then has six seconds of margin
+    # for the CLI to start on a loaded machine
+    await asyncio.sleep(6.3)
     await log.append(auditlib.AuditRecord("new", "decision", outcome="deny"))
     await log.close()
 
