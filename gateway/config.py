@@ -125,6 +125,8 @@ class Config:
     max_inflight_per_client: int = 64  # concurrent requests one client address may have open
     target_cache_seconds: float = 5.0
     public_url: str | None = None
+    # reverse proxies whose X-Forwarded-For is believed (the audited source address); none by default
+    trusted_proxies: tuple[str, ...] = ()
     audit_retention_days: float | None = None  # `pvegate audit archive` default age (None: keep all)
     audit_archive_dir: Path | None = None  # default: audit-archive/ next to the audit database
 
@@ -235,6 +237,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             max_inflight_per_client=int(raw.get("max_inflight_per_client", 64)),
             target_cache_seconds=float(raw.get("target_cache_seconds", 5.0)),
             public_url=raw.get("public_url"),
+            trusted_proxies=tuple(str(p) for p in raw.get("trusted_proxies", [])),
             audit_retention_days=(
                 float(raw["audit"]["retention_days"]) if raw.get("audit", {}).get("retention_days") else None
             ),

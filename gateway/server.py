@@ -41,6 +41,10 @@ def uvicorn_config(config: Config) -> uvicorn.Config:
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # uvicorn believes X-Forwarded-For from loopback by default: a local client could then
+        # choose the source address the audit and the policy see. Only configured proxies count.
+        proxy_headers=bool(config.trusted_proxies),
+        forwarded_allow_ips=list(config.trusted_proxies) or None,
         **tls,  # type: ignore[arg-type]
     )
 
