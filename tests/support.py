@@ -50,7 +50,8 @@ class GatewayThread:
 
     @property
     def components(self) -> Components:
-        comps: Components = self.server.config.loaded_app.app.state.components  # type: ignore[attr-defined]
+        # the Starlette app as given to uvicorn (loaded_app may be wrapped in middleware, or not)
+        comps: Components = self.server.config.app.state.components  # type: ignore[union-attr]
         return comps
 
     def stop(self) -> None:
