@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from array import array
 from collections import defaultdict
 
 WINDOWS = {"1m": 60.0, "1h": 3600.0, "24h": 86400.0}
@@ -14,9 +15,10 @@ WINDOWS = {"1m": 60.0, "1h": 3600.0, "24h": 86400.0}
 
 class UsageCounters:
     def __init__(self) -> None:
-        self._calls: dict[tuple[str, str], list[float]] = defaultdict(list)
+        # array('d'): 8 bytes per kept call instead of ~20 in a list of floats (24 h are kept)
+        self._calls: dict[tuple[str, str], array[float]] = defaultdict(lambda: array("d"))
 
-    def _prune(self, key: tuple[str, str], now: float) -> list[float]:
+    def _prune(self, key: tuple[str, str], now: float) -> array[float]:
         times = self._calls[key]
         cut = bisect.bisect_left(times, now - WINDOWS["24h"])
         if cut:
