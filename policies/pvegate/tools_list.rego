@@ -7,6 +7,7 @@
 package pvegate
 
 import data.pvegate.guardrails
+import data.pvegate.lib
 import data.pvegate.rbac
 
 listing_problems contains msg if some msg in input_problems
@@ -28,7 +29,42 @@ tools_ok if is_array(input.tools)
 visible_tools contains tool.name if {
 	count(listing_problems) == 0
 	some tool in input.tools
+	m := name_rules[[tool.effect, tool.domain, tool.scope]]
+	not tool.name in m.names
+	not lib.glob_any(m.patterns, tool.name)
+}
+
+visible_tools contains tool.name if {
+	count(listing_problems) == 0
+	count(checked) > 0
+	some tool in input.tools
 	shape := [tool.effect, tool.domain, tool.scope]
+	shape in checked
 	rbac.tool_visible(tool, shape)
 	not guardrails.hidden_from_list(tool, shape)
 }
+
+# The listing decides per (effect, domain, scope) shape of the listed tools,
+# once per query, so that most tools cost a lookup and a name test instead of
+# a walk through every selector. shape_verdicts: shape -> one of
+#   "hide":  no tool of the shape is listed;
+#   "check": the full per-tool test (rbac.tool_visible, guard rails) decides;
+#   {"names", "patterns"}: a tool is listed unless one of these names or
+#     globs names it (both empty: every tool of the shape is listed).
+# Each verdict agrees with the full per-tool test for every tool of its shape.
+# regal ignore:prefer-set-or-object-rule
+shape_verdicts := {shape: verdict(shape) | some shape in rbac.listed_shapes}
+
+verdict(shape) := "hide" if {
+	guardrails.hides_shape_in_list(shape)
+} else := "check" if {
+	guardrails.shape_needs_tool_check(shape)
+} else := rbac.listing_verdict(shape)
+
+# name_rules: shape -> names and globs hiding its tools; checked: the shapes
+# that need the full per-tool test
+# regal ignore:prefer-set-or-object-rule
+name_rules := {shape: v | some shape, v in shape_verdicts; is_object(v)}
+
+# regal ignore:prefer-set-or-object-rule
+checked := {shape | some shape, v in shape_verdicts; v == "check"}

@@ -2,6 +2,8 @@ package pvegate_test
 
 import data.pvegate
 import data.pvegate.fixtures_test as fx
+import data.pvegate.guardrails
+import data.pvegate.rbac
 
 catalog := [
 	fx.vm_stop, fx.lxc_start, fx.guest_delete, fx.guest_migrate, fx.snapshot_delete, fx.guest_exec,
@@ -46,4 +48,49 @@ test_list_bad_input_shows_nothing if {
 
 test_empty_data_lists_nothing if {
 	count(pvegate.visible_tools) == 0 with input as fx.listing_input(fx.admin, catalog) with data.data as {}
+}
+
+# The listing decides per tool shape; for every principal and role set below it
+# must list exactly the tools the full per-tool test admits.
+# (evaluate it with the listing as input)
+per_tool(tools) := {t.name |
+	some t in tools
+	shape := [t.effect, t.domain, t.scope]
+	rbac.tool_visible(t, shape)
+	not guardrails.hidden_from_list(t, shape)
+}
+
+# roles whose selectors look at tags, at names only, or at neither
+mixed_roles := {
+	"tagged": {"allow": [{"effects": ["*"], "tool_tags": ["power"]}], "deny": [{"tool_tags": ["ssh"]}]},
+	"named": {"allow": [{"effects": ["read", "write"]}], "deny": [{"tools": ["vm_*", "list_nodes"]}]},
+	"blocked": {"allow": [{"domains": ["guest"]}], "deny": [{"tools": ["*"]}]},
+	"narrow": {"allow": [{"effects": ["destroy"], "tools": ["snapshot_*"]}]},
+	"tagdeny": {"allow": [{"domains": ["guest"]}], "deny": [{"tool_tags": ["power"]}]},
+}
+
+mixed_bindings := [{"name": name, "role": name, "groups": [name]} | some name, _ in mixed_roles]
+
+mixed_deny_rules := [
+	{"name": "no-agent-network", "domains": ["network"], "principal_kinds": ["agent"]},
+	{"name": "no-ssh", "effects": ["exec"], "tool_tags": ["ssh"]},
+]
+
+test_listing_agrees_with_per_tool_test if {
+	every p in [fx.agent, fx.viewer, fx.admin, fx.web_dev, fx.planner, fx.nobody] {
+		visible(p) == per_tool(catalog) with input as fx.listing_input(p, catalog)
+	}
+	every groups in [["tagged", "blocked"], ["named"], ["narrow", "tagdeny"], ["named", "narrow"]] {
+		every kind in ["agent", "human"] {
+			p := fx.principal("x", kind, [], groups)
+			v := pvegate.visible_tools with input as fx.listing_input(p, catalog)
+				with data.data.roles as mixed_roles
+				with data.data.bindings as mixed_bindings
+				with data.data.guardrails.deny_rules as mixed_deny_rules
+			v == per_tool(catalog) with input as fx.listing_input(p, catalog)
+				with data.data.roles as mixed_roles
+				with data.data.bindings as mixed_bindings
+				with data.data.guardrails.deny_rules as mixed_deny_rules
+		}
+	}
 }

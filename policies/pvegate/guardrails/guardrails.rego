@@ -143,6 +143,13 @@ hidden_from_list(tool, shape) if {
 	lib.compiled_matches(c, tool)
 }
 
+# hides_shape_in_list(shape): agents never see tools of the shape listed
+hides_shape_in_list(shape) if shape in agent_hidden_shapes
+
+# shape_needs_tool_check(shape): a deny rule of the lister may hide tools of the
+# shape, depending on their names and tags
+shape_needs_tool_check(shape) if shape in deny_rule_shapes
+
 # shapes of listed tools that some of the lister's deny rules admit
 # regal ignore:prefer-set-or-object-rule
 deny_rule_shapes := {shape |

@@ -88,8 +88,46 @@ name_hit(c, name) if {
 	glob_any(c.patterns, name)
 }
 
-# tool_matches(sel, tool) tests a selector's tool-side keys.
-tool_matches(sel, tool) if compiled_matches(compile(sel), tool)
+# tool_matches(sel, tool) tests a selector's tool-side keys, with the same
+# meaning as compiled_matches(compile(sel), tool). It reads the raw selector:
+# matching one tool (a tools/call) is cheaper than compiling the selector first.
+tool_matches(sel, tool) if {
+	admits(sel, "effects", tool.effect)
+	admits(sel, "domains", tool.domain)
+	admits(sel, "scopes", tool.scope)
+	tags_admit(sel, object.get(tool, "tags", []))
+	name_admits(sel, tool.name)
+}
+
+# admits(sel, key, value): sel[key] lists the value or "*", or is absent
+# (present but null or empty admits nothing, as in compile)
+admits(sel, key, value) if {
+	value in sel[key]
+} else if {
+	"*" in sel[key]
+} else if {
+	not key in object.keys(sel)
+}
+
+tags_admit(sel, tags) if {
+	admits(sel, "tool_tags", "*")
+} else if {
+	some t in tags
+	t in sel.tool_tags
+}
+
+# name_admits(sel, name): as name_hit on the compiled selector: names listed
+# without glob syntax match exactly, the others as globs
+name_admits(sel, name) if {
+	admits(sel, "tools", "*")
+} else if {
+	name in sel.tools
+	not is_glob(name)
+} else if {
+	some p in sel.tools
+	is_glob(p)
+	glob.match(p, null, name)
+}
 
 # call_matches(sel, principal, tool, target) also tests principal kind and target tags.
 call_matches(sel, principal, tool, target) if {

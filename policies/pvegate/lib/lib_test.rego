@@ -19,6 +19,29 @@ test_tool_matches if {
 	not lib.tool_matches({"tools": []}, fx.vm_stop)
 }
 
+# tool_matches reads raw selectors; compiled_matches (tools/list) compiled ones:
+# both must mean the same
+test_tool_matches_agrees_with_compiled if {
+	selectors := [
+		{}, {"effects": ["*"]}, {"effects": null}, {"effects": []}, {"tools": ["*"]}, {"tools": ["vm_stop"]},
+		{"tools": ["vm_?top", "x"]}, {"tools": ["{vm,lxc}_st*"]}, {"tool_tags": ["*"]}, {"tool_tags": ["x", "power"]},
+		{"tool_tags": []}, {"domains": ["guest"], "scopes": ["node", "*"]}, {"scopes": ["node"]},
+	]
+	every sel in selectors {
+		every t in [fx.vm_stop, fx.lxc_start, fx.nodes_tool, fx.guest_delete] {
+			raw_match(sel, t) == compiled_match(sel, t)
+		}
+	}
+}
+
+default raw_match(_, _) := false
+
+raw_match(sel, t) if lib.tool_matches(sel, t)
+
+default compiled_match(_, _) := false
+
+compiled_match(sel, t) if lib.compiled_matches(lib.compile(sel), t)
+
 test_call_matches if {
 	lib.call_matches({"principal_kinds": ["agent"], "target_tags": ["prod"]}, fx.agent, fx.vm_stop, fx.prod_guest)
 	not lib.call_matches({"principal_kinds": ["human"]}, fx.agent, fx.vm_stop, fx.prod_guest)

@@ -19,7 +19,7 @@ bindings_for(principal) := {b |
 	some b in config.bindings
 	binds(b, principal)
 	lib.in_list(b, "principal_kinds", principal.kind)
-	config.compiled_roles[b.role]
+	is_object(config.roles[b.role])
 }
 
 binds(b, principal) if principal.sub in object.get(b, "subjects", [])
@@ -76,17 +76,19 @@ applies(b, target) if scope_covers(object.get(b, "scope", {}), target)
 
 # role_grants(name, tool): some allow selector of the role matches the tool.
 role_grants(name, tool) if {
-	some c in config.compiled_roles[name].allow
-	lib.compiled_matches(c, tool)
+	some sel in config.roles[name].allow
+	lib.tool_matches(sel, tool)
 }
 
 # role_denies(name, tool): some deny selector of the role matches the tool.
 role_denies(name, tool) if {
-	some c in config.compiled_roles[name].deny
-	lib.compiled_matches(c, tool)
+	some sel in config.roles[name].deny
+	lib.tool_matches(sel, tool)
 }
 
 # --- the current tools/call ---------------------------------------------------
+# Each rule below is computed once per query; the role selectors are matched
+# against input.tool once per applicable role, not once per use.
 
 # bindings of the caller that apply to the call's target
 applicable_bindings contains b if {
@@ -94,17 +96,30 @@ applicable_bindings contains b if {
 	applies(b, input.target)
 }
 
+applicable_roles contains b.role if some b in applicable_bindings
+
+# applicable roles whose selectors allow / forbid the tool
+roles_allowing_tool contains name if {
+	some name in applicable_roles
+	role_grants(name, input.tool)
+}
+
+roles_denying_tool contains name if {
+	some name in applicable_roles
+	role_denies(name, input.tool)
+}
+
 # applicable bindings whose role grants the tool (and does not itself deny it)
 granting_bindings contains b if {
 	some b in applicable_bindings
-	role_grants(b.role, input.tool)
-	not role_denies(b.role, input.tool)
+	b.role in roles_allowing_tool
+	not b.role in roles_denying_tool
 }
 
 leaf_granted(leaf) if {
-	some b in applicable_bindings
-	role_grants(b.role, leaf)
-	not role_denies(b.role, leaf)
+	some name in applicable_roles
+	role_grants(name, leaf)
+	not role_denies(name, leaf)
 }
 
 # granting_roles: names of the roles that grant this call
@@ -118,7 +133,7 @@ break_glass if {
 
 deny contains msg if {
 	some b in applicable_bindings
-	role_denies(b.role, input.tool)
+	b.role in roles_denying_tool
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
 }
 
@@ -194,22 +209,24 @@ accepting(index, v) := object.get(index, v, set()) | object.get(index, "*", set(
 
 # regal ignore:prefer-set-or-object-rule
 effect_ids := {v: accepting(ids_by_effect, v) |
-	some v in {t.effect | some t in input.tools}
+	some v in {shape[0] | some shape in listed_shapes}
 }
 
 # regal ignore:prefer-set-or-object-rule
 domain_ids := {v: accepting(ids_by_domain, v) |
-	some v in {t.domain | some t in input.tools}
+	some v in {shape[1] | some shape in listed_shapes}
 }
 
 # regal ignore:prefer-set-or-object-rule
 scope_ids := {v: accepting(ids_by_scope, v) |
-	some v in {t.scope | some t in input.tools}
+	some v in {shape[2] | some shape in listed_shapes}
 }
 
 # shape_ids: (effect, domain, scope) of the listed tools -> selector ids admitting it
 # listed_shapes: the distinct (effect, domain, scope) of the listed tools
-listed_shapes contains [t.effect, t.domain, t.scope] if some t in input.tools
+# (a comprehension: one pass over the tools, cheaper than a partial set rule)
+# regal ignore:prefer-set-or-object-rule
+listed_shapes := {[t.effect, t.domain, t.scope] | some t in input.tools}
 
 # regal ignore:prefer-set-or-object-rule
 shape_ids := {shape: ids |
@@ -270,6 +287,53 @@ role_denies_in(ids, role) if {
 	id[0] == role
 	id[1] == "deny"
 }
+
+# plain_only(shape): every allow selector admitting the shape constrains
+# neither name nor tags; then tool_visible is decided by the roles' name denies
+plain_only(shape) if {
+	plain_grants[shape]
+	not constrained_allow(shape)
+}
+
+constrained_allow(shape) if {
+	some id in shape_ids[shape]
+	id[1] == "allow"
+	not plain_selector(lister_selectors[id])
+}
+
+plain_selector(c) if {
+	"*" in c.tool_tags
+	c.any_name
+}
+
+# any_allow(shape): some allow selector of the lister admits the shape
+any_allow(shape) if {
+	some id in shape_ids[shape]
+	id[1] == "allow"
+}
+
+# listing_verdict(shape): what decides tools/list for tools of the shape,
+# in agreement with tool_visible for each of them (guard rails aside):
+#   "hide" (none is visible), "check" (tool_visible decides per tool), or
+#   {"names", "patterns"}: visible unless one of these names or globs names
+#   the tool (both empty: all are visible)
+listing_verdict(shape) := {"names": set(), "patterns": []} if {
+	shape in plain_shapes
+} else := "hide" if {
+	not any_allow(shape)
+} else := name_rule(denies) if {
+	# one role grants the shape outright, nothing else does, and that role
+	# denies there by name only
+	plain_only(shape)
+	count(plain_grants[shape]) == 1
+	some role in plain_grants[shape]
+	denies := name_denies[[shape, role]]
+} else := "check"
+
+# name_rule(m): the granting role's merged name denies m as a verdict
+name_rule(m) := "hide" if {
+	m.any_name
+} else := {"names": m.names, "patterns": m.patterns}
 
 # tool_visible(tool, shape): some bound role grants the tool on some target,
 # and that role does not deny it; shape is [effect, domain, scope] of the tool.
