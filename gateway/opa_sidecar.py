@@ -81,6 +81,8 @@ class OPASidecar:
             "--log-level",
             "error",
             "--skip-version-check",
+            # policies and data only change with a restart or bundle: trade store writes for reads
+            "--optimize-store-for-read-speed",
         ]
         if self.decision_logs:
             # Console decision logs give every answer a decision_id; system.log.mask
