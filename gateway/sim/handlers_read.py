@@ -495,8 +495,9 @@ def get_storage_config(ctx: Ctx) -> Any:
 # ---- tasks -------------------------------------------------------------------
 
 
-def task_entry(t: Task) -> dict[str, Any]:
-    d: dict[str, Any] = {
+def _task_fields(t: Task) -> dict[str, Any]:
+    """The fields PVE's task list and task status share."""
+    return {
         "upid": t.upid,
         "node": t.node,
         "pid": t.pid,
@@ -506,6 +507,10 @@ def task_entry(t: Task) -> dict[str, Any]:
         "id": t.id,
         "user": t.user,
     }
+
+
+def task_entry(t: Task) -> dict[str, Any]:
+    d = _task_fields(t)
     if t.status == "stopped":
         d["status"] = t.exitstatus
         d["endtime"] = t.endtime
@@ -577,17 +582,7 @@ def _task(ctx: Ctx) -> Task:
 @route("GET", "/nodes/{node}/tasks/{upid}/status")
 def get_task_status(ctx: Ctx) -> Any:
     t = _task(ctx)
-    d: dict[str, Any] = {
-        "upid": t.upid,
-        "node": t.node,
-        "pid": t.pid,
-        "pstart": t.pstart,
-        "starttime": t.starttime,
-        "type": t.type,
-        "id": t.id,
-        "user": t.user,
-        "status": t.status,
-    }
+    d = {**_task_fields(t), "status": t.status}
     if t.status == "stopped":
         d["exitstatus"] = t.exitstatus
     return d
