@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory with pve-*-apidata.json (default: $PVEGATE_PVE_SCHEMA_DIR or ../shared/pve-api)",
     )
     p.add_argument("--quiet", action="store_true", help="do not print connection info")
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="exit when process PID is gone")
     return p
+
+
+def _exit_with(pid: int) -> None:
+    """Exit when the launching process is gone (even by SIGKILL, which runs no clean-up of its own)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)  # the simulator keeps no state worth a graceful shutdown
+            except PermissionError:
+                pass  # the pid exists (owned by someone else)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _print_info(info: dict[str, Any]) -> None:
@@ -54,6 +74,8 @@ def _print_info(info: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.exit_with_parent:
+        _exit_with(args.exit_with_parent)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pvegate-sim-"))
     opts = Options(

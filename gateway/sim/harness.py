@@ -121,6 +121,8 @@ def start_simulator(
         "--ssh-port-base",
         "0",
         "--quiet",  # connection info (with token secrets) goes to the ready file, not the log
+        "--exit-with-parent",  # no orphan simulator if the caller dies without stopping it
+        str(os.getpid()),
     ]
     if not ssh:
         cmd.append("--no-ssh")
