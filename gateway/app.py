@@ -54,6 +54,7 @@ def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
         verification_key=config.opa.verification_key,
         binary=config.opa.binary,
         log_file=config.state_dir / "opa.log",
+        pid_file=config.state_dir / "opa.pid",
         decision_logs=config.opa.decision_logs,
     )
     sidecar.start()

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -46,6 +47,16 @@ def find_opa(explicit: Path | None = None) -> Path:
     )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,6 +72,7 @@ class OPASidecar:
     verification_key: Path | None = None
     binary: Path | None = None
     log_file: Path | None = None
+    pid_file: Path | None = None  # lets a restarted gateway reap the OPA a killed one left behind
     decision_logs: bool = True
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
@@ -98,7 +110,24 @@ class OPASidecar:
             cmd += [str(p) for p in self.policies]
         return cmd
 
+    def reap_stale(self) -> None:
+        """Stop the OPA server a previous gateway (killed without clean-up) left running."""
+        if self.pid_file is None or not self.pid_file.exists():
+            return
+        try:
+            pid, owner = (int(x) for x in self.pid_file.read_text().split())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return  # gone, or not readable: nothing to reap
+        if _alive(owner):
+            return  # its gateway still runs (another instance on this state dir): not ours to stop
+        if Path(cmdline[0].decode(errors="replace")).name == "opa" and b"--server" in cmdline:
+            log.warning("stopping OPA pid %d left behind by a previous gateway", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
     def start(self, timeout: float = 20.0) -> None:
+        self.reap_stale()
         if self.port == 0:
             self.port = free_port()
         cmd = self.command()
@@ -109,6 +138,9 @@ class OPASidecar:
             out = self._log_handle
         log.info("starting OPA sidecar: %s", " ".join(cmd))
         self.process = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)  # type: ignore[arg-type]
+        if self.pid_file is not None:
+            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_file.write_text(f"{self.process.pid} {os.getpid()}\n")
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
@@ -132,6 +164,8 @@ class OPASidecar:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
         p, self.process = self.process, None
         if p is not None and p.poll() is None:
             p.terminate()
