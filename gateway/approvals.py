@@ -595,7 +595,7 @@ class Approvals:
             requester=req.principal.sub,
             requester_facts=req.principal.as_input(),
             tool=tool.name,
-            tool_facts=tool.policy_view(),
+            tool_facts=tool.policy_view,
             arguments_digest=digest,
             arguments=audit_arguments(tool, args, decision.obligations.get("redact")),
             target_key=target_key(target),

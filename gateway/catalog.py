@@ -8,17 +8,18 @@ described in docs/connectors.md.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
+
+from gateway.canonical import digest_json
 
 EFFECTS = ("read", "write", "destroy", "exec")
 CONNECTORS = ("pve_api", "ssh", "composite")
@@ -75,8 +76,9 @@ class Tool:
             "openWorldHint": False,
         }
 
+    @cached_property
     def policy_view(self) -> dict[str, Any]:
-        """The tool as the policy sees it."""
+        """The tool as the policy sees it (built once: a tool never changes; treat as read-only)."""
         return {
             "name": self.name,
             "title": self.title,
@@ -88,7 +90,9 @@ class Tool:
             **({"uses": list(self.uses)} if self.uses else {}),
         }
 
+    @cached_property
     def mcp_view(self) -> dict[str, Any]:
+        """The tool as tools/list shows it (built once; treat as read-only)."""
         view: dict[str, Any] = {
             "name": self.name,
             "title": self.title,
@@ -140,8 +144,7 @@ def arguments_digest(tool: str, arguments: dict[str, Any], *, dry_run: bool = Fa
     doc: dict[str, Any] = {"tool": tool, "arguments": arguments}
     if dry_run:
         doc["dry_run"] = True
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return digest_json(doc)
 
 
 @cache
@@ -333,5 +336,5 @@ class Catalog:
                 if used is None or used.effect != "read" or used.connector == "composite":
                     raise CatalogError(f"{t.source}: tool {t.name}: uses {sub}, which is not a read-only leaf tool")
             # the policy grants a composite only where it would grant every leaf it reads through
-            tools[t.name] = replace(t, uses=tuple(tools[sub].policy_view() for sub in t.spec.get("uses", [])))
+            tools[t.name] = replace(t, uses=tuple(tools[sub].policy_view for sub in t.spec.get("uses", [])))
         return cls(tools)

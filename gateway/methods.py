@@ -15,7 +15,7 @@ from typing import Any
 from gateway import __version__, handoff
 from gateway.audit import AuditRecord
 from gateway.auth import Principal
-from gateway.canonical import digest_json
+from gateway.catalog import arguments_digest
 from gateway.components import Components
 from gateway.decisions import CONTRACT_VERSION
 from gateway.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
@@ -51,8 +51,8 @@ def raw_meta_lacks_token(meta: dict[str, Any]) -> bool:
 
 
 def request_digest(name: str, arguments: Any) -> str:
-    """What a requestState is bound to: the tool and its exact arguments."""
-    return digest_json({"tool": name, "arguments": arguments if arguments is not None else {}})
+    """What a requestState is bound to: the tool and its exact arguments (the approval binding's digest)."""
+    return arguments_digest(name, arguments if arguments is not None else {})
 
 
 async def list_tools(x: Exchange) -> dict[str, Any]:
@@ -63,10 +63,10 @@ async def list_tools(x: Exchange) -> dict[str, Any]:
             "kind": "list",
             "principal": x.principal.as_input(),
             "request": request_facts(req, "tools/list"),
-            "tools": [t.policy_view() for t in x.c.catalog],
+            "tools": [t.policy_view for t in x.c.catalog],
         }
     )  # one OPA query per listing; any doubt shows nothing
-    tools = [t.mcp_view() for t in x.c.catalog if t.name in visible]
+    tools = [t.mcp_view for t in x.c.catalog if t.name in visible]
     if x.version == "2025-03-26":
         tools = [{k: v for k, v in t.items() if k not in _NEWER_TOOL_FIELDS} for t in tools]
     return {"tools": tools}

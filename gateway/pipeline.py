@@ -121,7 +121,7 @@ def policy_input(
         "kind": "call",
         "principal": req.principal.as_input(),
         "request": request_facts(req),
-        "tool": tool.policy_view(),
+        "tool": tool.policy_view,
         "arguments": args,
         "arguments_digest": digest,
         "target": target,

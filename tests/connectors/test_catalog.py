@@ -109,7 +109,7 @@ def test_annotations_follow_effect(catalog: Catalog) -> None:
         a = t.annotations
         assert a["readOnlyHint"] is (t.effect == "read")
         assert a["destructiveHint"] is (t.effect in ("destroy", "exec"))
-        assert t.mcp_view()["annotations"] == a
+        assert t.mcp_view["annotations"] == a
 
 
 def test_parameters_are_strict(catalog: Catalog) -> None:
