@@ -83,3 +83,10 @@ test_compiled_names_and_globs if {
 	lib.compile({"tools": ["x", "*"]}).any_name
 	lib.compile({}).any_name
 }
+
+test_absent_and_null_keys_differ if {
+	lib.in_list({}, "principal_kinds", "agent")
+	not lib.in_list({"principal_kinds": null}, "principal_kinds", "agent")
+	lib.admits({}, "effects", "read")
+	not lib.admits({"effects": null}, "effects", "read")
+}
