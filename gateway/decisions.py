@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import aiohttp
+import fastjsonschema
 import jsonschema
 from opa_client.opa_async import AsyncOpaClient
 
@@ -89,7 +90,12 @@ class DecisionClient:
         )
         self._session_lock = asyncio.Lock()
         self._open = False
-        self._decision_validator = jsonschema.Draft202012Validator(_load_schema("decision.schema.json"))
+        schema = _load_schema("decision.schema.json")
+        # Every answer is checked by code compiled from the schema (fastjsonschema: ~30 µs where
+        # jsonschema takes ~400 µs, on the hot path). jsonschema only words the reason of a refusal;
+        # tests/unit/test_decision_schema.py holds the two to the same verdicts.
+        self._decision_check = fastjsonschema.compile(schema, use_default=False)
+        self._decision_validator = jsonschema.Draft202012Validator(schema)
         self._approver_validator = jsonschema.Draft202012Validator(
             {
                 "type": "object",
@@ -148,10 +154,9 @@ class DecisionClient:
             result, envelope = await self.query(DECISION_PATH, input_doc)
         except PolicyError as exc:
             return Decision.fail_closed(str(exc))
-        errors = sorted(self._decision_validator.iter_errors(result), key=lambda e: list(e.path))
-        if errors:
-            where = "/".join(str(p) for p in errors[0].path) or "(root)"
-            return Decision.fail_closed(f"decision does not match the contract at {where}: {errors[0].message}")
+        problem = self.contract_problem(result)
+        if problem is not None:
+            return Decision.fail_closed(problem)
         metrics = envelope.get("metrics") or {}
         return Decision(
             # defence in depth against a policy bug: a deny reason, or an unmet approval, always wins
@@ -167,6 +172,19 @@ class DecisionClient:
             revision=self._provenance(envelope),
             eval_ns=metrics.get("timer_rego_query_eval_ns"),
         )
+
+    def contract_problem(self, result: Any) -> str | None:
+        """Why a decision document breaks the contract (decision.schema.json), or None."""
+        try:
+            self._decision_check(result)
+            return None
+        except fastjsonschema.JsonSchemaException:
+            pass
+        errors = sorted(self._decision_validator.iter_errors(result), key=lambda e: list(e.path))
+        if not errors:  # the two validators disagree: refuse all the same
+            return "decision does not match the contract"
+        where = "/".join(str(p) for p in errors[0].path) or "(root)"
+        return f"decision does not match the contract at {where}: {errors[0].message}"
 
     async def visible_tools(self, input_doc: dict[str, Any]) -> set[str]:
         """Names the principal may see; any doubt shows nothing."""
