@@ -51,7 +51,7 @@ PENDING: dict[str, Any] = {
 DENY: dict[str, Any] = {
     **ALLOW,
     "allow": False,
-    "deny": ["quota \"calls\" exceeded"],
+    "deny": ['quota "calls" exceeded'],
     "quota": {"name": "calls", "limit": 120, "window": "1m", "resets_in_seconds": 12},
 }
 
