@@ -362,14 +362,13 @@ class AuditLog:
 
 
 async def _tail_async(db: aiosqlite.Connection) -> tuple[int, str]:
-    async with db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1") as cur:
-        row = await cur.fetchone()
-    if row:
-        return int(row[0]), str(row[1])
-    async with db.execute("SELECT value FROM audit_meta WHERE key = 'anchor'") as cur:
-        meta = await cur.fetchone()
+    # execute_fetchall: one trip to the database thread instead of three (execute, fetch, close)
+    rows = list(await db.execute_fetchall("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"))
+    if rows:
+        return int(rows[0][0]), str(rows[0][1])
+    meta = list(await db.execute_fetchall("SELECT value FROM audit_meta WHERE key = 'anchor'"))
     if meta:  # everything was archived: continue from the archive's anchor
-        anchor = json.loads(meta[0])
+        anchor = json.loads(meta[0][0])
         return int(anchor["seq"]), str(anchor["hash"])
     return 0, GENESIS
 
