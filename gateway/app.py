@@ -27,6 +27,7 @@ from gateway.connectors.composite import CompositeRuntime
 from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
 from gateway.connectors.ssh import AllowList, SshRuntime
 from gateway.decisions import DecisionClient
+from gateway.listings import ListingCache
 from gateway.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.request_state import RequestStates, Sealer, Sessions
 from gateway.security import TransportGuard
@@ -85,6 +86,7 @@ async def build_components(config: Config) -> Components:
         approvals=await build_approvals(config, audit, decisions),
         runtimes=runtimes,
         usage=usage,
+        listings=ListingCache(ttl=config.tools_list_cache_seconds),
         sidecar=sidecar,
     )
 

@@ -299,6 +299,11 @@ class Catalog:
     def __len__(self) -> int:
         return len(self.tools)
 
+    @cached_property
+    def policy_views(self) -> list[dict[str, Any]]:
+        """Every tool as a listing's policy input shows it (built once: the catalog does not change)."""
+        return [t.policy_view for t in self.tools.values()]
+
     @classmethod
     def load(cls, directory: Path) -> Catalog:
         files = sorted(directory.glob("**/*.yaml"))

@@ -12,6 +12,7 @@ from gateway.catalog import ArgumentError, Catalog, Tool
 from gateway.config import Config
 from gateway.connectors import Runtime
 from gateway.decisions import DecisionClient
+from gateway.listings import ListingCache
 from gateway.opa_sidecar import OPASidecar
 from gateway.targets import TargetResolver
 from gateway.usage import UsageCounters
@@ -27,6 +28,7 @@ class Components:
     approvals: Approvals
     runtimes: dict[str, Runtime]
     usage: UsageCounters = field(default_factory=UsageCounters)
+    listings: ListingCache = field(default_factory=lambda: ListingCache(ttl=0))
     sidecar: OPASidecar | None = None
 
     def runtime(self, tool: Tool) -> Runtime:

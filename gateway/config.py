@@ -124,6 +124,7 @@ class Config:
     max_body_bytes: int = 1_048_576
     max_inflight_per_client: int = 64  # concurrent requests one client address may have open
     target_cache_seconds: float = 5.0
+    tools_list_cache_seconds: float = 10.0  # how long a principal's tools/list answer is reused (0: never)
     public_url: str | None = None
     # reverse proxies whose X-Forwarded-For is believed (the audited source address); none by default
     trusted_proxies: tuple[str, ...] = ()
@@ -236,6 +237,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             max_body_bytes=int(raw.get("max_body_bytes", 1_048_576)),
             max_inflight_per_client=int(raw.get("max_inflight_per_client", 64)),
             target_cache_seconds=float(raw.get("target_cache_seconds", 5.0)),
+            tools_list_cache_seconds=float(raw.get("tools_list_cache_seconds", 10.0)),
             public_url=raw.get("public_url"),
             trusted_proxies=tuple(str(p) for p in raw.get("trusted_proxies", [])),
             audit_retention_days=(

@@ -186,15 +186,15 @@ class DecisionClient:
         where = "/".join(str(p) for p in errors[0].path) or "(root)"
         return f"decision does not match the contract at {where}: {errors[0].message}"
 
-    async def visible_tools(self, input_doc: dict[str, Any]) -> set[str]:
-        """Names the principal may see; any doubt shows nothing."""
+    async def visible_tools(self, input_doc: dict[str, Any]) -> frozenset[str] | None:
+        """Names the principal may see, or None when OPA gave no usable answer (show nothing)."""
         try:
             result, _ = await self.query(VISIBLE_TOOLS_PATH, input_doc)
         except PolicyError:
-            return set()
+            return None
         if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
-            return set()
-        return set(result)
+            return None
+        return frozenset(result)
 
     async def may_approve(self, input_doc: dict[str, Any]) -> ApproverVerdict:
         """May an approver act on a pending request, and through which of its groups."""

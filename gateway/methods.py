@@ -19,6 +19,7 @@ from gateway.catalog import arguments_digest
 from gateway.components import Components
 from gateway.decisions import CONTRACT_VERSION
 from gateway.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
+from gateway.listings import listing_key
 from gateway.pipeline import CallRequest, CallResult, UnknownTool, call_tool, request_facts
 from gateway.request_state import RequestStates, StateError
 
@@ -57,15 +58,21 @@ def request_digest(name: str, arguments: Any) -> str:
 
 async def list_tools(x: Exchange) -> dict[str, Any]:
     req = CallRequest(uuid.uuid4().hex, x.principal, "", None, x.version, x.source_ip)
-    visible = await x.c.decisions.visible_tools(
-        {
-            "contract_version": CONTRACT_VERSION,
-            "kind": "list",
-            "principal": x.principal.as_input(),
-            "request": request_facts(req, "tools/list"),
-            "tools": [t.policy_view for t in x.c.catalog],
-        }
-    )  # one OPA query per listing; any doubt shows nothing
+    input_doc = {
+        "contract_version": CONTRACT_VERSION,
+        "kind": "list",
+        "principal": x.principal.as_input(),
+        "request": request_facts(req, "tools/list"),
+        "tools": x.c.catalog.policy_views,
+    }
+    key = listing_key(input_doc)
+    visible = x.c.listings.get(key)
+    if visible is None:
+        visible = await x.c.decisions.visible_tools(input_doc)  # one OPA query per listing
+        if visible is None:
+            visible = frozenset()  # any doubt shows nothing, and is asked again next time
+        else:
+            x.c.listings.put(key, visible)
     tools = [t.mcp_view for t in x.c.catalog if t.name in visible]
     if x.version == "2025-03-26":
         tools = [{k: v for k, v in t.items() if k not in _NEWER_TOOL_FIELDS} for t in tools]

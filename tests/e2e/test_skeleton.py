@@ -81,6 +81,7 @@ async def test_unreachable_opa_denies_and_audits(env: DevEnv, tmp_path: pytest.T
         rows = audit_rows(cfg.audit_path, _request_id(res))
         assert rows[-1]["kind"] == "decision" and rows[-1]["outcome"] == "deny"
         assert '"failed_closed":true' in rows[-1]["body"]
+        assert len(gw.components.listings) == 0  # a listing OPA could not answer is not kept
     finally:
         gw.stop()
 
