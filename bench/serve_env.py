@@ -28,10 +28,12 @@ from gateway.sim.harness import start_simulator
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--scenario", default="default")
+    p.add_argument("--decision-logs", action="store_true", help="turn on OPA's console decision log")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pvegate-benchenv-"))
     sim = start_simulator(a.scenario, work / "sim")
-    env = make_env(work / "gw", {"default": sim}, port=free_port())
+    opa = {"mode": "managed", "decision_logs": a.decision_logs}
+    env = make_env(work / "gw", {"default": sim}, port=free_port(), opa=opa)
     gw = start_gateway("gateway", env, work)
     tokens = write_tokens(env, work / "tokens.txt")
     print(f"url={env.url}\nca={env.ca_file}\ntokens={tokens}\ngateway_pid={gw.popen.pid}\nsim_api={sim.api_url}")

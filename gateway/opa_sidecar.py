@@ -73,7 +73,7 @@ class OPASidecar:
     binary: Path | None = None
     log_file: Path | None = None
     pid_file: Path | None = None  # lets a restarted gateway reap the OPA a killed one left behind
-    decision_logs: bool = True
+    decision_logs: bool = False
     # Go's collector at its default (100) costs OPA ~15 % of its CPU and most of its
     # eval-time p99 under load here; 400 trades ~25 MB of heap for that (docs/performance.md).
     # A GOGC already in the environment wins.
@@ -101,8 +101,8 @@ class OPASidecar:
             "--optimize-store-for-read-speed",
         ]
         if self.decision_logs:
-            # Console decision logs give every answer a decision_id; system.log.mask
-            # in policies/ keeps tool arguments out of them.
+            # Console decision logs give every answer a decision_id (the audit keeps it);
+            # system.log.mask in policies/ keeps tool arguments out of them.
             cmd += ["--set", "decision_logs.console=true"]
         if self.bundle is not None:
             cmd += ["--bundle", str(self.bundle)]

@@ -32,7 +32,7 @@ async def test_allowed_read_is_served_and_audited(gateway: GatewayThread, env: D
     rid = _request_id(res)
     rows = audit_rows(env.config.audit_path, rid)
     assert [r["kind"] for r in rows] == ["received", "decision", "result"]
-    assert rows[1]["outcome"] == "allow" and '"decision_id":"' in rows[1]["body"]
+    assert rows[1]["outcome"] == "allow" and '"input_digest":"sha256:' in rows[1]["body"]
     assert rows[2]["outcome"] == "ok"
 
 
