@@ -339,9 +339,9 @@ def run(a: argparse.Namespace) -> Results:
         else:
             res.memory = memory_growth(gw, env, tokens, script, a, calls_a)
             res.memory["recorded"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        res.audit = audit_counts(env.config.audit_path)
         base.stop()
-        gw.stop()
+        gw.stop()  # first: calls wrk left in flight still write their result record
+        res.audit = audit_counts(env.config.audit_path)
         verify = subprocess.run(
             [str(ROOT / ".venv/bin/pvegate"), "audit", "verify", "--config", str(env.config_path)],
             capture_output=True,
