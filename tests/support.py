@@ -16,7 +16,25 @@ from gateway.config import Config
 from gateway.opa_sidecar import free_port
 from gateway.server import uvicorn_config
 
-__all__ = ["GatewayThread", "audit_rows", "free_port"]
+__all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "free_port"]
+
+# A decision document inside the contract (decision.schema.json): an allowed low-risk read.
+ALLOWING_DECISION: dict[str, Any] = {
+    "contract_version": 1,
+    "allow": True,
+    "deny": [],
+    "risk": {"score": 0, "level": "low", "factors": []},
+    "approval": {
+        "required": False,
+        "satisfied": False,
+        "approver_groups": [],
+        "min_approvals": 0,
+        "ttl_seconds": 0,
+        "reason": "",
+    },
+    "obligations": {"dry_run": False, "redact": [], "max_items": 10},
+    "quota": None,
+}
 
 
 class GatewayThread:

@@ -10,6 +10,7 @@ cases run under `opa test` (policies/pvegate/golden/golden_test.rego).
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from referencing import Registry, Resource
 
 from gateway.decisions import DecisionClient
 from gateway.opa_sidecar import OPASidecar, find_opa
+from tests.support import ALLOWING_DECISION
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "policies"
@@ -198,22 +200,7 @@ def test_malformed_input_denied_within_schema(opa: OPASidecar, doc: Any) -> None
 
 
 def test_decision_schema_rejects_contract_breaks() -> None:
-    good: dict[str, Any] = {
-        "contract_version": 1,
-        "allow": True,
-        "deny": [],
-        "risk": {"score": 0, "level": "low", "factors": []},
-        "approval": {
-            "required": False,
-            "satisfied": False,
-            "approver_groups": [],
-            "min_approvals": 0,
-            "ttl_seconds": 0,
-            "reason": "",
-        },
-        "obligations": {"dry_run": False, "redact": [], "max_items": 10},
-        "quota": None,
-    }
+    good = copy.deepcopy(ALLOWING_DECISION)
     v = validator("decision")
     assert not list(v.iter_errors(good))
     for bad in (

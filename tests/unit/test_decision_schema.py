@@ -17,23 +17,9 @@ import jsonschema
 import pytest
 
 from gateway.decisions import DecisionClient
+from tests.support import ALLOWING_DECISION
 
-ALLOW: dict[str, Any] = {
-    "contract_version": 1,
-    "allow": True,
-    "deny": [],
-    "risk": {"score": 0, "level": "low", "factors": []},
-    "approval": {
-        "required": False,
-        "satisfied": False,
-        "approver_groups": [],
-        "min_approvals": 0,
-        "ttl_seconds": 0,
-        "reason": "",
-    },
-    "obligations": {"dry_run": False, "redact": [], "max_items": 500},
-    "quota": None,
-}
+ALLOW: dict[str, Any] = ALLOWING_DECISION
 PENDING: dict[str, Any] = {
     **ALLOW,
     "allow": False,
