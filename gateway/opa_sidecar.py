@@ -57,6 +57,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# what OPA may see of the gateway's environment (besides GO* runtime settings)
+_PASSED_ENV = frozenset({"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR"})
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,6 +118,17 @@ class OPASidecar:
             cmd += [str(p) for p in self.policies]
         return cmd
 
+    def environment(self) -> dict[str, str]:
+        """OPA's environment: the Go runtime's settings and little else.
+
+        The gateway's own environment may hold secrets (`{env: NAME}` references for the
+        Proxmox token and others), and a policy can read its process environment through
+        `opa.runtime().env`: none of it is passed on.
+        """
+        env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV or k.startswith("GO")}
+        env.setdefault("GOGC", str(self.gogc))
+        return env
+
     def reap_stale(self) -> None:
         """Stop the OPA server a previous gateway (killed without clean-up) left running."""
         if self.pid_file is None or not self.pid_file.exists():
@@ -141,8 +156,7 @@ class OPASidecar:
             self._log_handle = open(self.log_file, "ab")
             out = self._log_handle
         log.info("starting OPA sidecar: %s", " ".join(cmd))
-        env = {"GOGC": str(self.gogc), **os.environ}
-        self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)  # type: ignore[arg-type]
+        self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
         if self.pid_file is not None:
             self.pid_file.parent.mkdir(parents=True, exist_ok=True)
             self.pid_file.write_text(f"{self.process.pid} {os.getpid()}\n")

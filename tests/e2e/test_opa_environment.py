@@ -1,4 +1,4 @@
-"""The managed OPA runs with a less eager Go collector, unless the operator chose one."""
+"""The managed OPA's process: a less eager Go collector, and none of the gateway's environment."""
 
 from __future__ import annotations
 
@@ -33,3 +33,19 @@ def test_sidecar_gogc(monkeypatch: pytest.MonkeyPatch, environ: str | None, expe
         assert _gogc_of(sidecar) == expected
     finally:
         sidecar.stop()
+
+
+def test_sidecar_does_not_inherit_the_gateways_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A policy sees its process environment (opa.runtime().env): it must hold no gateway secret."""
+    monkeypatch.setenv("PVEGATE_TEST_PVE_TOKEN", "root@pam!gw=5ecret-5ecret")
+    monkeypatch.setenv("GOMAXPROCS", "2")
+    (tmp_path / "env.rego").write_text("package probe\n\nenv := opa.runtime().env\n")
+    sidecar = OPASidecar(policies=(tmp_path,), decision_logs=False)
+    sidecar.start()
+    try:
+        env = httpx.post(f"{sidecar.url}/v1/data/probe/env", json={}, timeout=5).json()["result"]
+    finally:
+        sidecar.stop()
+    assert "PATH" in env and env["GOGC"] == "400" and env["GOMAXPROCS"] == "2"
+    assert "PVEGATE_TEST_PVE_TOKEN" not in env
+    assert not any("5ecret" in v for v in env.values())
