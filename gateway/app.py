@@ -69,7 +69,7 @@ async def build_components(config: Config) -> Components:
     await audit.open()
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
     usage.load(await audit.allowed_since(time.time() - 86400))
-    decisions = DecisionClient(url, config.opa.timeout_ms)
+    decisions = DecisionClient(url, config.opa.timeout_ms, token=sidecar.api_token if sidecar else None)
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     targets = TargetResolver(clients, config.target_cache_seconds)
     runtimes: dict[str, Runtime] = {

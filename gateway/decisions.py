@@ -77,7 +77,7 @@ class PolicyError(Exception):
 class DecisionClient:
     """Asks a running OPA server; all answers pass schema validation first."""
 
-    def __init__(self, url: str, timeout_ms: int = 500) -> None:
+    def __init__(self, url: str, timeout_ms: int = 500, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout_ms / 1000.0
         parts = urlsplit(self.url)
@@ -87,6 +87,7 @@ class DecisionClient:
             ssl=parts.scheme == "https",
             timeout=self.timeout,
             retries=0,  # fail fast: a retry would only turn a deny into a slow deny
+            token=token,  # the managed OPA's API token (OPASidecar.api_token)
         )
         self._session_lock = asyncio.Lock()
         self._open = False

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -57,6 +58,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
+AUTHZ_POLICY = Path(__file__).resolve().parent / "opa_authz" / "system" / "authz" / "authz.rego"
+
 # what OPA may see of the gateway's environment (besides GO* runtime settings)
 _PASSED_ENV = frozenset({"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR"})
 
@@ -82,6 +85,8 @@ class OPASidecar:
     # eval-time p99 under load here; 400 trades ~25 MB of heap for that (docs/performance.md).
     # A GOGC already in the environment wins.
     gogc: int = 400
+    # the bearer token this OPA's API accepts (directory mode; see opa_authz/authz.rego)
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
@@ -90,6 +95,15 @@ class OPASidecar:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_token(self) -> str | None:
+        """The token clients must send, or None when OPA serves a bundle (its roots are write-protected)."""
+        return None if self.bundle is not None else self.token
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_token}"} if self.api_token else {}
 
     def command(self) -> list[str]:
         cmd = [
@@ -115,6 +129,8 @@ class OPASidecar:
         else:
             # a policy directory also holds tests, golden cases and lint config: not policy
             cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
+            # files loaded from a directory are writable through the REST API: only our token may use it
+            cmd += ["--authentication=token", "--authorization=basic", str(AUTHZ_POLICY)]
             cmd += [str(p) for p in self.policies]
         return cmd
 
@@ -127,6 +143,8 @@ class OPASidecar:
         """
         env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV or k.startswith("GO")}
         env.setdefault("GOGC", str(self.gogc))
+        if self.api_token:
+            env["PVEGATE_OPA_TOKEN"] = self.api_token  # read by opa_authz/authz.rego
         return env
 
     def reap_stale(self) -> None:

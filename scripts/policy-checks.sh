@@ -20,6 +20,8 @@ OPA="${OPA:-.tools/bin/opa}"
 REGAL="${REGAL:-.tools/bin/regal}"
 THRESHOLD="${COVERAGE_THRESHOLD:-95}"
 POLICIES="policies"
+# plus the gateway's own OPA API authorization policy (loaded next to a policy directory)
+POLICY_DIRS=("${POLICIES}" gateway/opa_authz)
 failed=()
 
 step() { printf '\n== %s\n' "$*"; }
@@ -33,17 +35,17 @@ if [[ ! -x "${OPA}" ]]; then
 	exit 1
 fi
 
-step "opa check --strict ${POLICIES}"
-"${OPA}" check --strict "${POLICIES}" || fail "opa check --strict"
+step "opa check --strict ${POLICY_DIRS[*]}"
+"${OPA}" check --strict "${POLICY_DIRS[@]}" || fail "opa check --strict"
 
-step "opa fmt --list --fail ${POLICIES}"
-"${OPA}" fmt --list --fail "${POLICIES}" || fail "opa fmt (run: ${OPA} fmt -w ${POLICIES})"
+step "opa fmt --list --fail ${POLICY_DIRS[*]}"
+"${OPA}" fmt --list --fail "${POLICY_DIRS[@]}" || fail "opa fmt (run: ${OPA} fmt -w ${POLICIES})"
 
-step "opa test ${POLICIES} --coverage --threshold ${THRESHOLD}"
+step "opa test ${POLICY_DIRS[*]} --coverage --threshold ${THRESHOLD}"
 # the pretty run shows each failing test; the coverage run enforces the threshold
-if "${OPA}" test "${POLICIES}"; then
+if "${OPA}" test "${POLICY_DIRS[@]}"; then
 	cov_json="$(mktemp)"
-	"${OPA}" test "${POLICIES}" --coverage --threshold "${THRESHOLD}" --format json >"${cov_json}"
+	"${OPA}" test "${POLICY_DIRS[@]}" --coverage --threshold "${THRESHOLD}" --format json >"${cov_json}"
 	cov_rc=$?
 	python3 - "${cov_json}" "${THRESHOLD}" <<'PY'
 import json, sys
@@ -63,12 +65,12 @@ else
 	fail "opa test"
 fi
 
-step "regal lint ${POLICIES}"
+step "regal lint ${POLICY_DIRS[*]}"
 if [[ ! -x "${REGAL}" ]]; then
 	bash scripts/provision-regal.sh || true
 fi
 if [[ -x "${REGAL}" ]]; then
-	"${REGAL}" lint "${POLICIES}" || fail "regal lint"
+	"${REGAL}" lint "${POLICY_DIRS[@]}" || fail "regal lint"
 elif [[ "${SKIP_REGAL:-0}" == "1" ]]; then
 	echo "regal not available; skipped (SKIP_REGAL=1)"
 else

@@ -45,7 +45,9 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
                 from gateway.app import start_opa
 
                 url, sidecar = await asyncio.to_thread(start_opa, cfg)
-            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000))
+            # an OPA that was not started here: its API token, if it needs one, from the environment
+            token = sidecar.api_token if sidecar is not None else os.environ.get("PVEGATE_OPA_TOKEN")
+            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=token)
         base = cfg.public_url if cfg.admin.token is not None else None
         approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config))
         await store.expire_due()
@@ -213,7 +215,10 @@ def register(sub: Any) -> None:
         v.add_argument("id")
         v.add_argument("--token-file", type=Path, help="file holding your approver JWT")
         v.add_argument("--token", help=f"your approver JWT (prefer --token-file or ${TOKEN_ENV})")
-        v.add_argument("--opa-url", help="ask this OPA instead of starting a temporary sidecar")
+        v.add_argument(
+            "--opa-url",
+            help="ask this OPA instead of starting a temporary sidecar (its API token, if any, in $PVEGATE_OPA_TOKEN)",
+        )
         v.add_argument("--note")
         v.set_defaults(func=_vote(verdict))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ from gateway.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable
 ENTRYPOINTS = {"decision": DECISION_PATH, "visible_tools": VISIBLE_TOOLS_PATH, "approver": APPROVER_PATH}
 
 
-async def _ask(url: str, entrypoint: str, doc: dict[str, Any]) -> dict[str, Any]:
-    client = DecisionClient(url, timeout_ms=5000)
+async def _ask(url: str, entrypoint: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
+    client = DecisionClient(url, timeout_ms=5000, token=token)
     try:
         if entrypoint == "decision":
             d = await client.decide(doc)
@@ -57,7 +58,9 @@ def _eval(args: argparse.Namespace) -> int:
             sidecar = OPASidecar(policies=(args.policies,), bundle=args.bundle, verification_key=args.verification_key)
             sidecar.start()
             url = sidecar.url
-        out = asyncio.run(_ask(url, args.entrypoint, doc))
+        # an OPA that was not started here: its API token, if it needs one, from the environment
+        token = sidecar.api_token if sidecar is not None else os.environ.get("PVEGATE_OPA_TOKEN")
+        out = asyncio.run(_ask(url, args.entrypoint, doc, token))
     except (OPAUnavailable, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -77,5 +80,5 @@ def register(sub: Any) -> None:
     e.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
     e.add_argument("--bundle", type=Path)
     e.add_argument("--verification-key", type=Path)
-    e.add_argument("--opa-url")
+    e.add_argument("--opa-url", help="ask this running OPA (its API token, if any, in $PVEGATE_OPA_TOKEN)")
     e.set_defaults(func=_eval)

@@ -51,11 +51,21 @@ async def test_cli_refusals_come_from_opa(api: Api, agw: GatewayThread) -> None:
     cfg = str(api.env.config_path)
     aid, _ = await pending(api, "vm_shutdown", shutdown_args())
     opa = agw.components.decisions.url
+    sidecar = agw.components.sidecar
+    assert sidecar is not None and sidecar.api_token
+    os_env = {"PVEGATE_OPA_TOKEN": sidecar.api_token}
     bob = pvegate(
-        "approvals", "deny", aid, "--config", cfg, "--opa-url", opa, env={"PVEGATE_APPROVER_TOKEN": api.human("bob")}
+        "approvals",
+        "deny",
+        aid,
+        "--config",
+        cfg,
+        "--opa-url",
+        opa,
+        env={**os_env, "PVEGATE_APPROVER_TOKEN": api.human("bob")},
     )
     assert bob.returncode == 1 and "not in any of the approver groups" in bob.stderr
-    forged = pvegate("approvals", "approve", aid, "--config", cfg, "--opa-url", opa, "--token", "not-a-jwt")
+    forged = pvegate("approvals", "approve", aid, "--config", cfg, "--opa-url", opa, "--token", "not-a-jwt", env=os_env)
     assert forged.returncode == 2 and "rejected" in forged.stderr
     unknown = pvegate("approvals", "show", "apr-nope", "--config", cfg)
     assert unknown.returncode == 4

@@ -33,11 +33,11 @@ POLICIES = {
 
 
 @pytest.fixture(params=sorted(POLICIES))
-def broken_opa(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+def broken_opa(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, OPASidecar]]:
     (tmp_path / "p.rego").write_text(POLICIES[request.param])
     opa = OPASidecar(policies=(tmp_path,), decision_logs=False)
     opa.start()
-    yield request.param, opa.url
+    yield request.param, opa
     opa.stop()
 
 
@@ -50,9 +50,9 @@ EXPECTED = {
 }
 
 
-async def test_broken_policies_deny(broken_opa: tuple[str, str]) -> None:
-    name, url = broken_opa
-    client = DecisionClient(url, timeout_ms=300)
+async def test_broken_policies_deny(broken_opa: tuple[str, OPASidecar]) -> None:
+    name, opa = broken_opa
+    client = DecisionClient(opa.url, timeout_ms=300, token=opa.api_token)
     try:
         d = await client.decide(CALL)
         assert d.allow is False and d.failed_closed

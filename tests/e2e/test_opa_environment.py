@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _gogc_of(sidecar: OPASidecar) -> float:
     """What the running OPA's Go runtime reports as its GOGC (Prometheus metrics)."""
-    text = httpx.get(f"{sidecar.url}/metrics", timeout=5).text
+    text = httpx.get(f"{sidecar.url}/metrics", headers=sidecar.auth_headers, timeout=5).text
     for line in text.splitlines():
         if line.startswith("go_gc_gogc_percent "):
             return float(line.split()[1])
@@ -43,9 +43,30 @@ def test_sidecar_does_not_inherit_the_gateways_secrets(monkeypatch: pytest.Monke
     sidecar = OPASidecar(policies=(tmp_path,), decision_logs=False)
     sidecar.start()
     try:
-        env = httpx.post(f"{sidecar.url}/v1/data/probe/env", json={}, timeout=5).json()["result"]
+        r = httpx.post(f"{sidecar.url}/v1/data/probe/env", json={}, headers=sidecar.auth_headers, timeout=5)
+        env = r.json()["result"]
     finally:
         sidecar.stop()
     assert "PATH" in env and env["GOGC"] == "400" and env["GOMAXPROCS"] == "2"
     assert "PVEGATE_TEST_PVE_TOKEN" not in env
     assert not any("5ecret" in v for v in env.values())
+
+
+def test_only_the_gateway_may_use_the_managed_opas_api() -> None:
+    """Policies loaded from a directory are writable through OPA's REST API: the token guards it."""
+    sidecar = OPASidecar(policies=(ROOT / "policies",), decision_logs=False)
+    sidecar.start()
+    try:
+        base = sidecar.url
+        grab_admin = [{"name": "local", "role": "admin", "subjects": ["intruder"]}]
+        evil = "package pvegate.evil\n\nx := 1\n"
+        assert httpx.put(f"{base}/v1/data/data/bindings", json=grab_admin, timeout=5).status_code == 401
+        assert httpx.put(f"{base}/v1/policies/evil", content=evil, timeout=5).status_code == 401
+        assert httpx.post(f"{base}/v1/data/pvegate/decision", json={"input": {}}, timeout=5).status_code == 401
+        forged = {"Authorization": "Bearer not-the-token"}
+        assert httpx.get(f"{base}/v1/data/data/bindings", headers=forged, timeout=5).status_code == 401
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200  # probes need no token
+        r = httpx.get(f"{base}/v1/data/data/bindings", headers=sidecar.auth_headers, timeout=5)
+        assert r.status_code == 200 and not any("intruder" in str(b) for b in r.json()["result"])
+    finally:
+        sidecar.stop()

@@ -128,7 +128,13 @@ def opa_without_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OPASi
 
 
 def post(sidecar: OPASidecar, path: str, input_doc: Any) -> dict[str, Any]:
-    r = httpx.post(f"{sidecar.url}/v1/data/{path}", params={"metrics": "true"}, json={"input": input_doc}, timeout=10)
+    r = httpx.post(
+        f"{sidecar.url}/v1/data/{path}",
+        params={"metrics": "true"},
+        json={"input": input_doc},
+        headers=sidecar.auth_headers,
+        timeout=10,
+    )
     r.raise_for_status()
     body: dict[str, Any] = r.json()
     assert "result" in body, f"data.{path.replace('/', '.')} is undefined"
@@ -157,7 +163,7 @@ async def test_golden_case_live(opa: OPASidecar, name: str, case: dict[str, Any]
     assert not unmet(case["expect"], raw), unmet(case["expect"], raw)
 
     # ... and the gateway's decision client takes it as it is (no fail-closed)
-    client = DecisionClient(opa.url, timeout_ms=5000)
+    client = DecisionClient(opa.url, timeout_ms=5000, token=opa.api_token)
     try:
         decision = await client.decide(case["input"])
     finally:
