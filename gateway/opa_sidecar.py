@@ -60,8 +60,12 @@ def _alive(pid: int) -> bool:
 
 AUTHZ_POLICY = Path(__file__).resolve().parent / "opa_authz" / "system" / "authz" / "authz.rego"
 
-# what OPA may see of the gateway's environment (besides GO* runtime settings)
-_PASSED_ENV = frozenset({"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR"})
+# all OPA may see of the gateway's environment: the system basics and the Go runtime's knobs
+# (named one by one: a GO prefix would also pass e.g. GOOGLE_APPLICATION_CREDENTIALS)
+_PASSED_ENV = frozenset(
+    {"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+    | {"GOGC", "GOMAXPROCS", "GOMEMLIMIT", "GODEBUG", "GOTRACEBACK"}
+)
 
 
 def free_port() -> int:
@@ -141,7 +145,7 @@ class OPASidecar:
         Proxmox token and others), and a policy can read its process environment through
         `opa.runtime().env`: none of it is passed on.
         """
-        env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV or k.startswith("GO")}
+        env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
         env.setdefault("GOGC", str(self.gogc))
         if self.api_token:
             env["PVEGATE_OPA_TOKEN"] = self.api_token  # read by opa_authz/authz.rego

@@ -39,6 +39,7 @@ def test_sidecar_does_not_inherit_the_gateways_secrets(monkeypatch: pytest.Monke
     """A policy sees its process environment (opa.runtime().env): it must hold no gateway secret."""
     monkeypatch.setenv("PVEGATE_TEST_PVE_TOKEN", "root@pam!gw=5ecret-5ecret")
     monkeypatch.setenv("GOMAXPROCS", "2")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/secrets/5ecret-sa.json")
     (tmp_path / "env.rego").write_text("package probe\n\nenv := opa.runtime().env\n")
     sidecar = OPASidecar(policies=(tmp_path,), decision_logs=False)
     sidecar.start()
@@ -48,7 +49,7 @@ def test_sidecar_does_not_inherit_the_gateways_secrets(monkeypatch: pytest.Monke
     finally:
         sidecar.stop()
     assert "PATH" in env and env["GOGC"] == "400" and env["GOMAXPROCS"] == "2"
-    assert "PVEGATE_TEST_PVE_TOKEN" not in env
+    assert "PVEGATE_TEST_PVE_TOKEN" not in env and "GOOGLE_APPLICATION_CREDENTIALS" not in env
     assert not any("5ecret" in v for v in env.values())
 
 
