@@ -58,6 +58,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# the environment variable holding a managed OPA's API token: set in OPA's own environment
+# (read by opa_authz/authz.rego) and read by CLI commands pointed at a running OPA
+TOKEN_ENV = "PVEGATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
+
 AUTHZ_POLICY = Path(__file__).resolve().parent / "opa_authz" / "system" / "authz" / "authz.rego"
 
 # all OPA may see of the gateway's environment: the system basics and the Go runtime's knobs
@@ -66,6 +70,11 @@ _PASSED_ENV = frozenset(
     {"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR"}
     | {"GOGC", "GOMAXPROCS", "GOMEMLIMIT", "GODEBUG", "GOTRACEBACK"}
 )
+
+
+def client_token(sidecar: OPASidecar | None) -> str | None:
+    """The API token to send: the sidecar's own, or, for an OPA started elsewhere, $PVEGATE_OPA_TOKEN."""
+    return sidecar.api_token if sidecar is not None else os.environ.get(TOKEN_ENV)
 
 
 def free_port() -> int:
@@ -148,7 +157,7 @@ class OPASidecar:
         env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
         env.setdefault("GOGC", str(self.gogc))
         if self.api_token:
-            env["PVEGATE_OPA_TOKEN"] = self.api_token  # read by opa_authz/authz.rego
+            env[TOKEN_ENV] = self.api_token
         return env
 
     def reap_stale(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from gateway.approvals import Approvals, ApprovalStore, NotFound, VoteOutcome
 from gateway.audit import AuditLog, known_secrets
 from gateway.config import Config, load
+from gateway.opa_sidecar import client_token
 
 TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 
@@ -45,9 +46,7 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
                 from gateway.app import start_opa
 
                 url, sidecar = await asyncio.to_thread(start_opa, cfg)
-            # an OPA that was not started here: its API token, if it needs one, from the environment
-            token = sidecar.api_token if sidecar is not None else os.environ.get("PVEGATE_OPA_TOKEN")
-            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=token)
+            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=client_token(sidecar))
         base = cfg.public_url if cfg.admin.token is not None else None
         approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config))
         await store.expire_due()

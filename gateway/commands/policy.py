@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from gateway.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
-from gateway.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable
+from gateway.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
 
 ENTRYPOINTS = {"decision": DECISION_PATH, "visible_tools": VISIBLE_TOOLS_PATH, "approver": APPROVER_PATH}
 
@@ -58,9 +57,7 @@ def _eval(args: argparse.Namespace) -> int:
             sidecar = OPASidecar(policies=(args.policies,), bundle=args.bundle, verification_key=args.verification_key)
             sidecar.start()
             url = sidecar.url
-        # an OPA that was not started here: its API token, if it needs one, from the environment
-        token = sidecar.api_token if sidecar is not None else os.environ.get("PVEGATE_OPA_TOKEN")
-        out = asyncio.run(_ask(url, args.entrypoint, doc, token))
+        out = asyncio.run(_ask(url, args.entrypoint, doc, client_token(sidecar)))
     except (OPAUnavailable, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
