@@ -37,9 +37,10 @@ from starlette.routing import Route
 from gateway import audit as auditlib
 from gateway.approvals import ApprovalRequest, Approvals, NotFound, VoteOutcome
 from gateway.audit import AuditRecord
-from gateway.auth import Authenticator, AuthError, Principal
+from gateway.auth import Authenticator, AuthError
 from gateway.components import Components
 from gateway.config import ConfigError
+from gateway.principal import Principal
 
 log = logging.getLogger("pvegate.admin")
 

@@ -29,20 +29,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 
-from gateway.audit import AuditLog, AuditRecord
+from gateway.audit import AuditLog, AuditRecord, audit_arguments
+from gateway.calls import CallRequest, CallResult
 from gateway.canonical import canonical_json
 from gateway.config import Config
-from gateway.decisions import CONTRACT_VERSION, DecisionClient
-
-if TYPE_CHECKING:
-    from gateway.auth import Principal
-    from gateway.catalog import Tool
-    from gateway.decisions import Decision
-    from gateway.pipeline import CallRequest, CallResult
+from gateway.decisions import CONTRACT_VERSION, Decision, DecisionClient
+from gateway.principal import Principal
+from gateway.tool import Tool
 
 APPROVAL_META_KEY = "pvegate/approval"  # the one-time token an agent presents on its retry
 # Set only by the transport, from a verified (HMAC-sealed, principal- and call-bound)
@@ -580,8 +577,6 @@ class Approvals:
         target: dict[str, Any],
         decision: Decision,
     ) -> CallResult:
-        from gateway.pipeline import CallResult, audit_arguments
-
         reason = decision.approval.get("reason") or "policy requires a human approval"
         if self.store is None:
             return CallResult("denied", f"Denied: {reason}; approvals are not enabled on this gateway", is_error=True)

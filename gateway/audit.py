@@ -35,6 +35,7 @@ from typing import Any
 import aiosqlite
 
 from gateway.config import Config, ConfigError
+from gateway.tool import Tool
 
 GENESIS = "0" * 64
 REDACTED = "[redacted]"
@@ -701,3 +702,7 @@ def known_secrets(config: Config) -> list[str]:
         if "=" in value:  # a Proxmox API token "user@realm!id=uuid": its secret part alone too
             out.append(value.rsplit("=", 1)[1])
     return out
+
+
+def audit_arguments(tool: Tool, args: dict[str, Any], redact: Any = ()) -> dict[str, Any]:
+    return redact_arguments(tool.sensitive, args, redact if isinstance(redact, list) else ())

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import jwt
 
 from gateway.config import AuthConfig
 from gateway.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
+from gateway.principal import Principal
 
 
 class AuthError(Exception):
@@ -26,28 +26,6 @@ class AuthError(Exception):
         self.error = error
         self.status = status
         self.scope = scope  # for insufficient_scope: what the resource requires
-
-
-@dataclass(frozen=True)
-class Principal:
-    sub: str
-    iss: str
-    roles: tuple[str, ...]
-    groups: tuple[str, ...]
-    scopes: tuple[str, ...]
-    client_id: str | None
-    kind: str  # agent | human | service
-
-    def as_input(self) -> dict[str, Any]:
-        return {
-            "sub": self.sub,
-            "iss": self.iss,
-            "client_id": self.client_id,
-            "roles": list(self.roles),
-            "groups": list(self.groups),
-            "scopes": list(self.scopes),
-            "kind": self.kind,
-        }
 
 
 def _claim(claims: dict[str, Any], path: str) -> Any:

@@ -8,13 +8,14 @@ from typing import Any
 
 from gateway.approvals import Approvals
 from gateway.audit import AuditLog
-from gateway.catalog import ArgumentError, Catalog, Tool
+from gateway.catalog import Catalog
 from gateway.config import Config
 from gateway.connectors import Runtime
 from gateway.decisions import DecisionClient
 from gateway.listings import ListingCache
 from gateway.opa_sidecar import OPASidecar
 from gateway.targets import TargetResolver
+from gateway.tool import ArgumentError, Tool
 from gateway.usage import UsageCounters
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.calls import CallResult
 from gateway.config import Config
-from gateway.pipeline import CallResult
 from gateway.wellknown import base_url
 
 APPROVAL_ID_META = "pvegate/approval_id"  # set by the approvals engine on a pending result

@@ -14,14 +14,15 @@ from typing import Any
 
 from gateway import __version__, handoff
 from gateway.audit import AuditRecord
-from gateway.auth import Principal
-from gateway.catalog import arguments_digest
+from gateway.calls import CallRequest, CallResult
 from gateway.components import Components
 from gateway.decisions import CONTRACT_VERSION
 from gateway.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
 from gateway.listings import listing_key
-from gateway.pipeline import CallRequest, CallResult, UnknownTool, call_tool, request_facts
+from gateway.pipeline import UnknownTool, call_tool, request_facts
+from gateway.principal import Principal
 from gateway.request_state import RequestStates, StateError
+from gateway.tool import arguments_digest
 
 log = logging.getLogger("pvegate.mcp")
 

@@ -8,42 +8,21 @@ it builds the input, asks OPA once, and does what the answer says.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.audit import CALL_SECRETS, AuditRecord, redact_arguments, secret_values
-from gateway.auth import Principal
+from gateway.audit import CALL_SECRETS, AuditRecord, audit_arguments, secret_values
+from gateway.calls import CallRequest, CallResult
 from gateway.canonical import digest_json
-from gateway.catalog import ArgumentError, Tool, arguments_digest
 from gateway.components import Components
 from gateway.connectors import CallContext, Refused, ToolError
 from gateway.decisions import CONTRACT_VERSION, Decision
 from gateway.shaping import shape
+from gateway.tool import ArgumentError, Tool, arguments_digest
 
 
 class UnknownTool(Exception):
     """The named tool is not in the catalog (a protocol-level error)."""
-
-
-@dataclass
-class CallRequest:
-    request_id: str
-    principal: Principal
-    tool: str
-    arguments: Any
-    protocol_version: str
-    source_ip: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class CallResult:
-    outcome: str  # allowed | denied | pending_approval | invalid | failed
-    text: str
-    structured: dict[str, Any] | None = None
-    is_error: bool = False
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any]:
@@ -59,10 +38,6 @@ def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any
         "hour_utc": now.hour,
         "source_ip": req.source_ip,
     }
-
-
-def audit_arguments(tool: Tool, args: dict[str, Any], redact: Any = ()) -> dict[str, Any]:
-    return redact_arguments(tool.sensitive, args, redact if isinstance(redact, list) else ())
 
 
 async def call_tool(c: Components, req: CallRequest) -> CallResult:

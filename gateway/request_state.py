@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.auth import Principal
+from gateway.principal import Principal
 
 
 class StateError(Exception):

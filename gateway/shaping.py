@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.catalog import Tool
+from gateway.tool import Tool
 
 REDACTED = "[redacted]"
 

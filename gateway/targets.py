@@ -7,8 +7,8 @@ import asyncio
 import time
 from typing import Any
 
-from gateway.catalog import Tool
 from gateway.connectors.pve_api import PveApiClient
+from gateway.tool import Tool
 
 
 def unknown_target(cluster: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway import handoff, methods, modern
 from gateway.audit import AuditRecord
-from gateway.auth import Authenticator, AuthError, Principal
+from gateway.auth import Authenticator, AuthError
 from gateway.components import Components
 from gateway.jsonrpc import (
     INVALID_PARAMS,
@@ -32,6 +32,7 @@ from gateway.jsonrpc import (
     parse_message,
     result_response,
 )
+from gateway.principal import Principal
 from gateway.request_state import RequestStates, Sessions
 from gateway.wellknown import metadata_url
 

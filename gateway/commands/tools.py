@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.catalog import Catalog, CatalogError, Tool
+from gateway.catalog import Catalog, CatalogError
 from gateway.connectors.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
 from gateway.opa_sidecar import REPO_ROOT
+from gateway.tool import Tool
 
 DEFAULT_CONNECTORS = REPO_ROOT / "connectors"
 SHARED_SCHEMAS = REPO_ROOT.parent / "shared" / "pve-api"

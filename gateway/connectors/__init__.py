@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.catalog import Tool
+from gateway.tool import Tool
 
 
 class ToolError(Exception):
@@ -14,6 +14,14 @@ class ToolError(Exception):
 
 class Refused(ToolError):
     """The runtime refused the request before anything left the gateway (e.g. an SSH allow-list miss)."""
+
+
+class CommandFailed(ToolError):
+    """The command ran and exited with a status the tool does not accept."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 @dataclass
@@ -34,3 +42,14 @@ class Runtime(Protocol):
     async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput: ...
 
     async def close(self) -> None: ...
+
+
+class GuestLocator(Protocol):
+    """What a runtime asks the target resolver (gateway.targets.TargetResolver): where a guest runs.
+    A protocol, so the resolver may use the API client without the runtimes importing it back."""
+
+    async def guest(self, cluster: str, vmid: int) -> dict[str, Any] | None: ...
+
+    async def nodes(self, cluster: str) -> dict[str, dict[str, Any]]: ...
+
+    def invalidate(self, cluster: str) -> None: ...

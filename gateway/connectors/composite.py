@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gateway.catalog import ArgumentError, Catalog, Tool
+from gateway.catalog import Catalog
 from gateway.connectors import CallContext, Runtime, ToolError, ToolOutput
 from gateway.connectors.reducers import COMPOSITES
+from gateway.tool import ArgumentError, Tool
 
 log = logging.getLogger("pvegate.composite")
 

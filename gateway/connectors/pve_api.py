@@ -14,19 +14,16 @@ import re
 import ssl
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
-from gateway.catalog import Tool
 from gateway.config import ClusterConfig
-from gateway.connectors import CallContext, ToolError, ToolOutput
+from gateway.connectors import CallContext, GuestLocator, ToolError, ToolOutput
 from gateway.connectors.breaker import CircuitBreaker
 from gateway.connectors.reducers import TRANSFORMS
-
-if TYPE_CHECKING:  # targets imports this module
-    from gateway.targets import TargetResolver
+from gateway.tool import Tool
 
 log = logging.getLogger("pvegate.pve_api")
 READ_RETRIES = 2  # extra attempts, GET only: a retried mutation could run twice
@@ -188,7 +185,7 @@ def upid_node(upid: str) -> str:
 
 
 class PveApiRuntime:
-    def __init__(self, clients: dict[str, PveApiClient], resolver: TargetResolver) -> None:
+    def __init__(self, clients: dict[str, PveApiClient], resolver: GuestLocator) -> None:
         self.clients = clients
         self.resolver = resolver
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.catalog import Catalog, Tool
+from gateway.catalog import Catalog
+from gateway.tool import Tool
 
 GUEST_TYPES = ("qemu", "lxc")
 

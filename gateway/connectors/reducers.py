@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.connectors import ToolError
+from gateway.connectors import CommandFailed, ToolError
 
 Sub = Callable[[str, dict[str, Any]], Awaitable[Any]]
 Composite = Callable[[Sub, dict[str, Any], list[str]], Awaitable[Any]]
@@ -328,8 +328,6 @@ def container_row(r: dict[str, Any]) -> dict[str, Any]:
 
 async def _docker_guest(sub: Sub, vmid: int, warnings: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
     """(guest row, docker ps rows) — rows is None when Docker could not be asked."""
-    from gateway.connectors.ssh import CommandFailed  # the ssh runtime's typed failure
-
     g = await _guest_row(sub, vmid)
     if g.get("type") != "lxc":
         warnings.append("Docker is only inspected inside LXC containers; VMs are not inspected")

@@ -15,18 +15,16 @@ import logging
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncssh
 import jsonschema
 
-from gateway.catalog import PLACEHOLDER, Catalog, Tool
+from gateway.catalog import Catalog
 from gateway.config import ClusterConfig, SSHConfig, SSHNodeConfig
-from gateway.connectors import CallContext, ToolError, ToolOutput
+from gateway.connectors import CallContext, CommandFailed, GuestLocator, ToolError, ToolOutput
 from gateway.connectors import Refused as BaseRefused
-
-if TYPE_CHECKING:  # targets imports this module
-    from gateway.targets import TargetResolver
+from gateway.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.ssh")
 # Whitespace and everything a POSIX shell gives meaning to; placeholders may hold none of it.
@@ -36,14 +34,6 @@ MAX_VALUE = 256
 
 class Refused(BaseRefused):
     """The argv is not on the allow-list; nothing was sent."""
-
-
-class CommandFailed(ToolError):
-    """The command ran and exited with a status the tool does not accept."""
-
-    def __init__(self, message: str, exit_status: int) -> None:
-        super().__init__(message)
-        self.exit_status = exit_status
 
 
 def safe_value(value: str) -> str | None:
@@ -217,7 +207,7 @@ async def _read_capped(stream: asyncssh.SSHReader[bytes], cap: int) -> bytes:
 
 
 class SshRuntime:
-    def __init__(self, clusters: dict[str, ClusterConfig], resolver: TargetResolver, allow: AllowList) -> None:
+    def __init__(self, clusters: dict[str, ClusterConfig], resolver: GuestLocator, allow: AllowList) -> None:
         self.pool = SshPool(clusters)
         self.resolver = resolver
         self.allow = allow

@@ -38,7 +38,7 @@ def test_released_slot_no_longer_counts() -> None:
 
 
 def test_dry_run_digests_differently() -> None:
-    from gateway.catalog import arguments_digest
+    from gateway.tool import arguments_digest
 
     args = {"node": "pve1", "vmid": 100}
     assert arguments_digest("vm_stop", args) != arguments_digest("vm_stop", args, dry_run=True)
