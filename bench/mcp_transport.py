@@ -26,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import modern
-from gateway.jsonrpc import RpcFault, error_response, parse_message, result_response
+from gateway.mcp import modern
+from gateway.mcp.jsonrpc import RpcFault, error_response, parse_message, result_response
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -55,7 +55,7 @@ def sdk_app() -> Starlette:
 
 
 async def lean_handler(request: Request) -> Response:
-    """Our transport path (gateway/transport.py + modern.py) minus auth, OPA and audit."""
+    """Our transport path (gateway/mcp/transport.py + modern.py) minus auth, OPA and audit."""
     version = request.headers.get("mcp-protocol-version")
     try:
         msg = parse_message(await request.body())

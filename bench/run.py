@@ -34,8 +34,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.devenv import DevEnv, make_env  # noqa: E402
-from gateway.opa_sidecar import free_port  # noqa: E402
+from gateway.dev.devenv import DevEnv, make_env  # noqa: E402
+from gateway.policy.opa_sidecar import free_port  # noqa: E402
 from gateway.sim.harness import SimHandle, start_simulator  # noqa: E402
 
 BENCH = ROOT / "bench"

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run import start_gateway, write_tokens
 
-from gateway.devenv import make_env
-from gateway.opa_sidecar import free_port
+from gateway.dev.devenv import make_env
+from gateway.policy.opa_sidecar import free_port
 from gateway.sim.harness import start_simulator
 
 

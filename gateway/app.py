@@ -15,26 +15,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin import admin_routes
-from gateway.approvals import build_approvals
-from gateway.audit import AuditLog, known_secrets
-from gateway.auth import Authenticator
-from gateway.catalog import Catalog
+from gateway.admin.api import admin_routes
+from gateway.auth.tokens import Authenticator
 from gateway.components import Components
-from gateway.config import Config
-from gateway.connectors import Runtime
-from gateway.connectors.composite import CompositeRuntime
-from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
-from gateway.connectors.ssh import AllowList, SshRuntime
-from gateway.decisions import DecisionClient
-from gateway.listings import ListingCache
-from gateway.opa_sidecar import REPO_ROOT, OPASidecar
-from gateway.request_state import RequestStates, Sealer, Sessions
-from gateway.security import TransportGuard
-from gateway.targets import TargetResolver
-from gateway.transport import handle_mcp
-from gateway.usage import UsageCounters
-from gateway.wellknown import WELL_KNOWN, protected_resource
+from gateway.core.config import Config
+from gateway.mcp.request_state import RequestStates, Sealer, Sessions
+from gateway.mcp.security import TransportGuard
+from gateway.mcp.transport import handle_mcp
+from gateway.mcp.wellknown import WELL_KNOWN, protected_resource
+from gateway.policy.decisions import DecisionClient
+from gateway.policy.listings import ListingCache
+from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
+from gateway.store.approvals import build_approvals
+from gateway.store.audit import AuditLog, known_secrets
+from gateway.store.usage import UsageCounters
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import Runtime
+from gateway.tools.runtimes.composite import CompositeRuntime
+from gateway.tools.runtimes.pve_api import PveApiClient, PveApiRuntime
+from gateway.tools.runtimes.ssh import AllowList, SshRuntime
+from gateway.tools.targets import TargetResolver
 
 log = logging.getLogger("pvegate")
 

@@ -6,17 +6,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.approvals import Approvals
-from gateway.audit import AuditLog
-from gateway.catalog import Catalog
-from gateway.config import Config
-from gateway.connectors import Runtime
-from gateway.decisions import DecisionClient
-from gateway.listings import ListingCache
-from gateway.opa_sidecar import OPASidecar
-from gateway.targets import TargetResolver
-from gateway.tool import ArgumentError, Tool
-from gateway.usage import UsageCounters
+from gateway.core.config import Config
+from gateway.policy.decisions import DecisionClient
+from gateway.policy.listings import ListingCache
+from gateway.policy.opa_sidecar import OPASidecar
+from gateway.store.approvals import Approvals
+from gateway.store.audit import AuditLog
+from gateway.store.usage import UsageCounters
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import Runtime
+from gateway.tools.targets import TargetResolver
+from gateway.tools.tool import ArgumentError, Tool
 
 
 @dataclass

@@ -11,14 +11,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.audit import CALL_SECRETS, AuditRecord, audit_arguments, secret_values
-from gateway.calls import CallRequest, CallResult
-from gateway.canonical import digest_json
 from gateway.components import Components
-from gateway.connectors import CallContext, Refused, ToolError
-from gateway.decisions import CONTRACT_VERSION, Decision
-from gateway.shaping import shape
-from gateway.tool import ArgumentError, Tool, arguments_digest
+from gateway.core.calls import CallRequest, CallResult
+from gateway.core.canonical import digest_json
+from gateway.policy.decisions import CONTRACT_VERSION, Decision
+from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, secret_values
+from gateway.tools.runtimes.base import CallContext, Refused, ToolError
+from gateway.tools.shaping import shape
+from gateway.tools.tool import ArgumentError, Tool, arguments_digest
 
 
 class UnknownTool(Exception):

@@ -8,7 +8,7 @@ import logging
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import Config, ConfigError
+from gateway.core.config import Config, ConfigError
 
 log = logging.getLogger("pvegate")
 

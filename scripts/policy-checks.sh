@@ -21,7 +21,7 @@ REGAL="${REGAL:-.tools/bin/regal}"
 THRESHOLD="${COVERAGE_THRESHOLD:-95}"
 POLICIES="policies"
 # plus the gateway's own OPA API authorization policy (loaded next to a policy directory)
-POLICY_DIRS=("${POLICIES}" gateway/opa_authz)
+POLICY_DIRS=("${POLICIES}" gateway/policy/opa_authz)
 failed=()
 
 step() { printf '\n== %s\n' "$*"; }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv, make_env
 from tests.support import GatewayThread, free_port
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import uvicorn
 
 from gateway.components import Components
-from gateway.config import Config
-from gateway.opa_sidecar import free_port
+from gateway.core.config import Config
+from gateway.policy.opa_sidecar import free_port
 from gateway.server import uvicorn_config
 
 __all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "free_port"]

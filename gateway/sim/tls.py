@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives import hashes
 
-from gateway.devcerts import common_name, issue_ca, issue_server_cert, write_key, write_pem
+from gateway.dev.devcerts import common_name, issue_ca, issue_server_cert, write_key, write_pem
 
 PVE_CA_ORG = "PVE Cluster Manager CA (pvegate sim)"
 

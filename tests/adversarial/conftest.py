@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv, make_env
 from tests.support import GatewayThread, free_port
 
 

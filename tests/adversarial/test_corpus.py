@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.adversarial.tokens import authorization
 from tests.support import GatewayThread
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import jwt
 
-from gateway.devenv import AUDIENCE, ISSUER, DevEnv
+from gateway.dev.devenv import AUDIENCE, ISSUER, DevEnv
 
 ATTACKER = "attacker-chosen-hmac-key-0123456789abcdef"
 

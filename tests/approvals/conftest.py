@@ -14,8 +14,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.devenv import DevEnv, make_env
-from gateway.opa_sidecar import REPO_ROOT
+from gateway.dev.devenv import DevEnv, make_env
+from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.support import GatewayThread, free_port
 
 APPROVAL_RULES = [

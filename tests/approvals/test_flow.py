@@ -7,7 +7,7 @@ import itertools
 import sqlite3
 from typing import Any
 
-from gateway import audit as auditlib
+from gateway.store import audit as auditlib
 from tests.approvals.conftest import Api, outcome, text
 from tests.support import audit_rows
 

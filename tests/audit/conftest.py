@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.devenv import DevEnv, make_env
-from gateway.opa_sidecar import REPO_ROOT
+from gateway.dev.devenv import DevEnv, make_env
+from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.support import GatewayThread, free_port
 
 HERE = Path(__file__).resolve().parent

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import audit as auditlib
-from gateway.audit import AuditLog, AuditRecord
 from gateway.cli import main as cli
+from gateway.store import audit as auditlib
+from gateway.store.audit import AuditLog, AuditRecord
 
 
 async def _filled(path: Path, n: int = 30) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from gateway import audit as auditlib
-from gateway.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv, make_env
+from gateway.store import audit as auditlib
 from tests.support import GatewayThread, audit_rows, free_port
 
 

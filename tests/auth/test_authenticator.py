@@ -14,9 +14,9 @@ from pathlib import Path
 import jwt
 import pytest
 
-from gateway.auth import Authenticator, AuthError
-from gateway.config import AuthConfig, SecretRef
-from gateway.jwks import JwksKeys
+from gateway.auth.jwks import JwksKeys
+from gateway.auth.tokens import Authenticator, AuthError
+from gateway.core.config import AuthConfig, SecretRef
 from tests.auth.keys import AUDIENCE, ISSUER, IdP, alg_none, claims_for
 
 HS_SECRET = "an-hs256-service-secret-of-decent-length-0123456789"

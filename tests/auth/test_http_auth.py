@@ -14,8 +14,8 @@ import httpx
 import jwt
 import pytest
 
-from gateway.config import AuthConfig, SecretRef
-from gateway.devenv import DevEnv
+from gateway.core.config import AuthConfig, SecretRef
+from gateway.dev.devenv import DevEnv
 from tests.auth.keys import AUDIENCE, ISSUER, IdP, alg_none, claims_for
 from tests.support import GatewayThread, audit_rows, free_port
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bundles import build, keygen
-from gateway.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable
+from gateway.policy.bundles import build, keygen
+from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.catalog import Catalog, CatalogError
-from gateway.connectors.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
-from gateway.opa_sidecar import REPO_ROOT
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog, CatalogError
+from gateway.tools.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
 
 CONNECTORS = REPO_ROOT / "connectors"
 SHARED = REPO_ROOT.parent / "shared" / "pve-api"

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from gateway.catalog import Catalog
-from gateway.connectors import CallContext, ToolError
-from gateway.connectors.pve_api import render_path
-from gateway.connectors.ssh import AllowList, Refused, render_argv, safe_value
-from gateway.devenv import DevEnv
-from gateway.opa_sidecar import REPO_ROOT
-from gateway.tool import ArgumentError
+from gateway.dev.devenv import DevEnv
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import CallContext, ToolError
+from gateway.tools.runtimes.pve_api import render_path
+from gateway.tools.runtimes.ssh import AllowList, Refused, render_argv, safe_value
+from gateway.tools.tool import ArgumentError
 from tests.connectors.test_tools_e2e import admin, auditor, call, text
 from tests.support import GatewayThread
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.devenv import make_env
-from gateway.opa_sidecar import REPO_ROOT
+from gateway.dev.devenv import make_env
+from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.approvals.conftest import Api, outcome, text
 from tests.support import GatewayThread, audit_rows, free_port
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.connectors import ToolError
-from gateway.connectors.reducers import check_ip_availability, storage
+from gateway.tools.runtimes.base import ToolError
+from gateway.tools.runtimes.reducers import check_ip_availability, storage
 
 GUESTS = [{"vmid": 100, "type": "qemu", "status": "running", "name": "web"}]
 NODES = [{"node": "pve1", "status": "online"}, {"node": "pve2", "status": "online"}]

@@ -14,14 +14,14 @@ from urllib.parse import urlsplit
 import asyncssh
 import pytest
 
-from gateway.catalog import Catalog
-from gateway.config import ClusterConfig, SecretRef
-from gateway.connectors import CallContext, ToolError
-from gateway.connectors.pve_api import PveApiClient, PveApiRuntime
-from gateway.connectors.ssh import AllowList, SshRuntime
-from gateway.devenv import DevEnv
-from gateway.opa_sidecar import REPO_ROOT
-from gateway.targets import TargetResolver
+from gateway.core.config import ClusterConfig, SecretRef
+from gateway.dev.devenv import DevEnv
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import CallContext, ToolError
+from gateway.tools.runtimes.pve_api import PveApiClient, PveApiRuntime
+from gateway.tools.runtimes.ssh import AllowList, SshRuntime
+from gateway.tools.targets import TargetResolver
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gateway.client import mcp_client
-from gateway.connectors import CallContext, ToolOutput
-from gateway.devenv import DevEnv
+from gateway.dev.client import mcp_client
+from gateway.dev.devenv import DevEnv
+from gateway.tools.runtimes.base import CallContext, ToolOutput
 from tests.support import GatewayThread, audit_rows
 
 Check = Callable[[dict[str, Any]], bool]

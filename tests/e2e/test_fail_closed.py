@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.decisions import DecisionClient
-from gateway.opa_sidecar import OPASidecar, free_port
+from gateway.policy.decisions import DecisionClient
+from gateway.policy.opa_sidecar import OPASidecar, free_port
 
 CALL = {"contract_version": 1, "kind": "call"}
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.client import mcp_client
-from gateway.decisions import DecisionClient
-from gateway.devenv import DevEnv
+from gateway.dev.client import mcp_client
+from gateway.dev.devenv import DevEnv
+from gateway.policy.decisions import DecisionClient
 from tests.support import GatewayThread
 
 

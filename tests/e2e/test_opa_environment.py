@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.opa_sidecar import OPASidecar
+from gateway.policy.opa_sidecar import OPASidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 

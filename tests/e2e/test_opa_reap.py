@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.opa_sidecar import OPASidecar
+from gateway.policy.opa_sidecar import OPASidecar
 
 LAUNCHER = """
 import sys, time
 from pathlib import Path
-from gateway.opa_sidecar import OPASidecar
+from gateway.policy.opa_sidecar import OPASidecar
 opa = OPASidecar(policies=(Path("policies"),), pid_file=Path(sys.argv[1]), decision_logs=False)
 opa.start()
 print(opa.process.pid, flush=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from gateway.client import mcp_client
-from gateway.devenv import DevEnv
+from gateway.dev.client import mcp_client
+from gateway.dev.devenv import DevEnv
 from tests.support import GatewayThread, audit_rows
 
 

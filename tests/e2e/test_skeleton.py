@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from gateway.client import mcp_client
-from gateway.config import OPAConfig
-from gateway.devenv import DevEnv
+from gateway.core.config import OPAConfig
+from gateway.dev.client import mcp_client
+from gateway.dev.devenv import DevEnv
 from tests.support import GatewayThread, audit_rows, free_port
 
 

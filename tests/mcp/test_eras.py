@@ -8,8 +8,8 @@ import httpx
 import pytest
 from mcp_types.methods import validate_server_result
 
-from gateway.client import mcp_client
-from gateway.devenv import DevEnv
+from gateway.dev.client import mcp_client
+from gateway.dev.devenv import DevEnv
 from tests.support import GatewayThread, audit_rows
 
 

@@ -18,7 +18,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestURLParams, ElicitResult
 
-from gateway.client import mcp_client
+from gateway.dev.client import mcp_client
 from tests.approvals.conftest import Api
 from tests.mcp.test_inspector import CLI
 from tests.mcp.wire import modern_body, modern_headers

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.support import GatewayThread, audit_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.mcp.wire import modern_body, modern_headers, modern_post
 from tests.support import GatewayThread, audit_rows
 

@@ -22,8 +22,8 @@ import jsonschema
 import pytest
 from referencing import Registry, Resource
 
-from gateway.decisions import DecisionClient
-from gateway.opa_sidecar import OPASidecar, find_opa
+from gateway.policy.decisions import DecisionClient
+from gateway.policy.opa_sidecar import OPASidecar, find_opa
 from tests.support import ALLOWING_DECISION
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.resilience.helpers import resilient_env
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.config import Config, load
-from gateway.devenv import DevEnv, make_env
+from gateway.core.config import Config, load
+from gateway.dev.devenv import DevEnv, make_env
 from tests.support import audit_rows, free_port
 
 PROTOCOL = "2025-06-18"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.connectors.breaker import CircuitBreaker, CircuitOpen
+from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen
 
 
 class Clock:

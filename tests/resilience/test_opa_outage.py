@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.resilience.helpers import (
     call,
     client,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.connectors.breaker import CircuitBreaker
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
+from gateway.tools.runtimes.breaker import CircuitBreaker
 from tests.resilience.helpers import call, client, fresh_config, result_of, text_of, url_of
 from tests.support import GatewayThread
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv, make_env
 from tests.resilience.helpers import call, client, result_of, text_of
 from tests.support import free_port
 

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway.decisions import DecisionClient
+from gateway.policy.decisions import DecisionClient
 from tests.support import ALLOWING_DECISION
 
 ALLOW: dict[str, Any] = ALLOWING_DECISION

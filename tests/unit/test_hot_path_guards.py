@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.shaping import drop_sensitive
-from gateway.usage import UsageCounters
+from gateway.store.usage import UsageCounters
+from gateway.tools.shaping import drop_sensitive
 
 
 def test_sensitive_key_value_rows_are_dropped() -> None:
@@ -38,7 +38,7 @@ def test_released_slot_no_longer_counts() -> None:
 
 
 def test_dry_run_digests_differently() -> None:
-    from gateway.tool import arguments_digest
+    from gateway.tools.tool import arguments_digest
 
     args = {"node": "pve1", "vmid": 100}
     assert arguments_digest("vm_stop", args) != arguments_digest("vm_stop", args, dry_run=True)
@@ -48,7 +48,7 @@ def test_dry_run_digests_differently() -> None:
 def test_approval_facts_report_the_voters_groups() -> None:
     import json
 
-    from gateway.approvals import _voter_groups
+    from gateway.store.approvals import _voter_groups
 
     votes = [
         {

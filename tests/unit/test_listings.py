@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.listings import ListingCache, listing_key
+from gateway.policy.listings import ListingCache, listing_key
 
 
 def _input(**request: Any) -> dict[str, Any]:

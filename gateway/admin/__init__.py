@@ -1,0 +1,1 @@
+"""The admin/approver HTTP API."""

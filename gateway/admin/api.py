@@ -1,0 +1,415 @@
+"""The admin HTTP API under /admin, separate from the MCP endpoint.
+
+Two credentials, never interchangeable:
+- operator endpoints (health, metrics, audit verify/records, approval listing, withdraw)
+  take the admin bearer token from `admin.token` (a secret file). It is not a
+  JWT, so it can never call tools on /mcp.
+- approver endpoints (approve, deny) take the approver's *own* bearer JWT,
+  verified by the same Authenticator as /mcp. The admin token is refused there:
+  a vote must be tied to an authenticated person, and whether that person may
+  vote on that request is asked of OPA (data.pvegate.approver.decision).
+An agent's MCP token is accepted at the approver door only to be judged by the
+policy, which lets only humans with an approver role in the right group vote.
+
+The routes exist only when `admin.token` is configured (the admin API is enabled).
+GET /admin/approvals/{id} with a browser (Accept: text/html) is a small approval
+page: it shows the request's summary without credentials (ids are 128-bit random
+and nothing secret is in it) and sends the vote with the bearer JWT pasted into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import html
+import json
+import logging
+import secrets
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.auth.tokens import Authenticator, AuthError
+from gateway.components import Components
+from gateway.core.config import ConfigError
+from gateway.core.principal import Principal
+from gateway.store import audit as auditlib
+from gateway.store.approvals import ApprovalRequest, Approvals, NotFound, VoteOutcome
+from gateway.store.audit import AuditRecord
+
+log = logging.getLogger("pvegate.admin")
+
+MAX_BODY = 16_384
+
+
+def _err(status: int, error: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _components(request: Request) -> Components:
+    c: Components = request.app.state.components
+    return c
+
+
+def _admin_secret(request: Request) -> str | None:
+    state = request.app.state
+    if not hasattr(state, "admin_secret"):
+        ref = _components(request).config.admin.token
+        try:
+            state.admin_secret = ref.read() if ref is not None else None
+        except (ConfigError, OSError):
+            log.error("admin token cannot be read; the admin API refuses everything")
+            state.admin_secret = None
+    secret: str | None = state.admin_secret
+    return secret or None
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _is_admin_token(request: Request) -> bool:
+    secret, presented = _admin_secret(request), _bearer(request)
+    return bool(secret and presented and hmac.compare_digest(secret.encode(), presented.encode()))
+
+
+async def _auth_failure(request: Request, status: int, error: str, reason: str) -> JSONResponse:
+    await _components(request).audit.append(
+        AuditRecord(
+            uuid.uuid4().hex,
+            "auth_failure",
+            outcome=error,
+            body={
+                "reason": reason,
+                "surface": "admin",
+                "path": request.url.path,
+                "source_ip": request.client.host if request.client else None,
+            },
+        )
+    )
+    return _err(status, error, reason)
+
+
+async def operator(request: Request) -> JSONResponse | None:
+    """None if the request carries the admin token, else the error response (audited)."""
+    if _is_admin_token(request):
+        return None
+    why = "missing bearer credential" if _bearer(request) is None else "operator endpoints need the admin token"
+    return await _auth_failure(request, 401, "invalid_token", why)
+
+
+async def approver(request: Request) -> Principal | JSONResponse:
+    """The approver's own authenticated identity, or the error response (audited)."""
+    if _is_admin_token(request):
+        return await _auth_failure(
+            request,
+            403,
+            "wrong_credential",
+            "the admin token cannot vote on approvals: use the approver's own bearer token",
+        )
+    authn: Authenticator = request.app.state.authenticator
+    try:
+        return await authn.authenticate(request.headers.get("authorization"))
+    except AuthError as exc:
+        return await _auth_failure(request, exc.status, exc.error, str(exc))
+
+
+async def _caller(request: Request) -> str | JSONResponse:
+    """Read access: the operator, or an authenticated principal (returns who)."""
+    if _is_admin_token(request):
+        return "operator"
+    who = await approver(request)
+    return who if isinstance(who, JSONResponse) else who.sub
+
+
+async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        return _err(413, "invalid_request", "request body too large")
+    if not raw.strip():
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return _err(400, "invalid_request", "body must be JSON")
+    if not isinstance(doc, dict):
+        return _err(400, "invalid_request", "body must be a JSON object")
+    note = doc.get("note")
+    if note is not None and (not isinstance(note, str) or len(note) > 1000):
+        return _err(400, "invalid_request", "note must be a string of at most 1000 characters")
+    return doc
+
+
+def _approvals(request: Request) -> Approvals:
+    return _components(request).approvals
+
+
+# --- operator endpoints ---------------------------------------------------------------
+
+
+async def health(request: Request) -> Response:
+    if (denied := await operator(request)) is not None:
+        return denied
+    c = _components(request)
+    opa_ok = c.sidecar.alive() if c.sidecar is not None else True
+    pending = len(await c.approvals.store.list("pending")) if c.approvals.store else None
+    return JSONResponse(
+        {
+            "status": "ok" if opa_ok else "degraded",
+            "opa": opa_ok,
+            "audit": {"path": str(c.audit.path), "commits": c.audit.commits, "records": c.audit.records},
+            "approvals_pending": pending,
+        }
+    )
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format: audit records by kind and outcome, approvals by state, OPA health."""
+    if (denied := await operator(request)) is not None:
+        return denied
+    c = _components(request)
+    lines = [
+        "# HELP pvegate_audit_records_total Audit records written by this process, by kind and outcome.",
+        "# TYPE pvegate_audit_records_total counter",
+    ]
+    for (kind, outcome), n in sorted(c.audit.counts.items()):
+        lines.append(f'pvegate_audit_records_total{{kind="{kind}",outcome="{outcome}"}} {n}')
+    lines += [
+        "# HELP pvegate_audit_commits_total Audit transactions (group commits) by this process.",
+        "# TYPE pvegate_audit_commits_total counter",
+        f"pvegate_audit_commits_total {c.audit.commits}",
+        "# HELP pvegate_opa_up Whether the policy engine is reachable (managed sidecar alive).",
+        "# TYPE pvegate_opa_up gauge",
+        f"pvegate_opa_up {int(c.sidecar.alive()) if c.sidecar is not None else 1}",
+        "# HELP pvegate_opa_restarts_total Restarts of the managed OPA sidecar.",
+        "# TYPE pvegate_opa_restarts_total counter",
+        f"pvegate_opa_restarts_total {c.sidecar.restarts if c.sidecar is not None else 0}",
+    ]
+    if c.approvals.store is not None:
+        lines += ["# HELP pvegate_approvals Approval requests by state.", "# TYPE pvegate_approvals gauge"]
+        counts = await c.approvals.store.state_counts()
+        for state in ("pending", "approved", "denied", "withdrawn", "expired", "used"):
+            lines.append(f'pvegate_approvals{{state="{state}"}} {counts.get(state, 0)}')
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
+async def audit_verify(request: Request) -> Response:
+    if (denied := await operator(request)) is not None:
+        return denied
+    path: Path = _components(request).audit.path
+    result = await asyncio.to_thread(auditlib.verify, path)
+    return JSONResponse(result.as_dict(), status_code=200 if result.ok else 409)
+
+
+async def audit_records(request: Request) -> Response:
+    if (denied := await operator(request)) is not None:
+        return denied
+    p = request.query_params
+    try:
+        q = auditlib.Query(
+            principal=p.get("principal"),
+            tool=p.get("tool"),
+            target=p.get("target"),
+            outcome=p.get("outcome"),
+            kind=p.get("kind"),
+            request_id=p.get("request_id"),
+            since=float(p["since"]) if p.get("since") else None,
+            until=float(p["until"]) if p.get("until") else None,
+            limit=min(int(p.get("limit", "100")), 5000),
+            newest_first=True,
+        )
+    except ValueError:
+        return _err(400, "invalid_request", "since/until are Unix times, limit an integer")
+    rows = await asyncio.to_thread(auditlib.search, _components(request).audit.path, q)
+    return JSONResponse({"records": [json.loads(auditlib.export_line(r)) for r in rows]})
+
+
+async def approvals_list(request: Request) -> Response:
+    # the whole queue (every requester's tools, targets, arguments) is the operator's view;
+    # a principal reaches one request by its unguessable id, as the approval page does
+    refused = await operator(request)
+    if refused is not None:
+        return refused
+    store = _approvals(request).store
+    if store is None:
+        return _err(404, "not_enabled", "approvals are not enabled")
+    state = request.query_params.get("state", "pending")
+    await store.expire_due()
+    items = await store.list(None if state == "all" else state)
+    return JSONResponse({"approvals": [r.view() for r in items]})
+
+
+async def approval_get(request: Request) -> Response:
+    store = _approvals(request).store
+    if store is None:
+        return _err(404, "not_enabled", "approvals are not enabled")
+    await store.expire_due()
+    try:
+        req = await store.get(request.path_params["id"])
+    except NotFound:
+        return _err(404, "not_found", "no such approval request")
+    if request.headers.get("authorization") is None and "text/html" in request.headers.get("accept", ""):
+        return _page(req, _approvals(request))
+    who = await _caller(request)
+    if isinstance(who, JSONResponse):
+        return who
+    return JSONResponse(req.view(), headers={"Cache-Control": "no-store"})
+
+
+async def approval_withdraw(request: Request) -> Response:
+    if (denied := await operator(request)) is not None:
+        return denied
+    body = await _json_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    try:
+        out = await _approvals(request).withdraw(request.path_params["id"], "operator", body.get("note"))
+    except NotFound:
+        return _err(404, "not_found", "no such approval request")
+    return _vote_response(out)
+
+
+# --- approver endpoints ------------------------------------------------------------------
+
+
+async def _vote(request: Request, verdict: str) -> Response:
+    who = await approver(request)
+    if isinstance(who, JSONResponse):
+        return who
+    body = await _json_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    try:
+        out = await _approvals(request).decide(request.path_params["id"], who, verdict, body.get("note"))
+    except NotFound:
+        return _err(404, "not_found", "no such approval request")
+    return _vote_response(out)
+
+
+async def approval_approve(request: Request) -> Response:
+    return await _vote(request, "approve")
+
+
+async def approval_deny(request: Request) -> Response:
+    return await _vote(request, "deny")
+
+
+def _vote_response(out: VoteOutcome) -> JSONResponse:
+    doc: dict[str, Any] = {"ok": out.ok, "state": out.state, "reasons": out.reasons}
+    if out.ok:
+        doc.update(approvals=out.approvals, needed=out.needed)
+    if out.token:
+        doc["token"] = out.token  # shown once; only its SHA-256 is stored
+        doc["token_expires_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(out.token_expires_at or 0))
+        doc["use"] = 'the agent retries the same call with this token in params._meta["pvegate/approval"]'
+    return JSONResponse(doc, status_code=200 if out.ok else 403, headers={"Cache-Control": "no-store"})
+
+
+def admin_routes(enabled: bool) -> list[Route]:
+    """The /admin routes; none unless the admin API is enabled (admin.token configured)."""
+    if not enabled:
+        return []
+    return [
+        Route("/admin/health", health, methods=["GET"]),
+        Route("/admin/metrics", metrics, methods=["GET"]),
+        Route("/admin/audit/verify", audit_verify, methods=["GET"]),
+        Route("/admin/audit/records", audit_records, methods=["GET"]),
+        Route("/admin/approvals", approvals_list, methods=["GET"]),
+        Route("/admin/approvals/{id}", approval_get, methods=["GET"]),
+        Route("/admin/approvals/{id}/approve", approval_approve, methods=["POST"]),
+        Route("/admin/approvals/{id}/deny", approval_deny, methods=["POST"]),
+        Route("/admin/approvals/{id}/withdraw", approval_withdraw, methods=["POST"]),
+    ]
+
+
+# --- the approval page ---------------------------------------------------------------------
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>pvegate approval {id}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{{font:15px/1.4 system-ui,sans-serif;max-width:46em;margin:2em auto;padding:0 1em}}
+th{{text-align:left;padding-right:1em;vertical-align:top}}textarea,input{{width:100%}}
+button{{margin:.5em .5em 0 0;padding:.4em 1.2em}}
+pre{{background:#f4f4f4;padding:.6em;white-space:pre-wrap;word-break:break-all}}</style>
+</head><body>
+<h1>Approval request</h1>
+<table>
+<tr><th>Request</th><td><code>{id}</code></td></tr>
+<tr><th>State</th><td><b>{state}</b></td></tr>
+<tr><th>Requested by</th><td>{requester}</td></tr>
+<tr><th>Tool</th><td><code>{tool}</code></td></tr>
+<tr><th>Target</th><td>{target}</td></tr>
+<tr><th>Risk</th><td>{risk}</td></tr>
+<tr><th>Why approval</th><td>{reason}</td></tr>
+<tr><th>Approver groups</th><td>{groups} (needs {min_approvals}, has {approvals})</td></tr>
+<tr><th>Arguments digest</th><td><code>{digest}</code></td></tr>
+<tr><th>Expires</th><td>{expires}</td></tr>
+</table>
+<h2>Decide</h2>
+<p>Paste <em>your own</em> bearer token (an approver JWT). The policy decides whether you may decide
+this request; you cannot approve your own requests. The full arguments are shown after you load them
+with your token. Or use the CLI: <code>{cli}</code></p>
+<textarea id="tok" rows="3" placeholder="eyJ..."></textarea>
+<input id="note" placeholder="note (optional)">
+<button id="load">Show arguments</button><button id="approve">Approve</button><button id="deny">Deny</button>
+<pre id="out"></pre>
+<script nonce="{nonce}">
+const base = location.pathname;
+function hdr() {{ return {{"Authorization": "Bearer " + document.getElementById("tok").value.trim(),
+  "Content-Type": "application/json", "Accept": "application/json"}}; }}
+async function show(r) {{ document.getElementById("out").textContent =
+  r.status + "\\n" + JSON.stringify(await r.json(), null, 1); }}
+document.getElementById("load").onclick = async () => show(await fetch(base, {{headers: hdr()}}));
+for (const v of ["approve", "deny"]) {{
+  document.getElementById(v).onclick = async () => show(await fetch(base + "/" + v, {{method: "POST",
+    headers: hdr(), body: JSON.stringify({{note: document.getElementById("note").value || null}})}}));
+}}
+</script></body></html>
+"""
+
+
+def _page(req: ApprovalRequest, approvals: Approvals) -> HTMLResponse:
+    view = req.view()
+    e = html.escape
+    target = req.target
+    tdesc = "/".join(str(target.get(k)) for k in ("cluster", "node", "vmid") if target.get(k) is not None)
+    if target.get("name"):
+        tdesc += f" ({target['name']})"
+    if target.get("tags"):
+        tdesc += " tags: " + ", ".join(str(t) for t in target["tags"])
+    nonce = secrets.token_urlsafe(16)
+    body = _PAGE.format(
+        id=e(req.id),
+        state=e(req.state),
+        requester=e(req.requester),
+        tool=e(req.tool),
+        target=e(tdesc or "-"),
+        risk=e(f"{req.risk.get('level', '?')} (score {req.risk.get('score', '?')})"),
+        reason=e(req.reason),
+        groups=e(", ".join(req.approver_groups) or "-"),
+        min_approvals=req.min_approvals,
+        approvals=len(view["approvals"]),
+        digest=e(req.arguments_digest),
+        expires=e(view["expires_at"]),
+        cli=e(str(approvals.how_to_approve(req.id)["cli"])),
+        nonce=nonce,
+    )
+    return HTMLResponse(
+        body,
+        headers={
+            "Cache-Control": "no-store",
+            "Content-Security-Policy": (
+                f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+                "connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+            ),
+            "X-Frame-Options": "DENY",
+            "Referrer-Policy": "no-referrer",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )

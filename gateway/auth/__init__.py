@@ -1,0 +1,1 @@
+"""Who is calling: bearer JWT verification (tokens) and JWKS key fetching (jwks)."""

@@ -1,0 +1,173 @@
+"""Bearer JWT authentication: a token in, a Principal out (or an AuthError).
+
+The accepted algorithms come from configuration, never from the token header.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import jwt
+
+from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
+from gateway.core.config import AuthConfig
+from gateway.core.principal import Principal
+
+
+class AuthError(Exception):
+    """Authentication failed; `error` is the RFC 6750 error code."""
+
+    def __init__(
+        self, message: str, error: str = "invalid_token", status: int = 401, scope: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.error = error
+        self.status = status
+        self.scope = scope  # for insufficient_scope: what the resource requires
+
+
+def _claim(claims: dict[str, Any], path: str) -> Any:
+    value: Any = claims
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(v for v in value.split() if v)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise AuthError("token claim has an unexpected type")
+
+
+class Authenticator:
+    """Verifies bearer tokens against the configured keys, issuer and audience.
+
+    The algorithm set is configuration; each algorithm has exactly one key source
+    (HS256: the shared secret; RS/ES/EdDSA: the JWKS, matched by kid and key
+    type), so a token cannot steer which key verifies it (no alg:none, no HS/RS
+    confusion).
+    """
+
+    def __init__(self, cfg: AuthConfig, jwks: JwksKeys | None = None) -> None:
+        self.cfg = cfg
+        self._hs_secret = cfg.hs256_secret.read() if cfg.hs256_secret else None
+        if jwks is None and (cfg.jwks_url or cfg.jwks_file):
+            jwks = JwksKeys(url=cfg.jwks_url, file=cfg.jwks_file)
+        self.jwks = jwks
+        unknown = [a for a in cfg.algorithms if a != "HS256" and a not in ALG_KEY_TYPES]
+        if unknown or "none" in (a.lower() for a in cfg.algorithms):
+            raise ValueError(f"unsupported JWT algorithms in configuration: {unknown or ['none']}")
+
+    async def _key_for(self, token: str) -> tuple[str, Any]:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise AuthError("malformed token") from exc
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in self.cfg.algorithms:
+            raise AuthError(f"token algorithm {alg!r} is not accepted")
+        if alg == "HS256":
+            if not self._hs_secret:
+                raise AuthError("HS256 tokens are not accepted")
+            return alg, self._hs_secret
+        if self.jwks is None:
+            raise AuthError(f"no key configured for algorithm {alg!r}")
+        kid = header.get("kid")
+        try:
+            return alg, await self.jwks.key_for(kid if isinstance(kid, str) else None, alg)
+        except KeyUnavailable as exc:
+            raise AuthError(str(exc)) from exc
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise AuthError("missing bearer token", error="invalid_request")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthError("authorization must be a bearer token", error="invalid_request")
+        token = token.strip()
+        alg, key = await self._key_for(token)
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key=key,
+                algorithms=[alg],  # the one configured algorithm this key serves
+                audience=self.cfg.audience,
+                issuer=self.cfg.issuer,
+                leeway=self.cfg.leeway_seconds,
+                options={"require": ["exp", "iat", "sub", "iss", "aud"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise AuthError("token expired") from exc
+        except jwt.ImmatureSignatureError as exc:
+            raise AuthError("token not yet valid (nbf/iat in the future)") from exc
+        except jwt.InvalidAudienceError as exc:
+            raise AuthError("token audience is not this gateway") from exc
+        except jwt.InvalidIssuerError as exc:
+            raise AuthError("token issuer is not trusted") from exc
+        except jwt.InvalidSignatureError as exc:
+            raise AuthError("token signature does not verify") from exc
+        except jwt.MissingRequiredClaimError as exc:
+            raise AuthError(f"token lacks the {exc.claim!r} claim") from exc
+        except jwt.PyJWTError as exc:
+            raise AuthError(f"invalid token: {type(exc).__name__}") from exc
+        iat = claims.get("iat")
+        if isinstance(iat, (int, float)) and iat > time.time() + self.cfg.leeway_seconds:
+            raise AuthError("token not yet valid (nbf/iat in the future)")
+        scopes = _strings(_claim(claims, self.cfg.scopes_claim))
+        missing = [s for s in self.cfg.required_scopes if s not in scopes]
+        if missing:
+            raise AuthError(
+                f"missing scope {' '.join(missing)}",
+                error="insufficient_scope",
+                status=403,
+                scope=self.cfg.required_scopes,
+            )
+        sub = claims["sub"]
+        if not isinstance(sub, str) or not sub:
+            raise AuthError("token subject is missing")
+        return Principal(
+            sub=sub,
+            iss=str(claims["iss"]),
+            roles=_strings(_claim(claims, self.cfg.roles_claim)),
+            groups=_strings(_claim(claims, self.cfg.groups_claim)),
+            scopes=scopes,
+            client_id=claims.get("client_id") if isinstance(claims.get("client_id"), str) else None,
+            kind=str(claims.get("pvegate_kind", "agent")),
+        )
+
+
+def mint_hs256(
+    secret: str,
+    *,
+    issuer: str,
+    audience: str,
+    sub: str,
+    roles: list[str],
+    groups: list[str] | None = None,
+    scopes: list[str] | None = None,
+    kind: str = "agent",
+    ttl_seconds: int = 3600,
+) -> str:
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "iss": issuer,
+        "aud": audience,
+        "sub": sub,
+        "iat": now,
+        "nbf": now,
+        "exp": now + ttl_seconds,
+        "jti": uuid.uuid4().hex,
+        "roles": roles,
+        "groups": groups or [],
+        "scope": " ".join(scopes or []),
+        "pvegate_kind": kind,
+    }
+    return jwt.encode(claims, secret, algorithm="HS256")

@@ -1,0 +1,113 @@
+"""The `pvegate` command line: serve, sim, demo, token, and the operator tools."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.core.config import ConfigError, load
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.server import serve
+
+    serve(load(args.config))
+    return 0
+
+
+def _token_mint(args: argparse.Namespace) -> int:
+    from gateway.auth.tokens import mint_hs256
+
+    cfg = load(args.config)
+    if cfg.auth.hs256_secret is None:
+        print("error: auth.hs256_secret is not configured", file=sys.stderr)
+        return 2
+    print(
+        mint_hs256(
+            cfg.auth.hs256_secret.read(),
+            issuer=cfg.auth.issuer,
+            audience=cfg.auth.audience,
+            sub=args.sub,
+            roles=args.role or [],
+            groups=args.group or [],
+            scopes=args.scope or [],
+            kind=args.kind,
+            ttl_seconds=args.ttl,
+        )
+    )
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.cli.demo import run_demo
+
+    return run_demo(oneshot=args.oneshot, port=args.port)
+
+
+def _sim(argv: list[str]) -> int:
+    from gateway.sim.cli import main as sim_main
+
+    return int(sim_main(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pvegate", description="Policy-as-code MCP gateway for Proxmox VE")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    s.set_defaults(func=_serve)
+
+    d = sub.add_parser("demo", help="simulator + OPA sidecar + gateway, with a scripted agent session")
+    d.add_argument("--oneshot", action="store_true", help="exit after the scripted session")
+    d.add_argument("--port", type=int, default=8443)
+    d.set_defaults(func=_demo)
+
+    sub.add_parser("sim", help="run the Proxmox VE simulator (see `pvegate sim --help`)", add_help=False)
+
+    t = sub.add_parser("token", help="service tokens")
+    tsub = t.add_subparsers(dest="token_command", required=True)
+    m = tsub.add_parser("mint", help="mint an HS256 service token")
+    m.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    m.add_argument("--sub", required=True)
+    m.add_argument("--role", action="append")
+    m.add_argument("--group", action="append")
+    m.add_argument("--scope", action="append")
+    m.add_argument("--kind", default="agent", choices=["agent", "human", "service"])
+    m.add_argument("--ttl", type=int, default=3600)
+    m.set_defaults(func=_token_mint)
+
+    from gateway.cli.commands import register_all
+
+    register_all(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":  # the simulator owns its own argument parsing
+        return _sim(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("httpx", "httpx2", "asyncssh"):  # one line per request is not an operator log
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""`pvegate approvals list | show | approve | deny | withdraw`, working on the database directly.
+
+Approving and denying need the approver's identity, proven the same way as on
+the admin API: the approver's own bearer JWT (--token-file, --token, or
+$PVEGATE_APPROVER_TOKEN), verified with the gateway's auth configuration. There
+is no "--as": local file access must not let anyone vote as someone else.
+Whether that approver may vote on that request is asked of OPA
+(data.pvegate.approver.decision): the gateway's configured external OPA, an
+explicit --opa-url, or a temporary managed sidecar started for the command.
+Withdrawing is an operator action (local access to the database suffices): it
+only ever takes permission away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.core.config import Config, load
+from gateway.policy.opa_sidecar import client_token
+from gateway.store.approvals import Approvals, ApprovalStore, NotFound, VoteOutcome
+from gateway.store.audit import AuditLog, known_secrets
+
+TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
+
+
+async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callable[[Approvals], Awaitable[int]]) -> int:
+    from gateway.policy.decisions import DecisionClient
+
+    audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg))
+    store = ApprovalStore(cfg.audit_path)
+    sidecar = None
+    decisions = None
+    await audit.open()
+    await store.open()
+    try:
+        if need_opa:
+            url = args.opa_url
+            if url is None:
+                from gateway.app import start_opa
+
+                url, sidecar = await asyncio.to_thread(start_opa, cfg)
+            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=client_token(sidecar))
+        base = cfg.public_url if cfg.admin.token is not None else None
+        approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config))
+        await store.expire_due()
+        return await fn(approvals)
+    finally:
+        if decisions is not None:
+            await decisions.close()
+        await store.close()
+        await audit.close()
+        if sidecar is not None:
+            sidecar.stop()
+
+
+def _approver_token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        return Path(args.token_file).read_text().strip()
+    if args.token:
+        return str(args.token).strip()
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+def _print_request(view: dict[str, Any]) -> None:
+    t = view["target"]
+    tdesc = "/".join(str(t.get(k)) for k in ("cluster", "node", "vmid") if t.get(k) is not None)
+    print(f"{view['id']}  {view['state']}")
+    print(f"  requester:  {view['requester']}")
+    print(f"  tool:       {view['tool']}  on {tdesc or '-'}{' (' + t['name'] + ')' if t.get('name') else ''}")
+    print(f"  arguments:  {json.dumps(view['arguments'], sort_keys=True)}")
+    print(f"  digest:     {view['arguments_digest']}")
+    print(f"  risk:       {view['risk'].get('level', '?')} (score {view['risk'].get('score', '?')})")
+    print(f"  reason:     {view['reason']}")
+    got = ", ".join(a["approver"] for a in view["approvals"]) or "none"
+    print(f"  approvers:  groups {', '.join(view['approver_groups']) or '-'}; needs {view['min_approvals']}; has {got}")
+    print(f"  created:    {view['created_at']}   expires: {view['expires_at']}")
+    if view["decided_at"]:
+        print(
+            f"  decided:    {view['decided_at']} by {view['decided_by']}"
+            + (f": {view['note']}" if view["note"] else "")
+        )
+    if view["used_at"]:
+        print(f"  used:       {view['used_at']} by request {view['used_by_request']}")
+
+
+def _outcome(out: VoteOutcome, verdict: str) -> int:
+    if not out.ok:
+        print(f"refused: {'; '.join(out.reasons)}", file=sys.stderr)
+        return 1
+    if out.token:
+        print(f"approved: {out.approvals}/{out.needed} approvals; the request is now approved.")
+        print("one-time approval token (shown once, stored only as a hash):")
+        print(f"  {out.token}")
+        print('the agent retries the same call with it in params._meta["pvegate/approval"]')
+    elif verdict == "approve":
+        print(f"approval recorded: {out.approvals}/{out.needed}; waiting for more approvers")
+    else:
+        print(f"{out.state}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    cfg = load(args.config)
+
+    async def go(a: Approvals) -> int:
+        assert a.store is not None
+        items = await a.store.list(None if args.state == "all" else args.state)
+        if args.json:
+            print(json.dumps([r.view() for r in items], indent=1))
+            return 0
+        for r in items:
+            v = r.view()
+            print(
+                f"{v['id']}  {v['state']:9}  {v['requester']:16}  {v['tool']:22}  "
+                f"{len(v['approvals'])}/{v['min_approvals']}  expires {v['expires_at']}"
+            )
+        if not items:
+            print(f"no {args.state} approval requests", file=sys.stderr)
+        return 0
+
+    return asyncio.run(_run(args, cfg, False, go))
+
+
+def _show(args: argparse.Namespace) -> int:
+    cfg = load(args.config)
+
+    async def go(a: Approvals) -> int:
+        assert a.store is not None
+        view = (await a.store.get(args.id)).view()
+        if args.json:
+            print(json.dumps(view, indent=1))
+        else:
+            _print_request(view)
+        return 0
+
+    return _guard(lambda: asyncio.run(_run(args, cfg, False, go)))
+
+
+def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        from gateway.auth.tokens import Authenticator, AuthError
+
+        cfg = load(args.config)
+        token = _approver_token(args)
+        if not token:
+            print(
+                f"error: {verdict} needs your own approver token: --token-file, --token or ${TOKEN_ENV}",
+                file=sys.stderr,
+            )
+            return 2
+
+        async def go(a: Approvals) -> int:
+            try:
+                who = await Authenticator(cfg.auth).authenticate(f"Bearer {token}")
+            except AuthError as exc:
+                print(f"error: approver token rejected: {exc}", file=sys.stderr)
+                return 2
+            return _outcome(await a.decide(args.id, who, verdict, args.note), verdict)
+
+        return _guard(lambda: asyncio.run(_run(args, cfg, True, go)))
+
+    return handler
+
+
+def _withdraw(args: argparse.Namespace) -> int:
+    cfg = load(args.config)
+
+    async def go(a: Approvals) -> int:
+        who = f"operator:{os.environ.get('USER', 'local')}"
+        return _outcome(await a.withdraw(args.id, who, args.note), "withdraw")
+
+    return _guard(lambda: asyncio.run(_run(args, cfg, False, go)))
+
+
+def _guard(fn: Callable[[], int]) -> int:
+    try:
+        return fn()
+    except NotFound as exc:
+        print(f"error: no approval request {exc}", file=sys.stderr)
+        return 4
+
+
+def register(sub: Any) -> None:
+    a = sub.add_parser("approvals", help="list, inspect, approve, deny or withdraw approval requests")
+    asub = a.add_subparsers(dest="approvals_command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+
+    ls = asub.add_parser("list", help="approval requests (pending by default)")
+    common(ls)
+    ls.add_argument(
+        "--state", default="pending", choices=["pending", "approved", "denied", "withdrawn", "expired", "used", "all"]
+    )
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_list)
+
+    sh = asub.add_parser("show", help="one request with its votes")
+    common(sh)
+    sh.add_argument("id")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=_show)
+
+    for verdict, help_ in (("approve", "approve a request (as yourself)"), ("deny", "deny a request (as yourself)")):
+        v = asub.add_parser(verdict, help=help_)
+        common(v)
+        v.add_argument("id")
+        v.add_argument("--token-file", type=Path, help="file holding your approver JWT")
+        v.add_argument("--token", help=f"your approver JWT (prefer --token-file or ${TOKEN_ENV})")
+        v.add_argument(
+            "--opa-url",
+            help="ask this OPA instead of starting a temporary sidecar (its API token, if any, in $PVEGATE_OPA_TOKEN)",
+        )
+        v.add_argument("--note")
+        v.set_defaults(func=_vote(verdict))
+
+    w = asub.add_parser("withdraw", help="withdraw a pending or approved request (operator)")
+    common(w)
+    w.add_argument("id")
+    w.add_argument("--note")
+    w.set_defaults(func=_withdraw)

@@ -1,0 +1,236 @@
+"""`pvegate audit verify | tail | search | export | archive`: the operator's view of the audit log.
+
+All subcommands read the database file directly (read-only, except `archive`),
+so they work whether or not the gateway is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.store import audit as auditlib
+
+_REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """A relative age ("15m", "2h", "7d": that long ago) or an ISO 8601 time (UTC if no zone)."""
+    now = time.time() if now is None else now
+    m = _REL.match(text.strip())
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (use e.g. 30m, 2h, 7d or 2026-01-31T12:00)") from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def parse_age(text: str) -> float:
+    m = _REL.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not an age: {text!r} (use e.g. 90d, 12h)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def db_path(args: argparse.Namespace) -> Path:
+    if args.db is not None:
+        return Path(args.db)
+    from gateway.core.config import load
+
+    return load(args.config).audit_path
+
+
+def _archive_defaults(args: argparse.Namespace) -> tuple[float | None, Path | None]:
+    """(age in seconds, archive directory) from the configuration, when --db is not used."""
+    if args.db is not None:
+        return None, None
+    from gateway.core.config import load
+
+    cfg = load(args.config)
+    days = cfg.audit_retention_days
+    return (days * 86400 if days else None), cfg.audit_archive_dir
+
+
+def _query(args: argparse.Namespace, **kw: Any) -> auditlib.Query:
+    return auditlib.Query(
+        principal=args.principal,
+        tool=args.tool,
+        target=args.target,
+        outcome=args.outcome,
+        kind=args.kind,
+        request_id=args.request_id,
+        since=args.since,
+        until=args.until,
+        **kw,
+    )
+
+
+def _line(row: dict[str, Any]) -> str:
+    when = datetime.fromtimestamp(row["ts"], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    body = json.loads(row["body"])
+    detail = ""
+    if row["kind"] == "decision":
+        detail = "; ".join(body.get("deny") or []) or (body.get("risk") or {}).get("level", "")
+    elif row["kind"] in ("refusal", "auth_failure"):
+        detail = str(body.get("error") or body.get("reason") or "")
+    elif row["kind"] == "result":
+        detail = f"{body.get('duration_ms')} ms" + (f" task {body['task_id']}" if body.get("task_id") else "")
+        detail += f" {body['error']}" if body.get("error") else ""
+    elif row["kind"] == "approval":
+        detail = str(body.get("approval_id") or "")
+    cols = [
+        str(row["seq"]),
+        when,
+        row["kind"],
+        row["outcome"] or "-",
+        row["principal"] or "-",
+        row["tool"] or "-",
+        row["target"] or "-",
+        row["request_id"],
+        detail,
+    ]
+    return "  ".join(cols).rstrip()
+
+
+def _verify(args: argparse.Namespace) -> int:
+    result = auditlib.verify(db_path(args), [Path(a) for a in args.archive or []])
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+    elif result.ok:
+        span = f"records {result.first_seq}..{result.last_seq}" if result.checked else "no records"
+        anchor = f" (continuing from archived record {result.anchor['seq']})" if result.anchor else ""
+        print(f"OK: {result.checked} records verified, {span}{anchor}; head {result.head_hash}")
+    else:
+        print(f"FAILED at record {result.bad_seq}: {result.problem}", file=sys.stderr)
+        print(f"({result.checked} records verified before it)", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def _tail(args: argparse.Namespace) -> int:
+    path = db_path(args)
+    rows = auditlib.search(path, _query(args, limit=args.n, newest_first=True))
+    last = 0
+    for row in rows:
+        print(_line(row) if not args.jsonl else auditlib.export_line(row))
+        last = row["seq"]
+    while args.follow:
+        time.sleep(0.5)
+        for row in auditlib.iter_rows(path, _query(args, after_seq=last)):
+            print(_line(row) if not args.jsonl else auditlib.export_line(row), flush=True)
+            last = row["seq"]
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    n = 0
+    for row in auditlib.iter_rows(db_path(args), _query(args, limit=args.limit)):
+        print(auditlib.export_line(row) if args.jsonl else _line(row))
+        n += 1
+    if not args.jsonl:
+        print(f"({n} records)", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    if not args.jsonl:
+        print("error: only --jsonl export is supported", file=sys.stderr)
+        return 2
+    out = open(args.out, "w") if args.out else sys.stdout
+    n = 0
+    try:
+        for row in auditlib.iter_rows(db_path(args), _query(args)):
+            out.write(auditlib.export_line(row) + "\n")
+            n += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"exported {n} records", file=sys.stderr)
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    path = db_path(args)
+    age, conf_dir = _archive_defaults(args)
+    age = args.older_than if args.older_than is not None else age
+    if age is None:
+        print("error: give --older-than, or set audit.retention_days in the configuration", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out_dir) if args.out_dir else conf_dir or path.parent / "audit-archive"
+    try:
+        res = auditlib.archive(path, time.time() - age, out_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if res.file is None:
+        print("nothing to archive")
+        return 0
+    print(f"archived records {res.first_seq}..{res.last_seq} ({res.count}) to {res.file}")
+    print(f"the database now continues from anchor record {res.last_seq} (hash {res.last_hash})")
+    print(f"verify across the cut with: pvegate audit verify --archive {res.file}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    p.add_argument("--db", type=Path, help="the audit database file (instead of reading it from --config)")
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--principal", help="exact subject, or a glob with *")
+    p.add_argument("--tool")
+    p.add_argument("--target", help="e.g. default/qemu/101, or a glob: 'default/*'")
+    p.add_argument("--outcome", help="allow, deny, pending, ok, failed, invalid, approval_refused, ...")
+    p.add_argument("--kind", help="received, decision, result, refusal, auth_failure, approval")
+    p.add_argument("--request-id", dest="request_id")
+    p.add_argument("--since", type=parse_time, help="e.g. 2h, 7d, or 2026-01-31T12:00")
+    p.add_argument("--until", type=parse_time)
+
+
+def register(sub: Any) -> None:
+    a = sub.add_parser("audit", help="verify, read and archive the audit log")
+    asub = a.add_subparsers(dest="audit_command", required=True)
+
+    v = asub.add_parser("verify", help="check the hash chain; exits 1 naming the first bad record")
+    _common(v)
+    v.add_argument("--archive", action="append", help="archive files (oldest first) to verify across the cut")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=_verify)
+
+    t = asub.add_parser("tail", help="the latest records")
+    _common(t)
+    _filters(t)
+    t.add_argument("-n", type=int, default=20)
+    t.add_argument("--follow", "-f", action="store_true")
+    t.add_argument("--jsonl", action="store_true")
+    t.set_defaults(func=_tail)
+
+    s = asub.add_parser("search", help="records by principal, tool, target, outcome, time range")
+    _common(s)
+    _filters(s)
+    s.add_argument("--limit", type=int, default=1000)
+    s.add_argument("--jsonl", action="store_true")
+    s.set_defaults(func=_search)
+
+    e = asub.add_parser("export", help="export records for a SIEM")
+    _common(e)
+    _filters(e)
+    e.add_argument("--jsonl", action="store_true", help="one JSON object per line (with hashes)")
+    e.add_argument("--out", "-o", type=Path)
+    e.set_defaults(func=_export)
+
+    r = asub.add_parser("archive", help="move old records to a JSONL archive, keeping the chain verifiable")
+    _common(r)
+    r.add_argument("--older-than", type=parse_age, help="e.g. 90d (default: audit.retention_days)")
+    r.add_argument("--out-dir", type=Path, help="default: audit.archive_dir, or audit-archive/ next to the database")
+    r.set_defaults(func=_archive)

@@ -1,0 +1,173 @@
+"""`pvegate check` and `pvegate tools list|show|least-privilege`: read the catalog as a reviewer would.
+
+`check` validates every connector file (format, names, placeholders, strict
+parameters) and every pve_api method + path against a Proxmox API schema file:
+the apidata JSON, or the `apidoc.js` a node serves at /pve-docs/api-viewer/apidoc.js.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog, CatalogError
+from gateway.tools.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
+from gateway.tools.tool import Tool
+
+DEFAULT_CONNECTORS = REPO_ROOT / "connectors"
+SHARED_SCHEMAS = REPO_ROOT.parent / "shared" / "pve-api"
+
+
+def default_schemas() -> list[Path]:
+    env = os.environ.get("PVEGATE_PVE_SCHEMA")
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    return [p for p in (SHARED_SCHEMAS / "pve-8.4-apidata.json", SHARED_SCHEMAS / "pve-9.1-apidata.json") if p.exists()]
+
+
+def _load(directory: Path) -> Catalog | None:
+    try:
+        return Catalog.load(directory)
+    except CatalogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _schemas(paths: list[Path] | None) -> list[PveSchema] | None:
+    out = []
+    for p in paths or default_schemas():
+        try:
+            out.append(PveSchema.load(p))
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read PVE schema {p}: {exc}", file=sys.stderr)
+            return None
+    return out
+
+
+def _check(args: argparse.Namespace) -> int:
+    catalog = _load(args.connectors)
+    if catalog is None:
+        return 1
+    schemas = _schemas(args.pve_schema)
+    if schemas is None:
+        return 1
+    problems = [p for s in schemas for p in check_catalog(catalog, s)]
+    counts: dict[str, int] = {}
+    for t in catalog:
+        counts[t.connector] = counts.get(t.connector, 0) + 1
+    for p in problems:
+        print(f"FAIL {p}")
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    against = ", ".join(s.source for s in schemas) or "no PVE schema (pass --pve-schema)"
+    print(f"{len(catalog)} tools ({kinds}); pve_api endpoints checked against {against}: "
+          f"{'OK' if not problems else f'{len(problems)} problem(s)'}")  # fmt: skip
+    return 1 if problems else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    catalog = _load(args.connectors)
+    if catalog is None:
+        return 1
+    for t in sorted(catalog, key=lambda t: (t.domain, t.name)):
+        print(f"{t.name:<28} {t.effect:<8} {t.domain:<10} {t.connector:<10} {t.title}")
+    return 0
+
+
+def _request_lines(tool: Tool) -> list[str]:
+    if tool.connector == "pve_api":
+        lines = [f"{m} {p}" for m, p, _ in expansions(tool)]
+        for key in ("query", "body", "fixed"):
+            if tool.spec.get(key):
+                lines.append(f"  {key}: {json.dumps(tool.spec[key])}")
+        if tool.spec.get("task"):
+            lines.append(f"  task: {tool.spec['task']} (timeout {tool.spec.get('task_timeout', 60)}s)")
+        return lines
+    if tool.connector == "ssh":
+        return [
+            "argv: " + json.dumps(tool.spec["argv"]),
+            f"  on node: {tool.spec['node']}, parse: {tool.spec['parse']}",
+        ]
+    return [f"reducer {tool.spec['reducer']} over: {', '.join(tool.spec['uses'])}"]
+
+
+def _show(args: argparse.Namespace) -> int:
+    catalog = _load(args.connectors)
+    if catalog is None:
+        return 1
+    tool = catalog.get(args.name)
+    if tool is None:
+        print(f"error: no tool named {args.name}", file=sys.stderr)
+        return 1
+    print(f"{tool.name}: {tool.title}\n  {tool.description}")
+    print(f"effect {tool.effect}, domain {tool.domain}, scope {tool.scope}, connector {tool.connector}")
+    print("annotations: " + json.dumps(tool.annotations))
+    print("sends:")
+    for line in _request_lines(tool):
+        print("  " + line)
+    if tool.dry_run:
+        print(f"dry run: {tool.dry_run}")
+    schemas = _schemas(args.pve_schema) or []
+    if tool.connector == "pve_api" and schemas:
+        s = schemas[-1]
+        privs, notes = privileges(tool, s)
+        print(f"Proxmox privileges (from {s.source}):")
+        for p in privs:
+            print(f"  {p}")
+        for n in notes:
+            print(f"  note: {n}")
+        if not privs and not notes:
+            print("  none beyond a valid token")
+    print("parameters: " + json.dumps(tool.parameters, indent=2))
+    return 0
+
+
+def _least(args: argparse.Namespace) -> int:
+    catalog = _load(args.connectors)
+    schemas = _schemas(args.pve_schema)
+    if catalog is None or not schemas:
+        print("error: need the catalog and a PVE schema (--pve-schema)", file=sys.stderr)
+        return 1
+    effects = tuple(e.strip() for e in args.effects.split(",") if e.strip())
+    need = least_privilege(catalog, schemas[-1], effects)
+    for priv, tools in need.items():
+        print(f"# {priv}: {', '.join(sorted(tools))}")
+    privs = " ".join(need)
+    print(f'pveum role add {args.role} -privs "{privs}"')
+    print(f"pveum acl modify / -token '{args.token_id}' -role {args.role}")
+    print("# SSH tools (node_*, lxc_docker_*, list_guest_containers, ...) use the SSH key, not this token.")
+    return 0
+
+
+def register(sub: Any) -> None:
+    c = sub.add_parser("check", help="validate connector files against the format and a PVE API schema")
+    c.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
+    c.add_argument(
+        "--pve-schema",
+        type=Path,
+        action="append",
+        help="apidata JSON or apidoc.js (repeatable; default: the 8.4 and 9.1 files in ../shared/pve-api)",
+    )
+    c.set_defaults(func=_check)
+
+    t = sub.add_parser("tools", help="inspect the tool catalog")
+    tsub = t.add_subparsers(dest="tools_command", required=True)
+    ls = tsub.add_parser("list", help="every tool with effect, domain and connector")
+    ls.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
+    ls.set_defaults(func=_list)
+    sh = tsub.add_parser("show", help="one tool: what it sends and the Proxmox privilege it needs")
+    sh.add_argument("name")
+    sh.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
+    sh.add_argument("--pve-schema", type=Path, action="append")
+    sh.set_defaults(func=_show)
+    lp = tsub.add_parser("least-privilege", help="print a Proxmox role with only the privileges the tools need")
+    lp.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
+    lp.add_argument("--pve-schema", type=Path, action="append")
+    lp.add_argument("--effects", default="read,write,destroy", help="comma list of effects to cover")
+    lp.add_argument("--role", default="PVEGate")
+    lp.add_argument("--token-id", default="pvegate@pve!gateway")
+    lp.set_defaults(func=_least)

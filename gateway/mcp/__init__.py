@@ -1,0 +1,1 @@
+"""The MCP protocol edge: HTTP transport, JSON-RPC, method handlers, URL-elicitation handoff."""

@@ -1,0 +1,144 @@
+"""The MCP methods both protocol eras share: tools/list and tools/call.
+
+Tool-level outcomes (policy denial, invalid arguments, pending approval, a
+failed connector) are tool results with isError, which a model can act on;
+unknown tools and protocol faults raise RpcFault.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import __version__
+from gateway.components import Components
+from gateway.core.calls import CallRequest, CallResult
+from gateway.core.principal import Principal
+from gateway.mcp import handoff
+from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
+from gateway.mcp.request_state import RequestStates, StateError
+from gateway.pipeline import UnknownTool, call_tool, request_facts
+from gateway.policy.decisions import CONTRACT_VERSION
+from gateway.policy.listings import listing_key
+from gateway.store.audit import AuditRecord
+from gateway.tools.tool import arguments_digest
+
+log = logging.getLogger("pvegate.mcp")
+
+SERVER_INFO = {"name": "pvegate", "title": "pvegate Proxmox VE gateway", "version": __version__}
+INSTRUCTIONS = (
+    "Proxmox VE tools behind a policy gateway. Every call is decided by the operator's policy: a denial says why, "
+    "and a call that needs a human approval returns the approval request id and how to retry."
+)
+# Fields a tool definition gained after 2025-03-26; older clients get the original shape.
+_NEWER_TOOL_FIELDS = ("title", "outputSchema")
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One authenticated MCP request, whichever era it came in."""
+
+    c: Components
+    principal: Principal
+    version: str
+    modern: bool
+    source_ip: str | None
+    url_elicitation: bool  # the client declared URL-mode elicitation
+    states: RequestStates
+
+
+def raw_meta_lacks_token(meta: dict[str, Any]) -> bool:
+    return meta.get("pvegate/approval") is None  # an explicit one-time token takes precedence
+
+
+def request_digest(name: str, arguments: Any) -> str:
+    """What a requestState is bound to: the tool and its exact arguments (the approval binding's digest)."""
+    return arguments_digest(name, arguments if arguments is not None else {})
+
+
+async def list_tools(x: Exchange) -> dict[str, Any]:
+    req = CallRequest(uuid.uuid4().hex, x.principal, "", None, x.version, x.source_ip)
+    input_doc = {
+        "contract_version": CONTRACT_VERSION,
+        "kind": "list",
+        "principal": x.principal.as_input(),
+        "request": request_facts(req, "tools/list"),
+        "tools": x.c.catalog.policy_views,
+    }
+    key = listing_key(input_doc)
+    visible = x.c.listings.get(key)
+    if visible is None:
+        visible = await x.c.decisions.visible_tools(input_doc)  # one OPA query per listing
+        if visible is None:
+            visible = frozenset()  # any doubt shows nothing, and is asked again next time
+        else:
+            x.c.listings.put(key, visible)
+    tools = [t.mcp_view for t in x.c.catalog if t.name in visible]
+    if x.version == "2025-03-26":
+        tools = [{k: v for k, v in t.items() if k not in _NEWER_TOOL_FIELDS} for t in tools]
+    return {"tools": tools}
+
+
+def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
+    if result.structured is not None:
+        out["structuredContent"] = result.structured
+    out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
+    return out
+
+
+async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
+    name = params.get("name")
+    if not isinstance(name, str) or not name:
+        raise RpcFault(INVALID_PARAMS, "Invalid params: tools/call needs a tool name")
+    arguments = params.get("arguments")
+    raw_meta = params.get("_meta")
+    meta: dict[str, Any] = dict(raw_meta) if isinstance(raw_meta, dict) else {}
+    meta.pop(handoff.APPROVAL_REQUEST_META, None)  # only a verified requestState may set this
+    request_id = uuid.uuid4().hex
+    retry = x.modern and params.get("requestState") is not None
+    if retry:
+        try:
+            state = x.states.redeem(params["requestState"], x.principal, request_digest(name, arguments))
+        except StateError as exc:
+            await x.c.audit.append(
+                AuditRecord(
+                    request_id, "refusal", x.principal.sub, name, None, "request_state_refused", {"error": str(exc)}
+                )
+            )
+            raise RpcFault(
+                INVALID_PARAMS,
+                f"Invalid params: requestState refused ({exc}); call the tool again without requestState",
+                audited=True,
+            ) from exc
+        meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
+    elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
+        recalled = x.states.recall(x.principal, request_digest(name, arguments))
+        if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
+            meta[handoff.APPROVAL_REQUEST_META] = recalled
+            retry = True
+    req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
+    try:
+        result = await call_tool(x.c, req)
+    except UnknownTool as exc:
+        raise RpcFault(INVALID_PARAMS, f"Unknown tool: {name}", audited=True) from exc
+    except Exception as exc:  # never a stack trace on the wire; the id finds it in the log
+        log.exception("internal error in tools/call %s (request %s)", name, request_id)
+        raise RpcFault(INTERNAL_ERROR, f"Internal error (request {request_id})") from exc
+    aid = handoff.approval_id(result)
+    if result.outcome == "pending_approval" and aid and x.url_elicitation and not retry:
+        if x.modern:
+            token = x.states.mint(x.principal, request_digest(name, arguments), aid)
+            out = handoff.input_required(x.c.config, result, aid, token)
+            out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
+            return out
+        if x.version >= "2025-11-25":
+            x.states.remember(x.principal, request_digest(name, arguments), aid)
+            raise RpcFault(
+                URL_ELICITATION_REQUIRED,
+                "This call needs a human approval: open the URL, then retry the call",
+                handoff.url_elicitation_error_data(x.c.config, result, aid),
+            )
+    return tool_result(result, request_id)

@@ -1,0 +1,180 @@
+"""Integrity-protected opaque tokens the client echoes back to us.
+
+Two uses, one mechanism (HMAC-SHA256 over a purpose-tagged JSON payload):
+- `requestState` of a 2026-07-28 `input_required` result: bound to the
+  principal and the request digest (tool + canonical arguments), short-lived and
+  single-use, so a client cannot forge, replay, transplant or reuse it.
+- the legacy-era `Mcp-Session-Id`: remembers what the client declared at
+  `initialize` (e.g. URL elicitation) without server-side session storage.
+
+The key is random per process unless configured: these tokens live for minutes
+and single-use bookkeeping is per-process anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.core.principal import Principal
+
+
+class StateError(Exception):
+    """The echoed token is malformed, forged, expired, foreign or already used."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def principal_key(p: Principal) -> str:
+    return f"{p.iss}\x1f{p.sub}"
+
+
+@dataclass(frozen=True)
+class ApprovalState:
+    """What a verified requestState tells us: which approval request this retry is about."""
+
+    approval_id: str
+    request_digest: str
+    nonce: str
+
+
+class Sealer:
+    """HMAC-SHA256 sealing with a purpose tag, so a session id can never pass as a requestState."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key or secrets.token_bytes(32)
+
+    def seal(self, purpose: str, payload: dict[str, Any]) -> str:
+        body = _b64(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
+        mac = hmac.new(self._key, f"{purpose}.{body}".encode(), hashlib.sha256).digest()
+        return f"{body}.{_b64(mac)}"
+
+    def unseal(self, purpose: str, token: Any) -> dict[str, Any]:
+        if not isinstance(token, str) or token.count(".") != 1 or len(token) > 4096:
+            raise StateError("malformed")
+        body, mac = token.split(".")
+        want = hmac.new(self._key, f"{purpose}.{body}".encode(), hashlib.sha256).digest()
+        try:
+            if not hmac.compare_digest(_unb64(mac), want):
+                raise StateError("bad signature")
+            payload = json.loads(_unb64(body))
+        except (ValueError, TypeError) as exc:
+            raise StateError("malformed") from exc
+        if not isinstance(payload, dict):
+            raise StateError("malformed")
+        return payload
+
+
+class RequestStates:
+    """Mints and redeems single-use approval requestStates."""
+
+    PURPOSE = "pvegate/request-state/v1"
+
+    def __init__(self, sealer: Sealer, ttl_seconds: float = 600.0) -> None:
+        self.sealer = sealer
+        self.ttl = ttl_seconds
+        self._used: dict[str, float] = {}  # nonce -> expiry; pruned as they lapse
+        self._handoffs: dict[tuple[str, str], tuple[str, float]] = {}  # legacy era, see remember()
+
+    def mint(self, principal: Principal, request_digest: str, approval_id: str) -> str:
+        return self.sealer.seal(
+            self.PURPOSE,
+            {
+                "p": principal_key(principal),
+                "d": request_digest,
+                "a": approval_id,
+                "exp": time.time() + self.ttl,
+                "n": secrets.token_hex(16),
+            },
+        )
+
+    def redeem(self, token: Any, principal: Principal, request_digest: str) -> ApprovalState:
+        """Verify and consume; any mismatch raises StateError (and the token stays unusable)."""
+        payload = self.sealer.unseal(self.PURPOSE, token)
+        now = time.time()
+        exp = payload.get("exp")
+        if not isinstance(exp, (int, float)) or exp < now:
+            raise StateError("expired")
+        if payload.get("p") != principal_key(principal):
+            raise StateError("issued to another principal")
+        if payload.get("d") != request_digest:
+            raise StateError("issued for a different tool call (name or arguments changed)")
+        nonce = payload.get("n")
+        if not isinstance(nonce, str) or not isinstance(payload.get("a"), str):
+            raise StateError("malformed")
+        self._prune(now)
+        if nonce in self._used:
+            raise StateError("already used")
+        self._used[nonce] = float(exp)
+        return ApprovalState(payload["a"], request_digest, nonce)
+
+    def _prune(self, now: float) -> None:
+        if len(self._used) > 1024:
+            for n in [n for n, e in self._used.items() if e < now]:
+                del self._used[n]
+
+    # 2025-11-25 has no requestState: the client retries the identical call after the URL
+    # elicitation. The same binding (principal + request digest, short-lived, single-use)
+    # is then held here instead of in the client's hands.
+    def remember(self, principal: Principal, request_digest: str, approval_id: str) -> None:
+        now = time.time()
+        if len(self._handoffs) > 4096:
+            for k in [k for k, (_, e) in self._handoffs.items() if e < now]:
+                del self._handoffs[k]
+        self._handoffs[(principal_key(principal), request_digest)] = (approval_id, now + self.ttl)
+
+    def recall(self, principal: Principal, request_digest: str) -> str | None:
+        entry = self._handoffs.pop((principal_key(principal), request_digest), None)
+        if entry is None or entry[1] < time.time():
+            return None
+        return entry[0]
+
+
+class Sessions:
+    """Legacy-era session ids: a sealed record of the client's declared capabilities."""
+
+    PURPOSE = "pvegate/session/v1"
+
+    def __init__(self, sealer: Sealer, ttl_seconds: float = 86400.0) -> None:
+        self.sealer = sealer
+        self.ttl = ttl_seconds
+
+    def mint(self, principal: Principal, version: str, url_elicitation: bool) -> str:
+        return self.sealer.seal(
+            self.PURPOSE,
+            {
+                "p": principal_key(principal),
+                "v": version,
+                "eu": url_elicitation,
+                "exp": time.time() + self.ttl,
+                "n": secrets.token_hex(8),
+            },
+        )
+
+    def url_elicitation(self, token: str | None, principal: Principal) -> bool:
+        """Did this principal's client declare URL elicitation? Any doubt says no (plain result)."""
+        if not token:
+            return False
+        try:
+            payload = self.sealer.unseal(self.PURPOSE, token)
+        except StateError:
+            return False
+        exp = payload.get("exp")
+        return (
+            isinstance(exp, (int, float))
+            and exp > time.time()
+            and payload.get("p") == principal_key(principal)
+            and payload.get("eu") is True
+        )

@@ -1,0 +1,204 @@
+"""MCP over Streamable HTTP at /mcp: one lean Starlette handler for both protocol eras.
+
+Stateless, JSON responses only (no SSE stream, no server-held sessions):
+- handshake era (2025-03-26, 2025-06-18, 2025-11-25): `initialize`, then the
+  `MCP-Protocol-Version` header on every request;
+- 2026-07-28: every request self-describing (`_meta` envelope + routing headers).
+The SDK's server machinery is not on this path (see docs/mcp.md for the
+measurement); its pure helpers and wire types are used to get the format right.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.auth.tokens import Authenticator, AuthError
+from gateway.components import Components
+from gateway.core.principal import Principal
+from gateway.mcp import handoff, methods, modern
+from gateway.mcp.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    Message,
+    RpcFault,
+    error_response,
+    parse_message,
+    result_response,
+)
+from gateway.mcp.request_state import RequestStates, Sessions
+from gateway.mcp.wellknown import metadata_url
+from gateway.store.audit import AuditRecord
+
+log = logging.getLogger("pvegate.transport")
+
+LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_LEGACY = LEGACY_VERSIONS[-1]
+DEFAULT_VERSION = "2025-03-26"  # what the spec says to assume when the header is absent
+SESSION_HEADER = "mcp-session-id"
+
+
+def www_authenticate(c: Components, err: AuthError) -> str:
+    parts = [f'error="{err.error}"', f'error_description="{_quote(str(err))}"']
+    if err.scope:
+        parts.append(f'scope="{" ".join(err.scope)}"')
+    parts.append(f'resource_metadata="{metadata_url(c.config)}"')
+    return "Bearer " + ", ".join(parts)
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', "'")
+
+
+def _source_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+async def authenticate(c: Components, request: Request) -> Principal | Response:
+    authn: Authenticator = request.app.state.authenticator
+    try:
+        return await authn.authenticate(request.headers.get("authorization"))
+    except AuthError as err:
+        await c.audit.append(
+            AuditRecord(
+                uuid.uuid4().hex,
+                "auth_failure",
+                outcome=err.error,
+                body={"reason": str(err), "status": err.status, "source_ip": _source_ip(request)},
+            )
+        )
+        return JSONResponse(
+            {"error": err.error, "error_description": str(err)},
+            status_code=err.status,
+            headers={"WWW-Authenticate": www_authenticate(c, err)},
+        )
+
+
+def _media_type(value: str) -> str:
+    return value.split(";")[0].strip().lower()
+
+
+def _accepts_json(accept: str | None) -> bool:
+    if accept is None:
+        return True  # lenient with minimal clients; a present header must allow JSON
+    types = {_media_type(part) for part in accept.split(",")}
+    return bool(types & {"application/json", "application/*", "*/*"})
+
+
+async def handle_mcp(request: Request) -> Response:
+    c: Components = request.app.state.components
+    if request.method != "POST":
+        # No server-initiated SSE stream and no server-held session to delete.
+        return Response(status_code=405, headers={"Allow": "POST"})
+    principal = await authenticate(c, request)
+    if not isinstance(principal, Principal):
+        return principal
+    if _media_type(request.headers.get("content-type", "")) != "application/json":
+        refusal = error_response(None, INVALID_REQUEST, "Content-Type must be application/json", status=415)
+        return await _refuse(c, principal, request, refusal)
+    if not _accepts_json(request.headers.get("accept")):
+        refusal = error_response(None, INVALID_REQUEST, "Accept must allow application/json", status=406)
+        return await _refuse(c, principal, request, refusal)
+    version_header = request.headers.get("mcp-protocol-version")
+    msg: Message | None = None
+    try:
+        msg = parse_message(await request.body())
+        if modern.is_modern(version_header):
+            assert version_header is not None
+            return await _modern(c, principal, request, msg, version_header)
+        return await _legacy(c, principal, request, msg, version_header)
+    except RpcFault as fault:
+        status = _status(fault, modern.is_modern(version_header))
+        if fault.id is None and msg is not None:
+            fault.id = msg.id
+        response = error_response(fault.id, fault.code, fault.message, fault.data, status=status)
+        if fault.audited:
+            return response
+        return await _refuse(c, principal, request, response, fault)
+
+
+def _status(fault: RpcFault, is_modern: bool) -> int | None:
+    """Modern era: the SDK's code→status table. Handshake era: 400 for envelope faults, else 200."""
+    if is_modern:
+        return None
+    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST) else 200
+
+
+async def _refuse(
+    c: Components, principal: Principal, request: Request, response: Response, fault: RpcFault | None = None
+) -> Response:
+    """Audit a protocol-level refusal of an authenticated request, then send it."""
+    body: dict[str, Any] = {"status": response.status_code, "source_ip": _source_ip(request)}
+    if fault is not None:
+        body.update(code=fault.code, reason=fault.message)
+    await c.audit.append(AuditRecord(uuid.uuid4().hex, "refusal", principal.sub, None, None, "protocol_error", body))
+    return response
+
+
+def _exchange(
+    c: Components, principal: Principal, request: Request, version: str, modern_era: bool, url_elicitation: bool
+) -> methods.Exchange:
+    states: RequestStates = request.app.state.request_states
+    return methods.Exchange(c, principal, version, modern_era, _source_ip(request), url_elicitation, states)
+
+
+async def _modern(c: Components, principal: Principal, request: Request, msg: Message, version_header: str) -> Response:
+    if msg.is_notification:
+        modern.check_notification(version_header)
+        return Response(status_code=202)
+    raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
+    version, capabilities = modern.classify(msg, dict(request.headers), raw_headers)
+    x = _exchange(c, principal, request, version, True, modern.wants_url_elicitation(capabilities))
+    return result_response(msg.id, await modern.dispatch(x, msg))
+
+
+async def _legacy(
+    c: Components, principal: Principal, request: Request, msg: Message, version_header: str | None
+) -> Response:
+    if msg.is_notification:  # notifications/initialized, cancelled, ...: accepted, nothing to answer
+        return Response(status_code=202)
+    if msg.method == "initialize":
+        return _initialize(request, principal, msg)
+    version = version_header or DEFAULT_VERSION
+    if version not in LEGACY_VERSIONS:
+        raise RpcFault(
+            INVALID_REQUEST,
+            f"Unsupported protocol version: {version}; supported: {', '.join((*LEGACY_VERSIONS, *modern.SUPPORTED))}",
+            id_=msg.id,
+        )
+    sessions: Sessions = request.app.state.sessions
+    elicit = sessions.url_elicitation(request.headers.get(SESSION_HEADER), principal)
+    x = _exchange(c, principal, request, version, False, elicit)
+    if msg.method == "ping":
+        return result_response(msg.id, {})
+    if msg.method == "tools/list":
+        return result_response(msg.id, await methods.list_tools(x))
+    if msg.method == "tools/call":
+        return result_response(msg.id, await methods.call(x, msg.params))
+    raise RpcFault(METHOD_NOT_FOUND, f"Method not found: {msg.method}", id_=msg.id)
+
+
+def _initialize(request: Request, principal: Principal, msg: Message) -> Response:
+    asked = msg.params.get("protocolVersion")
+    if not isinstance(asked, str):
+        raise RpcFault(INVALID_PARAMS, "Invalid params: initialize needs a protocolVersion", id_=msg.id)
+    # Counter-offer our latest when we do not speak the asked revision (the client may then disconnect).
+    version = asked if asked in LEGACY_VERSIONS else LATEST_LEGACY
+    result = {
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": False}},
+        "serverInfo": methods.SERVER_INFO,
+        "instructions": methods.INSTRUCTIONS,
+    }
+    headers: dict[str, str] = {}
+    if version >= "2025-11-25" and handoff.url_elicitation_declared(msg.params.get("capabilities")):
+        # Stateless memory of the declared capability: a sealed session id the client echoes.
+        sessions: Sessions = request.app.state.sessions
+        headers["Mcp-Session-Id"] = sessions.mint(principal, version, True)
+    return result_response(msg.id, result, headers=headers)

@@ -1,0 +1,48 @@
+"""OAuth 2.0 Protected Resource Metadata (RFC 9728) for the MCP endpoint.
+
+MCP clients that get a 401 follow `resource_metadata` from WWW-Authenticate to
+this document to learn which authorization server issues tokens for us.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.core.config import Config
+
+WELL_KNOWN = "/.well-known/oauth-protected-resource"
+MCP_PATH = "/mcp"
+
+
+def base_url(config: Config) -> str:
+    return (config.public_url or f"https://{config.host}:{config.port}").rstrip("/")
+
+
+def resource_url(config: Config) -> str:
+    """The canonical resource identifier (RFC 8707) agents should request tokens for."""
+    return base_url(config) + MCP_PATH
+
+
+def metadata_url(config: Config) -> str:
+    """Path-suffixed form (RFC 9728 §3.1): the metadata of exactly the /mcp resource."""
+    return base_url(config) + WELL_KNOWN + MCP_PATH
+
+
+def metadata(config: Config) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "resource": resource_url(config),
+        "authorization_servers": [config.auth.issuer] if "://" in config.auth.issuer else [],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "pvegate Proxmox VE gateway",
+    }
+    if config.auth.required_scopes:
+        doc["scopes_supported"] = list(config.auth.required_scopes)
+    return doc
+
+
+async def protected_resource(request: Request) -> Response:
+    config: Config = request.app.state.components.config
+    return JSONResponse(metadata(config), headers={"cache-control": "public, max-age=300"})

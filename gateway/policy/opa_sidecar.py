@@ -1,0 +1,248 @@
+"""The managed OPA sidecar: a real `opa run --server` subprocess on a loopback port.
+
+The gateway never decides anything itself; this module only starts, watches and
+stops the process that does. If OPA dies, calls fail closed until the supervisor
+has restarted it (with backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger("pvegate.opa")
+
+OPA_VERSION = "1.22.3"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class OPAUnavailable(Exception):
+    """OPA could not be found, started, or did not become healthy."""
+
+
+def find_opa(explicit: Path | None = None) -> Path:
+    """The pinned opa binary: explicit path, $PVEGATE_OPA, the repo's .tools/bin, then PATH."""
+    candidates = [
+        explicit,
+        Path(os.environ["PVEGATE_OPA"]) if os.environ.get("PVEGATE_OPA") else None,
+        REPO_ROOT / ".tools" / "bin" / "opa",
+        Path(p) if (p := shutil.which("opa")) else None,
+    ]
+    for c in candidates:
+        if c is not None and c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise OPAUnavailable(
+        f"no opa binary found: run `make tools` (builds OPA v{OPA_VERSION} with go install) or set PVEGATE_OPA"
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# the environment variable holding a managed OPA's API token: set in OPA's own environment
+# (read by opa_authz/authz.rego) and read by CLI commands pointed at a running OPA
+TOKEN_ENV = "PVEGATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
+
+AUTHZ_POLICY = Path(__file__).resolve().parent / "opa_authz" / "system" / "authz" / "authz.rego"
+
+# all OPA may see of the gateway's environment: the system basics and the Go runtime's knobs
+# (named one by one: a GO prefix would also pass e.g. GOOGLE_APPLICATION_CREDENTIALS)
+_PASSED_ENV = frozenset(
+    {"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+    | {"GOGC", "GOMAXPROCS", "GOMEMLIMIT", "GODEBUG", "GOTRACEBACK"}
+)
+
+
+def client_token(sidecar: OPASidecar | None) -> str | None:
+    """The API token to send: the sidecar's own, or, for an OPA started elsewhere, $PVEGATE_OPA_TOKEN."""
+    return sidecar.api_token if sidecar is not None else os.environ.get(TOKEN_ENV)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class OPASidecar:
+    """One managed OPA server process."""
+
+    policies: tuple[Path, ...] = ()
+    bundle: Path | None = None
+    verification_key: Path | None = None
+    binary: Path | None = None
+    log_file: Path | None = None
+    pid_file: Path | None = None  # lets a restarted gateway reap the OPA a killed one left behind
+    decision_logs: bool = False
+    # Go's collector at its default (100) costs OPA ~15 % of its CPU and most of its
+    # eval-time p99 under load here; 400 trades ~25 MB of heap for that (docs/performance.md).
+    # A GOGC already in the environment wins.
+    gogc: int = 400
+    # the bearer token this OPA's API accepts (directory mode; see opa_authz/authz.rego)
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    _log_handle: object | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_token(self) -> str | None:
+        """The token clients must send, or None when OPA serves a bundle (its roots are write-protected)."""
+        return None if self.bundle is not None else self.token
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_token}"} if self.api_token else {}
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(find_opa(self.binary)),
+            "run",
+            "--server",
+            "--addr",
+            f"127.0.0.1:{self.port}",
+            "--log-level",
+            "error",
+            "--skip-version-check",
+            # policies and data only change with a restart or bundle: trade store writes for reads
+            "--optimize-store-for-read-speed",
+        ]
+        if self.decision_logs:
+            # Console decision logs give every answer a decision_id (the audit keeps it);
+            # system.log.mask in policies/ keeps tool arguments out of them.
+            cmd += ["--set", "decision_logs.console=true"]
+        if self.bundle is not None:
+            cmd += ["--bundle", str(self.bundle)]
+            if self.verification_key is not None:
+                cmd += ["--verification-key", str(self.verification_key)]
+        else:
+            # a policy directory also holds tests, golden cases and lint config: not policy
+            cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
+            # files loaded from a directory are writable through the REST API: only our token may use it
+            cmd += ["--authentication=token", "--authorization=basic", str(AUTHZ_POLICY)]
+            cmd += [str(p) for p in self.policies]
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        """OPA's environment: the Go runtime's settings and little else.
+
+        The gateway's own environment may hold secrets (`{env: NAME}` references for the
+        Proxmox token and others), and a policy can read its process environment through
+        `opa.runtime().env`: none of it is passed on.
+        """
+        env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
+        env.setdefault("GOGC", str(self.gogc))
+        if self.api_token:
+            env[TOKEN_ENV] = self.api_token
+        return env
+
+    def reap_stale(self) -> None:
+        """Stop the OPA server a previous gateway (killed without clean-up) left running."""
+        if self.pid_file is None or not self.pid_file.exists():
+            return
+        try:
+            pid, owner = (int(x) for x in self.pid_file.read_text().split())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return  # gone, or not readable: nothing to reap
+        if _alive(owner):
+            return  # its gateway still runs (another instance on this state dir): not ours to stop
+        if Path(cmdline[0].decode(errors="replace")).name == "opa" and b"--server" in cmdline:
+            log.warning("stopping OPA pid %d left behind by a previous gateway", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def start(self, timeout: float = 20.0) -> None:
+        self.reap_stale()
+        if self.port == 0:
+            self.port = free_port()
+        cmd = self.command()
+        out: int | object = subprocess.DEVNULL
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log_handle = open(self.log_file, "ab")
+            out = self._log_handle
+        log.info("starting OPA sidecar: %s", " ".join(cmd))
+        self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
+        if self.pid_file is not None:
+            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_file.write_text(f"{self.process.pid} {os.getpid()}\n")
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "not started"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise OPAUnavailable(f"OPA exited with status {self.process.returncode} during start-up")
+            try:
+                r = httpx.get(f"{self.url}/health?bundles", timeout=1.0)
+                if r.status_code == 200:
+                    return
+                last = f"health {r.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.05)
+        self.stop()
+        raise OPAUnavailable(f"OPA did not become healthy within {timeout}s ({last})")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
+        p, self.process = self.process, None
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self._log_handle is not None:
+            with contextlib.suppress(Exception):
+                self._log_handle.close()  # type: ignore[attr-defined]
+            self._log_handle = None
+
+    async def supervise(self, max_backoff: float = 5.0) -> None:
+        """Restart OPA with exponential backoff whenever it dies; calls deny meanwhile."""
+        backoff = 0.1
+        while True:
+            await asyncio.sleep(0.1)
+            if self.alive():
+                backoff = 0.1
+                continue
+            log.error("OPA sidecar is down; calls are denied until it is back (retry in %.1fs)", backoff)
+            await asyncio.sleep(backoff)
+            try:
+                await asyncio.to_thread(self.start)
+                self.restarts += 1
+                log.warning("OPA sidecar restarted (restart #%d)", self.restarts)
+            except OPAUnavailable as exc:
+                log.error("OPA restart failed: %s", exc)
+                backoff = min(backoff * 2, max_backoff)

@@ -1,0 +1,1 @@
+"""What the gateway keeps: the hash-chained audit log, approvals and usage counters."""

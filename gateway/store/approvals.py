@@ -1,0 +1,742 @@
+"""Approvals: pending requests, four-eyes votes and one-time, call-bound approval tokens.
+
+Flow: the decision says an approval is required → `pending_result` records a
+pending request (or returns the identical pending one) and answers the agent
+with a not-executed result. Approvers vote through the admin API or the CLI;
+whether *this* approver may vote on *this* request is asked of OPA
+(data.pvegate.approver.decision) every time. When enough approvals are in, a
+one-time token (256 random bits) is minted, shown once and stored only as its
+SHA-256. The agent retries the same call with the token in
+params._meta["pvegate/approval"]; `redeem` consumes it with one conditional
+UPDATE bound to requester, tool, arguments digest, target and expiry, and hands
+the approval's facts to OPA, which makes the final decision.
+
+The store lives in the audit database file (tables approval_requests and
+approval_votes), so one file holds the whole record; every state change is
+also written to the audit chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from gateway.core.calls import CallRequest, CallResult
+from gateway.core.canonical import canonical_json
+from gateway.core.config import Config
+from gateway.core.principal import Principal
+from gateway.policy.decisions import CONTRACT_VERSION, Decision, DecisionClient
+from gateway.store.audit import AuditLog, AuditRecord, audit_arguments
+from gateway.tools.tool import Tool
+
+APPROVAL_META_KEY = "pvegate/approval"  # the one-time token an agent presents on its retry
+# Set only by the transport, from a verified (HMAC-sealed, principal- and call-bound)
+# requestState after a URL elicitation: the approval id to redeem without a token.
+APPROVAL_REQUEST_META = "pvegate/approval_request"
+APPROVAL_ID_META = "pvegate/approval_id"  # on a pending result: what the hand-off shows
+APPROVAL_URL_META = "pvegate/approval_url"
+TOKEN_BYTES = 32  # 256 bits
+STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS approval_requests (
+    id               TEXT PRIMARY KEY,
+    created_at       REAL NOT NULL,
+    request_id       TEXT NOT NULL,
+    requester        TEXT NOT NULL,
+    requester_facts  TEXT NOT NULL,
+    tool             TEXT NOT NULL,
+    tool_facts       TEXT NOT NULL,
+    arguments_digest TEXT NOT NULL,
+    arguments        TEXT NOT NULL,
+    target_key       TEXT NOT NULL,
+    target           TEXT NOT NULL,
+    risk             TEXT NOT NULL,
+    reason           TEXT NOT NULL,
+    approver_groups  TEXT NOT NULL,
+    min_approvals    INTEGER NOT NULL,
+    ttl_seconds      INTEGER NOT NULL,
+    expires_at       REAL NOT NULL,
+    state            TEXT NOT NULL,
+    decided_at       REAL,
+    decided_by       TEXT,
+    note             TEXT,
+    token_hash       TEXT UNIQUE,
+    token_expires_at REAL,
+    used_at          REAL,
+    used_by_request  TEXT
+);
+CREATE INDEX IF NOT EXISTS approval_lookup
+    ON approval_requests(requester, tool, arguments_digest, target_key, state);
+CREATE INDEX IF NOT EXISTS approval_state ON approval_requests(state, expires_at);
+CREATE TABLE IF NOT EXISTS approval_votes (
+    request_id      TEXT NOT NULL REFERENCES approval_requests(id),
+    approver        TEXT NOT NULL,
+    approver_facts  TEXT NOT NULL,
+    verdict         TEXT NOT NULL,
+    at              REAL NOT NULL,
+    opa_decision_id TEXT,
+    note            TEXT,
+    PRIMARY KEY (request_id, approver)
+);
+"""
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def target_key(target: dict[str, Any]) -> str:
+    """What a token is bound to about the target: the cluster, node, guest and storage it names."""
+    return canonical_json({k: target.get(k) for k in ("cluster", "node", "vmid", "storage")})
+
+
+@dataclass
+class ApprovalRequest:
+    id: str
+    created_at: float
+    request_id: str
+    requester: str
+    requester_facts: dict[str, Any]
+    tool: str
+    tool_facts: dict[str, Any]
+    arguments_digest: str
+    arguments: dict[str, Any]
+    target_key: str
+    target: dict[str, Any]
+    risk: dict[str, Any]
+    reason: str
+    approver_groups: list[str]
+    min_approvals: int
+    ttl_seconds: int
+    expires_at: float
+    state: str
+    decided_at: float | None = None
+    decided_by: str | None = None
+    note: str | None = None
+    token_expires_at: float | None = None
+    used_at: float | None = None
+    used_by_request: str | None = None
+    votes: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ApprovalRequest:
+        d = dict(row)
+        d.pop("token_hash", None)  # never leaves the store
+        for k in ("requester_facts", "tool_facts", "arguments", "target", "risk", "approver_groups"):
+            d[k] = json.loads(d[k])
+        return cls(**d)
+
+    @property
+    def approvals(self) -> list[dict[str, Any]]:
+        return [v for v in self.votes if v["verdict"] == "approve"]
+
+    def view(self) -> dict[str, Any]:
+        """The request as shown to approvers and operators (arguments already redacted)."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "requester": self.requester,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "arguments_digest": self.arguments_digest,
+            "target": self.target,
+            "risk": self.risk,
+            "reason": self.reason,
+            "approver_groups": self.approver_groups,
+            "min_approvals": self.min_approvals,
+            "approvals": [{"approver": v["approver"], "at": rfc3339(v["at"])} for v in self.approvals],
+            "denials": [
+                {"approver": v["approver"], "at": rfc3339(v["at"]), "note": v["note"]}
+                for v in self.votes
+                if v["verdict"] == "deny"
+            ],
+            "created_at": rfc3339(self.created_at),
+            "expires_at": rfc3339(self.expires_at),
+            "decided_at": rfc3339(self.decided_at) if self.decided_at else None,
+            "decided_by": self.decided_by,
+            "note": self.note,
+            "token_expires_at": rfc3339(self.token_expires_at) if self.token_expires_at else None,
+            "used_at": rfc3339(self.used_at) if self.used_at else None,
+            "used_by_request": self.used_by_request,
+        }
+
+    def pending_input(self) -> dict[str, Any]:
+        """The request as OPA sees it in an approver decision (input.pending)."""
+        return {
+            "id": self.id,
+            "requester": self.requester,
+            "tool": self.tool_facts,
+            "arguments_digest": self.arguments_digest,
+            "target": self.target,
+            "risk": self.risk,
+            "approver_groups": self.approver_groups,
+            "min_approvals": self.min_approvals,
+            "approvals_so_far": [{"approver": v["approver"], "approved_at": rfc3339(v["at"])} for v in self.approvals],
+            "expires_at": rfc3339(self.expires_at),
+        }
+
+
+@dataclass
+class VoteOutcome:
+    ok: bool
+    state: str | None = None
+    token: str | None = None  # only on the vote that completed the approval; shown once
+    reasons: list[str] = field(default_factory=list)
+    approvals: int = 0
+    needed: int = 0
+    token_expires_at: float | None = None
+
+
+class NotFound(Exception):
+    """No approval request with that id."""
+
+
+def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
+    groups: set[str] = set()
+    for v in votes:
+        try:
+            facts = json.loads(v.get("approver_facts") or "{}")
+        except ValueError:
+            continue
+        groups.update(g for g in facts.get("qualified_groups") or [] if isinstance(g, str))
+    return sorted(groups)
+
+
+class ApprovalStore:
+    """The approval tables, on their own connection to the audit database file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()  # one multi-statement transaction at a time on this connection
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = await aiosqlite.connect(self.path, isolation_level=None)
+        self._db.row_factory = aiosqlite.Row
+        await self._db.execute("PRAGMA busy_timeout=10000")
+        await self._db.execute("PRAGMA journal_mode=WAL")
+        await self._db.execute("PRAGMA synchronous=FULL")
+        await self._db.executescript(SCHEMA)
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("approval store is not open")
+        return self._db
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> Any:
+        async with self._lock:
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.db.execute("ROLLBACK")
+                raise
+            await self.db.execute("COMMIT")
+
+    async def expire_due(self, now: float | None = None) -> list[str]:
+        """Mark pending requests and unused tokens past their expiry as expired (rows are kept)."""
+        now = time.time() if now is None else now
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT id FROM approval_requests WHERE (state = 'pending' AND expires_at <= ?) "
+                "OR (state = 'approved' AND token_expires_at <= ?)",
+                (now, now),
+            ) as cur:
+                ids = [str(r[0]) async for r in cur]
+            if ids:
+                await db.executemany(
+                    "UPDATE approval_requests SET state = 'expired', decided_at = COALESCE(decided_at, ?) "
+                    "WHERE id = ? AND state IN ('pending', 'approved')",
+                    [(now, i) for i in ids],
+                )
+        return ids
+
+    async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """A read under the connection lock, fully fetched: no statement stays open across an
+        await (an open read would pin an old snapshot and make the next write fail as busy)."""
+        async with self._lock:
+            async with self.db.execute(sql, args) as cur:
+                return [dict(r) for r in await cur.fetchall()]
+
+    async def get(self, request_id: str) -> ApprovalRequest:
+        rows = await self._rows("SELECT * FROM approval_requests WHERE id = ?", (request_id,))
+        if not rows:
+            raise NotFound(request_id)
+        req = ApprovalRequest.from_row(rows[0])
+        req.votes = await self._rows(
+            "SELECT approver, approver_facts, verdict, at, note, opa_decision_id FROM approval_votes "
+            "WHERE request_id = ? ORDER BY at",
+            (request_id,),
+        )
+        return req
+
+    async def state_counts(self) -> dict[str, int]:
+        rows = await self._rows("SELECT state, COUNT(*) AS n FROM approval_requests GROUP BY state", ())
+        return {str(r["state"]): int(r["n"]) for r in rows}
+
+    async def list(self, state: str | None = "pending", limit: int = 200) -> list[ApprovalRequest]:
+        sql = "SELECT id FROM approval_requests"
+        args: tuple[Any, ...] = ()
+        if state:
+            sql += " WHERE state = ?"
+            args = (state,)
+        sql += " ORDER BY created_at DESC LIMIT ?"
+        ids = [str(r["id"]) for r in await self._rows(sql, (*args, limit))]
+        return [await self.get(i) for i in ids]
+
+    async def find_or_create(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
+        """The identical live pending request if there is one, else `req` inserted. (request, created)."""
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT id FROM approval_requests WHERE requester = ? AND tool = ? AND arguments_digest = ? "
+                "AND target_key = ? AND state = 'pending' AND expires_at > ? ORDER BY created_at LIMIT 1",
+                (req.requester, req.tool, req.arguments_digest, req.target_key, time.time()),
+            ) as cur:
+                row = await cur.fetchone()
+            if row is None:
+                await db.execute(
+                    "INSERT INTO approval_requests (id, created_at, request_id, requester, requester_facts, tool, "
+                    "tool_facts, arguments_digest, arguments, target_key, target, risk, reason, approver_groups, "
+                    "min_approvals, ttl_seconds, expires_at, state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        req.id,
+                        req.created_at,
+                        req.request_id,
+                        req.requester,
+                        canonical_json(req.requester_facts),
+                        req.tool,
+                        canonical_json(req.tool_facts),
+                        req.arguments_digest,
+                        canonical_json(req.arguments),
+                        req.target_key,
+                        canonical_json(req.target),
+                        canonical_json(req.risk),
+                        req.reason,
+                        canonical_json(req.approver_groups),
+                        req.min_approvals,
+                        req.ttl_seconds,
+                        req.expires_at,
+                        "pending",
+                    ),
+                )
+        if row is None:
+            return await self.get(req.id), True
+        return await self.get(str(row[0])), False
+
+    async def vote(
+        self,
+        request_id: str,
+        approver: Principal,
+        verdict: str,
+        decision_id: str | None,
+        note: str | None,
+        qualified_groups: Sequence[str] = (),
+    ) -> VoteOutcome:
+        """Record an OPA-approved vote; completes the request when enough approvals are in."""
+        now = time.time()
+        token: str | None = None
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT state, expires_at, min_approvals, ttl_seconds FROM approval_requests WHERE id = ?",
+                (request_id,),
+            ) as cur:
+                row = await cur.fetchone()
+            if row is None:
+                raise NotFound(request_id)
+            state, expires_at, needed, ttl = str(row[0]), float(row[1]), int(row[2]), int(row[3])
+            if state != "pending" or expires_at <= now:
+                return VoteOutcome(False, state, reasons=[f"request {request_id} is {_state_word(state, expires_at)}"])
+            try:
+                await db.execute(
+                    "INSERT INTO approval_votes VALUES (?,?,?,?,?,?,?)",
+                    (
+                        request_id,
+                        approver.sub,
+                        canonical_json({**approver.as_input(), "qualified_groups": list(qualified_groups)}),
+                        verdict,
+                        now,
+                        decision_id,
+                        note,
+                    ),
+                )
+            except aiosqlite.IntegrityError:
+                return VoteOutcome(False, state, reasons=[f"{approver.sub} has already voted on {request_id}"])
+            async with db.execute(
+                "SELECT COUNT(*) FROM approval_votes WHERE request_id = ? AND verdict = 'approve'", (request_id,)
+            ) as cur:
+                count_row = await cur.fetchone()
+            approvals = int(count_row[0]) if count_row else 0
+            if verdict == "deny":
+                state = "denied"
+                await db.execute(
+                    "UPDATE approval_requests SET state = 'denied', decided_at = ?, decided_by = ?, note = ? "
+                    "WHERE id = ?",
+                    (now, approver.sub, note, request_id),
+                )
+            elif approvals >= needed:
+                state = "approved"
+                token = secrets.token_urlsafe(TOKEN_BYTES)
+                await db.execute(
+                    "UPDATE approval_requests SET state = 'approved', decided_at = ?, decided_by = ?, note = ?, "
+                    "token_hash = ?, token_expires_at = ? WHERE id = ?",
+                    (now, approver.sub, note, token_hash(token), now + ttl, request_id),
+                )
+        return VoteOutcome(
+            True, state, token, approvals=approvals, needed=needed, token_expires_at=now + ttl if token else None
+        )
+
+    async def withdraw(self, request_id: str, by: str, note: str | None) -> VoteOutcome:
+        now = time.time()
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "UPDATE approval_requests SET state = 'withdrawn', decided_at = ?, decided_by = ?, note = ? "
+                "WHERE id = ? AND state IN ('pending', 'approved')",
+                (now, by, note, request_id),
+            )
+            changed = cur.rowcount
+            await cur.close()
+        if changed != 1:
+            req = await self.get(request_id)
+            return VoteOutcome(False, req.state, reasons=[f"request {request_id} is {req.state}; nothing to withdraw"])
+        return VoteOutcome(True, "withdrawn")
+
+    async def consume(
+        self, key: str, column: str, principal: str, tool: str, digest: str, tkey: str, used_by: str
+    ) -> tuple[ApprovalRequest | None, str | None]:
+        """Use an approval once, found by token hash (or by id, for a verified requestState):
+        one conditional UPDATE that matches only a live, unused approval for exactly this
+        requester, tool, arguments and target. (request, None) or (None, why not)."""
+        if column not in ("token_hash", "id"):
+            raise ValueError(column)
+        now = time.time()
+        async with self.transaction() as db:  # the conditional UPDATE is the whole consumption
+            cur = await db.execute(
+                "UPDATE approval_requests SET state = 'used', used_at = ?, used_by_request = ? "  # noqa: S608
+                f"WHERE {column} = ? AND state = 'approved' AND used_at IS NULL AND token_expires_at > ? "
+                "AND requester = ? AND tool = ? AND arguments_digest = ? AND target_key = ?",
+                (now, used_by, key, now, principal, tool, digest, tkey),
+            )
+            changed = cur.rowcount
+            await cur.close()
+            async with db.execute(f"SELECT id FROM approval_requests WHERE {column} = ?", (key,)) as c2:  # noqa: S608
+                row = await c2.fetchone()
+        if row is None:
+            return None, "the approval token is not known to this gateway (mistyped, or never issued)"
+        req = await self.get(str(row[0]))
+        if changed == 1:
+            return req, None
+        return None, _why_not(req, principal, tool, digest, tkey, now)
+
+
+def _state_word(state: str, expires_at: float) -> str:
+    if state == "pending" and expires_at <= time.time():
+        return "expired"
+    return state
+
+
+def _audit_target(target: dict[str, Any] | None) -> str | None:
+    """The audit's target key, as the pipeline writes it (cluster/type/vmid, cluster/node/name, cluster)."""
+    if not target:
+        return None
+    if target.get("vmid") is not None:
+        return f"{target.get('cluster')}/{target.get('type') or 'guest'}/{target['vmid']}"
+    if target.get("node"):
+        return f"{target.get('cluster')}/node/{target['node']}"
+    return str(target.get("cluster")) if target.get("cluster") else None
+
+
+def _tdesc(target: dict[str, Any]) -> str:
+    return "/".join(str(target.get(k)) for k in ("cluster", "node", "vmid") if target.get(k) is not None)
+
+
+def _why_not(req: ApprovalRequest, principal: str, tool: str, digest: str, tkey: str, now: float) -> str:
+    rid = req.id
+    if req.state == "used":
+        return f"approval {rid} was already used by request {req.used_by_request}; a token works only once"
+    if req.state == "pending":
+        return f"approval request {rid} is still pending ({len(req.approvals)}/{req.min_approvals} approvals)"
+    if req.state == "denied":
+        return f"approval request {rid} was denied by {req.decided_by}"
+    if req.state == "withdrawn":
+        return f"approval {rid} was withdrawn by {req.decided_by}"
+    if req.state == "expired" or (req.token_expires_at is not None and req.token_expires_at <= now):
+        return f"approval {rid} expired at {rfc3339(req.token_expires_at or req.expires_at)}"
+    if req.requester != principal:
+        return f"approval {rid} was granted to another principal, not {principal}"
+    if req.tool != tool:
+        return f"approval {rid} was granted for tool {req.tool}, not {tool}"
+    if req.target_key != tkey:
+        return f"approval {rid} was granted for another target ({_tdesc(req.target)})"
+    if req.arguments_digest != digest:
+        return f"approval {rid} was granted for other arguments ({req.arguments_digest})"
+    return f"approval {rid} is {req.state} and cannot be used"
+
+
+class Approvals:
+    """The gateway's side of approvals: pending results, redemption, and approver votes.
+
+    Constructed without a store it is the fail-closed placeholder: calls that need
+    an approval are refused and presented tokens are rejected.
+    """
+
+    def __init__(
+        self,
+        store: ApprovalStore | None = None,
+        audit: AuditLog | None = None,
+        decisions: DecisionClient | None = None,
+        page_base: str | None = None,
+        config_path: str | None = None,
+    ) -> None:
+        self.store = store
+        self.audit = audit
+        self.decisions = decisions
+        self.page_base = page_base.rstrip("/") if page_base else None
+        self.config_path = config_path
+
+    # --- the agent side --------------------------------------------------------------
+
+    async def redeem(
+        self,
+        meta: dict[str, Any],
+        principal: Principal,
+        tool: str,
+        digest: str,
+        target: dict[str, Any],
+        request_id: str = "",
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """(approval facts for OPA, or None; refusal reason, or None)."""
+        token = meta.get(APPROVAL_META_KEY)
+        by_id = meta.get(APPROVAL_REQUEST_META)
+        if token is None and by_id is None:
+            return None, None
+        if self.store is None:
+            return None, "approval tokens are not accepted by this gateway (approvals are not enabled)"
+        if token is not None:
+            if not isinstance(token, str) or not 16 <= len(token) <= 256:
+                return None, f'the approval token in _meta["{APPROVAL_META_KEY}"] is malformed (expected a string)'
+            key, column = token_hash(token), "token_hash"
+        else:
+            key, column = str(by_id), "id"
+        req, why = await self.store.consume(key, column, principal.sub, tool, digest, target_key(target), request_id)
+        if req is None:
+            return None, f"approval refused: {why}"
+        await self._audit(
+            request_id or req.id, "approval", principal.sub, req.tool, "consumed", {"approval_id": req.id}, req.target
+        )
+        return self.facts(req), None
+
+    @staticmethod
+    def facts(req: ApprovalRequest) -> dict[str, Any]:
+        """input.approval: the facts of a verified, consumed approval (the policy decides with them)."""
+        return {
+            "id": req.id,
+            "approvers": [v["approver"] for v in req.approvals],
+            # the groups the approving voters belonged to when OPA let them vote, not the
+            # groups the request asked for: the policy checks them against what it requires now
+            "approver_groups": _voter_groups(req.approvals),
+            "approved_at": rfc3339(req.decided_at or time.time()),
+            "tool": req.tool,
+            "arguments_digest": req.arguments_digest,
+            "target": {k: req.target.get(k) for k in ("cluster", "node", "vmid")},
+            "requester": req.requester,
+            "expires_at": rfc3339(req.token_expires_at or req.expires_at),
+        }
+
+    async def pending_result(
+        self,
+        req: CallRequest,
+        tool: Tool,
+        args: dict[str, Any],
+        digest: str,
+        target: dict[str, Any],
+        decision: Decision,
+    ) -> CallResult:
+        reason = decision.approval.get("reason") or "policy requires a human approval"
+        if self.store is None:
+            return CallResult("denied", f"Denied: {reason}; approvals are not enabled on this gateway", is_error=True)
+        await self.store.expire_due()
+        ttl = int(decision.approval.get("ttl_seconds") or 900)
+        now = time.time()
+        candidate = ApprovalRequest(
+            id="apr-" + uuid.uuid4().hex,
+            created_at=now,
+            request_id=req.request_id,
+            requester=req.principal.sub,
+            requester_facts=req.principal.as_input(),
+            tool=tool.name,
+            tool_facts=tool.policy_view,
+            arguments_digest=digest,
+            arguments=audit_arguments(tool, args, decision.obligations.get("redact")),
+            target_key=target_key(target),
+            target=target,
+            risk=decision.risk,
+            reason=reason,
+            approver_groups=list(decision.approval.get("approver_groups") or []),
+            min_approvals=max(1, int(decision.approval.get("min_approvals") or 1)),
+            ttl_seconds=ttl,
+            expires_at=now + ttl,
+            state="pending",
+        )
+        pending, created = await self.store.find_or_create(candidate)
+        await self._audit(
+            req.request_id,
+            "approval",
+            req.principal.sub,
+            tool.name,
+            "requested" if created else "pending_reused",
+            {"approval_id": pending.id, "expires_at": rfc3339(pending.expires_at), "reason": reason},
+            target,
+        )
+        how = self.how_to_approve(pending.id)
+        text = (
+            f"Not executed: {tool.name} needs a human approval ({reason}). "
+            f"Approval request {pending.id} is pending until {rfc3339(pending.expires_at)}; "
+            f"it needs {pending.min_approvals} approval(s) from {', '.join(pending.approver_groups) or 'an approver'}. "
+            f"A human approves it at {how['url'] or '(admin API not enabled)'} or with `{how['cli']}`. "
+            f"The approver receives a one-time token; retry exactly the same call with it in "
+            f'params._meta["{APPROVAL_META_KEY}"].'
+        )
+        structured = {
+            "executed": False,
+            "approval": {
+                "id": pending.id,
+                "status": "pending",
+                "reason": reason,
+                "expires_at": rfc3339(pending.expires_at),
+                "approver_groups": pending.approver_groups,
+                "min_approvals": pending.min_approvals,
+                "approvals": len(pending.approvals),
+                "approve_url": how["url"],
+                "approve_cli": how["cli"],
+                "retry_meta_key": APPROVAL_META_KEY,
+            },
+        }
+        return CallResult(
+            "pending_approval",
+            text,
+            structured=structured,
+            is_error=True,
+            meta={APPROVAL_ID_META: pending.id, **({APPROVAL_URL_META: how["url"]} if how["url"] else {})},
+        )
+
+    def how_to_approve(self, approval_id: str) -> dict[str, str | None]:
+        cfg = f" --config {self.config_path}" if self.config_path else ""
+        return {
+            "url": f"{self.page_base}/admin/approvals/{approval_id}" if self.page_base else None,
+            "cli": f"pvegate approvals approve {approval_id}{cfg}",
+        }
+
+    # --- the approver side --------------------------------------------------------------
+
+    async def decide(self, approval_id: str, approver: Principal, verdict: str, note: str | None = None) -> VoteOutcome:
+        """An approver approves or denies; OPA says whether this approver may, every time."""
+        if self.store is None or self.decisions is None:
+            return VoteOutcome(False, reasons=["approvals are not enabled on this gateway"])
+        if verdict not in ("approve", "deny"):
+            return VoteOutcome(False, reasons=[f"unknown verdict {verdict!r}"])
+        await self.store.expire_due()
+        req = await self.store.get(approval_id)  # NotFound propagates
+        if req.state != "pending":
+            out = VoteOutcome(False, req.state, reasons=[f"request {approval_id} is {req.state}"])
+        else:
+            verdict_ = await self.decisions.may_approve(approve_input(req, approver, verdict))
+            if not verdict_.allowed:
+                out = VoteOutcome(False, req.state, reasons=verdict_.reasons or ["denied by the approver policy"])
+            else:
+                out = await self.store.vote(approval_id, approver, verdict, verdict_.decision_id, note, verdict_.groups)
+        body: dict[str, Any] = {"approval_id": approval_id, "verdict": verdict, "ok": out.ok, "reasons": out.reasons}
+        if out.ok:
+            body.update(state=out.state, approvals=out.approvals, needed=out.needed, token_minted=out.token is not None)
+        outcome = {"approve": "approved", "deny": "denied"}[verdict] if out.ok else f"{verdict}_refused"
+        await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target)
+        return out
+
+    async def withdraw(self, approval_id: str, by: str, note: str | None = None) -> VoteOutcome:
+        if self.store is None:
+            return VoteOutcome(False, reasons=["approvals are not enabled on this gateway"])
+        req = await self.store.get(approval_id)
+        out = await self.store.withdraw(approval_id, by, note)
+        await self._audit(
+            approval_id,
+            "approval",
+            by,
+            req.tool,
+            "withdrawn" if out.ok else "withdraw_refused",
+            {"approval_id": approval_id, "reasons": out.reasons, "note": note},
+            req.target,
+        )
+        return out
+
+    async def _audit(
+        self,
+        request_id: str,
+        kind: str,
+        who: str,
+        tool: str | None,
+        outcome: str,
+        body: dict[str, Any],
+        target: dict[str, Any] | None = None,
+    ) -> None:
+        if self.audit is not None:
+            await self.audit.append(AuditRecord(request_id, kind, who, tool, _audit_target(target), outcome, body))
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+
+
+def approve_input(
+    req: ApprovalRequest, approver: Principal, verdict: str, source_ip: str | None = None
+) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "contract_version": CONTRACT_VERSION,
+        "kind": "approve",
+        "approver": approver.as_input(),
+        "pending": req.pending_input(),
+        "request": {
+            "id": "approve-" + uuid.uuid4().hex,
+            "method": f"approvals/{verdict}",
+            "protocol_version": None,
+            "time": rfc3339(now),
+            "time_ns": int(now * 1e9),
+            "weekday": datetime.fromtimestamp(now, tz=UTC).strftime("%a"),
+            "hour_utc": datetime.fromtimestamp(now, tz=UTC).hour,
+            "source_ip": source_ip,
+        },
+    }
+
+
+async def build_approvals(config: Config, audit: AuditLog, decisions: DecisionClient) -> Approvals:
+    """The gateway's approvals: the store in the audit database file, the page under public_url."""
+    store = ApprovalStore(config.audit_path)
+    await store.open()
+    await store.expire_due()
+    base = config.public_url if config.admin.token is not None else None
+    return Approvals(store, audit, decisions, page_base=base)

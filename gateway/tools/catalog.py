@@ -1,0 +1,235 @@
+"""The tool catalog: YAML connector files under connectors/, loaded and validated.
+
+A tool is data. Its connector kind, effect and parameters come from YAML; the MCP
+annotations are derived from the effect so they cannot disagree with what the
+policy sees. The file format is gateway/schemas/connector.schema.json and is
+described in docs/connectors.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from gateway.tools.runtimes.reducers import COMPOSITES, TRANSFORMS
+from gateway.tools.tool import Tool, _short
+
+EFFECTS = ("read", "write", "destroy", "exec")
+CONNECTORS = ("pve_api", "ssh", "composite")
+SCHEMA_FILE = Path(__file__).parent.parent / "schemas" / "connector.schema.json"
+# Filled by the runtime from the vmid (guest locator) or a UPID, not by the caller.
+DERIVED = {"type", "node"}
+# Every tool can name the cluster it targets; credentials never: a call names at most a cluster.
+CLUSTER_PARAM: dict[str, Any] = {
+    "type": "string",
+    "pattern": "^[a-z][a-z0-9-]{0,31}$",
+    "maxLength": 32,
+    "description": "Cluster name from the gateway configuration; defaults to the first configured cluster.",
+}
+
+
+class CatalogError(Exception):
+    """A connector file is invalid; the gateway refuses to start with it."""
+
+
+@cache
+def file_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+
+
+def _build_parameters(raw: dict[str, Any], shared: dict[str, Any], where: str) -> dict[str, Any]:
+    """Compose the input schema from `params:` (shared names or inline schemas) plus `cluster`."""
+    if "parameters" in raw:
+        params = dict(raw["parameters"])
+        params.setdefault("properties", {})
+        params["properties"] = {**params["properties"]}
+    else:
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        for name, decl in (raw.get("params") or {}).items():
+            if isinstance(decl, str):
+                if name not in shared:
+                    raise CatalogError(f"{where}: parameter {name} is not defined in any `parameters:` block")
+                schema, req = dict(shared[name]), decl == "required"
+            else:
+                schema = dict(decl)
+                req = bool(schema.pop("required", False))
+            props[name] = schema
+            if req:
+                required.append(name)
+        params = {"type": "object", "additionalProperties": False, "properties": props}
+        if required:
+            params["required"] = required
+    params["properties"].setdefault("cluster", dict(CLUSTER_PARAM))
+    return params
+
+
+def _check_strict(params: dict[str, Any], where: str) -> None:
+    """Nothing free-form: bounded strings, ASCII-only digit classes, closed objects."""
+    if params.get("additionalProperties", True) is not False:
+        raise CatalogError(f"{where}: parameters must set additionalProperties: false")
+    for name, schema in params.get("properties", {}).items():
+        subs = [schema] + ([schema["items"]] if isinstance(schema.get("items"), dict) else [])
+        for sub in subs:
+            t = sub.get("type")
+            if t == "string" and "enum" not in sub and "maxLength" not in sub:
+                raise CatalogError(f"{where}: string parameter {name} needs maxLength or enum")
+            if t == "array" and "maxItems" not in sub:
+                raise CatalogError(f"{where}: array parameter {name} needs maxItems")
+            if "\\d" in str(sub.get("pattern", "")) or "\\w" in str(sub.get("pattern", "")):
+                raise CatalogError(f"{where}: parameter {name} pattern must use [0-9]/explicit classes, not \\d or \\w")
+            if t == "integer" and ("minimum" not in sub or "maximum" not in sub):
+                raise CatalogError(f"{where}: integer parameter {name} needs minimum and maximum")
+
+
+def _output_schema(raw: dict[str, Any]) -> dict[str, Any]:
+    """An outputSchema from the declared projection: listed fields, untyped (policy may redact)."""
+    if "outputSchema" in raw:
+        return dict(raw["outputSchema"])
+    out = raw.get("output") or {}
+    fields: dict[str, Any] = {f: {} for f in out.get("fields", [])}
+    common = {"warnings": {"type": "array", "items": {"type": "string"}}, "collected_at": {"type": "string"}}
+    if out.get("list"):
+        item = {"type": "object", "properties": fields} if fields else {"type": "object"}
+        return {"type": "object", "properties": {"items": {"type": "array", "items": item}, **common}}
+    return {"type": "object", "properties": {**fields, **common}}
+
+
+def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool:
+    name = raw["name"]
+    where = f"{source}: tool {name}"
+    connector = next(k for k in CONNECTORS if k in raw)
+    params = _build_parameters(raw, shared, where)
+    try:
+        jsonschema.Draft202012Validator.check_schema(params)
+    except jsonschema.SchemaError as exc:
+        raise CatalogError(f"{where}: bad parameters schema: {exc.message}") from exc
+    _check_strict(params, where)
+    target = {"cluster": "cluster", **dict(raw.get("target", {}))}
+    tool = Tool(
+        name=name,
+        title=raw.get("title", name),
+        description=" ".join(raw.get("description", "").split()),
+        connector=connector,
+        domain=raw.get("domain", "cluster"),
+        effect=raw["effect"],
+        scope=raw.get("scope", "cluster"),
+        tags=tuple(raw.get("tags", [])),
+        parameters=params,
+        output_schema=_output_schema(raw),
+        target=target,
+        sensitive=tuple(raw.get("sensitive", [])),
+        spec=dict(raw[connector]),
+        output=dict(raw.get("output", {})),
+        dry_run=(" ".join(raw["dry_run"].split()) if raw.get("dry_run") else None),
+        source=source,
+        _validator=jsonschema.Draft202012Validator(params, format_checker=jsonschema.FormatChecker()),
+    )
+    _check_placeholders(tool, where)
+    return tool
+
+
+def _check_placeholders(tool: Tool, where: str) -> None:
+    props = set(tool.parameters["properties"])
+    for p in tool.placeholders():
+        if p in props or (p in DERIVED and tool.spec.get("locate")):
+            continue
+        raise CatalogError(f"{where}: placeholder {{{p}}} is not a declared parameter")
+    for field_name, param in tool.target.items():
+        if param not in props:
+            raise CatalogError(f"{where}: target {field_name} names undeclared parameter {param}")
+    if tool.connector == "pve_api":
+        maps = {**(tool.spec.get("query") or {}), **(tool.spec.get("body") or {})}
+        for pve_field, param in maps.items():
+            if param not in props:
+                raise CatalogError(f"{where}: {pve_field} maps undeclared parameter {param}")
+        if tool.effect != "read" and not tool.dry_run:
+            raise CatalogError(f"{where}: a mutation needs a dry_run description")
+    if tool.connector == "ssh":
+        if tool.effect != "read":
+            raise CatalogError(f"{where}: ssh tools are read-only in this gateway")
+        if tool.spec.get("node") not in props:
+            raise CatalogError(f"{where}: ssh.node must name a declared parameter")
+        for p in tool.placeholders():
+            schema = tool.parameters["properties"][p]
+            if schema.get("type") not in ("string", "integer") or (
+                schema.get("type") == "string" and not schema.get("pattern") and "enum" not in schema
+            ):
+                raise CatalogError(f"{where}: ssh placeholder {p} must be an integer or a string with a pattern")
+    if tool.connector == "composite" and tool.effect != "read":
+        raise CatalogError(f"{where}: composite tools must be read-only")
+
+
+def _check_reducers(tools: Any) -> None:
+    for t in tools:
+        name = t.output.get("reducer")
+        if name and name not in TRANSFORMS:
+            raise CatalogError(f"{t.source}: tool {t.name}: unknown output reducer {name}")
+        if t.connector == "composite" and t.spec["reducer"] not in COMPOSITES:
+            raise CatalogError(f"{t.source}: tool {t.name}: unknown composite reducer {t.spec['reducer']}")
+
+
+class Catalog:
+    def __init__(self, tools: dict[str, Tool]) -> None:
+        self.tools = tools
+
+    def get(self, name: str) -> Tool | None:
+        return self.tools.get(name)
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self.tools.values())
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    @cached_property
+    def policy_views(self) -> list[dict[str, Any]]:
+        """Every tool as a listing's policy input shows it (built once: the catalog does not change)."""
+        return [t.policy_view for t in self.tools.values()]
+
+    @classmethod
+    def load(cls, directory: Path) -> Catalog:
+        files = sorted(directory.glob("**/*.yaml"))
+        if not files:
+            raise CatalogError(f"no connector files under {directory}")
+        docs: list[tuple[Path, dict[str, Any]]] = []
+        shared: dict[str, Any] = {}
+        for path in files:
+            try:
+                doc = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as exc:
+                raise CatalogError(f"{path}: {exc}") from exc
+            errors = sorted(file_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+            if errors:
+                e = errors[0]
+                at = "/".join(str(p) for p in e.absolute_path) or "(top)"
+                raise CatalogError(f"{path}: {at}: {_short(e.message)}")
+            for pname, schema in (doc.get("parameters") or {}).items():
+                if pname in shared:
+                    raise CatalogError(f"{path}: shared parameter {pname} defined twice")
+                shared[pname] = schema
+            docs.append((path, doc))
+        tools: dict[str, Tool] = {}
+        for path, doc in docs:
+            for raw in doc.get("tools") or []:
+                tool = _tool_from(raw, str(path), shared)
+                if tool.name in tools:
+                    raise CatalogError(f"{path}: duplicate tool name {tool.name}")
+                tools[tool.name] = tool
+        _check_reducers(tools.values())
+        composites = [t for t in tools.values() if t.connector == "composite"]
+        for t in composites:
+            for sub in t.spec.get("uses", []):
+                used = tools.get(sub)
+                if used is None or used.effect != "read" or used.connector == "composite":
+                    raise CatalogError(f"{t.source}: tool {t.name}: uses {sub}, which is not a read-only leaf tool")
+            # the policy grants a composite only where it would grant every leaf it reads through
+            tools[t.name] = replace(t, uses=tuple(tools[sub].policy_view for sub in t.spec.get("uses", [])))
+        return cls(tools)

@@ -1,0 +1,141 @@
+"""Check pve_api connectors against Proxmox's own API schema (apidata JSON or apidoc.js).
+
+The schema file is read at run time from wherever the user points (tests use
+../shared/pve-api/pve-{8.4,9.1}-apidata.json); nothing of it is copied here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.tools.catalog import Catalog
+from gateway.tools.tool import Tool
+
+GUEST_TYPES = ("qemu", "lxc")
+
+
+@dataclass(frozen=True)
+class Privilege:
+    path: str  # ACL path template, e.g. /vms/{vmid}
+    privs: tuple[str, ...]
+    any_of: bool
+
+    def __str__(self) -> str:
+        joined = (" or " if self.any_of else " and ").join(self.privs)
+        return f"{joined} on {self.path}"
+
+
+class PveSchema:
+    def __init__(self, tree: list[dict[str, Any]], source: str) -> None:
+        self.source = source
+        self.endpoints: dict[tuple[str, str], dict[str, Any]] = {}
+        stack = list(tree)
+        while stack:
+            node = stack.pop()
+            for method, info in (node.get("info") or {}).items():
+                self.endpoints[(method.upper(), node["path"])] = info
+            stack.extend(node.get("children") or [])
+
+    @classmethod
+    def load(cls, path: Path) -> PveSchema:
+        text = path.read_text()
+        start = text.find("[")
+        if start < 0:
+            raise ValueError(f"{path}: no JSON array found")
+        # apidoc.js wraps the array in JavaScript: decode the first JSON value only, never run it.
+        tree, _ = json.JSONDecoder().raw_decode(text[start:])
+        if not isinstance(tree, list):
+            raise ValueError(f"{path}: the schema is not a JSON array")
+        return cls(tree, str(path))
+
+
+def expansions(tool: Tool) -> list[tuple[str, str, str | None]]:
+    """(method, concrete path template, guest type) for each form the tool can send."""
+    spec = tool.spec
+    path = spec["path"]
+    if "{type}" not in path:
+        kinds = spec.get("types") or [None]
+        return [(spec["method"], path, kinds[0] if len(kinds) == 1 else None)]
+    return [(spec["method"], path.replace("{type}", k), k) for k in spec.get("types") or GUEST_TYPES]
+
+
+def _sent_fields(tool: Tool, kind: str | None) -> list[str]:
+    only = tool.spec.get("type_only") or {}
+    fields = [*(tool.spec.get("query") or {}), *(tool.spec.get("body") or {}), *(tool.spec.get("fixed") or {})]
+    return [f for f in fields if kind is None or only.get(f, kind) == kind]
+
+
+def check_tool(tool: Tool, schema: PveSchema) -> list[str]:
+    """Problems with one pve_api tool against one schema (empty list: fine)."""
+    problems: list[str] = []
+    for method, path, kind in expansions(tool):
+        info = schema.endpoints.get((method, path))
+        if info is None:
+            problems.append(f"{tool.name}: {method} {path} is not in {schema.source}")
+            continue
+        if not info.get("allowtoken", 1):
+            problems.append(f"{tool.name}: {method} {path} is not available to API tokens")
+        props = (info.get("parameters") or {}).get("properties") or {}
+        for f in _sent_fields(tool, kind):
+            if f not in props:
+                problems.append(f"{tool.name}: {method} {path} has no parameter {f!r}")
+        for ph in re.findall(r"\{([^}]+)\}", path):
+            if ph not in props:
+                problems.append(f"{tool.name}: {method} {path} has no path parameter {ph!r}")
+    return problems
+
+
+def check_catalog(catalog: Catalog, schema: PveSchema) -> list[str]:
+    return [p for t in catalog if t.connector == "pve_api" for p in check_tool(t, schema)]
+
+
+def _flatten(check: Any) -> list[Privilege]:
+    if not isinstance(check, list) or not check:
+        return []
+    op = check[0]
+    if op == "perm" and len(check) >= 3:
+        return [Privilege(str(check[1]), tuple(check[2]), "any" in check[3:])]
+    if op in ("and", "or"):
+        return [p for sub in check[1:] for p in _flatten(sub)]
+    return []
+
+
+def privileges(tool: Tool, schema: PveSchema) -> tuple[list[Privilege], list[str]]:
+    """Privileges the schema's permission checks name for this tool, and free-text notes."""
+    privs: list[Privilege] = []
+    notes: list[str] = []
+    for method, path, _ in expansions(tool):
+        info = schema.endpoints.get((method, path)) or {}
+        perms = info.get("permissions") or {}
+        for p in _flatten(perms.get("check")):
+            if p not in privs:
+                privs.append(p)
+        if perms.get("description"):
+            note = " ".join(str(perms["description"]).split())
+            if note not in notes:
+                notes.append(note)
+        if perms.get("user") == "all" and not perms.get("check"):
+            note = f"{method} {path}: any authenticated token; results are filtered by the token's ACLs"
+            if note not in notes:
+                notes.append(note)
+    return privs, notes
+
+
+def least_privilege(catalog: Catalog, schema: PveSchema, effects: tuple[str, ...]) -> dict[str, list[str]]:
+    """Privilege name -> tools needing it, over pve_api tools with the given effects."""
+    need: dict[str, list[str]] = {}
+    for tool in catalog:
+        if tool.connector != "pve_api" or tool.effect not in effects:
+            continue
+        privs, notes = privileges(tool, schema)
+        names = {n for p in privs for n in p.privs[: 1 if p.any_of else None]}
+        # vzdump is user:all in the schema; its description names the real privileges
+        for note in notes:  # first sentence only: the rest names options the connectors never send
+            names.update(re.findall(r"'((?:VM|Datastore|Sys)\.[A-Za-z.]+)'", note.split(". ")[0]))
+        for n in names:
+            need.setdefault(n, []).append(tool.name)
+    return dict(sorted(need.items()))

@@ -1,0 +1,1 @@
+"""Connector runtimes: how a declared tool reaches Proxmox (API, SSH, composite)."""

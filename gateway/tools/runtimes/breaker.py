@@ -1,0 +1,91 @@
+"""A per-cluster circuit breaker for the Proxmox API.
+
+When a cluster's API stops answering (connection refused or cut, timeouts, 5xx
+from the API node itself), every call would otherwise wait for its full timeout
+and pile up. After `threshold` consecutive failures the circuit opens: calls fail
+at once with a clear tool error. After `cooldown` seconds one probe request is let
+through (half-open); its success closes the circuit, its failure re-opens it.
+
+What counts as a failure is deliberately narrow: 595/596 say one *node* is out of
+reach of a healthy API node (the rest of the cluster still works), and 4xx are
+answers, not outages; neither trips the breaker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from gateway.tools.runtimes.base import ToolError
+
+NODE_UNREACHABLE = frozenset({595, 596, 597, 599})  # PVE proxy statuses: a node, not the cluster
+
+
+class CircuitOpen(ToolError):
+    """The cluster's circuit is open: the call was refused without contacting Proxmox."""
+
+
+def is_outage(response: httpx.Response) -> bool:
+    return response.status_code >= 500 and response.status_code not in NODE_UNREACHABLE and response.status_code != 501
+
+
+@dataclass
+class CircuitBreaker:
+    cluster: str
+    threshold: int = 5
+    cooldown: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    state: str = "closed"  # closed | open | half_open
+    failures: int = 0
+    opened_at: float = 0.0
+    opens: int = 0  # how often the circuit opened (for tests and metrics)
+    _probing: bool = field(default=False, repr=False)
+
+    def before(self) -> None:
+        """Raise CircuitOpen unless a request may go out now."""
+        if self.state == "closed":
+            return
+        waited = self.clock() - self.opened_at
+        if self.state == "open" and waited >= self.cooldown and not self._probing:
+            self.state = "half_open"
+            self._probing = True  # exactly one probe; the rest keep failing fast
+            return
+        retry = max(0.0, self.cooldown - waited)
+        raise CircuitOpen(
+            f"Proxmox cluster {self.cluster} is failing ({self.failures} consecutive errors); "
+            f"requests are paused, next attempt in about {retry:.0f}s"
+        )
+
+    def success(self) -> None:
+        self.state, self.failures, self._probing = "closed", 0, False
+
+    def failure(self) -> None:
+        self.failures += 1
+        self._probing = False
+        if self.state == "half_open" or self.failures >= self.threshold:
+            if self.state != "open":
+                self.opens += 1
+            self.state = "open"
+            self.opened_at = self.clock()
+
+    async def call(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        """Send one request through the breaker; transport errors are re-raised after counting."""
+        self.before()
+        try:
+            response = await send()
+        except httpx.TransportError:
+            self.failure()
+            raise
+        except BaseException:
+            self._probing = False  # cancelled or unexpected: neither proof of health nor of outage
+            if self.state == "half_open":
+                self.state = "open"
+            raise
+        if is_outage(response):
+            self.failure()
+        else:
+            self.success()
+        return response

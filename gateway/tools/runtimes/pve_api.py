@@ -1,0 +1,349 @@
+"""The pve_api runtime: declared method + path template → one HTTPS request to Proxmox.
+
+The API token is read from the cluster's secret reference and sent only in the
+Authorization header; it never comes from a tool call and is never logged. Only
+the fields a connector declares (query/body allow-list) are ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import ssl
+import time
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from gateway.core.config import ClusterConfig
+from gateway.tools.runtimes.base import CallContext, GuestLocator, ToolError, ToolOutput
+from gateway.tools.runtimes.breaker import CircuitBreaker
+from gateway.tools.runtimes.reducers import TRANSFORMS
+from gateway.tools.tool import Tool
+
+log = logging.getLogger("pvegate.pve_api")
+READ_RETRIES = 2  # extra attempts, GET only: a retried mutation could run twice
+PERM_RE = re.compile(r"Permission check failed \(([^,]+), ([^)]+)\)")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _normalize_fp(fp: str) -> str:
+    return fp.replace(":", "").strip().lower()
+
+
+def _pinned_context(cluster: ClusterConfig) -> ssl.SSLContext:
+    """Trust exactly the certificate whose SHA-256 fingerprint is configured.
+
+    The server's certificate is fetched once, compared with the pin, and made the
+    only trust anchor: every later handshake with another certificate fails before
+    the token is sent.
+    """
+    assert cluster.fingerprint is not None
+    parts = urlsplit(cluster.api_url)
+    pem = ssl.get_server_certificate((parts.hostname or "", parts.port or 8006), timeout=cluster.timeout)
+    got = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+    if got != _normalize_fp(cluster.fingerprint):
+        raise ToolError(f"TLS certificate of cluster {cluster.name} does not match the pinned fingerprint")
+    ctx = ssl.create_default_context(cadata=pem)
+    ctx.check_hostname = False  # the pin identifies the server; PVE self-signed certs rarely name the URL host
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return ctx
+
+
+def _ssl_context(cluster: ClusterConfig) -> ssl.SSLContext | bool:
+    if not cluster.verify_tls:
+        log.warning("TLS verification is OFF for cluster %s (verify_tls: false in the configuration)", cluster.name)
+        return False
+    if cluster.fingerprint:
+        return _pinned_context(cluster)
+    return ssl.create_default_context(cafile=str(cluster.ca_file) if cluster.ca_file else None)
+
+
+def _error_message(r: httpx.Response, cluster: str) -> str:
+    message = ""
+    try:
+        body = r.json()
+        if isinstance(body, dict):
+            message = str(body.get("message") or "").strip()
+            if body.get("errors"):
+                errs = "; ".join(f"{k}: {str(v).strip()}" for k, v in sorted(body["errors"].items()))
+                message = f"{message} ({errs})" if message else errs
+    except ValueError:
+        pass
+    reason = r.reason_phrase or ""
+    if r.status_code == 403:
+        m = PERM_RE.search(reason) or PERM_RE.search(message)
+        if m:
+            return f"the gateway's Proxmox token lacks {m.group(2)} on {m.group(1)} (cluster {cluster})"
+        return f"Proxmox refused the gateway's token: {message or reason}"
+    if r.status_code in (595, 596, 597, 599):
+        return f"a node of cluster {cluster} is unreachable from the API node ({reason or message})"
+    if r.status_code == 501:
+        return f"this Proxmox version does not implement the endpoint ({message or reason})"
+    text = message or reason
+    return f"Proxmox answered {r.status_code}: {text[:400]}"
+
+
+class PveApiClient:
+    """One keep-alive HTTPS client per cluster."""
+
+    def __init__(self, cluster: ClusterConfig) -> None:
+        self.cluster = cluster
+        self._headers = {"Authorization": f"PVEAPIToken={cluster.token.read()}"}
+        self._http: httpx.AsyncClient | None = None
+        self._lock = asyncio.Lock()
+        self.breaker = CircuitBreaker(cluster.name)  # fail fast while the cluster's API is down
+
+    async def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            async with self._lock:
+                if self._http is None:
+                    try:
+                        verify = await asyncio.to_thread(_ssl_context, self.cluster)
+                    except OSError as exc:
+                        raise ToolError(
+                            f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})"
+                        ) from exc
+                    self._http = httpx.AsyncClient(
+                        base_url=self.cluster.api_url,
+                        verify=verify,
+                        timeout=httpx.Timeout(self.cluster.timeout),
+                        headers=self._headers,
+                        limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+                    )
+        return self._http
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> Any:
+        http = await self._client()
+        attempts = 1 + (READ_RETRIES if method == "GET" else 0)
+        for attempt in range(attempts):
+            try:
+                r = await self.breaker.call(lambda: http.request(method, path, params=params, data=data))
+                break
+            except (httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError) as exc:
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                    continue
+                if isinstance(exc, httpx.TimeoutException):
+                    raise ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
+                raise ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})") from exc
+            except httpx.TimeoutException as exc:
+                raise ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
+            except httpx.HTTPError as exc:
+                raise ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})") from exc
+        if r.status_code == 401:
+            raise ToolError(f"Proxmox rejected the gateway's API token for cluster {self.cluster.name}")
+        if r.status_code >= 400:
+            raise ToolError(_error_message(r, self.cluster.name))
+        try:
+            return r.json().get("data")
+        except (ValueError, AttributeError) as exc:
+            raise ToolError("Proxmox answer was not the expected JSON envelope") from exc
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+
+def render_path(template: str, values: dict[str, Any]) -> str:
+    """Fill {placeholders} from validated values, each quoted as exactly one path segment."""
+
+    def seg(m: re.Match[str]) -> str:
+        if m.group(1) not in values:
+            raise ToolError(f"path template {template} has an unfilled placeholder {{{m.group(1)}}}")
+        s = quote(str(values[m.group(1)]), safe="")
+        if s in ("", ".", ".."):
+            raise ToolError(f"refused: empty or dot path segment for {m.group(1)}")
+        return s
+
+    return re.sub(r"\{([a-z_][a-z0-9_]*)\}", seg, template)
+
+
+def _wire(value: Any) -> Any:
+    return (1 if value else 0) if isinstance(value, bool) else value
+
+
+def upid_node(upid: str) -> str:
+    parts = upid.split(":")
+    if len(parts) < 3 or parts[0] != "UPID":
+        raise ToolError("not a Proxmox task id (UPID)")
+    return parts[1]
+
+
+class PveApiRuntime:
+    def __init__(self, clients: dict[str, PveApiClient], resolver: GuestLocator) -> None:
+        self.clients = clients
+        self.resolver = resolver
+
+    def client(self, cluster: str) -> PveApiClient:
+        client = self.clients.get(cluster)
+        if client is None:
+            raise ToolError(f"unknown cluster {cluster}")
+        return client
+
+    async def locate(self, tool: Tool, args: dict[str, Any], cluster: str) -> dict[str, Any]:
+        """Path values: the arguments plus {node} and {type} found from the vmid or UPID."""
+        values = dict(args)
+        param = tool.spec.get("locate")
+        if param is None or param not in args:
+            return values
+        if param == "upid":
+            values["node"] = upid_node(str(args[param]))
+            return values
+        vmid = int(args[param])
+        try:
+            row = await self.resolver.guest(cluster, vmid)
+        except ToolError:
+            raise
+        except Exception as exc:  # the lookup itself failed: say so, never guess a node
+            raise ToolError(f"cannot locate guest {vmid} in cluster {cluster} ({type(exc).__name__})") from exc
+        if row is None:
+            raise ToolError(f"guest {vmid} not found in cluster {cluster} (or the gateway's token cannot see it)")
+        kind = str(row.get("type"))
+        allowed = tool.spec.get("types") or ["qemu", "lxc"]
+        if kind not in allowed:
+            what = "a container (lxc)" if kind == "lxc" else "a VM (qemu)"
+            raise ToolError(f"guest {vmid} is {what}; {tool.name} works on {'/'.join(allowed)} guests only")
+        if args.get("node") not in (None, row.get("node")):
+            raise ToolError(f"guest {vmid} is on node {row.get('node')}, not {args['node']}")
+        values["node"] = row.get("node")
+        values["type"] = kind
+        return values
+
+    def request_parts(
+        self, tool: Tool, args: dict[str, Any], values: dict[str, Any]
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """(path, query, body) with only the declared fields: the allow-list."""
+        spec = tool.spec
+        only = spec.get("type_only") or {}
+        query: dict[str, Any] = {}
+        body: dict[str, Any] = {}
+        skipped: dict[str, str] = {}
+        sent: set[str] = set()
+        for target, mapping in ((query, spec.get("query") or {}), (body, spec.get("body") or {})):
+            for pve_field, param in mapping.items():
+                if param not in args:
+                    continue
+                kind = only.get(pve_field)
+                if kind is not None and values.get("type") != kind:
+                    skipped[param] = kind
+                    continue
+                target[pve_field] = _wire(args[param])
+                sent.add(param)
+        for param, kind in skipped.items():
+            if param not in sent:  # e.g. vmstate for a container: refuse rather than drop silently
+                raise ToolError(f"{param} applies to {kind} guests only")
+        fixed = dict(spec.get("fixed") or {})
+        (query if spec["method"] == "GET" else body).update(fixed)
+        return render_path(spec["path"], values), query, body
+
+    async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput:
+        client = self.client(ctx.cluster)
+        spec = tool.spec
+        if spec.get("fan_out") == "nodes" and "node" not in arguments:
+            return await self._fan_out(tool, arguments, ctx, client)
+        values = await self.locate(tool, arguments, ctx.cluster)
+        path, query, body = self.request_parts(tool, arguments, values)
+        if ctx.dry_run and tool.effect != "read":
+            return ToolOutput(data=self._dry_run(tool, values, path, query, body))
+        data = await client.request(spec["method"], path, params=query or None, data=body or None)
+        if tool.effect != "read":
+            self.resolver.invalidate(ctx.cluster)  # a mutation may move or change the guest
+        if spec.get("fan_out") and isinstance(data, list):  # same row shape as the all-nodes answer
+            data = [{**r, "node": r.get("node", values["node"])} if isinstance(r, dict) else r for r in data]
+        warnings: list[str] = []
+        task_id = None
+        if spec.get("task") and isinstance(data, str) and data.startswith("UPID:"):
+            task_id = data
+            if spec["task"] == "wait":
+                data = await self.wait_task(client, data, float(spec.get("task_timeout", 60)), warnings)
+            else:
+                data = {"upid": data, "status": "running"}
+        return ToolOutput(data=self.finish(tool, data, arguments), task_id=task_id, warnings=warnings)
+
+    def finish(self, tool: Tool, data: Any, args: dict[str, Any]) -> Any:
+        reducer = tool.output.get("reducer")
+        if reducer:
+            data = TRANSFORMS[reducer](data, args)
+        if tool.output.get("wrap"):
+            data = {tool.output["wrap"]: data}
+        return data
+
+    def _dry_run(
+        self, tool: Tool, values: dict[str, Any], path: str, query: dict[str, Any], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        impact = tool.dry_run or ""
+        for k, v in values.items():
+            impact = impact.replace("{" + k + "}", str(v))
+        return {
+            "dry_run": True,
+            "tool": tool.name,
+            "would_send": {"method": tool.spec["method"], "path": path, "query": query, "body": body},
+            "expected_impact": impact,
+            "sent": False,
+        }
+
+    async def wait_task(self, client: PveApiClient, upid: str, limit_s: float, warnings: list[str]) -> dict[str, Any]:
+        node = upid_node(upid)
+        path = f"/nodes/{quote(node, safe='')}/tasks/{quote(upid, safe='')}/status"
+        deadline = time.monotonic() + limit_s
+        delay = 0.05
+        while True:
+            st = await client.request("GET", path) or {}
+            if st.get("status") == "stopped":
+                exit_status = str(st.get("exitstatus", ""))
+                if exit_status != "OK" and not exit_status.startswith("WARNINGS"):
+                    raise ToolError(f"task {upid} failed: {exit_status[:300]}")
+                return {"upid": upid, "node": node, "status": "stopped", "exitstatus": exit_status}
+            if time.monotonic() + delay > deadline:
+                warnings.append(f"task still running after {limit_s:.0f}s; poll get_task_status with the upid")
+                return {"upid": upid, "node": node, "status": "running", "exitstatus": None}
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _fan_out(self, tool: Tool, args: dict[str, Any], ctx: CallContext, client: PveApiClient) -> ToolOutput:
+        """Per-node list endpoints over every node; offline or failing nodes become warnings."""
+        warnings: list[str] = []
+        try:
+            nodes = await self.resolver.nodes(ctx.cluster)
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(f"cannot list the nodes of cluster {ctx.cluster} ({type(exc).__name__})") from exc
+        online = sorted(n for n, row in nodes.items() if row.get("status") == "online")
+        for n in sorted(set(nodes) - set(online)):
+            warnings.append(f"node {n} is {nodes[n].get('status') or 'unknown'}: its entries are missing")
+
+        async def one(node: str) -> list[Any]:
+            values = {**args, "node": node}
+            path, query, _ = self.request_parts(tool, args, values)
+            rows = await client.request("GET", path, params=query or None)
+            return [{**r, "node": r.get("node", node)} if isinstance(r, dict) else r for r in rows or []]
+
+        results = await asyncio.gather(*(one(n) for n in online), return_exceptions=True)
+        items: list[Any] = []
+        for node, res in zip(online, results, strict=True):
+            if isinstance(res, BaseException):
+                warnings.append(f"node {node}: {res if isinstance(res, ToolError) else type(res).__name__}")
+            else:
+                items.extend(res)
+        data = self.finish(tool, items, args)
+        return ToolOutput(data={"items": data, "collected_at": now_iso()}, warnings=warnings)
+
+    async def close(self) -> None:
+        for c in self.clients.values():
+            await c.close()

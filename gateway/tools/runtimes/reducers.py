@@ -1,0 +1,507 @@
+"""Named reducers that connectors refer to by name.
+
+TRANSFORMS reshape one pve_api answer (pure functions). COMPOSITES combine other
+read-only tools' results; they receive `sub(tool, args)`, which dispatches through
+the connector runtimes and only to the tools the composite declares in `uses`.
+Both only ever read: a reducer has no way to send a mutation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.tools.runtimes.base import CommandFailed, ToolError
+
+Sub = Callable[[str, dict[str, Any]], Awaitable[Any]]
+Composite = Callable[[Sub, dict[str, Any], list[str]], Awaitable[Any]]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rows(data: Any) -> list[dict[str, Any]]:
+    """The list inside a tool's data (plain list, or a fan-out's {"items": [...]})."""
+    if isinstance(data, dict) and isinstance(data.get("items"), list):
+        data = data["items"]
+    return [r for r in data or [] if isinstance(r, dict)]
+
+
+def _pct(used: Any, total: Any) -> float | None:
+    if isinstance(used, int | float) and isinstance(total, int | float) and total > 0:
+        return round(100.0 * used / total, 1)
+    return None
+
+
+def _age_hours(ts: Any, now: float) -> float | None:
+    return round((now - float(ts)) / 3600, 1) if isinstance(ts, int | float) and ts > 0 else None
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def node_capacity(data: Any, args: dict[str, Any]) -> dict[str, Any]:
+    d = data or {}
+    cpuinfo = d.get("cpuinfo") or {}
+
+    def space(key: str) -> dict[str, Any] | None:
+        s = d.get(key)
+        if not isinstance(s, dict):
+            return None
+        avail = s.get("avail", s.get("free"))
+        return {
+            "total": s.get("total"),
+            "used": s.get("used"),
+            "available": avail,
+            "used_pct": _pct(s.get("used"), s.get("total")),
+        }
+
+    return {
+        "node": args.get("node"),
+        "cpu": {
+            "cores": cpuinfo.get("cpus"),
+            "sockets": cpuinfo.get("sockets"),
+            "model": cpuinfo.get("model"),
+            "usage_pct": round(100 * d["cpu"], 1) if isinstance(d.get("cpu"), int | float) else None,
+        },
+        "memory": space("memory"),
+        "rootfs": space("rootfs"),
+        "swap": space("swap"),
+        "loadavg": d.get("loadavg"),
+        "uptime": d.get("uptime"),
+        "pveversion": d.get("pveversion"),
+        "kversion": d.get("kversion"),
+    }
+
+
+def _tags(raw: Any) -> list[str]:
+    if isinstance(raw, list):
+        return [str(t) for t in raw]
+    return [t for t in re.split(r"[;, ]", str(raw or "")) if t]
+
+
+def guests(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows(data):
+        if r.get("type") not in ("qemu", "lxc"):
+            continue
+        if args.get("node") and r.get("node") != args["node"]:
+            continue
+        if args.get("guest_type") and r.get("type") != args["guest_type"]:
+            continue
+        out.append({**r, "tags": _tags(r.get("tags")), "template": bool(r.get("template"))})
+    return sorted(out, key=lambda r: int(r.get("vmid", 0)))
+
+
+def storage(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
+    """`available` is what Proxmox measured; null when nothing measured it, never total - used."""
+    out = []
+    for r in rows(data):
+        active = bool(r.get("active", 1))
+        measured = active and isinstance(r.get("avail"), int | float)
+        row = {k: v for k, v in r.items() if k != "avail"}
+        row["content"] = [c for c in str(r.get("content", "")).split(",") if c]
+        row["available"] = r["avail"] if measured else None
+        if not measured:
+            row["used_fraction"] = None
+            for k in ("total", "used"):
+                if not active:
+                    row[k] = None
+        out.append(row)
+    return sorted(out, key=lambda r: (str(r.get("node")), str(r.get("storage"))))
+
+
+def snapshots(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
+    now = time.time()
+    out = []
+    for r in rows(data):
+        if r.get("name") == "current":
+            continue
+        out.append({**r, "age_hours": _age_hours(r.get("snaptime"), now)})
+    return out
+
+
+TRANSFORMS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
+    "node_capacity": node_capacity,
+    "guests": guests,
+    "storage": storage,
+    "snapshots": snapshots,
+}
+
+
+# ---------------------------------------------------------------- composites
+
+
+async def _gather(calls: list[Awaitable[Any]], limit: int = 8) -> list[Any]:
+    """Run sub-calls with bounded concurrency; exceptions are returned, not raised."""
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c: Awaitable[Any]) -> Any:
+        async with sem:
+            return await c
+
+    return list(await asyncio.gather(*(one(c) for c in calls), return_exceptions=True))
+
+
+def _err(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, ToolError) else type(exc).__name__
+
+
+async def _guest_row(sub: Sub, vmid: int) -> dict[str, Any]:
+    for r in rows(await sub("list_guests", {})):
+        if int(r.get("vmid", -1)) == vmid:
+            return r
+    raise ToolError(f"guest {vmid} not found (or the gateway's token cannot see it)")
+
+
+async def _backup_volumes(sub: Sub, warnings: list[str], vmid: int | None) -> list[dict[str, Any]]:
+    """Backup volumes from every active storage with backup content; shared storage read once."""
+    seen: set[str] = set()
+    targets: list[tuple[str, str]] = []
+    for s in rows(await sub("list_storage", {})):
+        if "backup" not in (s.get("content") or []):
+            continue
+        if not s.get("active", 1) or s.get("enabled", 1) == 0:
+            warnings.append(f"storage {s.get('storage')} on {s.get('node')} is not active: its backups are not listed")
+            continue
+        key = str(s["storage"]) if s.get("shared") else f"{s.get('node')}/{s.get('storage')}"
+        if key not in seen:
+            seen.add(key)
+            targets.append((str(s["node"]), str(s["storage"])))
+    args: dict[str, Any] = {"content": "backup"}
+    if vmid is not None:
+        args["vmid"] = vmid
+    results = await _gather([sub("list_storage_content", {"node": n, "storage": st, **args}) for n, st in targets])
+    now = time.time()
+    out = []
+    for (node, st), res in zip(targets, results, strict=True):
+        if isinstance(res, BaseException):
+            warnings.append(f"storage {st} on {node}: {_err(res)}")
+            continue
+        for v in rows(res):
+            if v.get("content", "backup") != "backup":
+                continue
+            out.append({"volid": v.get("volid"), "vmid": v.get("vmid"), "storage": st, "node": node,
+                        "size": v.get("size"), "ctime": v.get("ctime"), "age_hours": _age_hours(v.get("ctime"), now),
+                        "protected": bool(v.get("protected")), "format": v.get("format"),
+                        "verification": (v.get("verification") or {}).get("state")})  # fmt: skip
+    return out
+
+
+async def list_backups(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    vmid = args.get("vmid")
+    volumes = await _backup_volumes(sub, warnings, vmid)
+    try:
+        guest_rows = [g for g in rows(await sub("list_guests", {})) if vmid is None or int(g["vmid"]) == vmid]
+    except ToolError as exc:
+        warnings.append(f"guest list: {exc}")
+        guest_rows = []
+    per: dict[int, dict[str, Any]] = {}
+    for g in guest_rows:
+        if not g.get("template"):
+            per[int(g["vmid"])] = {"vmid": int(g["vmid"]), "name": g.get("name"), "count": 0,
+                                   "newest_volid": None, "newest_age_hours": None}  # fmt: skip
+    for v in volumes:
+        if not isinstance(v.get("vmid"), int):
+            continue
+        p = per.setdefault(v["vmid"], {"vmid": v["vmid"], "name": None, "count": 0, "newest_volid": None,
+                                       "newest_age_hours": None})  # fmt: skip
+        p["count"] += 1
+        if p["newest_age_hours"] is None or (v["age_hours"] is not None and v["age_hours"] < p["newest_age_hours"]):
+            p["newest_volid"], p["newest_age_hours"] = v["volid"], v["age_hours"]
+    return {
+        "items": sorted(volumes, key=lambda v: (v.get("vmid") or 0, -(v.get("ctime") or 0))),
+        "per_guest": sorted(per.values(), key=lambda p: p["vmid"]),
+        "collected_at": now_iso(),
+    }
+
+
+def _ips_in_config(config: dict[str, Any]) -> set[str]:
+    found: set[str] = set()
+    for key, value in config.items():
+        if re.fullmatch(r"(ipconfig|net)[0-9]+", key):
+            found.update(re.findall(r"\bip=([0-9.]+)", str(value)))
+    return found
+
+
+async def check_ip_availability(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """free only when every check ran and none saw the ip; any sighting is in_use; else unknown."""
+    ip = str(args["ip"])
+    checks: list[dict[str, Any]] = []
+    evidence: list[str] = []
+
+    # 1. static configuration of every guest
+    guest_rows = rows(await sub("list_guests", {}))
+    results = await _gather([sub("get_guest_config", {"vmid": int(g["vmid"])}) for g in guest_rows])
+    failed = []
+    for g, res in zip(guest_rows, results, strict=True):
+        if isinstance(res, BaseException):
+            failed.append(f"{g['vmid']}: {_err(res)}")
+        elif ip in _ips_in_config((res or {}).get("config") or {}):
+            evidence.append(f"configured on guest {g['vmid']} ({g.get('name')})")
+    checks.append({"check": "guest_configs", "complete": not failed, "errors": failed[:10]})
+
+    # 2. guest agents of running VMs (evidence only: a VM without an agent is covered by ARP/ping)
+    agent_vms = [g for g in guest_rows if g.get("type") == "qemu" and g.get("status") == "running"]
+    results = await _gather([sub("vm_agent_network", {"vmid": int(g["vmid"])}) for g in agent_vms])
+    answered = 0
+    for g, res in zip(agent_vms, results, strict=True):
+        if isinstance(res, BaseException):
+            continue
+        answered += 1
+        ifaces = (res or {}).get("result") if isinstance(res, dict) else None
+        for iface in ifaces if isinstance(ifaces, list) else []:
+            for a in (iface.get("ip-addresses") if isinstance(iface, dict) else None) or []:
+                if isinstance(a, dict) and a.get("ip-address") == ip:
+                    evidence.append(f"reported by the guest agent of VM {g['vmid']} ({g.get('name')})")
+    checks.append({"check": "guest_agents", "complete": True, "answered": answered, "of": len(agent_vms),
+                   "note": "evidence only"})  # fmt: skip
+
+    # 3. neighbour tables and 4. ping, from every node (an offline node means incomplete)
+    nodes = rows(await sub("list_nodes", {}))
+    online = [str(n["node"]) for n in nodes if n.get("status") == "online"]
+    offline = [str(n["node"]) for n in nodes if n.get("status") != "online"]
+    arp = await _gather([sub("node_arp_table", {"node": n}) for n in online])
+    pings = await _gather([sub("node_ping", {"node": n, "ip": ip}) for n in online])
+    arp_err = [f"{n}: {_err(r)}" for n, r in zip(online, arp, strict=True) if isinstance(r, BaseException)]
+    ping_err = [f"{n}: {_err(r)}" for n, r in zip(online, pings, strict=True) if isinstance(r, BaseException)]
+    for n, res in zip(online, arp, strict=True):
+        if isinstance(res, BaseException):
+            continue
+        for e in res or []:
+            states = e.get("state") or []
+            if e.get("dst") == ip and not ({"FAILED", "INCOMPLETE"} & set(states)):
+                evidence.append(f"in the neighbour table of node {n} ({e.get('lladdr')}, {'/'.join(states)})")
+    for n, res in zip(online, pings, strict=True):
+        if not isinstance(res, BaseException) and (res or {}).get("ok"):
+            evidence.append(f"answers ping from node {n}")
+    off = [f"{n}: node offline" for n in offline]
+    checks.append({"check": "neighbour_tables", "complete": not (arp_err or off), "errors": arp_err + off})
+    checks.append({"check": "ping", "complete": not (ping_err or off), "errors": ping_err + off})
+
+    if evidence:
+        status = "in_use"
+    elif all(c["complete"] for c in checks):
+        status = "free"
+    else:
+        status = "unknown"
+        warnings.append("not every check could run, so the address is not reported free")
+    return {"ip": ip, "status": status, "evidence": evidence, "checks": checks, "collected_at": now_iso()}
+
+
+def _labels(raw: Any) -> dict[str, str]:
+    if isinstance(raw, dict):
+        return {str(k): str(v) for k, v in raw.items()}
+    out = {}
+    for part in str(raw or "").split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k] = v
+    return out
+
+
+def _health(status: str) -> str | None:
+    m = re.search(r"\((healthy|unhealthy|health: starting)\)", status)
+    return m.group(1).replace("health: ", "") if m else None
+
+
+def container_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One `docker ps` row, projected: never Command, Mounts or anything env-like."""
+    labels = _labels(r.get("Labels"))
+    return {
+        "id": str(r.get("ID", ""))[:12],
+        "name": r.get("Names"),
+        "image": r.get("Image"),
+        "state": r.get("State"),
+        "status": r.get("Status"),
+        "health": _health(str(r.get("Status", ""))),
+        "ports": [p for p in str(r.get("Ports") or "").split(", ") if p],
+        "compose_project": labels.get("com.docker.compose.project"),
+        "compose_service": labels.get("com.docker.compose.service"),
+    }
+
+
+async def _docker_guest(sub: Sub, vmid: int, warnings: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """(guest row, docker ps rows) — rows is None when Docker could not be asked."""
+    g = await _guest_row(sub, vmid)
+    if g.get("type") != "lxc":
+        warnings.append("Docker is only inspected inside LXC containers; VMs are not inspected")
+        return g, None
+    if g.get("status") != "running":
+        warnings.append(f"container {vmid} is {g.get('status')}: Docker cannot be asked")
+        return g, None
+    try:
+        return g, rows(await sub("lxc_docker_ps", {"vmid": vmid}))
+    except CommandFailed as exc:
+        if exc.exit_status == 127:
+            g = {**g, "_docker_missing": True}
+        else:
+            warnings.append(f"docker ps: {exc}")
+        return g, None
+    except ToolError as exc:
+        warnings.append(f"docker ps: {exc}")
+        return g, None
+
+
+async def list_guest_containers(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    vmid = int(args["vmid"])
+    g, ps = await _docker_guest(sub, vmid, warnings)
+    available: bool | None
+    if ps is not None:
+        available = True
+    elif g.get("_docker_missing"):
+        available = False
+    else:
+        available = None
+    return {
+        "vmid": vmid,
+        "name": g.get("name"),
+        "type": g.get("type"),
+        "node": g.get("node"),
+        "docker_available": available,
+        "items": [container_row(r) for r in ps or []],
+        "collected_at": now_iso(),
+    }
+
+
+async def inspect_compose_stack(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    vmid, project = int(args["vmid"]), str(args["project"])
+    g, ps = await _docker_guest(sub, vmid, warnings)
+    if ps is None:
+        raise ToolError(f"cannot inspect Docker in guest {vmid}: " + ("; ".join(warnings) or "Docker is not installed"))
+    stacks = rows(await sub("lxc_compose_ls", {"vmid": vmid}))
+    stack = next((s for s in stacks if s.get("Name") == project), None)
+    members = [r for r in ps if _labels(r.get("Labels")).get("com.docker.compose.project") == project]
+    if stack is None and not members:
+        raise ToolError(f"no Compose project {project!r} in guest {vmid}")
+    ids = [str(r.get("ID", ""))[:12] for r in members]
+    inspected = await _gather([sub("lxc_docker_inspect", {"vmid": vmid, "container": i}) for i in ids])
+    services = []
+    for r, res in zip(members, inspected, strict=True):
+        row = container_row(r)
+        svc: dict[str, Any] = {"service": row["compose_service"], "container": row["name"], "image": row["image"],
+                               "state": row["state"], "health": row["health"], "ports": row["ports"]}  # fmt: skip
+        if isinstance(res, BaseException):
+            warnings.append(f"inspect {row['name']}: {_err(res)}")
+        else:
+            info = (rows(res) or [{}])[0]
+            st = info.get("state") or {}
+            svc.update(
+                restart_policy=(info.get("restart") or {}).get("Name"),
+                restart_count=None,
+                exit_code=st.get("ExitCode"),
+                started_at=st.get("StartedAt"),
+                health=((st.get("Health") or {}).get("Status") or svc["health"]),
+                networks=sorted((info.get("networks") or {}).keys()),
+                mounts=[
+                    {"source": m.get("Source"), "destination": m.get("Destination"), "type": m.get("Type")}
+                    for m in info.get("mounts") or []
+                ],
+            )
+            svc.pop("restart_count")
+        services.append(svc)
+    return {
+        "vmid": vmid,
+        "node": g.get("node"),
+        "project": project,
+        "status": (stack or {}).get("Status"),
+        "config_files": (stack or {}).get("ConfigFiles"),
+        "services": sorted(services, key=lambda s: str(s.get("service"))),
+        "collected_at": now_iso(),
+    }
+
+
+async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    vmid = int(args["vmid"])
+    g = await _guest_row(sub, vmid)
+    concerns: list[str] = []
+    status_res, snaps_res = await _gather(
+        [sub("get_guest_status", {"vmid": vmid}), sub("list_snapshots", {"vmid": vmid})]
+    )
+    status: dict[str, Any] = {}
+    if isinstance(status_res, BaseException):
+        warnings.append(f"status: {_err(status_res)}")
+    else:
+        status = status_res or {}
+    state = status.get("status") or g.get("status")
+    if g.get("template"):
+        concerns_state = None
+    elif state != "running":
+        concerns_state = f"guest is {state}"
+    else:
+        concerns_state = None
+    if concerns_state:
+        concerns.append(concerns_state)
+    mem = _pct(status.get("mem", g.get("mem")), status.get("maxmem", g.get("maxmem")))
+    disk = _pct(status.get("disk", g.get("disk")), status.get("maxdisk", g.get("maxdisk")))
+    cpu = status.get("cpu", g.get("cpu"))
+    cpu_pct = round(100 * cpu, 1) if isinstance(cpu, int | float) else None
+    if state == "running":
+        if mem is not None and mem >= 90:
+            concerns.append(f"memory {mem}% used")
+        if disk is not None and disk >= 90:
+            concerns.append(f"disk {disk}% used")
+        if cpu_pct is not None and cpu_pct >= 90:
+            concerns.append(f"CPU {cpu_pct}% busy")
+    ha = status.get("ha") if isinstance(status.get("ha"), dict) else {}
+    ha_state = (ha or {}).get("state") or g.get("hastate")
+    if ha_state in ("error", "fence", "recovery", "freeze"):
+        concerns.append(f"HA state is {ha_state}")
+    snap_summary: dict[str, Any] = {"count": None, "oldest_age_hours": None}
+    if isinstance(snaps_res, BaseException):
+        warnings.append(f"snapshots: {_err(snaps_res)}")
+    else:
+        ages = [s["age_hours"] for s in rows(snaps_res) if s.get("age_hours") is not None]
+        snap_summary = {"count": len(rows(snaps_res)), "oldest_age_hours": max(ages) if ages else None}
+        if ages and max(ages) > 24 * 7:
+            concerns.append(f"oldest snapshot is {max(ages):.0f} h old (snapshots slow the disk and grow)")
+    volumes = await _backup_volumes(sub, warnings, vmid)
+    mine = [v for v in volumes if v.get("vmid") == vmid and v.get("age_hours") is not None]
+    newest = min((v["age_hours"] for v in mine), default=None)
+    if not g.get("template"):
+        if newest is None:
+            concerns.append("no backup found")
+        elif newest > 48:
+            concerns.append(f"newest backup is {newest:.0f} h old")
+    docker: dict[str, Any] | None = None
+    if g.get("type") == "lxc" and state == "running":
+        dw: list[str] = []
+        _, ps = await _docker_guest(sub, vmid, dw)
+        if ps is not None:
+            cs = [container_row(r) for r in ps]
+            bad = [c for c in cs if c["state"] != "running" or c["health"] == "unhealthy"]
+            docker = {"containers": len(cs), "not_ok": [f"{c['name']} ({c['state']}, {c['health']})" for c in bad]}
+            concerns.extend(f"docker container {c['name']} is {c['health'] or c['state']}" for c in bad)
+        warnings.extend(w for w in dw if "only inspected" not in w)
+    return {
+        "vmid": vmid,
+        "name": g.get("name"),
+        "type": g.get("type"),
+        "node": g.get("node"),
+        "status": state,
+        "ha_state": ha_state,
+        "uptime": status.get("uptime", g.get("uptime")),
+        "cpu_pct": cpu_pct,
+        "mem_used_pct": mem,
+        "disk_used_pct": disk,
+        "snapshots": snap_summary,
+        "backups": {"count": len(mine), "newest_age_hours": newest},
+        "docker": docker,
+        "concerns": concerns,
+        "healthy": not concerns,
+        "collected_at": now_iso(),
+    }
+
+
+COMPOSITES: dict[str, Composite] = {
+    "list_backups": list_backups,
+    "check_ip_availability": check_ip_availability,
+    "list_guest_containers": list_guest_containers,
+    "inspect_compose_stack": inspect_compose_stack,
+    "guest_health_summary": guest_health_summary,
+}

@@ -1,0 +1,258 @@
+"""The ssh runtime: a declared argv form → one exec on one node, read-only.
+
+The allow-list is exactly the set of argv forms declared in connectors/: after
+substitution, the whole argument vector must match one declared form (literals
+equal, placeholders whole elements with safe, schema-valid values) before any
+connection is opened. No code path takes a command string. The argv is joined
+with shlex quoting because SSH exec carries a single string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import asyncssh
+import jsonschema
+
+from gateway.core.config import ClusterConfig, SSHConfig, SSHNodeConfig
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import CallContext, CommandFailed, GuestLocator, ToolError, ToolOutput
+from gateway.tools.runtimes.base import Refused as BaseRefused
+from gateway.tools.tool import PLACEHOLDER, Tool
+
+log = logging.getLogger("pvegate.ssh")
+# Whitespace and everything a POSIX shell gives meaning to; placeholders may hold none of it.
+UNSAFE = re.compile(r"[\s;&|<>()$`\\\"'*?\[\]{}!#~^=,%]")
+MAX_VALUE = 256
+
+
+class Refused(BaseRefused):
+    """The argv is not on the allow-list; nothing was sent."""
+
+
+def safe_value(value: str) -> str | None:
+    """Why a placeholder value is unsafe, or None."""
+    if not value:
+        return "empty"
+    if value.startswith("-"):
+        return "starts with '-'"
+    if len(value) > MAX_VALUE:
+        return "too long"
+    if UNSAFE.search(value) or not value.isascii() or not value.isprintable():
+        return "contains whitespace, a shell metacharacter or a non-ASCII character"
+    return None
+
+
+@dataclass(frozen=True)
+class Form:
+    tool: str
+    argv: tuple[str, ...]
+    schemas: dict[str, dict[str, Any]]
+
+    def matches(self, argv: list[str]) -> bool:
+        if len(argv) != len(self.argv):
+            return False
+        for template, value in zip(self.argv, argv, strict=True):
+            m = PLACEHOLDER.fullmatch(template)
+            if m is None:
+                if value != template:
+                    return False
+                continue
+            if safe_value(value) is not None:
+                return False
+            schema = self.schemas[m.group(1)]
+            typed: Any = int(value) if schema.get("type") == "integer" and value.isdigit() else value
+            if not jsonschema.Draft202012Validator(schema).is_valid(typed):
+                return False
+        return True
+
+
+class AllowList:
+    """Every argv form declared by an ssh tool; nothing else may run."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.forms = [
+            Form(t.name, tuple(t.spec["argv"]), dict(t.parameters["properties"]))
+            for t in catalog
+            if t.connector == "ssh"
+        ]
+
+    def match(self, argv: list[str]) -> str | None:
+        return next((f.tool for f in self.forms if f.matches(argv)), None)
+
+
+def render_argv(tool: Tool, args: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for element in tool.spec["argv"]:
+        m = PLACEHOLDER.fullmatch(element)
+        if m is None:
+            argv.append(element)
+            continue
+        name = m.group(1)
+        if name not in args:
+            raise Refused(f"refused: {name} is required for this command")
+        value = args[name]
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise Refused(f"refused: {name} must be a string or an integer")
+        text = str(value)
+        why = safe_value(text)
+        if why:
+            raise Refused(f"refused: {name} {why}")
+        argv.append(text)
+    return argv
+
+
+def parse_table(text: str) -> list[dict[str, str]]:
+    """Fixed-width CLI tables (qm list, pct list): columns start where header words start."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    header = lines[0]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = [m.group(0).lower() for m in re.finditer(r"\S+", header)]
+    rows = []
+    for line in lines[1:]:
+        cuts = [0, *starts[1:], max(len(line), len(header)) + 1]
+        rows.append({n: line[cuts[i] : cuts[i + 1]].strip() for i, n in enumerate(names)})
+    return rows
+
+
+def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
+    try:
+        if kind == "json":
+            return json.loads(stdout) if stdout.strip() else None
+        if kind == "json_lines":
+            return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"command output was not the expected JSON ({exc.msg})") from exc
+    if kind == "table":
+        return parse_table(stdout)
+    if kind == "exit_status":
+        return {"exit_status": exit_status, "ok": exit_status == 0}
+    return {"text": stdout}
+
+
+class SshPool:
+    """One authenticated connection per (cluster, node), reused; host keys pinned."""
+
+    def __init__(self, clusters: dict[str, ClusterConfig]) -> None:
+        self.clusters = clusters
+        self._conns: dict[tuple[str, str], asyncssh.SSHClientConnection] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._keys: dict[str, asyncssh.SSHKey] = {}
+
+    def _config(self, cluster: str, node: str) -> tuple[SSHConfig, SSHNodeConfig]:
+        cl = self.clusters.get(cluster)
+        if cl is None or cl.ssh is None:
+            raise ToolError(f"cluster {cluster} has no SSH access configured")
+        n = cl.ssh.nodes.get(node)
+        if n is None:
+            raise ToolError(f"node {node} has no SSH access configured in cluster {cluster}")
+        return cl.ssh, n
+
+    async def get(self, cluster: str, node: str) -> tuple[asyncssh.SSHClientConnection, SSHConfig]:
+        ssh, n = self._config(cluster, node)
+        key = (cluster, node)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            conn = self._conns.get(key)
+            if conn is not None and not conn.is_closed():
+                return conn, ssh
+            if str(ssh.key_file) not in self._keys:
+                self._keys[str(ssh.key_file)] = await asyncio.to_thread(asyncssh.read_private_key, str(ssh.key_file))
+            try:
+                pinned = asyncssh.import_public_key(n.host_key)
+                conn = await asyncio.wait_for(
+                    asyncssh.connect(
+                        n.host,
+                        n.port,
+                        username=ssh.user,
+                        client_keys=[self._keys[str(ssh.key_file)]],
+                        known_hosts=([pinned], [], []),  # only the pinned key; unknown or changed fails closed
+                        agent_path=None,
+                        password=None,
+                        kbdint_auth=False,
+                        preferred_auth="publickey",
+                        config=None,
+                    ),
+                    timeout=ssh.command_timeout,
+                )
+            except asyncssh.HostKeyNotVerifiable as exc:
+                raise ToolError(f"SSH host key of node {node} does not match the pinned key; refusing") from exc
+            except (OSError, asyncssh.Error, TimeoutError) as exc:
+                raise ToolError(f"SSH to node {node} failed ({type(exc).__name__})") from exc
+            self._conns[key] = conn
+            return conn, ssh
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        for conn in self._conns.values():
+            await conn.wait_closed()
+        self._conns.clear()
+
+
+async def _read_capped(stream: asyncssh.SSHReader[bytes], cap: int) -> bytes:
+    out = bytearray()
+    while chunk := await stream.read(65536):
+        out += chunk
+        if len(out) > cap:
+            raise ToolError(f"command output exceeded the {cap}-byte cap")
+    return bytes(out)
+
+
+class SshRuntime:
+    def __init__(self, clusters: dict[str, ClusterConfig], resolver: GuestLocator, allow: AllowList) -> None:
+        self.pool = SshPool(clusters)
+        self.resolver = resolver
+        self.allow = allow
+
+    async def node_for(self, tool: Tool, args: dict[str, Any], cluster: str) -> str:
+        param = tool.spec["node"]
+        locate = tool.spec.get("locate")
+        if locate and locate in args:
+            row = await self.resolver.guest(cluster, int(args[locate]))
+            if row is None:
+                raise ToolError(f"guest {args[locate]} not found in cluster {cluster}")
+            if args.get(param) not in (None, row.get("node")):
+                raise ToolError(f"guest {args[locate]} is on node {row.get('node')}, not {args[param]}")
+            return str(row["node"])
+        if param not in args:
+            raise ToolError(f"{param} is required")
+        return str(args[param])
+
+    async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput:
+        argv = render_argv(tool, arguments)
+        if self.allow.match(argv) != tool.name:  # the whole argv, before any connection
+            raise Refused("refused: the command is not on the SSH allow-list")
+        node = await self.node_for(tool, arguments, ctx.cluster)
+        conn, ssh = await self.pool.get(ctx.cluster, node)
+        command = shlex.join(argv)
+        try:
+            async with asyncio.timeout(ssh.command_timeout):
+                proc = await conn.create_process(command, encoding=None, stdin=asyncssh.DEVNULL)
+                try:
+                    stdout, stderr = await asyncio.gather(
+                        _read_capped(proc.stdout, ssh.max_output_bytes), _read_capped(proc.stderr, 65536)
+                    )
+                    await proc.wait()
+                finally:
+                    proc.close()
+        except TimeoutError as exc:
+            raise ToolError(f"command on node {node} timed out after {ssh.command_timeout:.0f}s") from exc
+        except (OSError, asyncssh.Error) as exc:
+            raise ToolError(f"SSH exec on node {node} failed ({type(exc).__name__})") from exc
+        status = proc.exit_status if proc.exit_status is not None else -1
+        ok = tool.spec.get("ok_exit") or [0]
+        if status not in ok:
+            first = stderr.decode(errors="replace").strip().splitlines()[:1]
+            raise CommandFailed(f"command exited {status} on node {node}: {(first[0] if first else '')[:300]}", status)
+        return ToolOutput(data=parse_output(tool.spec["parse"], stdout.decode(errors="replace"), status))
+
+    async def close(self) -> None:
+        await self.pool.close()

@@ -1,0 +1,75 @@
+"""Output shaping: project the declared fields, apply the policy's item limit and
+redaction paths, and drop fields the connector marks sensitive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.tools.tool import Tool
+
+REDACTED = "[redacted]"
+
+
+def project(tool: Tool, data: Any) -> Any:
+    fields = tool.output.get("fields")
+    if not fields:
+        return data
+    keep = set(fields)
+    if isinstance(data, dict) and isinstance(data.get("items"), list):  # a fan-out: project the rows
+        return {**data, "items": project(tool, data["items"])}
+    if isinstance(data, list):
+        return [{k: v for k, v in row.items() if k in keep} if isinstance(row, dict) else row for row in data]
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if k in keep}
+    return data
+
+
+def redact_path(doc: Any, parts: list[str]) -> None:
+    """Replace the value at a dot path (with `*` for any list element or key) in place."""
+    if not parts or doc is None:
+        return
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        children = doc if isinstance(doc, list) else list(doc.values()) if isinstance(doc, dict) else []
+        for child in children:
+            redact_path(child, rest)
+        return
+    if isinstance(doc, dict) and head in doc:
+        if rest:
+            redact_path(doc[head], rest)
+        else:
+            doc[head] = REDACTED
+    elif isinstance(doc, list) and head.isdigit() and int(head) < len(doc):
+        if rest:
+            redact_path(doc[int(head)], rest)
+        else:
+            doc[int(head)] = REDACTED
+
+
+def drop_sensitive(doc: Any, names: frozenset[str]) -> Any:
+    """Remove sensitive keys at any depth (connector-declared, never returned), and
+    key/value rows naming one (PVE's pending-config rows are {"key": ..., "value": ...})."""
+    if not names:
+        return doc
+    if isinstance(doc, dict):
+        return {k: drop_sensitive(v, names) for k, v in doc.items() if k not in names}
+    if isinstance(doc, list):
+        return [drop_sensitive(v, names) for v in doc if not (isinstance(v, dict) and v.get("key") in names)]
+    return doc
+
+
+def shape(tool: Tool, data: Any, obligations: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The structured result the client sees, and warnings about what was cut."""
+    warnings: list[str] = []
+    data = drop_sensitive(project(tool, data), frozenset(tool.sensitive))
+    doc: dict[str, Any] = (
+        {"items": data} if isinstance(data, list) else data if isinstance(data, dict) else {"value": data}
+    )
+    limit = obligations.get("max_items")
+    items = doc.get("items")
+    if isinstance(items, list) and isinstance(limit, int) and len(items) > limit:
+        warnings.append(f"output limited by policy to {limit} of {len(items)} items")
+        doc = {**doc, "items": items[:limit]}
+    for path in obligations.get("redact") or []:
+        redact_path(doc, str(path).split("."))
+    return doc, warnings

@@ -1,0 +1,104 @@
+"""Target facts for the policy: what guest or node a call names, looked up from
+a short-lived cache of the cluster's /cluster/resources."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from gateway.tools.runtimes.pve_api import PveApiClient
+from gateway.tools.tool import Tool
+
+
+def unknown_target(cluster: str) -> dict[str, Any]:
+    return {
+        "cluster": cluster,
+        "node": None,
+        "vmid": None,
+        "type": None,
+        "name": None,
+        "tags": [],
+        "pool": None,
+        "status": None,
+        "ha_state": None,
+        "storage": None,
+        "known": False,
+    }
+
+
+class TargetResolver:
+    def __init__(self, clients: dict[str, PveApiClient], ttl: float = 5.0) -> None:
+        self.clients = clients
+        self.ttl = ttl
+        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def _index(self, cluster: str, fresh: bool = False) -> dict[str, Any]:
+        now = time.monotonic()
+        hit = self._cache.get(cluster)
+        if hit and not fresh and now - hit[0] < self.ttl:
+            return hit[1]
+        lock = self._locks.setdefault(cluster, asyncio.Lock())
+        async with lock:
+            hit = self._cache.get(cluster)
+            if hit and not fresh and time.monotonic() - hit[0] < self.ttl:
+                return hit[1]
+            rows = await self.clients[cluster].request("GET", "/cluster/resources")
+            index: dict[str, Any] = {"guests": {}, "nodes": {}}
+            for row in rows or []:
+                if row.get("type") in ("qemu", "lxc") and "vmid" in row:
+                    index["guests"][int(row["vmid"])] = row
+                elif row.get("type") == "node":
+                    index["nodes"][row.get("node")] = row
+            self._cache[cluster] = (time.monotonic(), index)
+            return index
+
+    async def guest(self, cluster: str, vmid: int) -> dict[str, Any] | None:
+        """The /cluster/resources row of a guest (node, type, ...), or None if not visible."""
+        row = (await self._index(cluster))["guests"].get(int(vmid))
+        return dict(row) if row is not None else None
+
+    async def nodes(self, cluster: str) -> dict[str, dict[str, Any]]:
+        """Node name -> its /cluster/resources row (status online|offline|unknown)."""
+        return dict((await self._index(cluster))["nodes"])
+
+    def invalidate(self, cluster: str) -> None:
+        self._cache.pop(cluster, None)
+
+    async def resolve(self, tool: Tool, arguments: dict[str, Any], cluster: str) -> dict[str, Any]:
+        target = unknown_target(cluster)
+        vmid_param = tool.target.get("vmid")
+        node_param = tool.target.get("node")
+        storage_param = tool.target.get("storage")
+        if storage_param and storage_param in arguments:
+            target["storage"] = arguments[storage_param]
+        if not (vmid_param in arguments or node_param in arguments) or cluster not in self.clients:
+            return target
+        try:
+            # A mutation is decided on facts read now, not up to `ttl` old: a guest tagged
+            # protected (or moved out of a pool) in Proxmox a moment ago must not be
+            # destroyed on the strength of the cached tags. Reads keep the cache.
+            index = await self._index(cluster, fresh=tool.effect != "read")
+        except Exception:  # a failed lookup leaves the target unknown; policy decides what that means
+            return target
+        if vmid_param and vmid_param in arguments:
+            row = index["guests"].get(int(arguments[vmid_param]))
+            if row is None:
+                return target
+            tags = [t for t in str(row.get("tags") or "").replace(",", ";").split(";") if t]
+            target.update(
+                node=row.get("node"),
+                vmid=int(row["vmid"]),
+                type=row.get("type"),
+                name=row.get("name"),
+                tags=tags,
+                pool=row.get("pool"),
+                status=row.get("status"),
+                ha_state=(row.get("hastate") or None),
+                known=True,
+            )
+        elif node_param and node_param in arguments:
+            row = index["nodes"].get(arguments[node_param])
+            target.update(node=arguments[node_param], status=(row or {}).get("status"), known=row is not None)
+        return target
