@@ -201,7 +201,36 @@ class AuditClosed(Exception):
     """The audit log is closed; nothing more can be recorded (callers fail closed)."""
 
 
-_Batch = tuple[tuple[AuditRecord, ...], "asyncio.Future[None]"]
+# (request_id, kind, principal, tool, target, outcome, body): a record as stored, before seq and hashes
+_Row = tuple[str, str, str | None, str | None, str | None, str | None, str]
+_Batch = tuple[tuple[_Row, ...], "asyncio.Future[None]"]
+
+
+def utf8_safe(text: str) -> str:
+    """The text as SQLite can store it (UTF-8). A lone surrogate (a client's JSON escape such as
+    "\\ud800") is kept as its literal backslash escape, so the record is still written and chained."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _store_failure(exc: BaseException) -> bool:
+    """An error of the database itself (locked, I/O, full), not of the records being written."""
+    return isinstance(exc, sqlite3.OperationalError | AuditClosed)
+
+
+def _settle(batch: list[_Batch], exc: BaseException | None) -> None:
+    for _, fut in batch:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
 
 
 class AuditLog:
@@ -249,14 +278,29 @@ class AuditLog:
         if self._writer is None or self._writer.done():
             raise AuditClosed("audit log is not open")
         extra = CALL_SECRETS.get()
-        if extra:
-            records = tuple(
-                AuditRecord(r.request_id, r.kind, r.principal, r.tool, r.target, r.outcome, r.body, r.scrub + extra)
-                for r in records
-            )
+        # encoded here, in the caller's task: a record that cannot be encoded fails only its own call
+        rows = tuple(self._prepare(r, extra) for r in records)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._queue.put((records, fut))
+        await self._queue.put((rows, fut))
         await asyncio.shield(fut)  # a cancelled caller must not un-write a queued record
+
+    def _prepare(self, rec: AuditRecord, extra: tuple[str, ...]) -> _Row:
+        """The record's stored columns: scrubbed of secrets, serialised, and storable as UTF-8."""
+        s = self.scrub
+        scrub = rec.scrub + extra
+
+        def col(text: str | None) -> str | None:
+            return None if text is None else utf8_safe(s(text, scrub) or "")
+
+        return (
+            utf8_safe(str(rec.request_id)),
+            utf8_safe(str(rec.kind)),
+            col(rec.principal),
+            col(rec.tool),
+            col(rec.target),
+            col(rec.outcome),
+            utf8_safe(s(dumps_body(rec.body), scrub) or "{}"),
+        )
 
     async def _write_loop(self) -> None:
         try:
@@ -281,17 +325,28 @@ class AuditLog:
                     break
                 batch.append(nxt)
             try:
-                await self._commit([r for recs, _ in batch for r in recs])
-            except Exception as exc:  # every waiter learns its records were not written
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+                await self._commit([r for rows, _ in batch for r in rows])
+            except Exception as exc:
+                if len(batch) == 1 or _store_failure(exc):  # the store itself is unwell: everyone fails closed
+                    _settle(batch, exc)
+                else:  # one caller's records may be at fault: each caller alone, so the others still commit
+                    await self._commit_each(batch)
                 continue
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_result(None)
+            _settle(batch, None)
 
-    async def _commit(self, records: list[AuditRecord]) -> None:
+    async def _commit_each(self, batch: list[_Batch]) -> None:
+        for n, (rows, fut) in enumerate(batch):
+            try:
+                await self._commit(list(rows))
+            except Exception as exc:
+                if _store_failure(exc):
+                    _settle(batch[n:], exc)
+                    return
+                _settle([(rows, fut)], exc)
+                continue
+            _settle([(rows, fut)], None)
+
+    async def _commit(self, records: list[_Row]) -> None:
         db = self._db
         assert db is not None
         await db.execute("BEGIN IMMEDIATE")
@@ -300,19 +355,7 @@ class AuditLog:
             rows = []
             for rec in records:
                 seq += 1
-                ts = time.time()
-                s = self.scrub
-                row = (
-                    seq,
-                    ts,
-                    rec.request_id,
-                    rec.kind,
-                    s(rec.principal, rec.scrub),
-                    s(rec.tool, rec.scrub),
-                    s(rec.target, rec.scrub),
-                    s(rec.outcome, rec.scrub),
-                    s(dumps_body(rec.body), rec.scrub) or "{}",
-                )
+                row = (seq, time.time(), *rec)
                 digest = record_hash(prev, *row)
                 rows.append((*row, prev, digest))
                 prev = digest
@@ -330,7 +373,7 @@ class AuditLog:
         self.commits += 1
         self.records += len(records)
         for rec in records:
-            key = (rec.kind, rec.outcome or "")
+            key = (rec[1], rec[5] or "")
             self.counts[key] = self.counts.get(key, 0) + 1
 
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:

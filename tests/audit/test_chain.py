@@ -228,3 +228,64 @@ def test_scrubber_removes_known_secrets(tmp_path: Path) -> None:
     assert secret.encode() not in raw and b"quote" not in raw
     assert b"[redacted]" in raw
     assert auditlib.verify(tmp_path / "s.db").ok
+
+
+POISON = "\ud800"  # a lone surrogate: what a client's JSON escape "\ud800" decodes to; not encodable as UTF-8
+
+
+async def test_lone_surrogates_are_stored_escaped_and_chained(tmp_path: Path) -> None:
+    db = tmp_path / "u.db"
+    log = AuditLog(db)
+    await log.open()
+    try:
+        await log.append(
+            AuditRecord(
+                f"r{POISON}", "received", f"sub{POISON}", f"tool{POISON}", f"t{POISON}", None, {POISON: POISON}
+            ),
+            AuditRecord("ok", "decision", "agent", "vm_start", None, "allow", {"ünïcode": "kept as is"}),
+        )
+    finally:
+        await log.close()
+    rows = auditlib.search(db, auditlib.Query())
+    assert [r["principal"] for r in rows] == ["sub\\ud800", "agent"]
+    assert rows[0]["request_id"] == "r\\ud800" and rows[0]["tool"] == "tool\\ud800" and rows[0]["target"] == "t\\ud800"
+    assert json.loads(rows[0]["body"]) == {POISON: POISON}  # the body's JSON escape round-trips
+    assert json.loads(rows[1]["body"]) == {"ünïcode": "kept as is"}
+    assert auditlib.verify(db).ok
+
+
+class _UnescapedLog(AuditLog):
+    """A writer whose encoding step lets a lone surrogate through, as the old one did: the
+    record then fails inside the group's transaction, which must not take the others with it."""
+
+    def _prepare(self, rec: AuditRecord, extra: tuple[str, ...]) -> auditlib._Row:
+        row = super()._prepare(rec, extra)
+        return (row[0], row[1], rec.principal, *row[3:])
+
+
+async def test_a_record_that_cannot_be_written_fails_only_its_own_caller(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    log = _UnescapedLog(db)
+    await log.open()
+    try:
+
+        async def call(i: int) -> str:
+            who = f"bad{POISON}" if i % 7 == 3 else f"agent-{i}"
+            try:
+                await log.append(
+                    AuditRecord(f"req-{i}", "received", who, "snapshot_create"),
+                    AuditRecord(f"req-{i}", "decision", who, "snapshot_create", None, "allow"),
+                )
+            except UnicodeEncodeError:
+                return "refused"
+            return "written"
+
+        outcomes = await asyncio.gather(*[call(i) for i in range(40)])  # all queued before the writer wakes
+    finally:
+        await log.close()
+    assert outcomes == ["refused" if i % 7 == 3 else "written" for i in range(40)]
+    rows = auditlib.search(db, auditlib.Query())
+    written = {r["request_id"] for r in rows}
+    assert written == {f"req-{i}" for i in range(40) if i % 7 != 3}
+    assert len(rows) == 2 * len(written)
+    assert auditlib.verify(db).ok

@@ -310,3 +310,73 @@ async def test_configured_retention_archives_and_chain_continues(xsim: Any, tmp_
     assert [r["request_id"] for r in auditlib.search(db, auditlib.Query())] == ["new"]
     assert pvegate("verify").returncode == 0
     assert pvegate("verify", "--archive", str(files[0])).returncode == 0
+
+
+async def test_lone_surrogates_from_one_client_never_fail_another(xgw: GatewayThread, xenv: DevEnv) -> None:
+    """Issue #14 finding 1: a client sending escaped lone surrogates ("\\ud800", which Python's
+    JSON decodes to text SQLite cannot store) in tool names, argument keys and values and the
+    JSON-RPC id, concurrently with another client's ordinary calls. Records are committed in
+    groups: the ordinary calls must all succeed with their full trail, and the chain verify."""
+    mcp = Mcp(xenv)
+    poisoner = "surrogate-" + secrets.token_hex(4)
+    honest = "honest-" + secrets.token_hex(4)
+    bad_token = xenv.token(poisoner, ["operator"])
+    good_token = xenv.token(honest, ["operator"])
+    headers = {"MCP-Protocol-Version": "2025-06-18", "Content-Type": "application/json"}
+    # written by hand: the escapes reach the gateway as-is and its JSON parser makes lone surrogates of them
+    poison_bodies = [
+        '{"jsonrpc":"2.0","id":"p%d","method":"tools/call","params":{"name":"get_guest_status",'
+        '"arguments":{"vmid":101,"\\ud800":"x"}}}',
+        '{"jsonrpc":"2.0","id":"p%d","method":"tools/call","params":{"name":"snapshot_create",'
+        '"arguments":{"vmid":101,"snapname":"s%d","description":"bad \\udfff text"}}}',
+        '{"jsonrpc":"2.0","id":"p%d","method":"tools/call","params":{"name":"list_\\ud800","arguments":{}}}',
+        '{"jsonrpc":"2.0","id":"\\ud800%d","method":"tools/call","params":{"name":"list_nodes",'
+        '"arguments":{"x\\udbff":1}}}',
+    ]
+
+    # both clients share 127.0.0.1: stay under its limit of concurrent requests (max_inflight_per_client)
+    poison_slots, ordinary_slots = asyncio.Semaphore(16), asyncio.Semaphore(40)
+    async with httpx.AsyncClient(verify=mcp.ctx, timeout=60) as http:
+
+        async def poison(i: int) -> int:
+            body = poison_bodies[i % len(poison_bodies)].replace("%d", str(i))
+            async with poison_slots:
+                r = await http.post(
+                    mcp.url, content=body.encode(), headers={**headers, "Authorization": f"Bearer {bad_token}"}
+                )
+            return r.status_code
+
+        async def ordinary(i: int) -> tuple[int, dict[str, Any]]:
+            async with ordinary_slots:
+                return await mcp.call(good_token, "get_guest_status", {"vmid": 101}, http)
+
+        poison_statuses, honest_results = await asyncio.gather(
+            asyncio.gather(*[poison(i) for i in range(20)]), asyncio.gather(*[ordinary(i) for i in range(60)])
+        )
+    assert len(poison_statuses) == 20  # how the poisoning client is answered is the edge's concern (tests/adversarial)
+    failures = [doc for status, doc in honest_results if status != 200 or "error" in doc]
+    assert failures == []
+    db = xenv.config.audit_path
+    for _, doc in honest_results:
+        rows = audit_rows(db, rid(doc))
+        assert [(r["kind"], r["principal"]) for r in rows] == [
+            ("received", honest),
+            ("decision", honest),
+            ("result", honest),
+        ]
+        assert rows[1]["outcome"] == "allow" and rows[2]["outcome"] == "ok"
+    # the poisoning client's own calls are on record too, its text kept in escaped form
+    con = sqlite3.connect(db)
+    try:
+        poisoned = con.execute("SELECT kind, tool, body FROM audit WHERE principal = ?", (poisoner,)).fetchall()
+    finally:
+        con.close()
+    assert any("\\ud800" in (tool or "") or "\\ud800" in body or "\\udfff" in body for _, tool, body in poisoned)
+    assert auditlib.verify(db).ok
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "audit", "verify", "--config", str(xenv.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("OK:"), proc.stdout + proc.stderr
