@@ -65,7 +65,7 @@ def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
 async def build_components(config: Config) -> Components:
     catalog = Catalog.load(config.connectors_dir)
     url, sidecar = await asyncio.to_thread(start_opa, config)
-    audit = AuditLog(config.audit_path, secrets=known_secrets(config))
+    audit = AuditLog(config.audit_path, secrets=known_secrets(config), head_key=config.audit_key_path)
     await audit.open()
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
     usage.load(await audit.allowed_since(time.time() - 86400))

@@ -137,7 +137,7 @@ def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
         return res.is_error and "used" in _text(res), f"replaying the token -> {_text(res)}"
 
     async def audit_chain() -> tuple[bool, str]:
-        result = verify_audit(env.config.audit_path)
+        result = verify_audit(env.config.audit_path, key=env.config.audit_key_path)
         return result.ok, f"pvegate audit verify: {result.checked} records, chain intact={result.ok}"
 
     return [

@@ -132,10 +132,16 @@ class Config:
     trusted_proxies: tuple[str, ...] = ()
     audit_retention_days: float | None = None  # `pvegate audit archive` default age (None: keep all)
     audit_archive_dir: Path | None = None  # default: audit-archive/ next to the audit database
+    # HMAC key authenticating the audit chain's head; generated at first start if missing
+    audit_head_key_file: Path | None = None  # default: audit-head.key next to the audit database
 
     @property
     def default_cluster(self) -> str:
         return next(iter(self.clusters))
+
+    @property
+    def audit_key_path(self) -> Path:
+        return self.audit_head_key_file or self.audit_path.parent / "audit-head.key"
 
 
 def _secret(raw: Any, base: Path, what: str) -> SecretRef:
@@ -246,6 +252,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 float(raw["audit"]["retention_days"]) if raw.get("audit", {}).get("retention_days") else None
             ),
             audit_archive_dir=_opt_path(raw.get("audit", {}).get("archive_dir"), base),
+            audit_head_key_file=_opt_path(raw.get("audit", {}).get("head_key_file"), base),
         )
     except ConfigError:
         raise

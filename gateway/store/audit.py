@@ -24,9 +24,11 @@ import contextvars
 import copy
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,10 @@ from typing import Any
 import aiosqlite
 
 from gateway.core.config import Config, ConfigError
+from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
 from gateway.tools.tool import Tool
+
+log = logging.getLogger("pvegate.audit")
 
 GENESIS = "0" * 64
 REDACTED = "[redacted]"
@@ -243,8 +248,12 @@ class AuditLog:
         secrets: Iterable[str] = (),
         synchronous: str = "FULL",
         max_batch: int = 512,
+        head_key: Path | None = None,
     ) -> None:
         self.path = path
+        self.key_path = head_key or default_key_path(path)
+        self._seal: Seal | None = None
+        self._head: tuple[str, int, str] | None = None  # (stored text, seq, hash) of the head last checked
         self.scrub = Scrubber(secrets)
         self.synchronous = synchronous
         self.max_batch = max_batch
@@ -262,6 +271,14 @@ class AuditLog:
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
         await self._db.executescript(SCHEMA)
+        try:  # once per process, plain sqlite3 in a thread: check the sealed head, or seal a new/older database
+            self._seal = await asyncio.to_thread(open_seal, self.path, self.key_path)
+        except BaseException:
+            await self._db.close()
+            self._db = None
+            raise
+        for note in self._seal.notes:
+            log.warning("audit: %s", note)
         self._writer = asyncio.create_task(self._write_loop(), name="audit-writer")
 
     async def close(self) -> None:
@@ -349,9 +366,11 @@ class AuditLog:
     async def _commit(self, records: list[_Row]) -> None:
         db = self._db
         assert db is not None
+        seal = self._seal
+        assert seal is not None
         await db.execute("BEGIN IMMEDIATE")
         try:
-            seq, prev = await _tail_async(db)
+            seq, prev = await self._tail(db, seal)
             rows = []
             for rec in records:
                 seq += 1
@@ -360,21 +379,49 @@ class AuditLog:
                 rows.append((*row, prev, digest))
                 prev = digest
             await db.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+            # the authenticated head moves in the same transaction as the rows it names
+            head = json.dumps(seal.key.sign("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()}))
             await db.execute(
                 "INSERT INTO audit_meta(key, value) VALUES ('head', ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (json.dumps({"seq": seq, "hash": prev}),),
+                (head,),
             )
             await db.execute("COMMIT")
         except BaseException:
+            self._head = None  # whatever was read or written, check it afresh next time
             with contextlib.suppress(Exception):
                 await db.execute("ROLLBACK")
             raise
+        self._head = (head, seq, prev)
         self.commits += 1
         self.records += len(records)
         for rec in records:
             key = (rec[1], rec[5] or "")
             self.counts[key] = self.counts.get(key, 0) + 1
+
+    async def _tail(self, db: aiosqlite.Connection, seal: Seal) -> tuple[int, str]:
+        """The chain's tail, read inside the write transaction (another process may have appended),
+        and only if it is the authenticated head: the writer never extends, and so never
+        re-authenticates, a chain whose end was cut or rewritten outside the gateway."""
+        # one trip to the database thread: the head and the last record
+        got = list(
+            await db.execute_fetchall(
+                "SELECT (SELECT value FROM audit_meta WHERE key = 'head'), a.seq, a.hash "
+                "FROM (SELECT 1) LEFT JOIN (SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1) AS a"
+            )
+        )
+        head_text, last_seq, last_hash = got[0]
+        last = None if last_seq is None else (int(last_seq), str(last_hash))
+        cached = self._head
+        if cached is not None and head_text == cached[0] and last == cached[1:]:
+            return last  # the head this process wrote or checked, and the rows still end there
+        anchor = None
+        if last is None:  # no rows: the head must be where the archived chain continues from
+            meta = list(await db.execute_fetchall("SELECT value FROM audit_meta WHERE key = 'anchor'"))
+            anchor = str(meta[0][0]) if meta else None
+        hseq, hhash = check_head(seal, head_text, last, anchor)
+        self._head = (str(head_text), hseq, hhash)
+        return hseq, hhash
 
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:
         assert self._db is not None
@@ -405,16 +452,208 @@ class AuditLog:
         return [(float(r[0]), str(r[1]), str(r[2])) for r in fetched]
 
 
-async def _tail_async(db: aiosqlite.Connection) -> tuple[int, str]:
-    # execute_fetchall: one trip to the database thread instead of three (execute, fetch, close)
-    rows = list(await db.execute_fetchall("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"))
-    if rows:
-        return int(rows[0][0]), str(rows[0][1])
-    meta = list(await db.execute_fetchall("SELECT value FROM audit_meta WHERE key = 'anchor'"))
-    if meta:  # everything was archived: continue from the archive's anchor
-        anchor = json.loads(meta[0][0])
-        return int(anchor["seq"]), str(anchor["hash"])
-    return 0, GENESIS
+# --- the seal: the chain's head authenticated with a key kept outside the database -------------
+
+
+class AuditIntegrityError(Exception):
+    """The authenticated head, creation marker or anchor does not hold (a sentence); nothing is written."""
+
+    def __init__(self, problem: str, seq: int | None = None) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.seq = seq
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What a writer needs to extend a sealed chain: the key and the database's id."""
+
+    key: HeadKey
+    db_id: str
+    notes: tuple[str, ...] = ()  # what opening did (key generated, an older database sealed), for the log
+
+
+def _doc(text: Any, what: str) -> dict[str, Any]:
+    """A JSON object stored in audit_meta (or an archive), or a sentence naming what is garbled."""
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise AuditIntegrityError(f"the {what} is garbled (not a JSON object)")
+    return doc
+
+
+def _point(doc: dict[str, Any], what: str) -> tuple[int, str]:
+    seq, digest = doc.get("seq"), doc.get("hash")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(digest, str):
+        raise AuditIntegrityError(f"the {what} is garbled (no record number and hash)")
+    return seq, digest
+
+
+def _meta_all(con: sqlite3.Connection) -> dict[str, str]:
+    try:
+        return {str(k): str(v) for k, v in con.execute("SELECT key, value FROM audit_meta")}
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # dropped: treated as empty, which no sealed database is
+            return {}
+        raise
+
+
+def check_created(key: HeadKey, meta: dict[str, str]) -> str:
+    """The database's id, from its authenticated creation marker."""
+    text = meta.get("created")
+    if text is None:
+        raise AuditIntegrityError(
+            "the database has no creation marker (audit_meta 'created'): its audit_meta was emptied or dropped, "
+            "or no gateway with an audit head key has opened it yet"
+        )
+    created = _doc(text, "creation marker (audit_meta 'created')")
+    if not key.check("created", created) or not isinstance(created.get("db"), str):
+        other = created.get("key_id")
+        if isinstance(other, str) and other != key.key_id:
+            raise AuditIntegrityError(
+                f"the database was sealed with another audit head key (key id {other}); "
+                f"{key.path} holds key id {key.key_id}"
+            )
+        raise AuditIntegrityError(
+            "the creation marker (audit_meta 'created') is not authenticated by the audit head key: "
+            "it was written or changed outside the gateway"
+        )
+    return str(created["db"])
+
+
+def check_anchor(key: HeadKey, db_id: str, text: str | None) -> dict[str, Any] | None:
+    """The authenticated archive anchor (where the database's records continue from), if any."""
+    if text is None:
+        return None
+    anchor = _doc(text, "archive anchor (audit_meta 'anchor')")
+    _point(anchor, "archive anchor (audit_meta 'anchor')")
+    if not key.check("anchor", anchor) or anchor.get("db") != db_id:
+        raise AuditIntegrityError(
+            "the archive anchor (audit_meta 'anchor') is not authenticated by the audit head key: "
+            "it was written or changed outside the gateway"
+        )
+    return anchor
+
+
+def check_head(
+    seal: Seal, head_text: str | None, last: tuple[int, str] | None, anchor_text: str | None
+) -> tuple[int, str]:
+    """The authenticated head (seq, hash), checked against the last record (with no records: the anchor)."""
+    if head_text is None:
+        raise AuditIntegrityError("the chain head (audit_meta 'head') is missing: it was deleted")
+    head = _doc(head_text, "chain head (audit_meta 'head')")
+    seq, digest = _point(head, "chain head (audit_meta 'head')")
+    if not seal.key.check("head", head) or head.get("db") != seal.db_id:
+        raise AuditIntegrityError(
+            "the chain head (audit_meta 'head') is not authenticated by the audit head key: "
+            "it was written or changed outside the gateway"
+        )
+    if last is None:
+        anchor = check_anchor(seal.key, seal.db_id, anchor_text)
+        start = (0, GENESIS) if anchor is None else _point(anchor, "archive anchor")
+        if (seq, digest) != start:
+            raise AuditIntegrityError(
+                f"record {start[0] + 1}..{seq} is missing (deleted): the authenticated head is record {seq} "
+                f"but the database holds no record after {start[0]}",
+                start[0] + 1,
+            )
+    elif last != (seq, digest):
+        if last[0] < seq:
+            raise AuditIntegrityError(
+                f"record {last[0] + 1}..{seq} at the end is missing (deleted): the authenticated head is record {seq}",
+                last[0] + 1,
+            )
+        if last[0] > seq:
+            raise AuditIntegrityError(
+                f"record {seq + 1}..{last[0]} was added after the authenticated head (record {seq}), "
+                "outside the gateway",
+                seq + 1,
+            )
+        raise AuditIntegrityError(f"record {seq} is not the record the authenticated head names: it was replaced", seq)
+    return seq, digest
+
+
+def _upsert(con: sqlite3.Connection, key: str, value: Any) -> None:
+    con.execute(
+        "INSERT INTO audit_meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (key, json.dumps(value)),
+    )
+
+
+def open_seal(path: Path, key_path: Path) -> Seal:
+    """A writer's start: check a sealed database's head, or seal a new one or one from an older release.
+
+    An older database (records but no creation marker) is sealed only after its whole chain
+    verifies, and only with a key generated now: with a key that already exists, a missing
+    marker more likely means audit_meta was removed to have a cut chain re-sealed.
+    """
+    con = sqlite3.connect(path, isolation_level=None, timeout=10.0)
+    con.row_factory = sqlite3.Row
+    try:
+        con.execute("PRAGMA busy_timeout=10000")
+        con.executescript(SCHEMA)
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            seal = _open_seal(con, key_path)
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        return seal
+    finally:
+        con.close()
+
+
+def _open_seal(con: sqlite3.Connection, key_path: Path) -> Seal:
+    meta = _meta_all(con)
+    row = con.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last = None if row is None else (int(row[0]), str(row[1]))
+    if "created" in meta:
+        key = HeadKey.load(key_path)
+        seal = Seal(key, check_created(key, meta))
+        check_head(seal, meta.get("head"), last, meta.get("anchor"))
+        return seal
+    older = last is not None or "anchor" in meta
+    key, made = HeadKey.load_or_create(key_path)
+    notes = [f"generated a new audit head key at {key_path} (key id {key.key_id}): back it up"] if made else []
+    if older and not made:
+        raise AuditIntegrityError(
+            f"the audit database has records but no creation marker, and the audit head key {key_path} already "
+            "exists: audit_meta was removed (run `pvegate audit verify`), or the key was made by hand for a "
+            "database from an older release (start the gateway once with no file at that path to seal it)"
+        )
+    start = (0, GENESIS)
+    if "anchor" in meta:  # an older release's anchor, trusted as that release trusted it
+        start = _point(_doc(meta["anchor"], "archive anchor (audit_meta 'anchor')"), "archive anchor")
+    checker = ChainChecker(*start)
+    for r in con.execute("SELECT * FROM audit ORDER BY seq"):
+        if not checker.feed(dict(r)):
+            raise AuditIntegrityError(
+                f"the existing audit chain does not verify ({checker.problem}), so it was not sealed: "
+                "keep the file as evidence and move it aside to start a new chain",
+                checker.bad_seq,
+            )
+    seq, digest = checker.expect_seq - 1, checker.prev
+    if "head" in meta and _point(_doc(meta["head"], "chain head"), "chain head") != (seq, digest):
+        raise AuditIntegrityError(
+            f"the existing chain ends at record {seq}, not at the head its writer recorded: records were "
+            "removed, so it was not sealed; keep the file as evidence and move it aside to start a new chain"
+        )
+    db_id, now = uuid.uuid4().hex, time.time()
+    sealed_at = {"seq": seq, "hash": digest} if older else None
+    _upsert(con, "created", key.sign("created", {"db": db_id, "ts": now, "key_id": key.key_id, "sealed_at": sealed_at}))
+    _upsert(con, "head", key.sign("head", {"db": db_id, "seq": seq, "hash": digest, "ts": now}))
+    if "anchor" in meta:
+        _upsert(con, "anchor", key.sign("anchor", {"db": db_id, "seq": start[0], "hash": start[1], "file": None}))
+    if older:
+        notes.append(
+            f"sealed the existing audit chain (records up to {seq}, verified) with the audit head key; "
+            "records written before this were not protected by a key"
+        )
+    return Seal(key, db_id, tuple(notes))
 
 
 # --- operator side: plain sqlite3, used by the CLI and the admin API ---------------------
@@ -448,6 +687,9 @@ class VerifyResult:
     bad_seq: int | None = None
     problem: str | None = None
     anchor: dict[str, Any] | None = None
+    archives: list[str] = field(default_factory=list)  # archive files verified before the database
+    sealed_at: int | None = None  # an older database: the record up to which it was sealed when upgraded
+    checkpoint: int | None = None  # the checkpoint's record, found unchanged
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -456,12 +698,18 @@ class VerifyResult:
 class ChainChecker:
     """Walks records in seq order and reports the first break in the chain."""
 
-    def __init__(self, seq: int, prev_hash: str) -> None:
+    def __init__(self, seq: int, prev_hash: str, checkpoint: tuple[int, str] | None = None) -> None:
         self.expect_seq = seq + 1
         self.prev = prev_hash
         self.checked = 0
         self.bad_seq: int | None = None
         self.problem: str | None = None
+        self.checkpoint = checkpoint  # (seq, hash) a record must still have
+        self.checkpoint_seen = checkpoint is not None and checkpoint == (seq, prev_hash)
+
+    @property
+    def end(self) -> tuple[int, str]:
+        return self.expect_seq - 1, self.prev
 
     def feed(self, row: dict[str, Any]) -> bool:
         seq = int(row["seq"])
@@ -478,6 +726,12 @@ class ChainChecker:
             )
         if row_hash(row) != row["hash"]:
             return self._fail(seq, f"record {seq} was changed: its content does not match its hash")
+        if self.checkpoint is not None and seq == self.checkpoint[0]:
+            if row["hash"] != self.checkpoint[1]:
+                return self._fail(
+                    seq, f"record {seq} is not the record of the checkpoint: the chain up to it was rewritten"
+                )
+            self.checkpoint_seen = True
         self.prev = str(row["hash"])
         self.expect_seq = seq + 1
         self.checked += 1
@@ -488,79 +742,207 @@ class ChainChecker:
         return False
 
 
-def verify(path: Path, archives: Iterable[Path] = ()) -> VerifyResult:
-    """Check the whole chain (optionally starting from archive files) and the recorded head."""
+class _Bad(Exception):
+    def __init__(self, problem: str, seq: int | None = None) -> None:
+        super().__init__(problem)
+        self.problem, self.seq = problem, seq
+
+
+def verify(
+    path: Path, archives: Iterable[Path] = (), *, key: Path | None = None, checkpoint: Path | None = None
+) -> VerifyResult:
+    """Check the chain (from archives when it was archived), its authenticated head and creation
+    marker, and optionally that it still holds a checkpoint's record. Never raises: whatever
+    is wrong (a tampered, unreadable or garbled database, a missing or wrong key) is a sentence."""
+    key_path = key or default_key_path(path)
+    state: dict[str, Any] = {"checked": 0, "first": None}
+    try:
+        return _verify(path, list(archives), key_path, checkpoint, state)
+    except (_Bad, AuditIntegrityError) as exc:
+        problem, seq = exc.problem, exc.seq
+    except AuditKeyError as exc:
+        problem, seq = f"{exc}: the chain head cannot be authenticated without it (give the right one with --key)", None
+    except sqlite3.Error as exc:
+        problem, seq = f"{path} cannot be read as an audit database ({exc})", None
+    except OSError as exc:
+        problem, seq = f"{exc.filename or path} cannot be read ({exc.strerror})", None
+    except Exception as exc:  # anything else in a garbled file is still a sentence, not a traceback
+        problem, seq = f"the audit data is garbled ({type(exc).__name__}: {exc})", None
+    return VerifyResult(False, state["checked"], state["first"], bad_seq=seq, problem=problem)
+
+
+def _verify(
+    path: Path, archived: list[Path], key_path: Path, checkpoint: Path | None, state: dict[str, Any]
+) -> VerifyResult:
+    if not path.is_file():
+        raise _Bad(f"there is no audit database at {path}")
+    key = HeadKey.load(key_path)
     con = connect(path, readonly=True)
     try:
-        anchor = _meta(con, "anchor")
-        head = _meta(con, "head")
-        start_seq, start_hash = (int(anchor["seq"]), str(anchor["hash"])) if anchor else (0, GENESIS)
-        checker = ChainChecker(0, GENESIS)
-        archived = list(archives)
-        if archived:
-            for arch in archived:  # archives in order, then the database continues from the last one
-                res = _verify_archive_into(arch, checker)
-                if res is not None:
-                    return res
-            if (checker.expect_seq - 1, checker.prev) != (start_seq, start_hash):
-                return VerifyResult(
-                    False,
-                    checker.checked,
-                    bad_seq=start_seq + 1,
-                    problem=(
-                        f"the archives end at record {checker.expect_seq - 1} but the database continues "
-                        f"from anchor record {start_seq}: an archive is missing or the anchor was changed"
-                    ),
-                    anchor=anchor,
+        meta = _meta_all(con)
+        db_id = check_created(key, meta)
+        seal = Seal(key, db_id)
+        created = _doc(meta["created"], "creation marker")
+        sealed_at = created.get("sealed_at")
+        head_text = meta.get("head")
+        if head_text is None:
+            raise _Bad("the chain head (audit_meta 'head') is missing: it was deleted")
+        anchor = check_anchor(key, db_id, meta.get("anchor"))
+        mark = _load_checkpoint(checkpoint, key, db_id) if checkpoint is not None else None
+        used: list[Path] = []
+        if anchor is not None:
+            used = archived or _recorded_archives(meta, anchor)
+            checker = _verify_archives(used, key, db_id, mark, state)
+            if checker.end != _point(anchor, "archive anchor"):
+                raise _Bad(
+                    f"the archives end at record {checker.end[0]} but the database continues from anchor record "
+                    f"{anchor['seq']}: an archive is missing or the anchor was changed",
+                    anchor["seq"] + 1,
                 )
+        elif archived:
+            raise _Bad("the database was never archived (it has no anchor), so no archive comes before it", 1)
         else:
-            checker = ChainChecker(start_seq, start_hash)
-        first = None
+            checker = ChainChecker(0, GENESIS, mark)
         for r in con.execute("SELECT * FROM audit ORDER BY seq"):
             row = dict(r)
-            first = row["seq"] if first is None else first
-            if not checker.feed(row):
-                return VerifyResult(
-                    False, checker.checked, first, bad_seq=checker.bad_seq, problem=checker.problem, anchor=anchor
+            state["first"] = row["seq"] if state["first"] is None else state["first"]
+            ok = checker.feed(row)
+            state["checked"] = checker.checked
+            if not ok:
+                raise _Bad(checker.problem or "the chain breaks", checker.bad_seq)
+        last = None if state["first"] is None else checker.end
+        check_head(seal, head_text, last, meta.get("anchor"))
+        if mark is not None and not checker.checkpoint_seen:
+            if mark[0] > checker.end[0]:
+                raise _Bad(
+                    f"record {checker.end[0] + 1}..{mark[0]} is missing: the checkpoint names record {mark[0]} but "
+                    f"the chain ends at {checker.end[0]} (records were removed, or an older copy was restored)",
+                    checker.end[0] + 1,
                 )
-        last_seq = checker.expect_seq - 1
-        if head and (int(head["seq"]), str(head["hash"])) != (last_seq, checker.prev):
-            hseq = int(head["seq"])
-            problem = (
-                f"record {last_seq + 1}..{hseq} at the end is missing (deleted)"
-                if hseq > last_seq
-                else f"the chain head recorded at write time (record {hseq}) does not match the last record"
-            )
-            return VerifyResult(
-                False, checker.checked, first, last_seq, bad_seq=min(hseq, last_seq + 1), problem=problem, anchor=anchor
-            )
-        return VerifyResult(True, checker.checked, first, last_seq, checker.prev, anchor=anchor)
+            raise _Bad(f"the checkpoint's record {mark[0]} is in an archive that was not given (use --archive)")
+        return VerifyResult(
+            True,
+            checker.checked,
+            state["first"],
+            checker.end[0],
+            checker.end[1],
+            anchor=anchor,
+            archives=[str(p) for p in used],
+            sealed_at=int(sealed_at["seq"]) if isinstance(sealed_at, dict) else None,
+            checkpoint=None if mark is None else mark[0],
+        )
     finally:
         con.close()
 
 
-def _verify_archive_into(path: Path, checker: ChainChecker) -> VerifyResult | None:
-    header: dict[str, Any] | None = None
-    with path.open() as fh:
-        for n, line in enumerate(fh):
-            doc = json.loads(line)
-            if n == 0:
-                header = doc
-                if doc.get("type") != "pvegate-audit-archive":
-                    return VerifyResult(False, checker.checked, problem=f"{path} is not a pvegate audit archive")
-                if checker.checked == 0 and checker.expect_seq == 1:  # the first archive sets the start
-                    checker.expect_seq = int(doc["anchor"]["seq"]) + 1
-                    checker.prev = str(doc["anchor"]["hash"])
-                continue
-            if not checker.feed(doc):
-                return VerifyResult(
-                    False, checker.checked, bad_seq=checker.bad_seq, problem=f"{path}: {checker.problem}"
+def _load_checkpoint(file: Path, key: HeadKey, db_id: str) -> tuple[int, str]:
+    try:
+        doc = json.loads(file.read_text())
+    except OSError as exc:
+        raise _Bad(f"the checkpoint file {file} cannot be read ({exc.strerror})") from None
+    except ValueError:
+        raise _Bad(f"the checkpoint file {file} is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("type") != CHECKPOINT_TYPE:
+        raise _Bad(f"{file} is not a pvegate audit checkpoint")
+    head = {k: doc.get(k) for k in ("db", "seq", "hash", "ts", "mac")}
+    if not key.check("head", head):
+        raise _Bad(
+            f"the checkpoint {file} is not authenticated by the audit head key: "
+            "it was changed, or made with another key"
+        )
+    if head["db"] != db_id:
+        raise _Bad(f"the checkpoint {file} is from another audit database (id {head['db']}, this one is {db_id})")
+    return _point(head, "checkpoint")
+
+
+def _recorded_archives(meta: dict[str, str], anchor: dict[str, Any]) -> list[Path]:
+    """The archive files audit_meta lists, from the oldest one still on disk (all must be there after it)."""
+    try:
+        listed = [Path(str(a["file"])) for a in json.loads(meta.get("archives", "[]"))]
+    except (ValueError, TypeError, KeyError):
+        listed = []
+    present: list[Path] = []
+    for p in reversed(listed):
+        if not p.is_file():
+            break
+        present.insert(0, p)
+    if not present:
+        where = f" (the last one was {listed[-1]})" if listed else ""
+        raise _Bad(
+            f"records up to {anchor['seq']} were archived{where} and verify needs the archive the anchor points to: "
+            "give the archives with --archive, oldest first",
+            anchor["seq"],
+        )
+    return present
+
+
+def _verify_archives(
+    files: list[Path], key: HeadKey, db_id: str, mark: tuple[int, str] | None, state: dict[str, Any]
+) -> ChainChecker:
+    checker: ChainChecker | None = None
+    for path in files:
+        with path.open(encoding="utf-8") as fh:
+            try:
+                header = json.loads(fh.readline())
+            except ValueError:
+                header = None
+            if not isinstance(header, dict) or header.get("type") != "pvegate-audit-archive":
+                raise _Bad(f"{path} is not a pvegate audit archive")
+            start = _point(_obj(header.get("anchor"), path), f"anchor in {path}")
+            signed = "mac" in header
+            if signed and (not key.check("archive", header) or header.get("db") != db_id):
+                raise _Bad(
+                    f"{path}: its header is not authenticated by the audit head key (changed, or from another database)"
                 )
-    if header is None:
-        return VerifyResult(False, checker.checked, problem=f"{path} is empty")
-    if (checker.expect_seq - 1, checker.prev) != (int(header["last"]["seq"]), str(header["last"]["hash"])):
-        return VerifyResult(False, checker.checked, problem=f"{path}: records do not end where its header says")
-    return None
+            if checker is None:  # the start must be the genesis or vouched for by the key
+                if start != (0, GENESIS) and not signed:
+                    raise _Bad(
+                        f"{path} continues from record {start[0]} and carries no MAC (made before keyed heads): "
+                        "give the archives before it too"
+                    )
+                checker = ChainChecker(*start, checkpoint=mark)
+            elif checker.end != start:
+                raise _Bad(
+                    f"{path} continues from record {start[0]} but the archive before it ends at record "
+                    f"{checker.end[0]}: an archive is missing or out of order",
+                    checker.end[0] + 1,
+                )
+            for line in fh:
+                if not checker.feed(_obj(json.loads(line), path)):
+                    raise _Bad(f"{path}: {checker.problem}", checker.bad_seq)
+                state["checked"] = checker.checked
+        if checker.end != _point(_obj(header.get("last"), path), f"last record in {path}"):
+            raise _Bad(f"{path}: its records do not end where its header says")
+    if checker is None:
+        raise _Bad("no archive was given")
+    return checker
+
+
+def _obj(doc: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise _Bad(f"{path} is garbled (a line is not a JSON object)")
+    return doc
+
+
+CHECKPOINT_TYPE = "pvegate-audit-checkpoint"
+
+
+def checkpoint(path: Path, *, key: Path | None = None) -> dict[str, Any]:
+    """The authenticated head as a document to keep off the host (raises a sentence if it does not hold)."""
+    k = HeadKey.load(key or default_key_path(path))
+    con = connect(path, readonly=True)
+    try:
+        con.execute("BEGIN")  # the head and the last record from one snapshot
+        meta = _meta_all(con)
+        seal = Seal(k, check_created(k, meta))
+        row = con.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        check_head(seal, meta.get("head"), None if row is None else (int(row[0]), str(row[1])), meta.get("anchor"))
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    head = _doc(meta["head"], "chain head")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(head["ts"])))
+    return {"type": CHECKPOINT_TYPE, "time": when, "key_id": k.key_id, **head}
 
 
 # --- reading, exporting, archiving ------------------------------------------------------------
@@ -651,42 +1033,54 @@ class ArchiveResult:
     last_hash: str | None = None
 
 
-def archive(path: Path, before: float, out_dir: Path) -> ArchiveResult:
+def archive(path: Path, before: float, out_dir: Path, *, key: Path | None = None) -> ArchiveResult:
     """Move records older than `before` to a JSONL file and delete them, keeping the chain verifiable.
 
     The file starts with a header naming the anchor it continues from and the last
-    record it holds; the database records that last record as its new anchor. It
-    all happens in one write transaction, after the file is fsynced: a crash leaves
-    either the old state or the new one.
+    record it holds, authenticated with the audit head key; the database records that
+    last record as its new (authenticated) anchor. It all happens in one write
+    transaction, after the file is fsynced: a crash leaves either the old state or the new one.
     """
+    head_key = HeadKey.load(key or default_key_path(path))
     con = connect(path)
     try:
         con.execute("BEGIN IMMEDIATE")
         try:
-            anchor = _meta(con, "anchor") or {"seq": 0, "hash": GENESIS}
+            meta = _meta_all(con)
+            seal = Seal(head_key, check_created(head_key, meta))
+            row = con.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+            # never archive (and so launder) a chain whose end or anchor was tampered with
+            check_head(seal, meta.get("head"), None if row is None else (int(row[0]), str(row[1])), meta.get("anchor"))
+            signed = check_anchor(head_key, seal.db_id, meta.get("anchor"))
+            start = (0, GENESIS) if signed is None else _point(signed, "archive anchor")
+            anchor = {"seq": start[0], "hash": start[1]}
             cut = con.execute("SELECT MAX(seq) FROM audit WHERE ts < ?", (before,)).fetchone()[0]
             if cut is None:
                 con.execute("ROLLBACK")
                 return ArchiveResult(None, 0)
             rows = [dict(r) for r in con.execute("SELECT * FROM audit WHERE seq <= ? ORDER BY seq", (cut,))]
-            checker = ChainChecker(int(anchor["seq"]), str(anchor["hash"]))
-            for row in rows:
-                if not checker.feed(row):  # never archive (and so launder) a broken chain
+            checker = ChainChecker(*start)
+            for r in rows:
+                if not checker.feed(r):  # never archive (and so launder) a broken chain
                     raise ValueError(f"refusing to archive: {checker.problem}")
             last = {"seq": rows[-1]["seq"], "hash": rows[-1]["hash"]}
             out_dir.mkdir(parents=True, exist_ok=True)
             name = f"audit-{rows[0]['seq']:012d}-{last['seq']:012d}.jsonl"
             final = out_dir / name
             tmp = out_dir / (name + ".tmp")
-            header = {
-                "type": "pvegate-audit-archive",
-                "format": 1,
-                "created_at": time.time(),
-                "anchor": anchor,
-                "first": {"seq": rows[0]["seq"], "hash": rows[0]["hash"]},
-                "last": last,
-                "count": len(rows),
-            }
+            header = head_key.sign(
+                "archive",
+                {
+                    "type": "pvegate-audit-archive",
+                    "format": 2,
+                    "db": seal.db_id,
+                    "created_at": time.time(),
+                    "anchor": anchor,
+                    "first": {"seq": rows[0]["seq"], "hash": rows[0]["hash"]},
+                    "last": last,
+                    "count": len(rows),
+                },
+            )
             digest = hashlib.sha256()
             with tmp.open("w") as fh:
                 for text in [json.dumps(header, separators=(",", ":"))] + [_archive_line(r) for r in rows]:
@@ -696,15 +1090,11 @@ def archive(path: Path, before: float, out_dir: Path) -> ArchiveResult:
                 os.fsync(fh.fileno())
             tmp.replace(final)
             _fsync_dir(out_dir)
-            archives = _meta(con, "archives") or []
-            archives.append({"file": str(final), "sha256": digest.hexdigest(), **header})
+            listed = _meta(con, "archives") or []
+            listed.append({"file": str(final), "sha256": digest.hexdigest(), **header})
             con.execute("DELETE FROM audit WHERE seq <= ?", (cut,))
-            for key, value in (("anchor", last), ("archives", archives)):
-                con.execute(
-                    "INSERT INTO audit_meta(key, value) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (key, json.dumps(value)),
-                )
+            _upsert(con, "anchor", head_key.sign("anchor", {"db": seal.db_id, **last, "file": name}))
+            _upsert(con, "archives", listed)
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:

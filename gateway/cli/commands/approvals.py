@@ -33,7 +33,7 @@ TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not
 async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callable[[Approvals], Awaitable[int]]) -> int:
     from gateway.policy.decisions import DecisionClient
 
-    audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg))
+    audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
     store = ApprovalStore(cfg.audit_path)
     sidecar = None
     decisions = None

@@ -1,4 +1,4 @@
-"""`pvegate audit verify | tail | search | export | archive`: the operator's view of the audit log.
+"""`pvegate audit verify | checkpoint | tail | search | export | archive`: the operator's view of the audit log.
 
 All subcommands read the database file directly (read-only, except `archive`),
 so they work whether or not the gateway is running.
@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sqlite3
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.core.config import ConfigError
 from gateway.store import audit as auditlib
+from gateway.store.audit_seal import AuditKeyError
 
 _REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -49,6 +52,17 @@ def db_path(args: argparse.Namespace) -> Path:
     from gateway.core.config import load
 
     return load(args.config).audit_path
+
+
+def key_path(args: argparse.Namespace) -> Path:
+    """The audit head key: --key, else the configuration's, else audit-head.key next to --db."""
+    if getattr(args, "key", None) is not None:
+        return Path(args.key)
+    if args.db is not None:
+        return Path(args.db).parent / "audit-head.key"
+    from gateway.core.config import load
+
+    return load(args.config).audit_key_path
 
 
 def _archive_defaults(args: argparse.Namespace) -> tuple[float | None, Path | None]:
@@ -104,17 +118,44 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    result = auditlib.verify(db_path(args), [Path(a) for a in args.archive or []])
+    try:
+        db, key = db_path(args), key_path(args)
+    except ConfigError as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    result = auditlib.verify(db, [Path(a) for a in args.archive or []], key=key, checkpoint=args.checkpoint)
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     elif result.ok:
-        span = f"records {result.first_seq}..{result.last_seq}" if result.checked else "no records"
-        anchor = f" (continuing from archived record {result.anchor['seq']})" if result.anchor else ""
-        print(f"OK: {result.checked} records verified, {span}{anchor}; head {result.head_hash}")
+        span = f"records {result.first_seq}..{result.last_seq}" if result.first_seq is not None else "no records"
+        anchor = ""
+        if result.anchor:
+            anchor = f" (continuing from archived record {result.anchor['seq']}, {len(result.archives)} archive(s))"
+        print(f"OK: {result.checked} records verified, {span}{anchor}; authenticated head {result.head_hash}")
+        if result.checkpoint is not None:
+            print(f"the checkpoint's record {result.checkpoint} is present and unchanged")
+        if result.sealed_at is not None:
+            print(f"(records up to {result.sealed_at} were written before the chain head was keyed)")
     else:
-        print(f"FAILED at record {result.bad_seq}: {result.problem}", file=sys.stderr)
+        where = f" at record {result.bad_seq}" if result.bad_seq is not None else ""
+        print(f"FAILED{where}: {result.problem}", file=sys.stderr)
         print(f"({result.checked} records verified before it)", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    try:
+        doc = auditlib.checkpoint(db_path(args), key=key_path(args))
+    except (ConfigError, AuditKeyError, auditlib.AuditIntegrityError, OSError, sqlite3.Error) as exc:
+        print(f"error: no checkpoint: {exc}", file=sys.stderr)
+        return 1
+    text = json.dumps(doc, indent=1) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+        print(f"checkpoint of record {doc['seq']} written to {args.out}", file=sys.stderr)
+    return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
@@ -168,8 +209,8 @@ def _archive(args: argparse.Namespace) -> int:
         return 2
     out_dir = Path(args.out_dir) if args.out_dir else conf_dir or path.parent / "audit-archive"
     try:
-        res = auditlib.archive(path, time.time() - age, out_dir)
-    except ValueError as exc:
+        res = auditlib.archive(path, time.time() - age, out_dir, key=key_path(args))
+    except (ValueError, AuditKeyError, auditlib.AuditIntegrityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if res.file is None:
@@ -184,6 +225,12 @@ def _archive(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
     p.add_argument("--db", type=Path, help="the audit database file (instead of reading it from --config)")
+
+
+def _key(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--key", type=Path, help="the audit head key file (default: audit.head_key_file, or audit-head.key by --db)"
+    )
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
@@ -204,8 +251,18 @@ def register(sub: Any) -> None:
     v = asub.add_parser("verify", help="check the hash chain; exits 1 naming the first bad record")
     _common(v)
     v.add_argument("--archive", action="append", help="archive files (oldest first) to verify across the cut")
+    v.add_argument(
+        "--checkpoint", type=Path, help="a file from `audit checkpoint`: its record must be there, unchanged"
+    )
+    _key(v)
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_verify)
+
+    cp = asub.add_parser("checkpoint", help="export the authenticated chain head (JSON), to keep off the host")
+    _common(cp)
+    _key(cp)
+    cp.add_argument("--out", "-o", type=Path, help="write it to this file (default: stdout)")
+    cp.set_defaults(func=_checkpoint)
 
     t = asub.add_parser("tail", help="the latest records")
     _common(t)
@@ -233,4 +290,5 @@ def register(sub: Any) -> None:
     _common(r)
     r.add_argument("--older-than", type=parse_age, help="e.g. 90d (default: audit.retention_days)")
     r.add_argument("--out-dir", type=Path, help="default: audit.archive_dir, or audit-archive/ next to the database")
+    _key(r)
     r.set_defaults(func=_archive)

@@ -1,0 +1,112 @@
+"""The audit head key: an HMAC-SHA256 key kept outside the database that authenticates the
+chain's head, its creation marker, its archive anchor and archive headers.
+
+The hash chain alone proves order and content only relative to its last record: someone
+who can write the database can delete the tail (and the head that names it), or
+everything, and what is left still chains. Authenticating the head with a key that is
+not in the file makes those edits visible, as long as the key is not also in the hands
+of whoever edits the file (see docs/audit.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+KEY_BYTES = 32
+KEY_FILE_NAME = "audit-head.key"
+# what each MAC is about: a MAC made for one purpose never passes as another
+PURPOSES = ("created", "head", "anchor", "archive")
+
+
+class AuditKeyError(Exception):
+    """The head key is missing, unreadable, garbled or too widely readable (a sentence)."""
+
+
+def default_key_path(db: Path) -> Path:
+    return db.parent / KEY_FILE_NAME
+
+
+class HeadKey:
+    """Signs and checks the chain's authenticated documents (JSON objects with a "mac" member)."""
+
+    def __init__(self, path: Path, secret: bytes) -> None:
+        self.path = path
+        self._secret = secret
+        # names the key without revealing it, so verify can say "another key" rather than "tampered"
+        self.key_id = hashlib.sha256(b"pvegate-audit-key-id\0" + secret).hexdigest()[:16]
+
+    def __repr__(self) -> str:  # never print key material
+        return f"HeadKey(path={self.path}, key_id={self.key_id})"
+
+    @classmethod
+    def load(cls, path: Path) -> HeadKey:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise AuditKeyError(f"the audit head key file {path} is missing") from None
+        except OSError as exc:
+            raise AuditKeyError(f"the audit head key file {path} cannot be read: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise AuditKeyError(f"the audit head key file {path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise AuditKeyError(
+                f"the audit head key file {path} is readable or writable by other users "
+                f"(mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it"
+            )
+        try:
+            text = path.read_text(encoding="ascii").strip()
+            secret = bytes.fromhex(text)
+        except (OSError, UnicodeDecodeError, ValueError):
+            raise AuditKeyError(f"the audit head key file {path} is not a hex-encoded key") from None
+        if len(secret) < KEY_BYTES:
+            raise AuditKeyError(f"the audit head key in {path} is too short ({len(secret)} bytes, want {KEY_BYTES})")
+        return cls(path, secret)
+
+    @classmethod
+    def create(cls, path: Path) -> HeadKey:
+        """A new random key, written 0600 without ever replacing an existing file."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        secret = secrets.token_bytes(KEY_BYTES)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secret.hex().encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # the new name durable too (not possible on every platform)
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return cls(path, secret)
+
+    @classmethod
+    def load_or_create(cls, path: Path) -> tuple[HeadKey, bool]:
+        """(key, created): generates the key only if the file does not exist at all."""
+        try:
+            return cls.create(path), True
+        except FileExistsError:
+            return cls.load(path), False
+
+    def _mac(self, purpose: str, doc: dict[str, Any]) -> str:
+        body = {k: v for k, v in doc.items() if k != "mac"}
+        text = json.dumps([purpose, body], sort_keys=True, separators=(",", ":"))
+        return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
+
+    def sign(self, purpose: str, doc: dict[str, Any]) -> dict[str, Any]:
+        assert purpose in PURPOSES
+        return {**doc, "mac": self._mac(purpose, doc)}
+
+    def check(self, purpose: str, doc: Any) -> bool:
+        if not isinstance(doc, dict) or not isinstance(doc.get("mac"), str):
+            return False
+        return hmac.compare_digest(doc["mac"], self._mac(purpose, doc))
