@@ -500,14 +500,17 @@ def _meta_all(con: sqlite3.Connection) -> dict[str, str]:
         raise
 
 
+NO_MARKER = (
+    "the database has no creation marker (audit_meta 'created'): its audit_meta was emptied or dropped, "
+    "or it is from a release before keyed heads and no gateway has opened it since (starting one seals it)"
+)
+
+
 def check_created(key: HeadKey, meta: dict[str, str]) -> str:
     """The database's id, from its authenticated creation marker."""
     text = meta.get("created")
     if text is None:
-        raise AuditIntegrityError(
-            "the database has no creation marker (audit_meta 'created'): its audit_meta was emptied or dropped, "
-            "or no gateway with an audit head key has opened it yet"
-        )
+        raise AuditIntegrityError(NO_MARKER)
     created = _doc(text, "creation marker (audit_meta 'created')")
     if not key.check("created", created) or not isinstance(created.get("db"), str):
         other = created.get("key_id")
@@ -776,10 +779,12 @@ def _verify(
 ) -> VerifyResult:
     if not path.is_file():
         raise _Bad(f"there is no audit database at {path}")
-    key = HeadKey.load(key_path)
     con = connect(path, readonly=True)
     try:
         meta = _meta_all(con)
+        if "created" not in meta:  # says so whether or not a key is at hand
+            raise AuditIntegrityError(NO_MARKER)
+        key = HeadKey.load(key_path)
         db_id = check_created(key, meta)
         seal = Seal(key, db_id)
         created = _doc(meta["created"], "creation marker")
