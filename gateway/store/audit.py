@@ -380,7 +380,7 @@ class AuditLog:
                 prev = digest
             await db.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
             # the authenticated head moves in the same transaction as the rows it names
-            head = json.dumps(seal.key.sign("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()}))
+            head = seal.key.signed_text("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()})
             await db.execute(
                 "INSERT INTO audit_meta(key, value) VALUES ('head', ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -400,28 +400,18 @@ class AuditLog:
             self.counts[key] = self.counts.get(key, 0) + 1
 
     async def _tail(self, db: aiosqlite.Connection, seal: Seal) -> tuple[int, str]:
-        """The chain's tail, read inside the write transaction (another process may have appended),
-        and only if it is the authenticated head: the writer never extends, and so never
-        re-authenticates, a chain whose end was cut or rewritten outside the gateway."""
-        # one trip to the database thread: the head and the last record
-        got = list(
-            await db.execute_fetchall(
-                "SELECT (SELECT value FROM audit_meta WHERE key = 'head'), a.seq, a.hash "
-                "FROM (SELECT 1) LEFT JOIN (SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1) AS a"
-            )
-        )
-        head_text, last_seq, last_hash = got[0]
-        last = None if last_seq is None else (int(last_seq), str(last_hash))
+        """Where the chain continues: its authenticated head, read inside the write transaction
+        (another process may have appended). The writer continues only from there, so rows cut
+        or added by another hand stay visible as a gap or a clash and are never re-authenticated;
+        rows and head are compared in full at open and by verify."""
+        got = list(await db.execute_fetchall("SELECT value FROM audit_meta WHERE key = 'head'"))
+        text = str(got[0][0]) if got else None
         cached = self._head
-        if cached is not None and head_text == cached[0] and last == cached[1:]:
-            return last  # the head this process wrote or checked, and the rows still end there
-        anchor = None
-        if last is None:  # no rows: the head must be where the archived chain continues from
-            meta = list(await db.execute_fetchall("SELECT value FROM audit_meta WHERE key = 'anchor'"))
-            anchor = str(meta[0][0]) if meta else None
-        hseq, hhash = check_head(seal, head_text, last, anchor)
-        self._head = (str(head_text), hseq, hhash)
-        return hseq, hhash
+        if cached is not None and text == cached[0]:  # the head this process wrote or checked last
+            return cached[1], cached[2]
+        seq, digest = head_point(seal, text)
+        self._head = (str(text), seq, digest)
+        return seq, digest
 
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:
         assert self._db is not None
@@ -540,10 +530,8 @@ def check_anchor(key: HeadKey, db_id: str, text: str | None) -> dict[str, Any] |
     return anchor
 
 
-def check_head(
-    seal: Seal, head_text: str | None, last: tuple[int, str] | None, anchor_text: str | None
-) -> tuple[int, str]:
-    """The authenticated head (seq, hash), checked against the last record (with no records: the anchor)."""
+def head_point(seal: Seal, head_text: str | None) -> tuple[int, str]:
+    """The (seq, hash) the authenticated head names."""
     if head_text is None:
         raise AuditIntegrityError("the chain head (audit_meta 'head') is missing: it was deleted")
     head = _doc(head_text, "chain head (audit_meta 'head')")
@@ -553,6 +541,14 @@ def check_head(
             "the chain head (audit_meta 'head') is not authenticated by the audit head key: "
             "it was written or changed outside the gateway"
         )
+    return seq, digest
+
+
+def check_head(
+    seal: Seal, head_text: str | None, last: tuple[int, str] | None, anchor_text: str | None
+) -> tuple[int, str]:
+    """The authenticated head (seq, hash), checked against the last record (with no records: the anchor)."""
+    seq, digest = head_point(seal, head_text)
     if last is None:
         anchor = check_anchor(seal.key, seal.db_id, anchor_text)
         start = (0, GENESIS) if anchor is None else _point(anchor, "archive anchor")

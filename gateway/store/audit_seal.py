@@ -39,7 +39,7 @@ class HeadKey:
 
     def __init__(self, path: Path, secret: bytes) -> None:
         self.path = path
-        self._secret = secret
+        self._hmac = hmac.new(secret, digestmod=hashlib.sha256)  # keyed once; copied per MAC
         # names the key without revealing it, so verify can say "another key" rather than "tampered"
         self.key_id = hashlib.sha256(b"pvegate-audit-key-id\0" + secret).hexdigest()[:16]
 
@@ -97,10 +97,19 @@ class HeadKey:
         except FileExistsError:
             return cls.load(path), False
 
-    def _mac(self, purpose: str, doc: dict[str, Any]) -> str:
-        body = {k: v for k, v in doc.items() if k != "mac"}
-        text = json.dumps([purpose, body], sort_keys=True, separators=(",", ":"))
-        return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
+    def _mac_text(self, purpose: str, canonical: str) -> str:
+        h = self._hmac.copy()
+        h.update(f'["{purpose}",{canonical}]'.encode())  # = canonical JSON of [purpose, body]
+        return h.hexdigest()
+
+    def _mac(self, purpose: str, body: dict[str, Any]) -> str:
+        return self._mac_text(purpose, json.dumps(body, sort_keys=True, separators=(",", ":")))
+
+    def signed_text(self, purpose: str, doc: dict[str, Any]) -> str:
+        """json.dumps(sign(purpose, doc)) in one serialisation (the writer does this on every commit)."""
+        assert purpose in PURPOSES and doc and "mac" not in doc
+        canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return f'{canonical[:-1]},"mac":"{self._mac_text(purpose, canonical)}"}}'
 
     def sign(self, purpose: str, doc: dict[str, Any]) -> dict[str, Any]:
         assert purpose in PURPOSES
@@ -109,4 +118,5 @@ class HeadKey:
     def check(self, purpose: str, doc: Any) -> bool:
         if not isinstance(doc, dict) or not isinstance(doc.get("mac"), str):
             return False
-        return hmac.compare_digest(doc["mac"], self._mac(purpose, doc))
+        body = {k: v for k, v in doc.items() if k != "mac"}
+        return hmac.compare_digest(doc["mac"], self._mac(purpose, body))
