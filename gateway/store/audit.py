@@ -224,8 +224,8 @@ def utf8_safe(text: str) -> str:
 
 
 def _store_failure(exc: BaseException) -> bool:
-    """An error of the database itself (locked, I/O, full), not of the records being written."""
-    return isinstance(exc, sqlite3.OperationalError | AuditClosed)
+    """An error of the store itself (locked, I/O, full, no authenticated head), not of the records written."""
+    return isinstance(exc, sqlite3.OperationalError | AuditClosed | AuditIntegrityError)
 
 
 def _settle(batch: list[_Batch], exc: BaseException | None) -> None:
