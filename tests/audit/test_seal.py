@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway import audit as auditlib
-from gateway.audit import AuditIntegrityError, AuditLog, AuditRecord
-from gateway.audit_seal import AuditKeyError, HeadKey
 from gateway.cli import main as cli
+from gateway.store import audit as auditlib
+from gateway.store.audit import AuditIntegrityError, AuditLog, AuditRecord
+from gateway.store.audit_seal import AuditKeyError, HeadKey
 
 
 async def _fill(path: Path, n: int, prefix: str = "req") -> None:
