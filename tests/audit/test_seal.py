@@ -330,3 +330,37 @@ def test_an_existing_key_never_seals_records_without_a_marker(db: Path) -> None:
     with pytest.raises(AuditIntegrityError, match="already exists"):
         asyncio.run(_fill(db, 1))
     assert not auditlib.verify(db).ok
+
+
+async def test_an_older_archived_database_is_sealed_and_verifies_with_its_unkeyed_archive(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    _legacy_db(db, 12)
+    # archive records 1..8 as the older release did: a format-1 header without a MAC, an unsigned anchor
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    rows = [dict(r) for r in con.execute("SELECT * FROM audit WHERE seq <= 8 ORDER BY seq")]
+    last = {"seq": 8, "hash": rows[-1]["hash"]}
+    header = {
+        "type": "pvegate-audit-archive",
+        "format": 1,
+        "anchor": {"seq": 0, "hash": auditlib.GENESIS},
+        "first": {"seq": 1, "hash": rows[0]["hash"]},
+        "last": last,
+        "count": 8,
+    }
+    arch = tmp_path / "audit-000000000001-000000000008.jsonl"
+    arch.write_text("\n".join([json.dumps(header)] + [json.dumps(r) for r in rows]) + "\n")
+    con.execute("DELETE FROM audit WHERE seq <= 8")
+    con.execute(
+        "INSERT INTO audit_meta VALUES ('anchor', ?), ('archives', ?)",
+        (json.dumps(last), json.dumps([{"file": str(arch)}])),
+    )
+    con.commit()
+    con.close()
+    await _fill(db, 1)  # seals: chain 9..12 from the (then trusted) anchor, head 12; appends 13, 14
+    res = auditlib.verify(db)
+    assert res.ok and res.checked == 14 and res.sealed_at == 12 and res.archives == [str(arch)]
+    # the sealed anchor now needs that archive, and the unkeyed archive must start at the beginning
+    arch.write_text("\n".join(arch.read_text().splitlines()[:1] + arch.read_text().splitlines()[2:]) + "\n")
+    bad = auditlib.verify(db)
+    assert not bad.ok and "record 1 is missing" in (bad.problem or "")
