@@ -15,7 +15,12 @@ import yaml
 
 
 class ConfigError(Exception):
-    """The configuration file is missing, malformed or inconsistent."""
+    """The configuration file is missing, malformed or inconsistent: `problems` has one line each."""
+
+    def __init__(self, *problems: str, source: Path | None = None) -> None:
+        self.problems: tuple[str, ...] = problems
+        self.source = source  # the file the problems are in, when known
+        super().__init__("\n".join(problems))
 
 
 @dataclass(frozen=True)
@@ -24,16 +29,21 @@ class SecretRef:
 
     file: Path | None = None
     env: str | None = None
+    setting: str = field(default="secret", compare=False)  # its path in the file, for messages
 
     def read(self) -> str:
         if self.file is not None:
-            return self.file.read_text().strip()
+            try:
+                return self.file.read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise ConfigError(f"{self.setting}: cannot read secret file {self.file}: {reason}") from exc
         if self.env is not None:
             value = os.environ.get(self.env)
             if value is None:
-                raise ConfigError(f"environment variable {self.env} is not set")
+                raise ConfigError(f"{self.setting}: environment variable {self.env} is not set")
             return value.strip()
-        raise ConfigError("secret reference names neither a file nor an environment variable")
+        raise ConfigError(f"{self.setting}: names neither a file nor an environment variable")
 
     def __repr__(self) -> str:  # never print secret material, only where it is
         return f"SecretRef(file={self.file}, env={self.env})"
@@ -150,6 +160,7 @@ def _secret(raw: Any, base: Path, what: str) -> SecretRef:
     return SecretRef(
         file=_path(raw["file"], base) if raw.get("file") else None,
         env=raw.get("env"),
+        setting=what,
     )
 
 
@@ -179,7 +190,16 @@ def _ssh(raw: dict[str, Any] | None, base: Path) -> SSHConfig | None:
 
 
 def parse(raw: dict[str, Any], base: Path) -> Config:
-    """Build a Config from a parsed YAML mapping; relative paths resolve against `base`."""
+    """Build a Config from a parsed YAML mapping; relative paths resolve against `base`.
+
+    The mapping must satisfy schemas/config.schema.json (an unknown key is a mistake, not
+    something to ignore): otherwise ConfigError lists every problem, one line each.
+    """
+    from gateway.core.config_schema import problems
+
+    found = problems(raw)
+    if found:
+        raise ConfigError(*found)
     try:
         listen = raw.get("listen", {})
         tls_raw = raw.get("tls", {})
@@ -190,7 +210,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             clusters[c["name"]] = ClusterConfig(
                 name=c["name"],
                 api_url=str(c["api_url"]).rstrip("/"),
-                token=_secret(c["token"], base, f"cluster {c['name']} token"),
+                token=_secret(c["token"], base, f"clusters.{c['name']}.token"),
                 ca_file=_opt_path(c.get("ca_file"), base),
                 fingerprint=c.get("fingerprint"),
                 verify_tls=bool(c.get("verify_tls", True)),
@@ -261,10 +281,15 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
 
 
 def load(path: Path) -> Config:
+    """Read and check a configuration file; ConfigError (with `source` set) lists what is wrong."""
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read the configuration: {reason}", source=path) from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    return parse(raw, path.parent.resolve())
+        raise ConfigError("the top level must be a mapping of settings", source=path)
+    try:
+        return parse(raw, path.parent.resolve())
+    except ConfigError as exc:
+        raise ConfigError(*exc.problems, source=path) from None

@@ -12,6 +12,7 @@ MODULES: tuple[str, ...] = (
     "gateway.cli.commands.approvals",
     "gateway.cli.commands.audit",
     "gateway.cli.commands.bundle",
+    "gateway.cli.commands.config",
     "gateway.cli.commands.policy",
     "gateway.cli.commands.tools",
 )

@@ -1,0 +1,43 @@
+"""`pvegate config`: check a configuration file without starting anything; print the settings reference."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.core.config import ConfigError, load
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        load(args.file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{args.file}: {problem}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK")
+    return 0
+
+
+def _reference(args: argparse.Namespace) -> int:
+    from gateway.core.config_schema import reference
+
+    text = reference()
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text)
+    return 0
+
+
+def register(sub: Any) -> None:
+    c = sub.add_parser("config", help="check a configuration file; print the settings reference")
+    csub = c.add_subparsers(dest="config_command", required=True)
+    k = csub.add_parser("check", help="check FILE against the configuration schema (starts nothing)")
+    k.add_argument("file", type=Path, metavar="FILE")
+    k.set_defaults(func=_check)
+    r = csub.add_parser("reference", help="print the settings reference (docs/configuration.md) in Markdown")
+    r.add_argument("--output", "-o", type=Path, help="write it to this file instead")
+    r.set_defaults(func=_reference)

@@ -1,0 +1,385 @@
+"""The configuration file's schema: validation with readable problems, and the settings reference.
+
+`schemas/config.schema.json` is the single description of every setting: `config.load`
+refuses a file that does not satisfy it (an unknown key, a wrong type, a value out of
+range), and `docs/configuration.md` is generated from it (`pvegate config reference`).
+Each problem names the setting's path, e.g. `clusters.prod.timeout` (a cluster is named
+by its `name`), and for an unknown key the nearest known one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+from collections.abc import Iterator, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+SCHEMA_NAME = "config.schema.json"
+
+_TYPE_WORDS = {
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "nothing",
+}
+
+
+@cache
+def schema() -> dict[str, Any]:
+    text = resources.files("gateway.schemas").joinpath(SCHEMA_NAME).read_text()
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    Draft202012Validator.check_schema(schema())
+    return Draft202012Validator(schema())
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema with a local `$ref` merged in (the referencing keywords win)."""
+    ref = node.get("$ref")
+    if not isinstance(ref, str):
+        return node
+    target: Any = schema()
+    for part in ref.removeprefix("#/").split("/"):
+        target = target[part]
+    merged = {**_resolve(target), **node}
+    merged.pop("$ref")
+    return merged
+
+
+def settings() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every setting as (path, schema), in schema order; list items appear as `name[]`."""
+
+    def walk(prefix: str, node: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+        node = _resolve(node)
+        for key, sub in node.get("properties", {}).items():
+            path = f"{prefix}.{key}" if prefix else key
+            sub = _resolve(sub)
+            yield path, sub
+            yield from walk(path, sub)
+            items = sub.get("items")
+            if isinstance(items, dict) and "properties" in _resolve(items):
+                yield from walk(f"{path}[]", items)
+            extra = sub.get("additionalProperties")
+            if isinstance(extra, dict) and "properties" in _resolve(extra):
+                yield from walk(f"{path}.<name>", extra)
+
+    yield from walk("", schema())
+
+
+# -- problems -------------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    """A value as the YAML author wrote it, short."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _display_path(root: Any, path: Sequence[str | int]) -> str:
+    """`clusters.prod.ssh.user`: a list item with a unique, plain `name` is shown by it, else `[i]`."""
+    out = ""
+    node = root
+    for part in path:
+        if isinstance(part, int):
+            names = [i.get("name") if isinstance(i, dict) else None for i in node] if isinstance(node, list) else []
+            name = names[part] if part < len(names) else None
+            plain = isinstance(name, str) and name.replace("-", "").replace("_", "").isalnum()
+            out += f".{name}" if plain and names.count(name) == 1 else f"[{part}]"
+        else:
+            out = f"{out}.{part}" if out else str(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return out
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _suggest(key: str, here: Sequence[str], at: str) -> str:
+    """'; did you mean X?' for an unknown key: a close name at this level, else the same name elsewhere."""
+    close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {_join(at, close[0])}?"
+    everywhere = [p for p, _ in settings()]
+    same = [p for p in everywhere if p.rsplit(".", 1)[-1] == key]
+    if not same:
+        leaves = {p.rsplit(".", 1)[-1]: p for p in everywhere}
+        same = [leaves[m] for m in difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)]
+    if same:
+        shown = same[0].replace("[]", ".<name>")
+        return f"; did you mean {shown}?"
+    return f" (settings here: {', '.join(here)})" if here else ""
+
+
+def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, str, str]]:
+    """(key, path, message) for one jsonschema error; key: the setting below the error's path, if any."""
+    path = _display_path(root, list(error.absolute_path))
+    sub: dict[str, Any] = error.schema if isinstance(error.schema, dict) else {}
+    hint = sub.get("x-hint")
+    value = error.instance
+    kind = error.validator
+    if kind == "additionalProperties" and isinstance(value, dict):
+        known = list(sub.get("properties", {}))
+        for key in value:
+            if key not in known:
+                yield key, _join(path, str(key)), f"unknown setting{_suggest(str(key), known, path)}"
+    elif kind == "required" and isinstance(value, dict):
+        for key in error.validator_value:
+            if key not in value:
+                yield key, _join(path, key), "required setting is missing"
+    elif hint and kind in ("type", "pattern"):
+        yield None, path, f"{hint}, got {_show(value)}"
+    elif kind in ("minProperties", "maxProperties"):
+        options = " or ".join(f"{k}:" for k in sub.get("properties", {}))
+        yield None, path, f"expected exactly one of {options}"
+    elif kind == "type":
+        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        words = " or ".join(str(_TYPE_WORDS.get(t, t)) for t in types if t != "null" or len(types) == 1)
+        yield None, path, f"expected {words}, got {_show(value)}"
+    elif kind == "enum":
+        choices = [str(o) for o in error.validator_value]
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+        tip = f"; did you mean {close[0]}?" if close else ""
+        yield None, path, f"expected one of {', '.join(choices)}, got {_show(value)}{tip}"
+    elif kind == "minimum":
+        yield None, path, f"must be at least {error.validator_value}, got {_show(value)}"
+    elif kind == "exclusiveMinimum":
+        yield None, path, f"must be greater than {error.validator_value}, got {_show(value)}"
+    elif kind == "maximum":
+        yield None, path, f"must be at most {error.validator_value}, got {_show(value)}"
+    elif kind == "minLength":
+        yield None, path, "must not be empty"
+    elif kind == "minItems":
+        n = error.validator_value
+        yield None, path, f"must list at least {n} entr{'y' if n == 1 else 'ies'}"
+    elif kind == "uniqueItems":
+        yield None, path, "lists the same value twice"
+    elif kind == "pattern":
+        yield None, path, f"{_show(value)} does not match the expected form {error.validator_value}"
+    else:
+        yield None, path, error.message
+
+
+def _position(root: Any, path: Sequence[str | int]) -> tuple[int, ...]:
+    """Where a problem sits in the file, to list problems in file order."""
+    out: list[int] = []
+    node = root
+    for part in path:
+        if isinstance(node, dict):
+            keys = list(node)
+            out.append(keys.index(part) if part in keys else len(keys))
+        elif isinstance(node, list) and isinstance(part, int):
+            out.append(part)
+        else:
+            break
+        node = node.get(part) if isinstance(node, dict) else node[part]
+    return tuple(out)
+
+
+def problems(raw: Any) -> list[str]:
+    """Everything wrong with a parsed configuration file, one readable line each; [] if nothing."""
+    found: list[tuple[tuple[int, ...], str]] = []
+    for error in _validator().iter_errors(raw):
+        for key, path, message in _messages(error, raw):
+            where = [*error.absolute_path, *([key] if key is not None else [])]
+            found.append((_position(raw, where), f"{path}: {message}"))
+    if not found:
+        return _consistency(raw)
+    unique = dict.fromkeys(line for _, line in sorted(found, key=lambda f: f[0]))
+    return list(unique)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _consistency(raw: dict[str, Any]) -> list[str]:
+    """Settings that are each valid but contradict each other, or one that would be silently ignored."""
+    out: list[str] = []
+    names = [c["name"] for c in raw["clusters"]]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            out.append(f"clusters[{i}].name: cluster {name!r} is configured twice")
+    for i, c in enumerate(raw["clusters"]):
+        at = _display_path(raw, ["clusters", i])
+        if c.get("fingerprint") and c.get("ca_file"):
+            out.append(f"{at}.ca_file: not used when {at}.fingerprint pins the certificate; give one of them")
+        if c.get("fingerprint") and c.get("verify_tls") is False:
+            out.append(f"{at}.fingerprint: not used when {at}.verify_tls is false; give one of them")
+
+    opa = raw.get("opa") or {}
+    if opa.get("mode") == "external":
+        if not opa.get("url"):
+            out.append("opa.url: required when opa.mode is external")
+        for key in ("binary", "policies", "bundle", "verification_key"):
+            if opa.get(key):
+                out.append(f"opa.{key}: only used when opa.mode is managed (the external OPA loads its own policies)")
+    else:
+        if opa.get("url"):
+            out.append("opa.url: only used when opa.mode is external")
+        if opa.get("bundle") and opa.get("policies"):
+            out.append("opa.policies: not used when opa.bundle is given; give one of them")
+        if opa.get("verification_key") and not opa.get("bundle"):
+            out.append("opa.verification_key: only used with opa.bundle")
+
+    tls = raw.get("tls") or {}
+    host = str((raw.get("listen") or {}).get("host", "127.0.0.1"))
+    if tls.get("insecure_http"):
+        if not _is_loopback(host):
+            out.append(f"tls.insecure_http: plain HTTP is only allowed on a loopback listen.host, not {host}")
+        if tls.get("cert") or tls.get("key"):
+            out.append("tls.insecure_http: true, so tls.cert and tls.key are not used; give one or the other")
+    elif not (tls.get("cert") and tls.get("key")):
+        out.append("tls: tls.cert and tls.key are required (or tls.insecure_http: true on a loopback listen.host)")
+
+    auth = raw["auth"]
+    if auth.get("jwks_url") and auth.get("jwks_file"):
+        out.append("auth.jwks_file: give auth.jwks_url or auth.jwks_file, not both")
+    algorithms = auth.get("algorithms", ["HS256"])
+    if "HS256" in algorithms and not auth.get("hs256_secret"):
+        out.append("auth.algorithms: HS256 is accepted but auth.hs256_secret is not set")
+    asymmetric = [a for a in algorithms if a != "HS256"]
+    if asymmetric and not (auth.get("jwks_url") or auth.get("jwks_file")):
+        out.append(f"auth.algorithms: {', '.join(asymmetric)} need auth.jwks_url or auth.jwks_file")
+    return out
+
+
+# -- the settings reference -----------------------------------------------------------------
+
+
+def _type_of(node: dict[str, Any]) -> str:
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    raw = node.get("type", [])
+    types: list[str] = raw if isinstance(raw, list) else [raw]
+    words = {"object": "mapping", "array": "list", "integer": "integer", "number": "number", "string": "string"}
+    shown = [words.get(t, t) for t in types if t != "null"]
+    text = " or ".join(shown)
+    if set(node.get("properties", {})) == {"file", "env"}:
+        text = "secret (`file:` or `env:`)"
+    elif node.get("type") == "array" and isinstance(node.get("items"), dict):
+        item = _resolve(node["items"])
+        inner = " \\| ".join(f"`{v}`" for v in item["enum"]) if "enum" in item else _type_of(item)
+        text = f"list of {inner}"
+    return text
+
+
+def _range(node: dict[str, Any]) -> str:
+    parts = []
+    if "minimum" in node:
+        parts.append(f">= {node['minimum']}")
+    if "exclusiveMinimum" in node:
+        parts.append(f"> {node['exclusiveMinimum']}")
+    if "maximum" in node:
+        parts.append(f"<= {node['maximum']}")
+    return ", ".join(parts)
+
+
+def _default(node: dict[str, Any], required: bool) -> str:
+    if required:
+        return "required"
+    if "x-default" in node:
+        return f"`{node['x-default']}`"
+    if "default" not in node:
+        return ""
+    value = node["default"]
+    return "none" if value is None else f"`{json.dumps(value)}`"
+
+
+def _required_paths() -> set[str]:
+    out: set[str] = set()
+
+    def walk(prefix: str, node: dict[str, Any]) -> None:
+        node = _resolve(node)
+        for key in node.get("required", []):
+            out.add(f"{prefix}.{key}" if prefix else key)
+        for key, sub in node.get("properties", {}).items():
+            path = f"{prefix}.{key}" if prefix else key
+            walk(path, sub)
+            sub = _resolve(sub)
+            if isinstance(sub.get("items"), dict):
+                walk(f"{path}[]", sub["items"])
+            if isinstance(sub.get("additionalProperties"), dict):
+                walk(f"{path}.<name>", sub["additionalProperties"])
+
+    walk("", schema())
+    return out
+
+
+def reference() -> str:
+    """docs/configuration.md: every setting with its type, default and description (Markdown)."""
+    doc = schema()
+    required = _required_paths()
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from gateway/schemas/config.schema.json by `pvegate config reference`: do not edit. -->",
+        "",
+        doc["description"],
+        "",
+        "Check a file with `pvegate config check pvegate.yaml`; `pvegate serve` refuses to start",
+        "on the same problems, each named by its path (e.g. `clusters.prod.timeout`).",
+        "An annotated example is in [deployment.md](deployment.md).",
+        "",
+        "| Setting | Type | Default | Description |",
+        "|---|---|---|---|",
+    ]
+    secrets: list[str] = []
+    for path, node in settings():
+        if any(path.startswith(f"{s}.") for s in secrets):
+            continue  # file/env: explained once, below
+        if set(node.get("properties", {})) == {"file", "env"}:
+            secrets.append(path)
+        kind = _type_of(node)
+        limits = _range(node)
+        if limits:
+            kind += f" ({limits})"
+        description = " ".join(str(node.get("description", "")).split()).replace("|", "\\|")
+        lines.append(f"| `{path}` | {kind} | {_default(node, path in required)} | {description} |")
+    lines += [
+        "",
+        "A secret setting is a mapping with exactly one key: `file: PATH` (a file holding the secret, mode",
+        "0600; surrounding whitespace is ignored) or `env: NAME` (an environment variable holding it).",
+        "",
+        "`clusters[]` is a list of clusters; in problem messages a cluster is named by its `name`",
+        "(`clusters.prod.timeout`). `<name>` is a key you choose (an SSH node's Proxmox name).",
+        "",
+        "Beyond types and ranges, a configuration is refused when settings contradict each other",
+        "or one would be silently ignored: two clusters with the same name, `opa.url` without",
+        "`opa.mode: external` (or the reverse), `opa.bundle` with `opa.policies`, `opa.verification_key`",
+        "without `opa.bundle`, no `tls.cert`/`tls.key` without `tls.insecure_http`, plain HTTP on a",
+        "non-loopback address, both `auth.jwks_url` and `auth.jwks_file`, HS256 accepted without",
+        "`auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a cluster's `fingerprint`",
+        "together with its `ca_file` or with `verify_tls: false`.",
+        "",
+    ]
+    return "\n".join(lines)
