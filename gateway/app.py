@@ -65,6 +65,15 @@ def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
 async def build_components(config: Config) -> Components:
     catalog = Catalog.load(config.connectors_dir)
     url, sidecar = await asyncio.to_thread(start_opa, config)
+    try:
+        return await _build_on(config, catalog, url, sidecar)
+    except BaseException:
+        if sidecar is not None:  # it runs in its own session: it would outlive us
+            sidecar.stop()
+        raise
+
+
+async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASidecar | None) -> Components:
     audit = AuditLog(config.audit_path, secrets=known_secrets(config), head_key=config.audit_key_path)
     await audit.open()
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
@@ -97,17 +106,21 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok" if opa_ok else "degraded", "opa": opa_ok}, status_code=200 if opa_ok else 503)
 
 
-def create_app(config: Config) -> Starlette:
+def create_app(
+    config: Config, components: Components | None = None, authenticator: Authenticator | None = None
+) -> Starlette:
+    """The application; `pvegate serve` passes components it built (and checked) itself."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        components = await build_components(config)
-        app.state.components = components
-        app.state.authenticator = Authenticator(config.auth)
+        built = components or await build_components(config)
+        app.state.components = built
+        app.state.authenticator = authenticator or Authenticator(config.auth)
         sealer = Sealer()  # per-process key: request states and session ids are short-lived
         app.state.request_states = RequestStates(sealer)
         app.state.sessions = Sessions(sealer)
-        supervisor = asyncio.create_task(components.sidecar.supervise()) if components.sidecar else None
-        log.info("pvegate ready: %d tools, OPA at %s", len(components.catalog), components.decisions.url)
+        supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None
+        log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
         try:
             yield
         finally:
@@ -115,7 +128,7 @@ def create_app(config: Config) -> Starlette:
                 supervisor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await supervisor
-            await components.close()
+            await built.close()
 
     routes = [
         Route("/mcp", handle_mcp, methods=["GET", "POST", "DELETE"]),

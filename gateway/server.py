@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
+import socket
 
 import uvicorn
+from starlette.applications import Starlette
 
-from gateway.app import create_app
+from gateway.app import build_components, create_app
+from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError
+from gateway.startup import StartupError, bind, describe, preflight
 
 log = logging.getLogger("pvegate")
 
@@ -22,7 +27,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def uvicorn_config(config: Config) -> uvicorn.Config:
+def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Config:
     tls: dict[str, str] = {}
     if config.tls.insecure_http:
         if not _is_loopback(config.host):
@@ -33,7 +38,7 @@ def uvicorn_config(config: Config) -> uvicorn.Config:
             raise ConfigError("tls.cert and tls.key are required (or tls.insecure_http on loopback)")
         tls = {"ssl_certfile": str(config.tls.cert), "ssl_keyfile": str(config.tls.key)}
     return uvicorn.Config(
-        create_app(config),
+        app or create_app(config),
         host=config.host,
         port=config.port,
         log_level="warning",
@@ -50,4 +55,30 @@ def uvicorn_config(config: Config) -> uvicorn.Config:
 
 
 def serve(config: Config) -> None:
-    uvicorn.Server(uvicorn_config(config)).run()
+    """Run the gateway until it is stopped; StartupError (one line: why) if it cannot start.
+
+    Unlike an app started by uvicorn's lifespan (as the tests do), the components are built
+    here first, so that a failure is an exception we can describe rather than uvicorn's
+    traceback followed by a quiet exit.
+    """
+    preflight(config)
+    sock = bind(config)
+    try:
+        asyncio.run(_serve(config, sock))
+    finally:
+        sock.close()
+
+
+async def _serve(config: Config, sock: socket.socket) -> None:
+    try:
+        authenticator = Authenticator(config.auth)
+        components = await build_components(config)
+    except Exception as exc:
+        log.debug("start-up failed", exc_info=True)
+        raise StartupError(describe(exc)) from exc
+    server = uvicorn.Server(uvicorn_config(config, create_app(config, components, authenticator)))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if not server.started:  # the lifespan, which closes them, never ran
+            await components.close()

@@ -13,10 +13,29 @@ from gateway.core.config import ConfigError, load
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from gateway.server import serve
+def config_problems(exc: ConfigError) -> list[str]:
+    """One line per problem, each saying which file it is in."""
+    where = f"{exc.source}: " if exc.source is not None else ""
+    return [f"{where}{p}" for p in exc.problems] or [f"{where}invalid configuration"]
 
-    serve(load(args.config))
+
+def _serve(args: argparse.Namespace) -> int:
+    """Run the gateway; if it cannot start, say why in one line (the traceback only with -v)."""
+    from gateway.server import serve
+    from gateway.startup import StartupError
+
+    try:
+        serve(load(args.config))
+    except ConfigError as exc:
+        lines = config_problems(exc)
+        if len(lines) > 1:
+            lines.insert(0, f"{len(lines)} problems in the configuration:")
+        print(f"pvegate: cannot start: {lines[0]}", *lines[1:], sep="\n", file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        logging.getLogger("pvegate").debug("start-up failed", exc_info=True)
+        print(f"pvegate: cannot start: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -103,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in config_problems(exc):
+            print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

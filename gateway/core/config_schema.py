@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import re
 from collections.abc import Iterator, Sequence
 from functools import cache
 from importlib import resources
@@ -120,19 +121,28 @@ def _join(path: str, key: str) -> str:
 
 
 def _suggest(key: str, here: Sequence[str], at: str) -> str:
-    """'; did you mean X?' for an unknown key: a close name at this level, else the same name elsewhere."""
+    """'; did you mean X?' for an unknown key: the same name in another section (a misplaced
+    setting), else a close name at this level (a typo), else a close name anywhere."""
+    leaves: dict[str, str] = {}
+    for p, _ in settings():
+        leaves.setdefault(p.rsplit(".", 1)[-1].removesuffix("[]"), p)  # several: the first in the schema
+    if key in leaves:
+        return f"; did you mean {_shown(leaves[key], at)}?"
     close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {_join(at, close[0])}?"
-    everywhere = [p for p, _ in settings()]
-    same = [p for p in everywhere if p.rsplit(".", 1)[-1] == key]
-    if not same:
-        leaves = {p.rsplit(".", 1)[-1]: p for p in everywhere}
-        same = [leaves[m] for m in difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)]
-    if same:
-        shown = same[0].replace("[]", ".<name>")
-        return f"; did you mean {shown}?"
+    close = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean {_shown(leaves[close[0]], at)}?"
     return f" (settings here: {', '.join(here)})" if here else ""
+
+
+def _shown(template: str, at: str) -> str:
+    """A settings() path as the user would write it: inside a cluster, with that cluster's name."""
+    cluster = re.match(r"clusters(\.[^.\[]+|\[\d+\])", at)
+    if template.startswith("clusters[]") and cluster:
+        return cluster.group(0) + template.removeprefix("clusters[]")
+    return template.replace("[]", ".<name>")
 
 
 def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, str, str]]:

@@ -104,6 +104,7 @@ class OPASidecar:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     _log_handle: object | None = field(default=None, repr=False)
+    _log_start: int = field(default=0, repr=False)  # where this run's output begins in log_file
 
     @property
     def url(self) -> str:
@@ -185,6 +186,7 @@ class OPASidecar:
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log_handle = open(self.log_file, "ab")
+            self._log_start = self._log_handle.tell()  # type: ignore[attr-defined]
             out = self._log_handle
         log.info("starting OPA sidecar: %s", " ".join(cmd))
         self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
@@ -198,7 +200,8 @@ class OPASidecar:
         last = "not started"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise OPAUnavailable(f"OPA exited with status {self.process.returncode} during start-up")
+                status = self.process.returncode
+                raise OPAUnavailable(f"OPA exited with status {status} during start-up{self._logged_reason()}")
             try:
                 r = httpx.get(f"{self.url}/health?bundles", timeout=1.0)
                 if r.status_code == 200:
@@ -208,7 +211,27 @@ class OPASidecar:
                 last = type(exc).__name__
             time.sleep(0.05)
         self.stop()
-        raise OPAUnavailable(f"OPA did not become healthy within {timeout}s ({last})")
+        raise OPAUnavailable(f"OPA did not become healthy within {timeout}s ({last}){self._logged_reason()}")
+
+    def _logged_reason(self) -> str:
+        """': <OPA's last error line>' from this run's part of the log file, or ''.
+
+        OPA says why it refuses to start (e.g. `load error: bundle ...: digest mismatch`)
+        on stderr, which goes to the log file; without it the operator sees only a status.
+        """
+        if self.log_file is None:
+            return ""
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - 65536))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            return ""
+        reason = lines[-1].removeprefix("error: ")
+        return f": {reason[:500]} (log: {self.log_file})"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

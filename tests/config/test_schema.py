@@ -1,0 +1,259 @@
+"""The configuration schema refuses mistakes and says where they are."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.core import config as config_module
+from gateway.core.config import Config, ConfigError, load, parse
+from gateway.core.config_schema import problems, schema, settings
+from gateway.auth.jwks import ALG_KEY_TYPES
+from gateway.policy.opa_sidecar import REPO_ROOT
+from tests.config.conftest import minimal, write
+
+
+def test_minimal_config_is_valid(base: dict[str, Any], tmp_path: Path) -> None:
+    assert problems(base) == []
+    cfg = load(write(tmp_path, base))
+    assert cfg.clusters["default"].token.read().startswith("pvegate@pve!")
+
+
+def test_typo_is_refused_with_the_nearest_key(base: dict[str, Any], tmp_path: Path) -> None:
+    """The bug this exists for: `role_claim` used to start a gateway that gave every agent zero tools."""
+    base["auth"]["role_claim"] = "realm_access.roles"
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, base))
+    assert err.value.problems == ("auth.role_claim: unknown setting; did you mean auth.roles_claim?",)
+    assert err.value.source == tmp_path / "pvegate.yaml"
+
+
+def test_wrong_type_names_the_cluster_and_the_value(base: dict[str, Any]) -> None:
+    base["clusters"][0]["timeout"] = "ten"
+    assert problems(base) == ["clusters.default.timeout: expected a number, got 'ten'"]
+
+
+def test_every_problem_is_listed_in_file_order(base: dict[str, Any]) -> None:
+    base["listen"]["port"] = "8443"  # a string, not a port
+    base["opa"] = {"mode": "manged", "timeout_ms": 0}
+    base["clusters"][0]["ssh"] = {"key_file": "k", "nodes": {"pve1": {"host": "h", "hostkey": "ssh-ed25519 AAAA"}}}
+    base["target_cache_second"] = 3  # opa and this come after clusters in the file (insertion order)
+    assert problems(base) == [
+        "listen.port: expected an integer, got '8443'",
+        "clusters.default.ssh.nodes.pve1.hostkey: unknown setting; "
+        "did you mean clusters.default.ssh.nodes.pve1.host_key?",
+        "clusters.default.ssh.nodes.pve1.host_key: required setting is missing",
+        "opa.mode: expected one of managed, external, got 'manged'; did you mean managed?",
+        "opa.timeout_ms: must be at least 1, got 0",
+        "target_cache_second: unknown setting; did you mean target_cache_seconds?",
+    ]
+
+
+def test_a_setting_in_the_wrong_section_points_to_the_right_one(base: dict[str, Any]) -> None:
+    base["roles_claim"] = "roles"
+    base["clusters"][0]["command_timeout"] = 5
+    base["timeout"] = 5
+    assert problems(base) == [
+        "clusters.default.command_timeout: unknown setting; did you mean clusters.default.ssh.command_timeout?",
+        "roles_claim: unknown setting; did you mean auth.roles_claim?",
+        "timeout: unknown setting; did you mean clusters.<name>.timeout?",
+    ]
+
+
+def test_unknown_key_without_a_near_one_lists_the_known_ones(base: dict[str, Any]) -> None:
+    base["admin"] = {"tokenz_for_everyone": {"file": "x"}}
+    (line,) = problems(base)
+    assert line.startswith("admin.tokenz_for_everyone: unknown setting")
+    base["admin"] = {"xyzzy": 1}
+    assert problems(base) == ["admin.xyzzy: unknown setting (settings here: token)"]
+
+
+def test_clusters_without_a_usable_name_are_shown_by_index(base: dict[str, Any]) -> None:
+    second = copy.deepcopy(base["clusters"][0])
+    del second["name"]
+    second["verify_tls"] = "no"
+    base["clusters"].append(second)
+    assert problems(base) == [  # a missing setting is listed after those present
+        "clusters[1].verify_tls: expected true or false, got 'no'",
+        "clusters[1].name: required setting is missing",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda c: c["auth"].update(hs256_secret="/etc/secret"), "auth.hs256_secret: expected {file: PATH} or"),
+        (lambda c: c["auth"].update(hs256_secret={"file": "a", "env": "B"}), "auth.hs256_secret: expected exactly one"),
+        (lambda c: c["auth"].update(hs256_secret={}), "auth.hs256_secret: expected exactly one of file: or env:"),
+        (lambda c: c["auth"].update(algorithms=["HS256", "RS257"]), "auth.algorithms[1]: expected one of HS256,"),
+        (lambda c: c["auth"].update(algorithms=["HS256", "HS256"]), "auth.algorithms: lists the same value twice"),
+        (lambda c: c.pop("auth"), "auth: required setting is missing"),
+        (lambda c: c["clusters"].clear(), "clusters: must list at least 1 entry"),
+        (lambda c: c.update(clusters={"default": {}}), "clusters: expected a list, got a mapping"),
+        (lambda c: c["clusters"][0].update(api_url="ftp://x"), "clusters.default.api_url: expected an http:// or"),
+        (lambda c: c["clusters"][0].update(fingerprint="AB"), "clusters.default.fingerprint: expected a SHA-256"),
+        (lambda c: c["clusters"][0].update(timeout=0), "clusters.default.timeout: must be greater than 0, got 0"),
+        (lambda c: c["listen"].update(port=70000), "listen.port: must be at most 65535, got 70000"),
+        (lambda c: c.update(max_body_bytes=True), "max_body_bytes: expected an integer, got true"),
+        (lambda c: c.update(tools_list_cache_seconds=None), "tools_list_cache_seconds: expected a number, got nothing"),
+        (lambda c: c.update(listen=None), "listen: expected a mapping, got nothing (null)"),
+        (lambda c: c.update(audit={"retention_days": 0}), "audit.retention_days: must be greater than 0, got 0"),
+        (lambda c: c.update(allowed_origins="https://a"), "allowed_origins: expected a list, got 'https://a'"),
+    ],
+)
+def test_value_problems(base: dict[str, Any], change: Any, expected: str) -> None:
+    change(base)
+    found = problems(base)
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda c: c["clusters"].append(copy.deepcopy(c["clusters"][0])), "clusters[1].name: cluster 'default' is"),
+        (lambda c: c.update(opa={"mode": "external"}), "opa.url: required when opa.mode is external"),
+        (lambda c: c.update(opa={"url": "http://127.0.0.1:8181"}), "opa.url: only used when opa.mode is external"),
+        (lambda c: c.update(opa={"mode": "external", "url": "http://o", "bundle": "b"}), "opa.bundle: only used"),
+        (lambda c: c.update(opa={"bundle": "b", "policies": ["p"]}), "opa.policies: not used when opa.bundle"),
+        (lambda c: c.update(opa={"verification_key": "k"}), "opa.verification_key: only used with opa.bundle"),
+        (lambda c: c.update(tls={}), "tls: tls.cert and tls.key are required"),
+        (lambda c: c.update(tls={"cert": "c"}), "tls: tls.cert and tls.key are required"),
+        (lambda c: c["listen"].update(host="0.0.0.0"), "tls.insecure_http: plain HTTP is only allowed on a loopback"),
+        (lambda c: c["tls"].update(cert="c", key="k"), "tls.insecure_http: true, so tls.cert and tls.key are not"),
+        (lambda c: c["auth"].update(jwks_url="https://i/j", jwks_file="j"), "auth.jwks_file: give auth.jwks_url or"),
+        (lambda c: c["auth"].pop("hs256_secret"), "auth.algorithms: HS256 is accepted but auth.hs256_secret"),
+        (lambda c: c["auth"].update(algorithms=["HS256", "RS256"]), "auth.algorithms: RS256 need auth.jwks_url"),
+        (lambda c: c["clusters"][0].update(fingerprint="AB" * 32, ca_file="ca.pem"), "clusters.default.ca_file: not"),
+        (lambda c: c["clusters"][0].update(fingerprint="AB" * 32, verify_tls=False), "clusters.default.fingerprint"),
+    ],
+)
+def test_contradictions_and_silently_ignored_settings(base: dict[str, Any], change: Any, expected: str) -> None:
+    change(base)
+    found = problems(base)
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the configuration: No such file"):
+        load(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("auth: {issuer: [\n")
+    with pytest.raises(ConfigError, match="cannot read the configuration"):
+        load(tmp_path / "broken.yaml")
+
+
+def test_a_missing_secret_file_names_the_setting(base: dict[str, Any], tmp_path: Path) -> None:
+    base["clusters"][0]["token"] = {"file": "secrets/nope"}
+    cfg = load(write(tmp_path, base))
+    with pytest.raises(ConfigError, match=r"clusters\.default\.token: cannot read secret file .*nope: No such file"):
+        cfg.clusters["default"].token.read()
+
+
+def test_schema_defaults_are_the_defaults_the_gateway_uses(tmp_path: Path) -> None:
+    """docs/configuration.md shows the schema's defaults: they must be what parse() applies."""
+    raw = minimal(tmp_path)
+    raw["clusters"][0]["ssh"] = {"key_file": "k", "nodes": {"n": {"host": "h", "host_key": "ssh-ed25519 AAAA"}}}
+    for key in ("listen", "tls", "state_dir", "connectors_dir"):
+        raw.pop(key)
+    raw["tls"] = {"cert": "c", "key": "k"}
+    cfg = parse(raw, tmp_path)
+    given = {"tls.cert", "tls.key", "auth.hs256_secret", "clusters[].ssh.nodes"}  # set above: no default to see
+    checked = 0
+    for path, node in settings():
+        if "default" not in node or path in given:
+            continue
+        value = _value_at(cfg, path)
+        default = node["default"]
+        if isinstance(value, Path):
+            value = str(value.relative_to(tmp_path))
+        if isinstance(value, tuple):
+            value = list(value)
+        assert value == default, f"{path}: schema default {default!r}, parse() gives {value!r}"
+        checked += 1
+    assert checked >= 30
+
+
+_ATTRS = {
+    "listen.host": "host",
+    "listen.port": "port",
+    "admin.token": "admin.token",
+    "audit.retention_days": "audit_retention_days",
+    "audit.archive_dir": "audit_archive_dir",
+}
+
+
+def _value_at(cfg: Config, path: str) -> Any:
+    obj: Any = cfg
+    path = _ATTRS.get(path, path)
+    for part in path.split("."):
+        if part.endswith("[]"):
+            obj = next(iter(getattr(obj, part[:-2]).values()))
+        elif part == "<name>":
+            obj = next(iter(obj.values()))
+        else:
+            obj = getattr(obj, part)
+    return obj
+
+
+def test_every_key_config_py_reads_is_in_the_schema() -> None:
+    """A setting added to config.py without the schema would be refused as unknown: catch it here."""
+    tree = ast.parse(Path(config_module.__file__).read_text())
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                read.add(node.args[0].value)
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            if isinstance(node.slice.value, str):
+                read.add(node.slice.value)
+    known = {p.rsplit(".", 1)[-1].removesuffix("[]") for p, _ in settings()}
+    assert len(read) > 40
+    assert read - known == set()
+
+
+def test_algorithm_enum_is_what_the_authenticator_supports() -> None:
+    enum = schema()["properties"]["auth"]["properties"]["algorithms"]["items"]["enum"]
+    assert set(enum) == {"HS256", *ALG_KEY_TYPES}
+
+
+def test_every_object_in_the_schema_refuses_unknown_keys() -> None:
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "properties" in node:
+                assert node.get("additionalProperties") is False, where
+            for key, sub in node.items():
+                walk(sub, f"{where}/{key}")
+
+    walk(schema(), "#")
+
+
+def test_every_setting_has_a_description() -> None:
+    missing = [p for p, node in settings() if not node.get("description")]
+    assert missing == []
+
+
+def _doc_samples() -> list[tuple[str, str]]:
+    out = []
+    for md in sorted([*(REPO_ROOT / "docs").rglob("*.md"), REPO_ROOT / "README.md"]):
+        for block in re.findall(r"```yaml\n(.*?)```", md.read_text(), flags=re.S):
+            doc = yaml.safe_load(block)
+            if isinstance(doc, dict) and "clusters" in doc and "auth" in doc:
+                out.append((md.name, block))
+    return out
+
+
+@pytest.mark.parametrize(("name", "block"), _doc_samples())
+def test_configuration_samples_in_the_docs_are_valid(name: str, block: str) -> None:
+    assert problems(yaml.safe_load(block)) == [], name
+
+
+def test_the_docs_have_a_complete_sample() -> None:
+    assert any(name == "deployment.md" for name, _ in _doc_samples())
