@@ -1,0 +1,186 @@
+"""A gateway that cannot start says why in one line: `pvegate serve` run as a subprocess, real OPA.
+
+The state-directory case: these tests run as root, and root ignores permission bits, so a
+chmod'ed directory would be writable all the same; no read-only filesystem can be mounted
+without privileges either. The honest way used here is a path that cannot be created at all,
+under a regular file (ENOTDIR). The gateway's check is a real write probe (create a file in
+the directory), so a read-only mount or a non-root gateway fails it in the same way.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.config.conftest import PVEGATE, run_pvegate, write
+from tests.support import free_port
+
+PREFIX = "pvegate: cannot start: "
+
+
+def _refusal(r: subprocess.CompletedProcess[str]) -> str:
+    """The one line that says why (the last on stderr), after checking the exit and no traceback."""
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(PREFIX), r.stderr
+    return last.removeprefix(PREFIX)
+
+
+def _opa_gone(stderr: str) -> None:
+    """The OPA this run started (logged with -v) is no longer running."""
+    ports = re.findall(r"starting OPA sidecar: .* --addr 127\.0\.0\.1:(\d+)", stderr)
+    assert ports, stderr
+    for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        assert f"127.0.0.1:{ports[0]}".encode() not in cmdline, f"OPA pid {pid} outlived its gateway"
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A bundle signed by `pvegate bundle build`, one with a file replaced, and a foreign key."""
+    d = tmp_path_factory.mktemp("bundles")
+    for args in (
+        ("bundle", "keygen", "--out", str(d / "keys")),
+        ("bundle", "keygen", "--out", str(d / "other")),
+        ("bundle", "build", "--signing-key", str(d / "keys" / "bundle-signing.pem"), "-o", str(d / "good.tar.gz")),
+    ):
+        r = run_pvegate(*args)
+        assert r.returncode == 0, r.stderr
+    with tarfile.open(d / "good.tar.gz") as tin, tarfile.open(d / "tampered.tar.gz", "w:gz") as tout:
+        for m in tin.getmembers():
+            data = tin.extractfile(m).read() if m.isfile() else None  # type: ignore[union-attr]
+            if m.name.lstrip("/") == "pvegate/decision.rego":
+                data = (data or b"") + b"\ndefault allow := true  # the attacker's line\n"
+                m.size = len(data)
+            tout.addfile(m, io.BytesIO(data) if data is not None else None)
+    return {
+        "good": d / "good.tar.gz",
+        "tampered": d / "tampered.tar.gz",
+        "key": d / "keys" / "bundle-verify.pem",
+        "other_key": d / "other" / "bundle-verify.pem",
+    }
+
+
+def test_a_config_error_is_reported_before_anything_starts(base: dict[str, Any], tmp_path: Path) -> None:
+    base["auth"]["role_claim"] = "roles"
+    path = write(tmp_path, base)
+    reason = _refusal(run_pvegate("serve", "--config", str(path)))
+    assert reason == f"{path}: auth.role_claim: unknown setting; did you mean auth.roles_claim?"
+    assert not (tmp_path / "state").exists()
+
+
+def test_several_config_errors_are_all_listed(base: dict[str, Any], tmp_path: Path) -> None:
+    base["auth"]["role_claim"] = "roles"
+    base["clusters"][0]["timeout"] = "ten"
+    path = write(tmp_path, base)
+    r = run_pvegate("serve", "--config", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [
+        f"{PREFIX}2 problems in the configuration:",
+        f"{path}: auth.role_claim: unknown setting; did you mean auth.roles_claim?",
+        f"{path}: clusters.default.timeout: expected a number, got 'ten'",
+    ]
+
+
+def test_missing_secret_file(base: dict[str, Any], tmp_path: Path) -> None:
+    base["clusters"][0]["token"] = {"file": "secrets/pve-token-typo"}
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    missing = tmp_path / "secrets" / "pve-token-typo"
+    assert reason == f"clusters.default.token: cannot read secret file {missing}: No such file or directory"
+
+
+def test_unset_secret_variable(base: dict[str, Any], tmp_path: Path) -> None:
+    base["auth"]["hs256_secret"] = {"env": "PVEGATE_TEST_UNSET_SECRET"}
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason == "auth.hs256_secret: environment variable PVEGATE_TEST_UNSET_SECRET is not set"
+
+
+def test_state_dir_that_cannot_be_written(base: dict[str, Any], tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a regular file\n")
+    base["state_dir"] = str(blocker / "state")
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason == f"state_dir {blocker / 'state'} is not a writable directory: Not a directory"
+
+
+def test_port_in_use_is_reported_before_opa_starts(base: dict[str, Any], tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        base["listen"]["port"] = port
+        reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason == f"listen: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert not (tmp_path / "state" / "opa.log").exists()
+
+
+def test_tampered_bundle_quotes_opas_reason(base: dict[str, Any], tmp_path: Path, bundles: dict[str, Path]) -> None:
+    base["opa"] = {"bundle": str(bundles["tampered"]), "verification_key": str(bundles["key"])}
+    r = run_pvegate("-v", "serve", "--config", str(write(tmp_path, base)))
+    reason = r.stderr.strip().splitlines()[-1].removeprefix(PREFIX)
+    assert r.returncode == 2
+    assert reason.startswith("OPA exited with status 1 during start-up: load error: bundle "), r.stderr
+    assert "pvegate/decision.rego: digest mismatch (want: " in reason
+    assert reason.endswith(f"(log: {tmp_path / 'state' / 'opa.log'})")
+    assert "Traceback" in r.stderr  # -v: the traceback is in the debug log, before the one line
+    _opa_gone(r.stderr)
+
+
+def test_bundle_signed_by_another_key(base: dict[str, Any], tmp_path: Path, bundles: dict[str, Path]) -> None:
+    base["opa"] = {"bundle": str(bundles["good"]), "verification_key": str(bundles["other_key"])}
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert "failed to verify JWT signature" in reason, reason
+
+
+def test_failure_after_opa_started_stops_that_opa(base: dict[str, Any], tmp_path: Path) -> None:
+    """The audit database cannot be opened (its path is a directory): OPA was already running."""
+    (tmp_path / "state" / "audit.db").mkdir(parents=True)
+    r = run_pvegate("-v", "serve", "--config", str(write(tmp_path, base)))
+    reason = r.stderr.strip().splitlines()[-1].removeprefix(PREFIX)
+    assert r.returncode == 2 and reason == "audit database: unable to open database file", r.stderr
+    _opa_gone(r.stderr)
+
+
+def test_control_the_same_config_with_the_good_bundle_starts_and_stops(
+    base: dict[str, Any], tmp_path: Path, bundles: dict[str, Path]
+) -> None:
+    """Without this, the refusals above could be a gateway that never starts at all."""
+    port = free_port()
+    base["listen"]["port"] = port
+    base["opa"] = {"bundle": str(bundles["good"]), "verification_key": str(bundles["key"])}
+    path = write(tmp_path, base)
+    proc = subprocess.Popen([*PVEGATE, "serve", "--config", str(path)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "gateway did not become healthy"
+            time.sleep(0.1)
+        assert r.json() == {"status": "ok", "opa": True}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    # uvicorn re-raises the SIGTERM it handled once shut down: killed by it, after a clean stop
+    assert proc.returncode in (0, -signal.SIGTERM), stderr
+    assert PREFIX not in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "state" / "opa.pid").exists()  # the sidecar was stopped with the gateway
