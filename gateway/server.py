@@ -74,11 +74,10 @@ async def _serve(config: Config, sock: socket.socket) -> None:
         authenticator = Authenticator(config.auth)
         components = await build_components(config)
     except Exception as exc:
-        log.debug("start-up failed", exc_info=True)
-        raise StartupError(describe(exc)) from exc
-    server = uvicorn.Server(uvicorn_config(config, create_app(config, components, authenticator)))
+        raise StartupError(describe(exc)) from exc  # the CLI logs the traceback at debug level
+    app = create_app(config, components, authenticator)
     try:
-        await server.serve(sockets=[sock])
+        await uvicorn.Server(uvicorn_config(config, app)).serve(sockets=[sock])
     finally:
-        if not server.started:  # the lifespan, which closes them, never ran
+        if not hasattr(app.state, "components"):  # the lifespan, which closes them, never ran
             await components.close()
