@@ -1,4 +1,11 @@
-"""Running the gateway under uvicorn, with TLS unless plain HTTP was asked for on loopback."""
+"""Running the gateway under uvicorn, with TLS unless plain HTTP was asked for on loopback.
+
+A gateway that cannot start says why in one line, before it starts anything: `serve` runs
+`preflight` (secrets readable, state directory writable, TLS files loadable, the port free)
+before it starts OPA, and turns whatever still fails while the components are built (OPA
+refusing its bundle, the audit database) into a StartupError whose message is the reason.
+The CLI prints it; the traceback goes to the debug log only.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,131 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import sqlite3
+import ssl
+import tempfile
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
 
 from gateway.app import build_components, create_app
 from gateway.auth.tokens import Authenticator
-from gateway.core.config import Config, ConfigError
-from gateway.startup import StartupError, bind, describe, preflight
+from gateway.core.config import Config, ConfigError, SecretRef
+from gateway.policy.opa_sidecar import OPAUnavailable
+from gateway.tools.catalog import CatalogError
 
 log = logging.getLogger("pvegate")
+
+
+class StartupError(Exception):
+    """The gateway cannot start; str() is the one-line reason an operator reads."""
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def check_state_dir(path: Path, setting: str = "state_dir") -> None:
+    """Create the directory if needed and prove a file can be written in it.
+
+    A write probe rather than a mode check: the gateway often runs as root, which
+    ignores permission bits but not a read-only filesystem or a path through a file.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".pvegate-write-check-"):
+            pass
+    except OSError as exc:
+        raise StartupError(f"{setting} {path} is not a writable directory: {_reason(exc)}") from exc
+
+
+def check_secrets(config: Config) -> None:
+    refs: list[SecretRef] = [c.token for c in config.clusters.values()]
+    refs += [r for r in (config.auth.hs256_secret, config.admin.token) if r is not None]
+    for ref in refs:
+        try:
+            if not ref.read():
+                raise StartupError(f"{ref.setting}: the secret is empty")
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from exc
+
+
+def check_files(config: Config) -> None:
+    """Files the gateway reads at start-up or on the first call: present and readable now."""
+    files: list[tuple[str, Path | None]] = [
+        ("auth.jwks_file", config.auth.jwks_file),
+        ("opa.bundle", config.opa.bundle),
+        ("opa.verification_key", config.opa.verification_key),
+        *((f"clusters.{c.name}.ca_file", c.ca_file) for c in config.clusters.values()),
+        *((f"clusters.{c.name}.ssh.key_file", c.ssh.key_file if c.ssh else None) for c in config.clusters.values()),
+    ]
+    for setting, path in files:
+        if path is None:
+            continue
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise StartupError(f"{setting}: cannot read {path}: {_reason(exc)}") from exc
+    if not config.connectors_dir.is_dir():
+        raise StartupError(f"connectors_dir {config.connectors_dir} is not a directory")
+
+
+def check_tls(config: Config) -> None:
+    if config.tls.insecure_http or not (config.tls.cert and config.tls.key):
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.tls.cert, config.tls.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise StartupError(
+            f"tls.cert/tls.key: cannot load {config.tls.cert} and {config.tls.key}: {_reason(exc)}"
+        ) from exc
+
+
+def bind(config: Config) -> socket.socket:
+    """The listening socket, bound now so that a port in use is reported before OPA starts."""
+    try:
+        infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise StartupError(f"listen.host: cannot resolve {config.host}: {_reason(exc)}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"listen: cannot listen on {config.host}:{config.port}: {_reason(exc)}") from exc
+    return sock
+
+
+def preflight(config: Config) -> None:
+    """Everything that can be checked without starting anything; StartupError names the first problem."""
+    check_state_dir(config.state_dir)
+    check_state_dir(config.audit_path.parent, "audit.path: the directory")
+    check_secrets(config)
+    check_files(config)
+    check_tls(config)
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line reason for an exception raised while the components were built."""
+    if isinstance(exc, StartupError):
+        return str(exc)
+    if isinstance(exc, OPAUnavailable):
+        return str(exc)  # each says "OPA ..." or "no opa binary ..."
+    if isinstance(exc, CatalogError):
+        return f"connectors: {exc}"
+    if isinstance(exc, sqlite3.Error):
+        return f"audit database: {exc}"
+    if isinstance(exc, ConfigError):
+        return "; ".join(exc.problems)
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {_reason(exc)}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _is_loopback(host: str) -> bool:

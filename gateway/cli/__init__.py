@@ -21,8 +21,7 @@ def config_problems(exc: ConfigError) -> list[str]:
 
 def _serve(args: argparse.Namespace) -> int:
     """Run the gateway; if it cannot start, say why in one line (the traceback only with -v)."""
-    from gateway.server import serve
-    from gateway.startup import StartupError
+    from gateway.server import StartupError, serve
 
     try:
         serve(load(args.config))

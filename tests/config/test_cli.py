@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from gateway.config_schema import reference
+from gateway.core.config_schema import reference
 from tests.config.conftest import write
 
 

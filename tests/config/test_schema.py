@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.auth.jwks import ALG_KEY_TYPES
 from gateway.core import config as config_module
 from gateway.core.config import Config, ConfigError, load, parse
 from gateway.core.config_schema import problems, schema, settings
-from gateway.auth.jwks import ALG_KEY_TYPES
 from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.config.conftest import minimal, write
 

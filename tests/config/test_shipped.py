@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from gateway.config_schema import problems
-from gateway.devenv import DevEnv
+from gateway.core.config_schema import problems
+from gateway.dev.devenv import DevEnv
 
 
 def test_devenv_config_is_valid(env: DevEnv) -> None:
