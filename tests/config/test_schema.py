@@ -187,6 +187,7 @@ _ATTRS = {
     "admin.token": "admin.token",
     "audit.retention_days": "audit_retention_days",
     "audit.archive_dir": "audit_archive_dir",
+    "audit.head_key_file": "audit_head_key_file",
 }
 
 
