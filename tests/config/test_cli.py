@@ -57,7 +57,7 @@ def test_check_of_a_missing_file(tmp_path: Path, run_pvegate: Any) -> None:
 def test_other_commands_refuse_a_bad_config_too(base: dict[str, Any], tmp_path: Path, run_pvegate: Any) -> None:
     base["audit"] = {"retention_dayz": 30}
     path = write(tmp_path, base)
-    r = run_pvegate("audit", "verify", "--config", str(path))
+    r = run_pvegate("token", "mint", "--config", str(path), "--sub", "agent-1")
     assert r.returncode == 2
     expected = f"error: {path}: audit.retention_dayz: unknown setting; did you mean audit.retention_days?"
     assert r.stderr.strip() == expected
