@@ -3,6 +3,9 @@
 # failing check (after running all of them, so one run shows every problem).
 #
 #   1. opa check --strict      compile with strict mode
+#   1b. opa check --schema     type-check every input reference against the contract's
+#                              JSON Schemas (gateway/schemas/, via the policies' `schemas:`
+#                              annotations), and prove it catches a misspelled input field
 #   2. opa fmt --list --fail   every .rego file is opa-fmt formatted
 #   3. opa test --coverage     unit tests + golden cases, coverage >= threshold
 #   4. regal lint              Regal (provisioned by scripts/provision-regal.sh)
@@ -37,6 +40,24 @@ fi
 
 step "opa check --strict ${POLICY_DIRS[*]}"
 "${OPA}" check --strict "${POLICY_DIRS[@]}" || fail "opa check --strict"
+
+step "opa check --strict --schema gateway/schemas/ ${POLICY_DIRS[*]}"
+python3 scripts/policy-input-schema.py --check || fail "gateway/schemas/policy_input.schema.json is stale"
+"${OPA}" check --strict --schema gateway/schemas/ "${POLICY_DIRS[@]}" || fail "opa check --schema"
+# the type check must be able to fail: the same policies with one input field misspelled
+probe="$(mktemp -d)"
+cp -r "${POLICIES}" "${probe}/policies"
+sed -i 's/input\.tool\.effect == "destroy"/input.tool.efect == "destroy"/' "${probe}/policies/pvegate/guardrails/guardrails.rego"
+if ! grep -q 'input.tool.efect' "${probe}/policies/pvegate/guardrails/guardrails.rego"; then
+	fail "opa check --schema probe (could not plant the misspelled field)"
+elif probe_out="$("${OPA}" check --strict --schema gateway/schemas/ "${probe}/policies" 2>&1)" ||
+	[[ "${probe_out}" != *"undefined ref: input.tool.efect"* ]]; then
+	printf '%s\n' "${probe_out}"
+	fail "opa check --schema did not catch a misspelled input field"
+else
+	echo "a misspelled input field (input.tool.efect) is caught"
+fi
+rm -rf "${probe}"
 
 step "opa fmt --list --fail ${POLICY_DIRS[*]}"
 "${OPA}" fmt --list --fail "${POLICY_DIRS[@]}" || fail "opa fmt (run: ${OPA} fmt -w ${POLICIES})"

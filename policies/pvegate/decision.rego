@@ -6,6 +6,8 @@
 #   reasons of RBAC, guard rails, approvals and quotas, and assembles risk,
 #   approval and obligations. It is always defined: any input it cannot
 #   decide yields allow false with a reason.
+# schemas:
+#   - input: schema["policy_input.schema"]
 package pvegate
 
 import data.pvegate.approval
@@ -148,6 +150,8 @@ fallback(reasons) := {
 # title: Decision for tools/call
 # description: The decision document of contract version 1 (gateway/schemas/decision.schema.json).
 # entrypoint: true
+# schemas:
+#   - input: schema["decision_input.schema"]
 default decision := {
 	"contract_version": 1,
 	"allow": false,

@@ -26,6 +26,8 @@ tools_ok if is_array(input.tools)
 # title: Visible tools for tools/list
 # description: Set of tool names (a JSON array over the REST API).
 # entrypoint: true
+# schemas:
+#   - input: schema["list_input.schema"]
 visible_tools contains tool.name if {
 	count(listing_problems) == 0
 	some tool in input.tools

@@ -5,6 +5,8 @@
 #   threshold in data, from approval rules, or from the break-glass guard
 #   rail), who may give it, how many and for how long; and checks an approval
 #   presented with the call against the exact call it was granted for.
+# schemas:
+#   - input: schema["decision_input.schema"]
 package pvegate.approval
 
 import data.pvegate.config

@@ -7,6 +7,8 @@
 #   request's target, and must belong to one of the request's approver
 #   groups (through a token group, or as a listed member in
 #   data.data.approver_groups).
+# schemas:
+#   - input: schema["approve_input.schema"]
 package pvegate.approver
 
 import data.pvegate.config
@@ -113,6 +115,8 @@ allow if count(deny) == 0
 # title: Approver decision
 # description: '{"allow": bool, "deny": [reasons], "groups": [qualified groups]} for input kind "approve"'
 # entrypoint: true
+# schemas:
+#   - input: schema["approve_input.schema"]
 decision := {
 	"allow": allow,
 	"deny": sort(deny),

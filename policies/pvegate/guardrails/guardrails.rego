@@ -9,6 +9,8 @@
 #   - no mutation of a guest the gateway could not resolve;
 #   - no removal of the tags other rules depend on (protected, risk-bearing);
 #   - the organisation's extra deny rules from data.
+# schemas:
+#   - input: schema["policy_input.schema"]
 package pvegate.guardrails
 
 import data.pvegate.config

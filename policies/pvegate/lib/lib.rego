@@ -1,6 +1,8 @@
 # METADATA
 # title: Shared helpers
 # description: Selector matching, time helpers and small utilities used by every policy package.
+# schemas:
+#   - input: schema["policy_input.schema"]
 package pvegate.lib
 
 effects := {"read", "write", "destroy", "exec"}

@@ -3,6 +3,8 @@
 # description: |
 #   What the gateway must do when it runs an allowed call: force a dry run for
 #   roles that may only plan, redact output fields, cap list lengths.
+# schemas:
+#   - input: schema["decision_input.schema"]
 package pvegate.obligations
 
 import data.pvegate.config

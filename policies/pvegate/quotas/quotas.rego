@@ -12,6 +12,8 @@
 #   gateway, so the policy assumes fixed windows aligned to the UTC epoch
 #   (minute, hour, day boundaries) and reports the seconds left until the
 #   current one ends.
+# schemas:
+#   - input: schema["decision_input.schema"]
 package pvegate.quotas
 
 import data.pvegate.config

@@ -6,6 +6,8 @@
 #   clusters, nodes, pools, guest tags and vmid ranges. A call is permitted
 #   when a binding that applies to the principal and the target grants the
 #   tool, and no applicable binding's role denies it (deny overrides allow).
+# schemas:
+#   - input: schema["policy_input.schema"]
 package pvegate.rbac
 
 import data.pvegate.config

@@ -6,6 +6,8 @@
 #   cluster-scope tools, HA-managed guests, time outside business hours, an
 #   unresolved target, and a discount for dry runs. Everything but the effect
 #   counts for mutations only. Points and thresholds come from data.data.risk.
+# schemas:
+#   - input: schema["decision_input.schema"]
 package pvegate.risk
 
 import data.pvegate.config
