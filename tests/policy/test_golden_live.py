@@ -160,7 +160,8 @@ async def test_golden_case_live(opa: OPASidecar, name: str, case: dict[str, Any]
     raw = post(opa, "pvegate/decision", case["input"])["result"]
     errors = list(validator("decision").iter_errors(raw))
     assert not errors, f"{name}: decision violates the schema: {errors[0].message} at {list(errors[0].path)}"
-    assert not unmet(case["expect"], raw), unmet(case["expect"], raw)
+    problems = unmet(case["expect"], raw)
+    assert not problems, f"golden case {name}: " + "; ".join(problems)
 
     # ... and the gateway's decision client takes it as it is (no fail-closed)
     client = DecisionClient(opa.url, timeout_ms=5000, token=opa.api_token)

@@ -79,7 +79,12 @@ test_golden_cases_are_loaded if {
 	count(cases) >= 20
 }
 
+# A failing run names each case and what it expected against what it got
+# (opa test shows the print output of a failing test).
 test_golden_cases_decide_as_expected if {
+	every f in sort(failures) {
+		print(sprintf("golden case %s: %s", f))
+	}
 	count(failures) == 0
 }
 
