@@ -74,7 +74,13 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     if not decision.allow:
         c.usage.release(req.principal.sub, tool.name, slot)
         reasons = list(decision.deny)
-        denial = {"allowed": False, "reasons": reasons}
+        # the sentences for the model and humans; the codes and rules for clients that key on them
+        denial = {
+            "allowed": False,
+            "reasons": reasons,
+            "codes": decision.deny_codes,
+            "denials": list(decision.deny_reasons),
+        }
         return CallResult("denied", "Denied by policy: " + "; ".join(reasons), structured=denial, is_error=True)
     ctx = CallContext(cluster, dry_run=dry_run or bool(decision.obligations.get("dry_run")), request_id=req.request_id)
     return await dispatch(c, req, tool, args, target, ctx, decision, started)
@@ -181,6 +187,8 @@ def _decision_body(d: Decision, input_doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "allow": d.allow,
         "deny": list(d.deny),
+        "deny_codes": d.deny_codes,
+        "deny_reasons": list(d.deny_reasons),
         "risk": d.risk,
         "approval": d.approval,
         "approval_presented": (input_doc["approval"] or {}).get("id"),

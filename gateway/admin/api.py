@@ -301,7 +301,7 @@ async def approval_deny(request: Request) -> Response:
 
 
 def _vote_response(out: VoteOutcome) -> JSONResponse:
-    doc: dict[str, Any] = {"ok": out.ok, "state": out.state, "reasons": out.reasons}
+    doc: dict[str, Any] = {"ok": out.ok, "state": out.state, "reasons": out.reasons, "codes": out.codes}
     if out.ok:
         doc.update(approvals=out.approvals, needed=out.needed)
     if out.token:

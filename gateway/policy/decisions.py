@@ -26,6 +26,8 @@ CONTRACT_VERSION = 1
 DECISION_PATH = "pvegate/decision"
 VISIBLE_TOOLS_PATH = "pvegate/visible_tools"
 APPROVER_PATH = "pvegate/approver/decision"
+# the code of a deny the gateway makes when OPA gave no usable answer
+FAIL_CLOSED_CODE = "policy.unavailable"
 
 
 def _load_schema(name: str) -> dict[str, Any]:
@@ -40,6 +42,8 @@ class Decision:
 
     allow: bool
     deny: tuple[str, ...]
+    # the deny reasons with their stable codes: {code, rule, message} (docs/policy-contract.md)
+    deny_reasons: tuple[dict[str, str], ...] = ()
     risk: dict[str, Any] = field(default_factory=dict)
     approval: dict[str, Any] = field(default_factory=dict)
     obligations: dict[str, Any] = field(default_factory=dict)
@@ -58,9 +62,21 @@ class Decision:
             and not self.approval.get("satisfied")
         )
 
+    @property
+    def deny_codes(self) -> list[str]:
+        """The stable codes of the deny reasons, sorted and unique."""
+        return sorted({r["code"] for r in self.deny_reasons})
+
+    @property
+    def approval_codes(self) -> list[str]:
+        """The stable codes of the reasons an approval is required."""
+        return sorted({r["code"] for r in self.approval.get("reasons") or ()})
+
     @classmethod
     def fail_closed(cls, reason: str) -> Decision:
-        return cls(allow=False, deny=(f"denied: policy decision unavailable ({reason})",), failed_closed=True)
+        message = f"denied: policy decision unavailable ({reason})"
+        coded = {"code": FAIL_CLOSED_CODE, "rule": "gateway.policy.decisions", "message": message}
+        return cls(allow=False, deny=(message,), deny_reasons=(coded,), failed_closed=True)
 
 
 class ApproverVerdict(NamedTuple):
@@ -68,6 +84,7 @@ class ApproverVerdict(NamedTuple):
     reasons: list[str]
     decision_id: str | None
     groups: list[str]  # the request's approver groups this approver qualified through
+    codes: tuple[str, ...] = ()  # the stable codes of the reasons (docs/policy-contract.md)
 
 
 class PolicyError(Exception):
@@ -104,6 +121,7 @@ class DecisionClient:
                 "properties": {
                     "allow": {"type": "boolean"},
                     "deny": {"type": "array", "items": {"type": "string"}},
+                    "deny_reasons": {"type": "array", "items": schema["$defs"]["reason"]},
                     "groups": {"type": "array", "items": {"type": "string"}},
                 },
             }
@@ -165,6 +183,7 @@ class DecisionClient:
             and not result["deny"]
             and not ((result.get("approval") or {}).get("required") and not result["approval"].get("satisfied")),
             deny=tuple(result["deny"]),
+            deny_reasons=tuple(result.get("deny_reasons") or ()),
             risk=result.get("risk") or {},
             approval=result.get("approval") or {},
             obligations=result.get("obligations") or {},
@@ -202,10 +221,15 @@ class DecisionClient:
         try:
             result, envelope = await self.query(APPROVER_PATH, input_doc)
         except PolicyError as exc:
-            return ApproverVerdict(False, [f"denied: policy decision unavailable ({exc})"], None, [])
+            return ApproverVerdict(
+                False, [f"denied: policy decision unavailable ({exc})"], None, [], (FAIL_CLOSED_CODE,)
+            )
         if list(self._approver_validator.iter_errors(result)):
-            return ApproverVerdict(False, ["denied: approver decision does not match the contract"], None, [])
+            return ApproverVerdict(
+                False, ["denied: approver decision does not match the contract"], None, [], (FAIL_CLOSED_CODE,)
+            )
         allowed = bool(result["allow"]) and not result["deny"]
+        codes = tuple(sorted({r["code"] for r in result.get("deny_reasons", [])}))
         return ApproverVerdict(
-            allowed, list(result["deny"]), envelope.get("decision_id"), list(result.get("groups", []))
+            allowed, list(result["deny"]), envelope.get("decision_id"), list(result.get("groups", [])), codes
         )

@@ -199,6 +199,7 @@ class VoteOutcome:
     state: str | None = None
     token: str | None = None  # only on the vote that completed the approval; shown once
     reasons: list[str] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)  # stable codes of the reasons of a refusal
     approvals: int = 0
     needed: int = 0
     token_expires_at: float | None = None
@@ -610,7 +611,12 @@ class Approvals:
             req.principal.sub,
             tool.name,
             "requested" if created else "pending_reused",
-            {"approval_id": pending.id, "expires_at": rfc3339(pending.expires_at), "reason": reason},
+            {
+                "approval_id": pending.id,
+                "expires_at": rfc3339(pending.expires_at),
+                "reason": reason,
+                "codes": decision.approval_codes,
+            },
             target,
         )
         how = self.how_to_approve(pending.id)
@@ -628,6 +634,7 @@ class Approvals:
                 "id": pending.id,
                 "status": "pending",
                 "reason": reason,
+                "codes": decision.approval_codes,
                 "expires_at": rfc3339(pending.expires_at),
                 "approver_groups": pending.approver_groups,
                 "min_approvals": pending.min_approvals,
@@ -667,10 +674,21 @@ class Approvals:
         else:
             verdict_ = await self.decisions.may_approve(approve_input(req, approver, verdict))
             if not verdict_.allowed:
-                out = VoteOutcome(False, req.state, reasons=verdict_.reasons or ["denied by the approver policy"])
+                out = VoteOutcome(
+                    False,
+                    req.state,
+                    reasons=verdict_.reasons or ["denied by the approver policy"],
+                    codes=list(verdict_.codes),
+                )
             else:
                 out = await self.store.vote(approval_id, approver, verdict, verdict_.decision_id, note, verdict_.groups)
-        body: dict[str, Any] = {"approval_id": approval_id, "verdict": verdict, "ok": out.ok, "reasons": out.reasons}
+        body: dict[str, Any] = {
+            "approval_id": approval_id,
+            "verdict": verdict,
+            "ok": out.ok,
+            "reasons": out.reasons,
+            "codes": out.codes,
+        }
         if out.ok:
             body.update(state=out.state, approvals=out.approvals, needed=out.needed, token_minted=out.token is not None)
         outcome = {"approve": "approved", "deny": "denied"}[verdict] if out.ok else f"{verdict}_refused"

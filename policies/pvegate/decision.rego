@@ -100,18 +100,29 @@ usage_ok if is_object(input.usage)
 
 # --- the decision ------------------------------------------------------------------
 
-deny_reasons contains msg if {
+# denials: every reason to deny the call, each {code, rule, message}
+denials contains lib.reason("data.invalid", "pvegate.config.problems", msg) if {
 	some problem in config.problems
 	msg := sprintf("policy data error: %s; denied until the data is fixed", [problem])
 }
 
-deny_reasons contains msg if some msg in rbac.deny
+denials contains r if some r in rbac.denials
 
-deny_reasons contains msg if some msg in guardrails.deny
+denials contains r if some r in guardrails.denials
 
-deny_reasons contains msg if some msg in approval.deny
+denials contains r if some r in approval.denials
 
-deny_reasons contains msg if some msg in quotas.deny
+denials contains r if some r in quotas.denials
+
+# deny_reasons: their sentences (the decision's `deny`)
+deny_reasons contains r.message if some r in denials
+
+# the reasons for an input that cannot be decided
+input_denials contains lib.reason(problem_code(msg), "pvegate.call_problems", msg) if some msg in call_problems
+
+problem_code(msg) := "input.unsupported_contract_version" if {
+	startswith(msg, "unsupported contract_version")
+} else := "input.invalid"
 
 default allow := false
 
@@ -132,7 +143,8 @@ allow if {
 fallback(reasons) := {
 	"contract_version": contract_version,
 	"allow": false,
-	"deny": reasons,
+	"deny": sort({r.message | some r in reasons}),
+	"deny_reasons": sort(reasons),
 	"risk": {"score": 100, "level": "critical", "factors": []},
 	"approval": {
 		"required": false,
@@ -141,6 +153,7 @@ fallback(reasons) := {
 		"min_approvals": 0,
 		"ttl_seconds": 0,
 		"reason": "",
+		"reasons": [],
 	},
 	"obligations": {"dry_run": true, "redact": [], "max_items": 0},
 	"quota": null,
@@ -156,6 +169,11 @@ default decision := {
 	"contract_version": 1,
 	"allow": false,
 	"deny": ["the policy could not compute a decision for this input; denied by default"],
+	"deny_reasons": [{
+		"code": "policy.undecidable",
+		"rule": "pvegate.decision",
+		"message": "the policy could not compute a decision for this input; denied by default",
+	}],
 	"risk": {"score": 100, "level": "critical", "factors": []},
 	"approval": {
 		"required": false,
@@ -164,17 +182,19 @@ default decision := {
 		"min_approvals": 0,
 		"ttl_seconds": 0,
 		"reason": "",
+		"reasons": [],
 	},
 	"obligations": {"dry_run": true, "redact": [], "max_items": 0},
 	"quota": null,
 }
 
-decision := fallback(sort(call_problems)) if count(call_problems) > 0
+decision := fallback(input_denials) if count(call_problems) > 0
 
 decision := {
 	"contract_version": contract_version,
 	"allow": allow,
 	"deny": sort(deny_reasons),
+	"deny_reasons": sort(denials),
 	"risk": risk.result,
 	"approval": approval.result,
 	"obligations": obligations.result,

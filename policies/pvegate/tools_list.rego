@@ -3,7 +3,9 @@
 # Entry point data.pvegate.visible_tools: the names of the tools a principal
 # may see. A tool is visible when some role bound to the principal grants
 # it on some target (binding scopes are not applied: no target is known
-# yet) and no target-independent guard rail forbids it to the principal.
+# yet), no role bound to the principal without a scope denies it (deny
+# overrides allow across roles), and no target-independent guard rail forbids
+# it to the principal.
 package pvegate
 
 import data.pvegate.guardrails
@@ -44,6 +46,7 @@ visible_tools contains tool.name if {
 	shape in checked
 	rbac.tool_visible(tool, shape)
 	not guardrails.hidden_from_list(tool, shape)
+	not rbac.blanket_denied(tool, shape)
 }
 
 # The listing decides per (effect, domain, scope) shape of the listed tools,
@@ -61,7 +64,9 @@ verdict(shape) := "hide" if {
 	guardrails.hides_shape_in_list(shape)
 } else := "check" if {
 	guardrails.shape_needs_tool_check(shape)
-} else := rbac.listing_verdict(shape)
+} else := "check" if {
+	rbac.blanket_needs_tool_check(shape)
+} else := rbac.with_blanket_denies(rbac.listing_verdict(shape), shape)
 
 # name_rules: shape -> names and globs hiding its tools; checked: the shapes
 # that need the full per-tool test

@@ -58,6 +58,7 @@ per_tool(tools) := {t.name |
 	shape := [t.effect, t.domain, t.scope]
 	rbac.tool_visible(t, shape)
 	not guardrails.hidden_from_list(t, shape)
+	not rbac.blanket_denied(t, shape)
 }
 
 # roles whose selectors look at tags, at names only, or at neither
@@ -80,7 +81,10 @@ test_listing_agrees_with_per_tool_test if {
 	every p in [fx.agent, fx.viewer, fx.admin, fx.web_dev, fx.planner, fx.nobody] {
 		visible(p) == per_tool(catalog) with input as fx.listing_input(p, catalog)
 	}
-	every groups in [["tagged", "blocked"], ["named"], ["narrow", "tagdeny"], ["named", "narrow"]] {
+	every groups in [
+		["tagged", "blocked"], ["named"], ["narrow", "tagdeny"], ["named", "narrow"],
+		["tagged", "named"], ["narrow", "blocked"], ["tagdeny", "named"], ["tagged", "tagdeny"],
+	] {
 		every kind in ["agent", "human"] {
 			p := fx.principal("x", kind, [], groups)
 			v := pvegate.visible_tools with input as fx.listing_input(p, catalog)
@@ -93,4 +97,76 @@ test_listing_agrees_with_per_tool_test if {
 				with data.data.guardrails.deny_rules as mixed_deny_rules
 		}
 	}
+}
+
+# --- listing follows denial -------------------------------------------------------
+
+network_catalog := array.concat(catalog, [fx.node_network_read])
+
+test_group_deny_rule_hides_the_tool_from_an_operator if {
+	# the example data denies get_node_network to the contractors group
+	operator := object.union(fx.contractor, {"groups": []})
+	"get_node_network" in pvegate.visible_tools with input as fx.listing_input(operator, network_catalog)
+	v := pvegate.visible_tools with input as fx.listing_input(fx.contractor, network_catalog)
+	not "get_node_network" in v
+	"get_guest_config" in v
+}
+
+test_group_deny_rule_denies_the_call if {
+	d := pvegate.decision with input as fx.call(fx.contractor, fx.node_network_read, fx.node_target)
+	d.allow == false
+	{r.code | some r in d.deny_reasons} == {"guardrail.deny_rule"}
+	some r in d.deny_reasons
+	r.rule == "data.guardrails.deny_rules[contractors-no-node-network]"
+	operator := object.union(fx.contractor, {"groups": []})
+	d_operator := pvegate.decision with input as fx.call(operator, fx.node_network_read, fx.node_target)
+	d_operator.allow == true
+}
+
+restricted_roles := object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["get_node_network"]}]}})
+
+restricted_binding(scope) := array.concat(
+	data.data.bindings,
+	[object.union({"name": "contractors-restricted", "role": "restricted", "groups": ["contractors"]}, scope)],
+)
+
+test_unscoped_role_deny_hides_what_another_role_grants if {
+	# operator grants the read, the contractors group's role denies it on every target
+	v := pvegate.visible_tools with input as fx.listing_input(fx.contractor, network_catalog)
+		with data.data.roles as restricted_roles
+		with data.data.bindings as restricted_binding({})
+		with data.data.guardrails.deny_rules as []
+	not "get_node_network" in v
+	"get_guest_config" in v
+	d := pvegate.decision with input as fx.call(fx.contractor, fx.node_network_read, fx.node_target)
+		with data.data.roles as restricted_roles
+		with data.data.bindings as restricted_binding({})
+		with data.data.guardrails.deny_rules as []
+	{r.code | some r in d.deny_reasons} == {"rbac.role_denies"}
+}
+
+test_scoped_role_deny_hides_nothing if {
+	# denied only on pool web's guests: the tool stays useful elsewhere, so it is listed
+	v := pvegate.visible_tools with input as fx.listing_input(fx.contractor, network_catalog)
+		with data.data.roles as restricted_roles
+		with data.data.bindings as restricted_binding({"scope": {"pools": ["web"]}})
+		with data.data.guardrails.deny_rules as []
+	"get_node_network" in v
+}
+
+test_blanket_deny_by_tag_and_by_any_name if {
+	by_tag := object.union(data.data.roles, {"restricted": {"deny": [{"tool_tags": ["network"]}]}})
+	v := pvegate.visible_tools with input as fx.listing_input(fx.contractor, network_catalog)
+		with data.data.roles as by_tag
+		with data.data.bindings as restricted_binding({})
+		with data.data.guardrails.deny_rules as []
+	not "get_node_network" in v
+	"get_guest_config" in v
+	all_network := object.union(data.data.roles, {"restricted": {"deny": [{"domains": ["network"]}]}})
+	w := pvegate.visible_tools with input as fx.listing_input(fx.contractor, network_catalog)
+		with data.data.roles as all_network
+		with data.data.bindings as restricted_binding({})
+		with data.data.guardrails.deny_rules as []
+	not "get_node_network" in w
+	"list_nodes" in w
 }

@@ -41,6 +41,7 @@ async def test_pending_approve_retry_runs_exactly_once(api: Api, asim: Any) -> N
     info = res["structuredContent"]["approval"]
     assert res["structuredContent"]["executed"] is False
     assert info["approver_groups"] == ["sre-leads"] and info["min_approvals"] == 1
+    assert "approval.rule" in info["codes"]  # the stable code beside the sentence
     assert info["approve_url"].endswith(f"/admin/approvals/{aid}") and aid in info["approve_cli"]
     assert res["_meta"]["pvegate/approval_id"] == aid
     assert aid in text(res) and "pvegate/approval" in text(res) and info["expires_at"] in text(res)
@@ -125,6 +126,7 @@ async def test_four_eyes_group_and_kind_are_the_policys_call(api: Api) -> None:
     aid = res["structuredContent"]["approval"]["id"]
     own = await api.vote(aid, carol)
     assert own.status_code == 403 and any("four-eyes" in r for r in own.json()["reasons"])
+    assert "approver.self_approval" in own.json()["codes"]
     outsider = await api.vote(aid, api.human("bob"))  # bob is in ops-approvers, not sre-leads
     assert outsider.status_code == 403 and any(
         "not in any of the approver groups" in r for r in outsider.json()["reasons"]

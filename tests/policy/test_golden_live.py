@@ -95,6 +95,14 @@ def unmet(expect: dict[str, Any], d: dict[str, Any]) -> list[str]:
     frag = expect.get("approval_reason_contains")
     if frag is not None and frag not in d["approval"]["reason"]:
         problems.append(f"approval.reason: want it to contain {frag!r}")
+    for key, reasons in (("deny_codes", d["deny_reasons"]), ("approval_codes", d["approval"]["reasons"])):
+        codes = sorted({r["code"] for r in reasons})
+        problems += [f"{key}: want {code!r} among {codes}" for code in expect.get(key, []) if code not in codes]
+    # whatever a case expects: the sentences are exactly the coded reasons' messages
+    if d["deny"] != sorted({r["message"] for r in d["deny_reasons"]}):
+        problems.append(f"deny {d['deny']!r} is not the messages of deny_reasons {d['deny_reasons']!r}")
+    if d["approval"]["reason"] != "; ".join(sorted({r["message"] for r in d["approval"]["reasons"]})):
+        problems.append(f"approval.reason is not the messages of approval.reasons {d['approval']['reasons']!r}")
     return problems
 
 
@@ -172,6 +180,8 @@ async def test_golden_case_live(opa: OPASidecar, name: str, case: dict[str, Any]
     assert not decision.failed_closed, decision.deny
     assert decision.allow is raw["allow"]
     assert list(decision.deny) == raw["deny"]
+    assert decision.deny_codes == sorted({r["code"] for r in raw["deny_reasons"]})
+    assert set(case["expect"].get("deny_codes", [])) <= set(decision.deny_codes)
     want_pending = (not raw["allow"]) and not raw["deny"] and raw["approval"]["required"]
     assert decision.approval_required is want_pending
 
@@ -323,9 +333,16 @@ def test_approver_four_eyes(opa: OPASidecar) -> None:
     }
     ok = _approve(alice, "demo-agent", [])
     assert not list(validator("approve_input").iter_errors(ok))
-    assert post(opa, "pvegate/approver/decision", ok)["result"] == {"allow": True, "deny": [], "groups": ["sre-leads"]}
+    assert post(opa, "pvegate/approver/decision", ok)["result"] == {
+        "allow": True,
+        "deny": [],
+        "deny_reasons": [],
+        "groups": ["sre-leads"],
+    }
     own = post(opa, "pvegate/approver/decision", _approve(alice, "alice", []))["result"]
     assert own["allow"] is False and any("four-eyes" in r for r in own["deny"])
+    assert "approver.self_approval" in {r["code"] for r in own["deny_reasons"]}
     bob = {**alice, "sub": "bob", "groups": []}
     not_member = post(opa, "pvegate/approver/decision", _approve(bob, "demo-agent", []))["result"]
     assert not_member["allow"] is False
+    assert "approver.not_in_group" in {r["code"] for r in not_member["deny_reasons"]}

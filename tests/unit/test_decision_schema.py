@@ -31,6 +31,9 @@ PENDING: dict[str, Any] = {
         "min_approvals": 1,
         "ttl_seconds": 900,
         "reason": "high risk",
+        "reasons": [
+            {"code": "approval.risk_level", "rule": "data.approval.required_from_level", "message": "high risk"}
+        ],
     },
     "obligations": {"dry_run": True, "redact": ["config.cipassword", "rows.*.env"], "max_items": 100},
 }
@@ -38,6 +41,7 @@ DENY: dict[str, Any] = {
     **ALLOW,
     "allow": False,
     "deny": ['quota "calls" exceeded'],
+    "deny_reasons": [{"code": "quota.exceeded", "rule": "data.quotas[calls]", "message": 'quota "calls" exceeded'}],
     "quota": {"name": "calls", "limit": 120, "window": "1m", "resets_in_seconds": 12},
 }
 

@@ -27,6 +27,7 @@ async def _ask(url: str, entrypoint: str, doc: dict[str, Any], token: str | None
             return {
                 "allow": d.allow,
                 "deny": list(d.deny),
+                "deny_reasons": list(d.deny_reasons),
                 "risk": d.risk,
                 "approval": d.approval,
                 "obligations": d.obligations,

@@ -19,7 +19,10 @@ cfg := config.approval
 
 # --- is an approval required ---------------------------------------------------
 
-reasons contains msg if {
+# reasons: the sentences of the approval reasons below
+reasons contains r.message if some r in requirements
+
+requirements contains lib.reason("approval.risk_level", "data.approval.required_from_level", msg) if {
 	lib.level_rank[risk.level] >= lib.level_rank[cfg.required_from_level]
 	msg := sprintf(
 		"risk %s (score %d) is at or above the approval threshold %s",
@@ -27,12 +30,13 @@ reasons contains msg if {
 	)
 }
 
-reasons contains msg if {
+requirements contains lib.reason("approval.rule", sprintf("data.approval.rules[%s]", [name]), msg) if {
 	some rule in matching_rules
-	msg := object.get(rule, "reason", sprintf("approval rule %q", [object.get(rule, "name", "unnamed")]))
+	name := object.get(rule, "name", "unnamed")
+	msg := object.get(rule, "reason", sprintf("approval rule %q", [name]))
 }
 
-reasons contains msg if {
+requirements contains lib.reason("approval.break_glass", "pvegate.guardrails.break_glass_approval_required", msg) if {
 	guardrails.break_glass_approval_required
 	msg := sprintf("break-glass: %s outside the maintenance window needs an approval", [input.tool.effect])
 }
@@ -141,7 +145,10 @@ satisfied if {
 	sufficient
 }
 
-deny contains msg if {
+# deny: the sentences of the denials below
+deny contains r.message if some r in denials
+
+denials contains lib.reason("approval.not_for_this_call", "pvegate.approval.problems", msg) if {
 	count(problems) > 0
 	msg := sprintf(
 		"the approval %v presented with this call is not valid for it: %s; retry without it to request a new approval",
@@ -149,7 +156,7 @@ deny contains msg if {
 	)
 }
 
-deny contains msg if {
+denials contains lib.reason("approval.insufficient", "pvegate.approval.sufficient", msg) if {
 	required
 	presented
 	count(problems) == 0
@@ -171,6 +178,7 @@ result := {
 	"min_approvals": min_approvals,
 	"ttl_seconds": ttl_seconds,
 	"reason": concat("; ", sort(reasons)),
+	"reasons": sort(requirements),
 } if {
 	required
 }
@@ -182,6 +190,7 @@ result := {
 	"min_approvals": 0,
 	"ttl_seconds": 0,
 	"reason": "",
+	"reasons": [],
 } if {
 	not required
 }

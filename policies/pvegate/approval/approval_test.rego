@@ -2,6 +2,7 @@ package pvegate.approval_test
 
 import data.pvegate.approval
 import data.pvegate.fixtures_test as fx
+import data.pvegate.lib
 
 prod_stop := fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
 
@@ -18,7 +19,10 @@ test_high_risk_requires_approval if {
 
 test_low_risk_needs_no_approval if {
 	r := approval.result with input as fx.call(fx.agent, fx.vm_stop, fx.web_guest)
-	r == {"required": false, "satisfied": false, "approver_groups": [], "min_approvals": 0, "ttl_seconds": 0, "reason": ""}
+	r == {
+		"required": false, "satisfied": false, "approver_groups": [],
+		"min_approvals": 0, "ttl_seconds": 0, "reason": "", "reasons": [],
+	}
 }
 
 test_destroy_rule_requires_sre_lead if {
@@ -27,6 +31,10 @@ test_destroy_rule_requires_sre_lead if {
 	r.required
 	r.approver_groups == ["sre-leads"]
 	contains(r.reason, "destroying data needs an SRE lead's approval")
+	lib.reason(
+		"approval.rule", "data.approval.rules[destroy-needs-sre-lead]",
+		"destroying data needs an SRE lead's approval",
+	) in r.reasons
 }
 
 test_rule_without_reason_is_named if {

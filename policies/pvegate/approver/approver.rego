@@ -12,6 +12,7 @@
 package pvegate.approver
 
 import data.pvegate.config
+import data.pvegate.lib
 import data.pvegate.rbac
 
 known_contract_versions := {1}
@@ -50,36 +51,45 @@ requester_ok if is_string(pending.requester)
 
 groups_ok if is_array(pending.approver_groups)
 
-deny contains msg if some msg in problems
+# deny: the sentences of the denials below
+deny contains r.message if some r in denials
 
-deny contains "four-eyes: a requester may not approve their own request" if {
+denials contains lib.reason("input.invalid", "pvegate.approver.problems", msg) if some msg in problems
+
+denials contains lib.reason(
+	"approver.self_approval", "pvegate.approver.four_eyes",
+	"four-eyes: a requester may not approve their own request",
+) if {
 	candidate.sub == pending.requester
 }
 
-deny contains msg if {
+denials contains lib.reason("approver.already_approved", "pvegate.approver.four_eyes", msg) if {
 	some a in object.get(pending, "approvals_so_far", [])
 	a.approver == candidate.sub
 	msg := sprintf("%s has already approved this request; a second approval must come from someone else", [candidate.sub])
 }
 
-deny contains msg if {
+denials contains lib.reason("approver.not_human", "pvegate.approver.humans_only", msg) if {
 	not candidate.kind == "human"
 	msg := sprintf("only humans may approve; %s is of kind %v", [candidate.sub, object.get(candidate, "kind", null)])
 }
 
-deny contains msg if {
+denials contains lib.reason("approver.not_in_group", "data.approver_groups", msg) if {
 	count(problems) == 0
 	not in_required_group
 	msg := sprintf("%s is not in any of the approver groups %v for this request", [candidate.sub, pending.approver_groups])
 }
 
-deny contains msg if {
+denials contains lib.reason("approver.no_role", "data.roles.*.approve", msg) if {
 	count(problems) == 0
 	not rbac.may_approve(candidate, object.get(pending, "target", {}))
 	msg := sprintf("no role of %s may approve requests on this target", [candidate.sub])
 }
 
-deny contains "this request already has all the approvals it needs" if {
+denials contains lib.reason(
+	"approver.enough_approvals", "pvegate.approver.min_approvals",
+	"this request already has all the approvals it needs",
+) if {
 	count(object.get(pending, "approvals_so_far", [])) >= pending.min_approvals
 }
 
@@ -113,12 +123,15 @@ allow if count(deny) == 0
 
 # METADATA
 # title: Approver decision
-# description: '{"allow": bool, "deny": [reasons], "groups": [qualified groups]} for input kind "approve"'
+# description: |
+#   {"allow": bool, "deny": [sentences], "deny_reasons": [{code, rule, message}],
+#   "groups": [qualified groups]} for input kind "approve"
 # entrypoint: true
 # schemas:
 #   - input: schema["approve_input.schema"]
 decision := {
 	"allow": allow,
 	"deny": sort(deny),
+	"deny_reasons": sort(denials),
 	"groups": sort(qualified_groups),
 }

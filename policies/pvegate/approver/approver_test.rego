@@ -7,7 +7,7 @@ groups := ["sre-leads"]
 
 test_alice_may_approve_agent_request if {
 	d := approver.decision with input as fx.approve_input(fx.alice, "demo-agent", groups, [])
-	d == {"allow": true, "deny": [], "groups": ["sre-leads"]}
+	d == {"allow": true, "deny": [], "deny_reasons": [], "groups": ["sre-leads"]}
 }
 
 test_decision_names_the_groups_the_approver_qualified_through if {

@@ -27,6 +27,8 @@ mismatches(exp, d) := union({
 	obligation_mismatch(exp, d),
 	factor_mismatch(exp, d),
 	reason_mismatch(exp, d),
+	code_mismatch(exp, d),
+	reasons_disagree(d),
 })
 
 # the decision facts that expectations of the same name compare by equality
@@ -70,6 +72,24 @@ reason_mismatch(exp, d) := {sprintf("approval.reason: want it to contain %q, got
 	not contains(d.approval.reason, frag)
 }
 
+# deny_codes / approval_codes: each code is among the decision's reasons
+code_mismatch(exp, d) := {sprintf("deny_codes: want %q among %v", [code, codes]) |
+	codes := sort({r.code | some r in d.deny_reasons})
+	some code in object.get(exp, "deny_codes", [])
+	not code in codes
+} | {sprintf("approval_codes: want %q among %v", [code, codes]) |
+	codes := sort({r.code | some r in d.approval.reasons})
+	some code in object.get(exp, "approval_codes", [])
+	not code in codes
+}
+
+# every case, whatever it expects: the sentences are exactly the coded reasons' messages
+reasons_disagree(d) := {sprintf("deny %v is not the messages of deny_reasons %v", [d.deny, d.deny_reasons]) |
+	d.deny != sort({r.message | some r in d.deny_reasons})
+} | {sprintf("approval.reason %q is not the messages of approval.reasons %v", [d.approval.reason, d.approval.reasons]) |
+	d.approval.reason != concat("; ", sort({r.message | some r in d.approval.reasons}))
+}
+
 has_fragment(reasons, frag) if {
 	some r in reasons
 	contains(r, frag)
@@ -100,9 +120,18 @@ test_golden_comparison_detects_mismatch if {
 	bad := {
 		"allow": false, "deny_contains": ["nope"], "deny_empty": true, "risk_level": "critical",
 		"obligations": {"max_items": 1}, "risk_factors_include": ["x"], "approval_reason_contains": "x",
+		"deny_codes": ["rbac.not_granted"], "approval_codes": ["approval.rule"],
 	}
-	count(mismatches(bad, d)) == 6
+	count(mismatches(bad, d)) == 8
 	count(mismatches(c.expect, d)) == 0
+}
+
+test_golden_reasons_must_agree_with_sentences if {
+	d := data.pvegate.decision with input as cases.viewer_cannot_stop_guest.input
+	count(reasons_disagree(d)) == 0
+	count(reasons_disagree(object.union(d, {"deny": ["another sentence"]}))) == 1
+	bad_approval := object.union(d.approval, {"reason": "x"})
+	count(reasons_disagree(object.union(d, {"approval": bad_approval}))) == 1
 }
 
 test_golden_deny_empty_detects_reasons if {

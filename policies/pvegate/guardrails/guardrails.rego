@@ -18,8 +18,11 @@ import data.pvegate.lib
 import data.pvegate.obligations
 import data.pvegate.rbac
 
+# deny: the sentences of the denials below
+deny contains r.message if some r in denials
+
 # protected guests are never destroyed
-deny contains msg if {
+denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
 	input.tool.effect == "destroy"
 	some tag in lib.tags_of(input.target)
 	tag in config.protected_tags
@@ -30,7 +33,7 @@ deny contains msg if {
 }
 
 # destroy and exec only inside a maintenance window (break-glass: see below)
-deny contains msg if {
+denials contains lib.reason("guardrail.maintenance_window", "data.guardrails.maintenance_windows", msg) if {
 	outside_window_risky
 	not rbac.break_glass
 	msg := sprintf(
@@ -43,7 +46,7 @@ deny contains msg if {
 }
 
 # agents never mutate node-level (configurable) resources
-deny contains msg if {
+denials contains lib.reason("guardrail.agent_scope", "data.guardrails.agent_no_mutation_scopes", msg) if {
 	input.principal.kind == "agent"
 	mutation
 	input.tool.scope in config.agent_no_mutation_scopes
@@ -54,7 +57,7 @@ deny contains msg if {
 }
 
 # no mutation of a guest the gateway could not resolve
-deny contains msg if {
+denials contains lib.reason("guardrail.unresolved_target", "pvegate.guardrails.unresolved_target", msg) if {
 	mutation
 	input.tool.scope == "guest"
 	not target_known
@@ -69,7 +72,7 @@ deny contains msg if {
 
 # The tags that guard rails and risk read are not taken off through the gateway:
 # otherwise the agent they constrain could disarm them (untag, then delete).
-deny contains msg if {
+denials contains lib.reason("guardrail.guarded_tag_removal", "pvegate.guardrails.guarded_tags", msg) if {
 	mutation
 	"tags" in object.keys(input.arguments)
 	some tag in lib.tags_of(input.target)
@@ -85,10 +88,11 @@ deny contains msg if {
 }
 
 # the organisation's deny rules
-deny contains msg if {
+denials contains lib.reason("guardrail.deny_rule", sprintf("data.guardrails.deny_rules[%s]", [name]), msg) if {
 	some rule in config.deny_rules
 	lib.call_matches(rule, input.principal, input.tool, input.target)
-	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), object.get(rule, "name", "unnamed")])
+	name := object.get(rule, "name", "unnamed")
+	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), name])
 }
 
 mutation if input.tool.effect in lib.mutating_effects
@@ -175,5 +179,5 @@ agent_hidden_shapes := {shape |
 lister_deny_rules contains lib.compile(rule) if {
 	some rule in config.deny_rules
 	not "target_tags" in object.keys(rule)
-	lib.in_list(rule, "principal_kinds", input.principal.kind)
+	lib.principal_matches(rule, input.principal)
 }

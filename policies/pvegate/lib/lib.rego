@@ -131,12 +131,28 @@ name_admits(sel, name) if {
 	glob.match(p, null, name)
 }
 
-# call_matches(sel, principal, tool, target) also tests principal kind and target tags.
+# call_matches(sel, principal, tool, target) also tests the principal (kind,
+# token groups and roles) and the target's tags.
 call_matches(sel, principal, tool, target) if {
 	tool_matches(sel, tool)
-	in_list(sel, "principal_kinds", principal.kind)
+	principal_matches(sel, principal)
 	any_in_list(sel, "target_tags", tags_of(target))
 }
+
+# principal_matches(sel, principal): the selector's principal-side keys admit
+# the principal: principal_kinds lists its kind, principal_groups one of its
+# token groups, principal_roles one of its token role claims
+principal_matches(sel, principal) if {
+	in_list(sel, "principal_kinds", principal.kind)
+	any_in_list(sel, "principal_groups", object.get(principal, "groups", []))
+	any_in_list(sel, "principal_roles", object.get(principal, "roles", []))
+}
+
+# reason(code, rule, message): one reason of a decision. code is stable (a
+# dashboard, an alert or a test keys on it; docs/policy-contract.md lists
+# them), rule names the policy rule or data entry that produced it, message
+# is the sentence for humans.
+reason(code, rule, message) := {"code": code, "rule": rule, "message": message}
 
 # tags_of(target) is the target's tag list, [] when it has none.
 tags_of(target) := t if {

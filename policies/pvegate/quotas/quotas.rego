@@ -49,7 +49,10 @@ exceeded contains state if {
 	state.used >= state.quota.limit
 }
 
-deny contains msg if {
+# deny: the sentences of the denials below
+deny contains r.message if some r in denials
+
+denials contains lib.reason("quota.exceeded", sprintf("data.quotas[%s]", [state.quota.name]), msg) if {
 	some state in exceeded
 	msg := sprintf(
 		"quota %q exceeded: %s in the last %s (limit %d); it resets in about %d s",

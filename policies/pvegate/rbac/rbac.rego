@@ -133,14 +133,17 @@ break_glass if {
 	config.roles[b.role].break_glass == true
 }
 
-deny contains msg if {
+# deny: the sentences of the denials below
+deny contains r.message if some r in denials
+
+denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b.role]), msg) if {
 	some b in applicable_bindings
 	b.role in roles_denying_tool
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
 }
 
 # a composite tool reads through leaf tools: it is granted only where each leaf is
-deny contains msg if {
+denials contains lib.reason("rbac.composite_leaf_not_granted", "pvegate.rbac.leaf_granted", msg) if {
 	some leaf in object.get(input.tool, "uses", [])
 	not leaf_granted(leaf)
 	msg := sprintf(
@@ -149,7 +152,7 @@ deny contains msg if {
 	)
 }
 
-deny contains msg if {
+denials contains lib.reason("rbac.not_granted", "pvegate.rbac.granting_bindings", msg) if {
 	count(granting_bindings) == 0
 	msg := sprintf(
 		"no role of principal %q permits %s tool %q on %s; ask an administrator for a role binding that covers it",
@@ -364,6 +367,61 @@ role_denies_among(ids, role, tool) if {
 rest_hits(c, tool) if {
 	lib.tags_hit(c.tool_tags, object.get(tool, "tags", []))
 	lib.name_hit(c, tool.name)
+}
+
+# --- listing follows denial ---------------------------------------------------
+# Deny overrides allow across roles: a deny selector of a role bound to the
+# lister WITHOUT a scope denies the tool on every target, whichever role grants
+# it (a `contractors` group's restriction on an operator). Such a tool is
+# useless to the lister, so tools/list hides it too. A scoped binding's deny
+# only holds on some targets and hides nothing.
+
+# blanket_denies: the compiled deny selectors of the lister's unscoped bindings
+blanket_denies contains c if {
+	some b in lister_bindings
+	count(object.get(b, "scope", {})) == 0
+	some c in config.compiled_roles[b.role].deny
+}
+
+# blanket_by_shape: listed shape -> the blanket denies admitting it
+# regal ignore:prefer-set-or-object-rule
+blanket_by_shape := {shape: cs |
+	some shape in listed_shapes
+	cs := [c | some c in blanket_denies; shape_admits(c, shape)]
+	count(cs) > 0
+}
+
+shape_admits(c, shape) if {
+	count({shape[0], "*"} & c.effects) > 0
+	count({shape[1], "*"} & c.domains) > 0
+	count({shape[2], "*"} & c.scopes) > 0
+}
+
+# blanket_denied(tool, shape): an unscoped binding's role denies the tool
+blanket_denied(tool, shape) if {
+	some c in blanket_by_shape[shape]
+	rest_hits(c, tool)
+}
+
+# blanket_needs_tool_check(shape): a blanket deny admitting the shape looks at
+# tool tags, so only the per-tool test can apply it
+blanket_needs_tool_check(shape) if {
+	some c in blanket_by_shape[shape]
+	not "*" in c.tool_tags
+}
+
+# with_blanket_denies(v, shape): the listing verdict v of the shape, with the
+# (name-only) blanket denies admitting the shape merged into its name rule
+with_blanket_denies(v, shape) := v if {
+	not is_object(v)
+} else := v if {
+	not blanket_by_shape[shape]
+} else := "hide" if {
+	some c in blanket_by_shape[shape]
+	c.any_name
+} else := {
+	"names": (v.names | {n | some c in blanket_by_shape[shape]; some n in c.names}),
+	"patterns": array.concat(v.patterns, [p | some c in blanket_by_shape[shape]; some p in c.patterns]),
 }
 
 # --- approvers ------------------------------------------------------------------
