@@ -11,20 +11,38 @@
 #   4. regal lint              Regal (provisioned by scripts/provision-regal.sh)
 #   5. opa build (bundle)      policies/ builds as a bundle without test files
 #
+# Usage: scripts/policy-checks.sh [POLICY_DIR ...]
+#   Without arguments: policies/ plus the gateway's OPA API authorization policy.
+#   With arguments: those directories (the first is the one built as a bundle);
+#   `pvegate bundle build` runs this script on the tree it is about to sign.
+#
 # Env: OPA (default .tools/bin/opa), REGAL (default .tools/bin/regal),
 #      COVERAGE_THRESHOLD (default 95), SKIP_REGAL=1 to skip the lint when
 #      Regal cannot be provisioned (reported as a failure unless set).
 set -uo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+given=()
+for d in "$@"; do
+	[[ -d "${d}" ]] || {
+		echo "not a policy directory: ${d}" >&2
+		exit 2
+	}
+	given+=("$(cd "${d}" && pwd)")
+done
 cd "${REPO_ROOT}"
 
 OPA="${OPA:-.tools/bin/opa}"
 REGAL="${REGAL:-.tools/bin/regal}"
 THRESHOLD="${COVERAGE_THRESHOLD:-95}"
-POLICIES="policies"
-# plus the gateway's own OPA API authorization policy (loaded next to a policy directory)
-POLICY_DIRS=("${POLICIES}" gateway/policy/opa_authz)
+if ((${#given[@]})); then
+	POLICIES="${given[0]}"
+	POLICY_DIRS=("${given[@]}")
+else
+	POLICIES="policies"
+	# plus the gateway's own OPA API authorization policy (loaded next to a policy directory)
+	POLICY_DIRS=("${POLICIES}" gateway/policy/opa_authz)
+fi
 failed=()
 
 step() { printf '\n== %s\n' "$*"; }

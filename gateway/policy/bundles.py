@@ -1,18 +1,23 @@
-"""Signed OPA bundles built from policies/: staging, manifest, `opa build`, keys.
+"""Signed OPA bundles built from policies/: checks, staging, manifest, `opa build`, keys.
 
-Test files and golden cases stay out of production bundles. The revision is the
-git commit plus a digest of the bundle's content, so two builds of the same
-policies carry the same revision and any change is visible in every decision's
-provenance.
+A tree is only built after it passes every policy check (`scripts/policy-checks.sh`:
+opa check --strict, opa fmt, opa test with the coverage threshold, Regal), and only
+signed, unless the caller says `unsigned` out loud. Test files and golden cases stay
+out of production bundles. The revision is the git commit plus a digest of the
+bundle's content, so two builds of the same policies carry the same revision and any
+change is visible in every decision's provenance; the manifest also names the full
+commit the tree was built from.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -21,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
 
 EXCLUDED = ("_test.rego", "golden", ".regal", ".manifest", "README.md")
+CHECKS_SCRIPT = REPO_ROOT / "scripts" / "policy-checks.sh"
 
 
 class BundleError(Exception):
@@ -41,14 +47,38 @@ def content_digest(files: list[Path], root: Path) -> str:
     return h.hexdigest()
 
 
-def _git_commit() -> str | None:
+def _git(where: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def git_source(policies: Path) -> dict[str, object] | None:
+    """The commit the policy tree is at, and whether the tree differs from it; None outside git."""
+    commit = _git(policies, "rev-parse", "HEAD")
+    if commit is None:
+        return None
+    dirty = _git(policies, "status", "--porcelain", "--", ".")
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def run_checks(policies: Path) -> tuple[bool, str]:
+    """All policy checks on the tree (the one implementation: scripts/policy-checks.sh)."""
+    env = dict(os.environ, OPA=str(find_opa()))
+    try:
+        done = subprocess.run(
+            ["bash", str(CHECKS_SCRIPT), str(policies.resolve())],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+    except subprocess.TimeoutExpired:
+        return False, "policy checks did not finish within 600 s"
+    return done.returncode == 0, (done.stdout + done.stderr).strip()
 
 
 def roots_of(files: list[Path], root: Path) -> list[str]:
@@ -81,19 +111,52 @@ def keygen(directory: Path) -> tuple[Path, Path]:
     return priv, pub
 
 
-def build(policies: Path, output: Path, signing_key: Path | None, revision: str | None = None) -> str:
-    """Build (and sign) a bundle from a policy directory; returns the revision."""
+def build(
+    policies: Path,
+    output: Path,
+    signing_key: Path | None,
+    revision: str | None = None,
+    *,
+    unsigned: bool = False,
+    checks: bool = True,
+) -> str:
+    """Check, build and sign a bundle from a policy directory; returns the revision.
+
+    Refuses (BundleError) without a signing key unless `unsigned`, and when any policy
+    check fails. `checks=False` is for tests that build many variants of an already
+    checked tree; the CLI always checks.
+    """
+    if signing_key is None and not unsigned:
+        raise BundleError("no --signing-key given: a bundle is signed unless --unsigned is given explicitly")
+    if signing_key is not None and not signing_key.is_file():
+        raise BundleError(f"signing key {signing_key} not found")
     files = [p for p in policies.rglob("*") if p.is_file() and _included(p, policies)]
     if not any(p.suffix == ".rego" for p in files):
         raise BundleError(f"no Rego policies under {policies}")
-    revision = revision or f"{_git_commit() or 'nogit'}-{content_digest(files, policies)[:12]}"
+    if checks:
+        ok, report = run_checks(policies)
+        if not ok:
+            summary = [ln for ln in report.splitlines() if ln.startswith("policy checks FAILED")]
+            head = summary[-1].removeprefix("policy checks ") if summary else "FAILED"
+            raise BundleError(f"policy checks {head}; nothing was built\n\n{report}")
+    source = git_source(policies)
+    short = str(source["commit"])[:12] if source else "nogit"
+    revision = revision or f"{short}-{content_digest(files, policies)[:12]}"
     with tempfile.TemporaryDirectory(prefix="pvegate-bundle-") as tmp:
         stage = Path(tmp) / "bundle"
         for f in files:
             dest = stage / f.relative_to(policies)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)
-        manifest = {"revision": revision, "roots": roots_of(files, policies), "metadata": {"source": "pvegate"}}
+        metadata: dict[str, object] = {
+            "source": "pvegate",
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if source is not None:
+            metadata["git_commit"] = source["commit"]
+            metadata["git_dirty"] = source["dirty"]
+        metadata["checked"] = checks
+        manifest = {"revision": revision, "roots": roots_of(files, policies), "metadata": metadata}
         (stage / ".manifest").write_text(json.dumps(manifest))
         cmd = [str(find_opa()), "build", "-b", ".", "-o", str(output.resolve())]
         if signing_key is not None:

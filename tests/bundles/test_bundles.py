@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.policy.bundles import build, keygen
+from gateway.cli import main
+from gateway.policy.bundles import BundleError, build, keygen
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable
 
 
@@ -91,3 +94,59 @@ def test_repacked_but_unchanged_bundle_still_loads(signed: tuple[Path, Path, str
     opa = OPASidecar(bundle=same, verification_key=pub)
     opa.start(timeout=10)
     opa.stop()
+
+
+# --- the build is gated on the policy checks and on a signature -----------------------------------
+
+
+def _tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "policies"
+    shutil.copytree(REPO_ROOT / "policies", tree)
+    return tree
+
+
+def test_build_refuses_a_tree_whose_tests_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tree = _tree(tmp_path)
+    (tree / "pvegate" / "zz_broken_test.rego").write_text(
+        "package pvegate.zz_broken_test\n\ntest_wrong if {\n\t1 == 2\n}\n"
+    )
+    priv, _ = keygen(tmp_path / "keys")
+    out = tmp_path / "b.tar.gz"
+    rc = main(["bundle", "build", "--policies", str(tree), "--signing-key", str(priv), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and not out.exists()
+    assert "opa test" in err and "test_wrong" in err and "nothing was built" in err
+    with pytest.raises(BundleError, match="policy checks FAILED"):
+        build(tree, out, priv)
+
+
+def test_build_refuses_an_unformatted_tree(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    rego = tree / "pvegate" / "decision.rego"
+    rego.write_text(rego.read_text().replace("\t", "    ", 1))
+    with pytest.raises(BundleError, match="opa fmt"):
+        build(tree, tmp_path / "b.tar.gz", None, unsigned=True)
+
+
+def test_build_without_key_needs_unsigned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "b.tar.gz"
+    assert main(["bundle", "build", "-o", str(out)]) == 1
+    assert "--unsigned" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(BundleError, match="signing-key"):
+        build(REPO_ROOT / "policies", out, None)
+
+
+def test_manifest_names_the_git_commit(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "policies"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    out = tmp_path / "b.tar.gz"
+    rev = build(tree, out, None, unsigned=True)
+    manifest = json.loads(_members(out)[".manifest"])
+    assert manifest["revision"] == rev and rev.startswith(commit[:12])
+    assert manifest["metadata"]["git_commit"] == commit
+    assert manifest["metadata"]["git_dirty"] is False and manifest["metadata"]["checked"] is True
+    assert ".signatures.json" not in _members(out)  # --unsigned means unsigned

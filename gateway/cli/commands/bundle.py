@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,13 @@ def _keygen(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     try:
-        rev = build(args.policies, args.output, args.signing_key, args.revision)
+        rev = build(args.policies, args.output, args.signing_key, args.revision, unsigned=args.unsigned)
     except BundleError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"built {args.output} (revision {rev}{', signed' if args.signing_key else ', UNSIGNED'})")
+    print(
+        f"built {args.output} (revision {rev}{', signed' if args.signing_key else ', UNSIGNED'}; policy checks passed)"
+    )
     return 0
 
 
@@ -49,10 +52,13 @@ def register(sub: Any) -> None:
     k = bsub.add_parser("keygen", help="create an RS256 signing key pair")
     k.add_argument("--out", type=Path, default=REPO_ROOT / "bundles" / "keys")
     k.set_defaults(func=_keygen)
-    p = bsub.add_parser("build", help="build a bundle from policies/ (signed with --signing-key)")
+    p = bsub.add_parser(
+        "build", help="run the policy checks, then build a bundle from policies/ signed with --signing-key"
+    )
     p.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
     p.add_argument("--output", "-o", type=Path, default=REPO_ROOT / "bundles" / "pvegate.tar.gz")
-    p.add_argument("--signing-key", type=Path)
+    p.add_argument("--signing-key", type=Path, help="RS256 private key (pvegate bundle keygen); required")
+    p.add_argument("--unsigned", action="store_true", help="build without a signature (development only)")
     p.add_argument("--revision")
     p.set_defaults(func=_build)
     v = bsub.add_parser("verify", help="verify a bundle's signature")
