@@ -43,8 +43,12 @@ def default_policy_paths() -> tuple[Path, ...]:
     return (REPO_ROOT / "policies",)
 
 
-def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
-    """Start the managed sidecar (or use the external URL); returns the URL to ask."""
+def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar | None]:
+    """Start the managed sidecar (or use the external URL); returns the URL to ask.
+
+    `gateway=False` is a CLI command's short-lived OPA: it keeps out of the pid file, which
+    belongs to the gateway's OPA (a restarted gateway reaps what that file names).
+    """
     if config.opa.mode == "external":
         if not config.opa.url:
             raise ValueError("opa.mode external needs opa.url")
@@ -55,7 +59,7 @@ def start_opa(config: Config) -> tuple[str, OPASidecar | None]:
         verification_key=config.opa.verification_key,
         binary=config.opa.binary,
         log_file=config.state_dir / "opa.log",
-        pid_file=config.state_dir / "opa.pid",
+        pid_file=config.state_dir / "opa.pid" if gateway else None,
         decision_logs=config.opa.decision_logs,
     )
     sidecar.start()

@@ -161,21 +161,49 @@ class OPASidecar:
             env[TOKEN_ENV] = self.api_token
         return env
 
-    def reap_stale(self) -> None:
-        """Stop the OPA server a previous gateway (killed without clean-up) left running."""
-        if self.pid_file is None or not self.pid_file.exists():
-            return
+    def _pid_record(self) -> tuple[int, int] | None:
+        """(OPA pid, owning gateway pid) from the pid file, or None if absent or unreadable."""
+        if self.pid_file is None:
+            return None
         try:
             pid, owner = (int(x) for x in self.pid_file.read_text().split())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
-            return  # gone, or not readable: nothing to reap
+            return None
+        return pid, owner
+
+    def reap_stale(self) -> None:
+        """Stop the OPA server a previous gateway (killed without clean-up) left running."""
+        record = self._pid_record()
+        if record is None:
+            return
+        pid, owner = record
         if _alive(owner):
             return  # its gateway still runs (another instance on this state dir): not ours to stop
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return  # gone, or not readable: nothing to reap
         if Path(cmdline[0].decode(errors="replace")).name == "opa" and b"--server" in cmdline:
             log.warning("stopping OPA pid %d left behind by a previous gateway", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+    def _claim_pid_file(self) -> None:
+        """Record our OPA, unless a living process other than us already owns the file: a second
+        process on the same state dir must not make the first one's OPA unreapable."""
+        if self.pid_file is None or self.process is None:
+            return
+        record = self._pid_record()
+        if record is not None and record[1] != os.getpid() and _alive(record[1]):
+            return
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.write_text(f"{self.process.pid} {os.getpid()}\n")
+
+    def _release_pid_file(self) -> None:
+        """Remove the pid file only if it records our own OPA."""
+        record = self._pid_record()
+        if record is not None and self.process is not None and record == (self.process.pid, os.getpid()):
+            self.pid_file.unlink(missing_ok=True)  # type: ignore[union-attr]
 
     def start(self, timeout: float = 20.0) -> None:
         self.reap_stale()
@@ -190,9 +218,7 @@ class OPASidecar:
             out = self._log_handle
         log.info("starting OPA sidecar: %s", " ".join(cmd))
         self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
-        if self.pid_file is not None:
-            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
-            self.pid_file.write_text(f"{self.process.pid} {os.getpid()}\n")
+        self._claim_pid_file()
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
@@ -237,8 +263,7 @@ class OPASidecar:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        if self.pid_file is not None:
-            self.pid_file.unlink(missing_ok=True)
+        self._release_pid_file()
         p, self.process = self.process, None
         if p is not None and p.poll() is None:
             p.terminate()

@@ -74,3 +74,22 @@ async def test_cli_refusals_come_from_opa(api: Api, agw: GatewayThread) -> None:
     assert "withdrawn" in pvegate("approvals", "show", aid, "--config", cfg).stdout
     verify = pvegate("audit", "verify", "--config", cfg)  # CLI appends joined the gateway's chain cleanly
     assert verify.returncode == 0, verify.stderr
+
+
+async def test_cli_sidecar_keeps_off_the_gateways_pid_file(api: Api, agw: GatewayThread, tmp_path: Path) -> None:
+    """`approvals approve` beside a running gateway starts its own short-lived OPA: that OPA
+    must neither overwrite nor remove the gateway's opa.pid (it lets a restarted gateway reap
+    an OPA its killed predecessor left behind)."""
+    pid_file = api.env.config.state_dir / "opa.pid"
+    sidecar = agw.components.sidecar
+    assert sidecar is not None and sidecar.process is not None
+    before = pid_file.read_text()
+    assert before.split()[0] == str(sidecar.process.pid)
+    aid, _ = await pending(api, "vm_shutdown", shutdown_args())
+    token_file = tmp_path / "alice.jwt"
+    token_file.write_text(api.human("alice", ["sre-leads"]))
+    cfg = str(api.env.config_path)
+    approved = pvegate("approvals", "approve", aid, "--config", cfg, "--token-file", str(token_file))
+    assert approved.returncode == 0, approved.stderr
+    assert pid_file.exists(), "the CLI's temporary OPA removed the live gateway's pid file"
+    assert pid_file.read_text() == before

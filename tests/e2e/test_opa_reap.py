@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -62,3 +63,27 @@ def test_a_live_siblings_opa_is_left_alone(tmp_path: Path) -> None:
     finally:
         second.stop()
         first.stop()
+
+
+def test_a_second_process_neither_takes_nor_removes_a_live_gateways_pid_file(tmp_path: Path) -> None:
+    pid_file = tmp_path / "opa.pid"
+    root = Path(__file__).resolve().parents[2]
+    gw = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(pid_file)], stdout=subprocess.PIPE, text=True, cwd=root)
+    assert gw.stdout is not None
+    try:
+        gateway_opa = int(gw.stdout.readline())
+        recorded = pid_file.read_text()
+        assert recorded.split() == [str(gateway_opa), str(gw.pid)]
+        other = OPASidecar(policies=(root / "policies",), pid_file=pid_file, decision_logs=False)
+        other.start()
+        try:
+            assert pid_file.read_text() == recorded  # not taken over
+        finally:
+            other.stop()
+        assert pid_file.read_text() == recorded  # not removed
+        assert _running(gateway_opa)
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        gw.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(gateway_opa, signal.SIGKILL)

@@ -45,7 +45,7 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
             if url is None:
                 from gateway.app import start_opa
 
-                url, sidecar = await asyncio.to_thread(start_opa, cfg)
+                url, sidecar = await asyncio.to_thread(lambda: start_opa(cfg, gateway=False))
             decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=client_token(sidecar))
         base = cfg.public_url if cfg.admin.token is not None else None
         approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config))
