@@ -1,5 +1,6 @@
 # The two commands of the README contract: `make demo` and `make test`.
 # Both bootstrap everything they need on a fresh machine.
+#   make demo PORT=9443 ONESHOT=1   # another port; run the scripted session and exit
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -24,7 +25,7 @@ tools:
 	@bash scripts/provision-inspector.sh
 
 demo: venv tools
-	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,)
+	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),)
 
 lint: venv
 	$(BIN)/ruff check .

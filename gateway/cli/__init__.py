@@ -75,16 +75,22 @@ def _sim(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pvegate", description="Policy-as-code MCP gateway for Proxmox VE")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway")
-    s.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    s.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        default=Path("pvegate.yaml"),
+        help="the gateway configuration file",
+    )
     s.set_defaults(func=_serve)
 
     d = sub.add_parser("demo", help="simulator + OPA sidecar + gateway, with a scripted agent session")
     d.add_argument("--oneshot", action="store_true", help="exit after the scripted session")
-    d.add_argument("--port", type=int, default=8443)
+    d.add_argument("--port", type=int, default=8443, help="the gateway's HTTPS port on 127.0.0.1 (make demo PORT=...)")
     d.set_defaults(func=_demo)
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (see `pvegate sim --help`)", add_help=False)
@@ -92,13 +98,23 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("token", help="service tokens")
     tsub = t.add_subparsers(dest="token_command", required=True)
     m = tsub.add_parser("mint", help="mint an HS256 service token")
-    m.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
-    m.add_argument("--sub", required=True)
-    m.add_argument("--role", action="append")
-    m.add_argument("--group", action="append")
-    m.add_argument("--scope", action="append")
-    m.add_argument("--kind", default="agent", choices=["agent", "human", "service"])
-    m.add_argument("--ttl", type=int, default=3600)
+    m.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        default=Path("pvegate.yaml"),
+        help="the gateway configuration file",
+    )
+    m.add_argument("--sub", required=True, help="the subject (principal name) the token is for")
+    m.add_argument("--role", action="append", help="a role claim (repeatable)")
+    m.add_argument("--group", action="append", help="a group claim, e.g. sre-leads for approvers (repeatable)")
+    m.add_argument(
+        "--scope", action="append", help="an OAuth scope (repeatable); auth.required_scopes must all be present"
+    )
+    m.add_argument(
+        "--kind", default="agent", choices=["agent", "human", "service"], help="principal kind; only humans may approve"
+    )
+    m.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     m.set_defaults(func=_token_mint)
 
     from gateway.cli.commands import register_all

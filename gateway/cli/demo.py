@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
+import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable
@@ -18,11 +18,13 @@ from typing import Any
 import httpx
 import uvicorn
 
+from gateway.cli import clientconfig
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.server import uvicorn_config
 from gateway.store.audit import verify as verify_audit
+from gateway.tools.catalog import Catalog
 
 DEMO_DIR = Path(os.environ.get("PVEGATE_DEMO_DIR") or REPO_ROOT / ".state" / "demo")
 
@@ -38,25 +40,47 @@ def say(text: str = "") -> None:
 
 
 def connection_help(env: DevEnv, token: str) -> None:
-    snippet = {
-        "mcpServers": {
-            "pvegate": {
-                "type": "streamable-http",
-                "url": env.url,
-                "headers": {"Authorization": f"Bearer {token}"},
-            }
-        }
-    }
     say("=" * 72)
     say("pvegate is serving MCP over HTTPS")
     say(f"  URL:            {env.url}")
     say(f"  CA certificate: {env.ca_file}   (e.g. NODE_EXTRA_CA_CERTS / SSL_CERT_FILE)")
     say(f"  Bearer token:   {token}")
     say(f"  Audit database: {env.config.audit_path}")
-    say("  Client config snippet:")
-    for line in json.dumps(snippet, indent=2).splitlines():
-        say("    " + line)
+    say(f"  Config:         {env.config_path}")
+    say("  Client configuration (the formats of README.md, values filled in):")
+    for line in clientconfig.console(env.url, token, str(env.ca_file)):
+        say(line)
     say("=" * 72)
+
+
+def visibility(visible: set[str], catalog: set[str], code: str = "") -> str:
+    """How many tools a principal sees, and which are hidden (the README's words, from the live answer)."""
+    hidden = ", ".join(f"{code}{n}{code}" for n in sorted(catalog - visible))
+    return f"{len(visible & catalog)} of {len(catalog)}; hidden: {hidden or 'none'}"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def reset_state(demo_dir: Path) -> str | None:
+    """A fresh audit and approval store each run (TLS and secrets are kept, so client configs
+    stay valid). Returns the notice to print when a previous run's records were removed."""
+    state = demo_dir / "state"
+    had_records = state.is_dir() and any(state.iterdir())
+    shutil.rmtree(state, ignore_errors=True)
+    if not had_records:
+        return None
+    return (
+        f">> removed the previous demo's audit log and approval requests ({state}); "
+        "TLS certificates, secrets and tokens are kept"
+    )
 
 
 def _text(result: Any) -> str:
@@ -79,8 +103,9 @@ def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
         async with mcp_client(env.url, agent, env.ca_file) as client:
             tools = (await client.list_tools()).tools
         names = {t.name for t in tools}
+        catalog = {t.name for t in Catalog.load(env.config.connectors_dir)}
         hidden = "guest_delete" not in names  # operators may never delete guests, so they never see it
-        return "list_guests" in names and hidden, f"demo-agent sees {len(names)} tools (guest_delete hidden)"
+        return "list_guests" in names and hidden, f"demo-agent sees {visibility(names, catalog)}"
 
     async def allowed_read() -> tuple[bool, str]:
         async with mcp_client(env.url, agent, env.ca_file) as client:
@@ -168,12 +193,20 @@ async def run_session(env: DevEnv) -> bool:
 async def _demo(oneshot: bool, port: int) -> int:
     from gateway.sim.harness import start_simulator
 
+    if port_in_use("127.0.0.1", port):
+        print(
+            f"pvegate: cannot start: 127.0.0.1:{port} is in use; choose another with make demo PORT=<port>"
+            " (or pvegate demo --port <port>)",
+            file=sys.stderr,
+        )
+        return 2
     say(">> starting the Proxmox VE simulator (scenario: default)")
     sim = await asyncio.to_thread(start_simulator, "default", DEMO_DIR / "sim")
     try:
         say(f"   API {sim.api_url}; SSH nodes: {', '.join(sim.ssh_nodes) or 'none'}")
-        # a fresh audit and approval store each run; TLS and secrets are kept, so client configs stay valid
-        shutil.rmtree(DEMO_DIR / "state", ignore_errors=True)
+        notice = reset_state(DEMO_DIR)
+        if notice:
+            say(notice)
         env = make_env(DEMO_DIR, {"default": sim}, port=port)
         say(">> starting OPA sidecar and gateway")
         server = uvicorn.Server(uvicorn_config(env.config))

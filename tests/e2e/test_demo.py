@@ -2,25 +2,72 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from gateway.cli import clientconfig
 from tests.support import free_port
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_demo_oneshot_behaves(tmp_path: Path) -> None:
-    env = {**os.environ, "PVEGATE_DEMO_DIR": str(tmp_path / "demo")}
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "demo", "--oneshot", "--port", str(free_port())],
+
+def _demo(demo_dir: Path, port: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "demo", "--oneshot", "--port", str(port)],
         capture_output=True,
         text=True,
         timeout=240,
-        env=env,
+        env={**os.environ, "PVEGATE_DEMO_DIR": str(demo_dir)},
+        cwd=ROOT,
     )
+
+
+def test_demo_oneshot_behaves(tmp_path: Path) -> None:
+    demo_dir = tmp_path / "demo"
+    (demo_dir / "state").mkdir(parents=True)
+    (demo_dir / "state" / "audit.db").write_text("a previous run's records")
+    port = free_port()
+    done = _demo(demo_dir, port)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "demo: all steps behaved" in out
     assert out.count(": OK") >= 9, out[-4000:]
     assert "Traceback" not in out
+    # it says that it wiped the previous run's audit and approvals
+    assert f"removed the previous demo's audit log and approval requests ({demo_dir / 'state'})" in out
+
+    # the README's statement of what demo-agent sees is the demo's own answer
+    seen = re.search(r"demo-agent sees (\d+ of \d+; hidden: .*)", out)
+    assert seen, out[-4000:]
+    count, hidden = seen.group(1).split("; hidden: ")
+    readme_words = f"({count}; hidden: " + ", ".join(f"`{n}`" for n in hidden.split(", ")) + ")"
+    assert readme_words in (ROOT / "README.md").read_text(), f"README.md should say {readme_words}"
+
+    # the client snippets are printed with the real URL and token, in the README's formats
+    url = f"https://127.0.0.1:{port}/mcp"
+    token = re.search(r"Bearer token:\s+(\S+)", out)
+    assert token
+    for snippet in clientconfig.snippets(url, token.group(1), str(demo_dir / "tls" / "ca.pem")):
+        for line in snippet.text.splitlines():
+            assert line in out, f"{snippet.client}: {line!r} not printed"
+        if snippet.lang == "json":
+            json.loads(snippet.text)
+
+
+def test_demo_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _demo(tmp_path / "demo", port)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"pvegate: cannot start: 127.0.0.1:{port} is in use; choose another with make demo PORT=<port>"
+        " (or pvegate demo --port <port>)"
+    ], done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

@@ -192,37 +192,46 @@ def register(sub: Any) -> None:
     asub = a.add_subparsers(dest="approvals_command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+        p.add_argument(
+            "--config",
+            "-c",
+            type=Path,
+            default=Path("pvegate.yaml"),
+            help="the gateway configuration file",
+        )
 
     ls = asub.add_parser("list", help="approval requests (pending by default)")
     common(ls)
     ls.add_argument(
-        "--state", default="pending", choices=["pending", "approved", "denied", "withdrawn", "expired", "used", "all"]
+        "--state",
+        default="pending",
+        choices=["pending", "approved", "denied", "withdrawn", "expired", "used", "all"],
+        help="which requests to list",
     )
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="a JSON array instead of one line per request")
     ls.set_defaults(func=_list)
 
     sh = asub.add_parser("show", help="one request with its votes")
     common(sh)
-    sh.add_argument("id")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("id", help="the approval request id (apr-...)")
+    sh.add_argument("--json", action="store_true", help="the request as JSON")
     sh.set_defaults(func=_show)
 
     for verdict, help_ in (("approve", "approve a request (as yourself)"), ("deny", "deny a request (as yourself)")):
         v = asub.add_parser(verdict, help=help_)
         common(v)
-        v.add_argument("id")
+        v.add_argument("id", help="the approval request id (apr-...)")
         v.add_argument("--token-file", type=Path, help="file holding your approver JWT")
         v.add_argument("--token", help=f"your approver JWT (prefer --token-file or ${TOKEN_ENV})")
         v.add_argument(
             "--opa-url",
             help="ask this OPA instead of starting a temporary sidecar (its API token, if any, in $PVEGATE_OPA_TOKEN)",
         )
-        v.add_argument("--note")
+        v.add_argument("--note", help="a note recorded with the vote")
         v.set_defaults(func=_vote(verdict))
 
     w = asub.add_parser("withdraw", help="withdraw a pending or approved request (operator)")
     common(w)
-    w.add_argument("id")
-    w.add_argument("--note")
+    w.add_argument("id", help="the approval request id (apr-...)")
+    w.add_argument("--note", help="why, recorded with the withdrawal")
     w.set_defaults(func=_withdraw)

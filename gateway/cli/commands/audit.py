@@ -223,7 +223,13 @@ def _archive(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    p.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        default=Path("pvegate.yaml"),
+        help="the gateway configuration file",
+    )
     p.add_argument("--db", type=Path, help="the audit database file (instead of reading it from --config)")
 
 
@@ -235,13 +241,13 @@ def _key(p: argparse.ArgumentParser) -> None:
 
 def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--principal", help="exact subject, or a glob with *")
-    p.add_argument("--tool")
+    p.add_argument("--tool", help="exact tool name")
     p.add_argument("--target", help="e.g. default/qemu/101, or a glob: 'default/*'")
     p.add_argument("--outcome", help="allow, deny, pending, ok, failed, invalid, approval_refused, ...")
     p.add_argument("--kind", help="received, decision, result, refusal, auth_failure, approval")
-    p.add_argument("--request-id", dest="request_id")
+    p.add_argument("--request-id", dest="request_id", help="all records of one request")
     p.add_argument("--since", type=parse_time, help="e.g. 2h, 7d, or 2026-01-31T12:00")
-    p.add_argument("--until", type=parse_time)
+    p.add_argument("--until", type=parse_time, help="end of the time range, same forms as --since")
 
 
 def register(sub: Any) -> None:
@@ -255,7 +261,7 @@ def register(sub: Any) -> None:
         "--checkpoint", type=Path, help="a file from `audit checkpoint`: its record must be there, unchanged"
     )
     _key(v)
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true", help="the result as JSON")
     v.set_defaults(func=_verify)
 
     cp = asub.add_parser("checkpoint", help="export the authenticated chain head (JSON), to keep off the host")
@@ -267,23 +273,23 @@ def register(sub: Any) -> None:
     t = asub.add_parser("tail", help="the latest records")
     _common(t)
     _filters(t)
-    t.add_argument("-n", type=int, default=20)
-    t.add_argument("--follow", "-f", action="store_true")
-    t.add_argument("--jsonl", action="store_true")
+    t.add_argument("-n", type=int, default=20, help="how many records")
+    t.add_argument("--follow", "-f", action="store_true", help="keep printing new records as they are written")
+    t.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     t.set_defaults(func=_tail)
 
     s = asub.add_parser("search", help="records by principal, tool, target, outcome, time range")
     _common(s)
     _filters(s)
-    s.add_argument("--limit", type=int, default=1000)
-    s.add_argument("--jsonl", action="store_true")
+    s.add_argument("--limit", type=int, default=1000, help="at most this many records")
+    s.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     s.set_defaults(func=_search)
 
     e = asub.add_parser("export", help="export records for a SIEM")
     _common(e)
     _filters(e)
     e.add_argument("--jsonl", action="store_true", help="one JSON object per line (with hashes)")
-    e.add_argument("--out", "-o", type=Path)
+    e.add_argument("--out", "-o", type=Path, help="write to this file (default: stdout)")
     e.set_defaults(func=_export)
 
     r = asub.add_parser("archive", help="move old records to a JSONL archive, keeping the chain verifiable")

@@ -50,18 +50,20 @@ def register(sub: Any) -> None:
     b = sub.add_parser("bundle", help="build and sign OPA bundles")
     bsub = b.add_subparsers(dest="bundle_command", required=True)
     k = bsub.add_parser("keygen", help="create an RS256 signing key pair")
-    k.add_argument("--out", type=Path, default=REPO_ROOT / "bundles" / "keys")
+    k.add_argument("--out", type=Path, default=REPO_ROOT / "bundles" / "keys", help="directory for the key pair")
     k.set_defaults(func=_keygen)
     p = bsub.add_parser(
         "build", help="run the policy checks, then build a bundle from policies/ signed with --signing-key"
     )
-    p.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
-    p.add_argument("--output", "-o", type=Path, default=REPO_ROOT / "bundles" / "pvegate.tar.gz")
+    p.add_argument("--policies", type=Path, default=REPO_ROOT / "policies", help="the policy directory")
+    p.add_argument(
+        "--output", "-o", type=Path, default=REPO_ROOT / "bundles" / "pvegate.tar.gz", help="the bundle file to write"
+    )
     p.add_argument("--signing-key", type=Path, help="RS256 private key (pvegate bundle keygen); required")
     p.add_argument("--unsigned", action="store_true", help="build without a signature (development only)")
-    p.add_argument("--revision")
+    p.add_argument("--revision", help="the bundle revision OPA reports and the audit records (default: derived)")
     p.set_defaults(func=_build)
     v = bsub.add_parser("verify", help="verify a bundle's signature")
-    v.add_argument("bundle", type=Path)
-    v.add_argument("--verification-key", type=Path, required=True)
+    v.add_argument("bundle", type=Path, help="the bundle file")
+    v.add_argument("--verification-key", type=Path, required=True, help="public key (PEM)")
     v.set_defaults(func=_verify)

@@ -74,9 +74,13 @@ def register(sub: Any) -> None:
     psub = p.add_subparsers(dest="policy_command", required=True)
     e = psub.add_parser("eval", help="print the decision for an input document")
     e.add_argument("--input", "-i", type=Path, required=True, help="input JSON file, or - for stdin")
-    e.add_argument("--entrypoint", choices=sorted(ENTRYPOINTS), default="decision")
-    e.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
-    e.add_argument("--bundle", type=Path)
-    e.add_argument("--verification-key", type=Path)
+    e.add_argument(
+        "--entrypoint", choices=sorted(ENTRYPOINTS), default="decision", help="which policy entrypoint to ask"
+    )
+    e.add_argument(
+        "--policies", type=Path, default=REPO_ROOT / "policies", help="policy directory for the temporary OPA"
+    )
+    e.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
+    e.add_argument("--verification-key", type=Path, help="public key the bundle must be signed with")
     e.add_argument("--opa-url", help="ask this running OPA (its API token, if any, in $PVEGATE_OPA_TOKEN)")
     e.set_defaults(func=_eval)

@@ -145,7 +145,7 @@ def _least(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     c = sub.add_parser("check", help="validate connector files against the format and a PVE API schema")
-    c.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
+    c.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS, help="the connector directory")
     c.add_argument(
         "--pve-schema",
         type=Path,
@@ -157,17 +157,19 @@ def register(sub: Any) -> None:
     t = sub.add_parser("tools", help="inspect the tool catalog")
     tsub = t.add_subparsers(dest="tools_command", required=True)
     ls = tsub.add_parser("list", help="every tool with effect, domain and connector")
-    ls.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
+    ls.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS, help="the connector directory")
     ls.set_defaults(func=_list)
     sh = tsub.add_parser("show", help="one tool: what it sends and the Proxmox privilege it needs")
-    sh.add_argument("name")
-    sh.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
-    sh.add_argument("--pve-schema", type=Path, action="append")
+    sh.add_argument("name", help="the tool name")
+    sh.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS, help="the connector directory")
+    sh.add_argument("--pve-schema", type=Path, action="append", help="apidata JSON or apidoc.js, for the privileges")
     sh.set_defaults(func=_show)
     lp = tsub.add_parser("least-privilege", help="print a Proxmox role with only the privileges the tools need")
-    lp.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS)
-    lp.add_argument("--pve-schema", type=Path, action="append")
+    lp.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS, help="the connector directory")
+    lp.add_argument("--pve-schema", type=Path, action="append", help="apidata JSON or apidoc.js (the last one is used)")
     lp.add_argument("--effects", default="read,write,destroy", help="comma list of effects to cover")
-    lp.add_argument("--role", default="PVEGate")
-    lp.add_argument("--token-id", default="pvegate@pve!gateway")
+    lp.add_argument("--role", default="PVEGate", help="the Proxmox role name to create")
+    lp.add_argument(
+        "--token-id", default="pvegate@pve!gateway", help="the API token (USER@REALM!TOKENID) to grant it to"
+    )
     lp.set_defaults(func=_least)
