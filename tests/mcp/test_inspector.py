@@ -72,3 +72,29 @@ def test_inspector_sees_a_policy_denial(gateway: GatewayThread, env: DevEnv) -> 
 def test_inspector_without_token_is_refused(gateway: GatewayThread, env: DevEnv) -> None:
     rc, _, text = inspector(env, "not-a-jwt", "--method", "tools/list")
     assert rc != 0 and "invalid_token" in text
+
+
+def test_the_readme_inspector_command_works(gateway: GatewayThread, env: DevEnv) -> None:
+    """The Inspector line of README.md / `pvegate demo`, run as written (npx replaced by the
+    pinned local install of the same package)."""
+    import shlex
+
+    from gateway import clientconfig
+
+    snippet = next(s for s in clientconfig.snippets(env.url, env.token("demo-agent", ["operator"]), str(env.ca_file))
+                   if s.client == "MCP Inspector")  # fmt: skip
+    words = shlex.split(snippet.text)
+    ca, npx, package, *args = words
+    assert (npx, package) == ("npx", clientconfig.INSPECTOR)
+    name, _, value = ca.partition("=")
+    bin_js = ROOT / ".tools/node/node_modules/@modelcontextprotocol/inspector/cli/build/cli.js"
+    proc = subprocess.run(
+        ["node", str(bin_js), *args],
+        cwd=bin_js.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, name: value},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "list_guests" in {t["name"] for t in json.loads(proc.stdout)["tools"]}
