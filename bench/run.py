@@ -3,7 +3,11 @@
 Everything runs as separate processes on this machine: the simulator, pvegate
 (`pvegate serve`, which manages its OPA sidecar), the baseline, and the load
 generators (wrk with bench/mcp_call.lua; bench/fixed_rate.py for fixed-rate runs).
-Results go to stdout and into docs/performance.md between the bench markers.
+Results go to stdout. A recorded run (`make bench` with no options, or --record) also
+writes bench/results/latest.json and docs/performance.md between the bench markers; a
+quick run (any option, e.g. BENCH_ARGS="--seconds 5") writes only
+bench/results/quick-<UTC time>.json (git-ignored) and says so, so a look at the
+numbers never overwrites the record.
 
     .venv/bin/python bench/run.py [--seconds 10] [--levels 1,8,32] [--memory-calls 200000]
 """
@@ -243,7 +247,7 @@ class Results:
 
 def run(a: argparse.Namespace) -> Results:
     work = Path(tempfile.mkdtemp(prefix="pvegate-bench-"))
-    res = Results(machine(), {k: v for k, v in vars(a).items() if k != "write"})
+    res = Results(machine(), {k: v for k, v in vars(a).items() if k != "record"})
     procs: list[Proc] = []
     sim: SimHandle | None = None
     try:
@@ -518,34 +522,53 @@ def write_doc(text: str) -> None:
     DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
 
 
+def outputs(argv: Sequence[str], record: bool, stamp: str) -> tuple[Path, bool]:
+    """(where the raw results go, whether docs/performance.md is updated) for this command line."""
+    if record or not argv:
+        return BENCH / "results" / "latest.json", True
+    return BENCH / "results" / f"quick-{stamp}.json", False
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=10, help="per wrk run")
-    p.add_argument("--levels", default="1,8,32")
-    p.add_argument("--scenario", default="default")
-    p.add_argument("--tool", default="list_nodes")
-    p.add_argument("--fixed-seconds", type=float, default=30)
-    p.add_argument("--memory-calls", type=int, default=200_000)
-    p.add_argument("--memory-base", type=int, default=20_000)
-    p.add_argument("--memory-conns", type=int, default=16)
-    p.add_argument("--memory-chunk", type=float, default=20)
-    p.add_argument("--synthetic-tools", type=int, default=500)
+    p.add_argument("--levels", default="1,8,32", help="wrk connection counts, comma-separated")
+    p.add_argument("--scenario", default="default", help="simulator scenario")
+    p.add_argument("--tool", default="list_nodes", help="the tool every benchmarked call runs")
+    p.add_argument("--fixed-seconds", type=float, default=30, help="length of each fixed-rate run")
+    p.add_argument("--memory-calls", type=int, default=200_000, help="calls in the memory-growth run")
+    p.add_argument("--memory-base", type=int, default=20_000, help="calls before the memory baseline is taken")
+    p.add_argument("--memory-conns", type=int, default=16, help="connections in the memory-growth run")
+    p.add_argument("--memory-chunk", type=float, default=20, help="seconds between RSS samples")
+    p.add_argument("--synthetic-tools", type=int, default=500, help="catalog size for the tools/list benchmark")
     p.add_argument("--memory-from", help="take the memory-growth result from this latest.json instead of re-running it")
-    p.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/performance.md")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="record a run with options: write bench/results/latest.json and docs/performance.md",
+    )
     a = p.parse_args()
     a.levels = [int(x) for x in a.levels.split(",")]
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk (make bench does this when run as root)", file=sys.stderr)
         return 2
-    command = "make bench" if not sys.argv[1:] else "python bench/run.py " + " ".join(sys.argv[1:])
+    argv = [x for x in sys.argv[1:] if x != "--record"]
+    raw, update_doc = outputs(argv, a.record, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    if not update_doc:
+        log(f"quick run (options given): results go to {raw.relative_to(ROOT)}; the record is left alone "
+            "(pass --record to record this run)")  # fmt: skip
+    command = "make bench" if not argv else "python bench/run.py " + " ".join(sys.argv[1:])
     r = run(a)
     text = report(r, command)
     print("\n" + text + "\n")
-    (BENCH / "results").mkdir(exist_ok=True)
-    (BENCH / "results" / "latest.json").write_text(json.dumps(r.__dict__, indent=1, default=str))
-    if a.write:
+    raw.parent.mkdir(exist_ok=True)
+    raw.write_text(json.dumps(r.__dict__, indent=1, default=str))
+    log(f"wrote {raw.relative_to(ROOT)}")
+    if update_doc:
         write_doc(text)
         log(f"wrote {DOC.relative_to(ROOT)}")
+    else:
+        log(f"not recorded: {DOC.relative_to(ROOT)} and bench/results/latest.json are unchanged")
     return 0
 
 

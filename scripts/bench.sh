@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: the side-by-side benchmark (bench/run.py -> docs/performance.md),
 # then the long resilience tests (soak, 200k-call runs) behind the `slow` marker.
-#   BENCH_ARGS="--seconds 5 --memory-calls 50000"  make bench   # a shorter run
+#   BENCH_ARGS="--seconds 5 --memory-calls 50000"  make bench   # a quick look: bench/results/quick-*.json, record untouched
+#   BENCH_ARGS="... --record" make bench                        # record a run with options
 #   BENCH_SKIP_SLOW=1 make bench                                # benchmark only
 set -euo pipefail
 cd "$(dirname "$0")/.."
