@@ -49,8 +49,12 @@ def _eval(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: cannot read input: {exc}", file=sys.stderr)
         return 2
+    if isinstance(doc, dict) and len(doc) == 1:
+        (only,) = doc.values()
+        if isinstance(only, dict) and "input" in only:
+            doc = only  # a golden-case file: {"<name>": {"name", "input", "expect"}}
     if isinstance(doc, dict) and "input" in doc and "contract_version" not in doc:
-        doc = doc["input"]  # accept golden-case files and OPA request bodies as they are
+        doc = doc["input"]  # accept golden cases and OPA request bodies as they are
     sidecar: OPASidecar | None = None
     try:
         url = args.opa_url
