@@ -1,6 +1,6 @@
 """API-token authentication and ACL evaluation, modelled on pve-access-control.
 
-Rules implemented (NOTES §4.1, §4.3): deeper ACL paths override shallower ones,
+Rules implemented (as PVE does them): deeper ACL paths override shallower ones,
 `propagate=0` stops inheritance, `NoAccess` cancels, a pool ACL applies to the
 pool's guests, privsep tokens get (token ACLs ∩ user permissions), root@pam is
 all-powerful as a user (and a privsep=0 root token inherits that).

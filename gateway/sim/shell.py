@@ -1,4 +1,4 @@
-"""The commands a simulated node answers over SSH (NOTES §5), rendered from shared state.
+"""The commands a simulated node answers over SSH, rendered from shared state.
 
 Only read-only commands exist; anything else fails like a shell would
 (exit 127 "command not found") or like the tool would (usage error).

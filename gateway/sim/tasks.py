@@ -1,4 +1,4 @@
-"""Worker tasks with real-format UPIDs (NOTES §3.13).
+"""Worker tasks with real-format UPIDs (the format PVE uses).
 
 A mutation registers a task, returns its UPID at once, and the state change is
 applied when the simulated duration has elapsed, exactly like a forked PVE worker.

@@ -1,4 +1,4 @@
-"""Render cluster state into PVE response shapes (NOTES §3).
+"""Render cluster state into PVE response shapes (as PVE's API serves them).
 
 Pure functions of (cluster, now): the API wraps them in `{"data": ...}` and
 `pvesh get --output-format json` prints them bare.

@@ -1,4 +1,4 @@
-"""Wire conventions of the simulated API against NOTES.md §3/§4."""
+"""Wire conventions of the simulated API, as PVE's API serves them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gateway.sim.harness import SimHandle
 
 from .conftest import api, ssl_ctx
 
-# fields NOTES §3.1 lists as 0/1 integers on the wire
+# fields PVE's API sends as 0/1 integers on the wire
 BOOL_FIELDS = {
     "online",
     "local",
@@ -60,7 +60,7 @@ def test_envelope_and_booleans(simh: SimHandle) -> None:
         assert "data" in body, p
         for where, k, v in _walk(body["data"]):
             if isinstance(v, bool):
-                # only the nested QEMU blocks are real JSON booleans (NOTES §3.1)
+                # only the nested QEMU blocks are real JSON booleans
                 assert "proxmox-support" in where or "blockstat" in where, (p, where, k)
             if k in BOOL_FIELDS and not isinstance(v, dict) and not p.endswith("/config"):
                 assert v in (0, 1) and not isinstance(v, bool), (p, where, k, v)
