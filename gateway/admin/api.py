@@ -39,7 +39,7 @@ from gateway.components import Components
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
 from gateway.store import audit as auditlib
-from gateway.store.approvals import ApprovalRequest, Approvals, NotFound, VoteOutcome
+from gateway.store.approvals import STATES, ApprovalRequest, Approvals, NotFound, VoteOutcome
 from gateway.store.audit import AuditRecord
 
 log = logging.getLogger("pvegate.admin")
@@ -240,6 +240,8 @@ async def approvals_list(request: Request) -> Response:
     if store is None:
         return _err(404, "not_enabled", "approvals are not enabled")
     state = request.query_params.get("state", "pending")
+    if state not in (*STATES, "all"):  # a mistyped filter must not look like an empty queue
+        return _err(400, "bad_state", f"state must be one of {', '.join((*STATES, 'all'))}, not {state!r}")
     await store.expire_due()
     items = await store.list(None if state == "all" else state)
     return JSONResponse({"approvals": [r.view() for r in items]})
