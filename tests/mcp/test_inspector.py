@@ -90,7 +90,7 @@ def test_the_readme_inspector_command_works(gateway: GatewayThread, env: DevEnv)
     bin_js = ROOT / ".tools/node/node_modules/@modelcontextprotocol/inspector/cli/build/cli.js"
     proc = subprocess.run(
         ["node", str(bin_js), *args],
-        cwd=bin_js.parent,
+        cwd=ROOT,  # where a user runs it: the checkout
         capture_output=True,
         text=True,
         timeout=60,
