@@ -71,3 +71,9 @@ def test_demo_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
         " (or pvegate demo --port <port>)"
     ], done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_make_demo_passes_the_port_on() -> None:
+    done = subprocess.run(["make", "-n", "demo", "PORT=9443"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].split()[-3:] == ["demo", "--port", "9443"]
