@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.support import GatewayThread
 
 ROOT = Path(__file__).resolve().parents[2]
