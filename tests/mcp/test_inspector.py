@@ -79,7 +79,7 @@ def test_the_readme_inspector_command_works(gateway: GatewayThread, env: DevEnv)
     pinned local install of the same package)."""
     import shlex
 
-    from gateway import clientconfig
+    from gateway.cli import clientconfig
 
     snippet = next(s for s in clientconfig.snippets(env.url, env.token("demo-agent", ["operator"]), str(env.ca_file))
                    if s.client == "MCP Inspector")  # fmt: skip
