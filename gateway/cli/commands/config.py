@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
     c = sub.add_parser("config", help="check a configuration file; print the settings reference")
     csub = c.add_subparsers(dest="config_command", required=True)
     k = csub.add_parser("check", help="check FILE against the configuration schema (starts nothing)")
-    k.add_argument("file", type=Path, metavar="FILE")
+    k.add_argument("file", type=Path, metavar="FILE", help="the pvegate.yaml to check")
     k.set_defaults(func=_check)
     r = csub.add_parser("reference", help="print the settings reference (docs/configuration.md) in Markdown")
     r.add_argument("--output", "-o", type=Path, help="write it to this file instead")
