@@ -89,3 +89,19 @@ def test_runnable_sample(where: str, script: str, checkout: Path, env: DevEnv) -
     out = done.stdout + done.stderr
     assert done.returncode == 0, f"{where} failed (exit {done.returncode}):\n{script}\n---\n{out[-3000:]}"
     assert "Traceback" not in out, out[-3000:]
+
+
+def test_the_deployment_config_example_passes_config_check(tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    example = re.search(r"^```yaml\n(.*?)\n```", text, re.M | re.S)
+    assert example, "docs/deployment.md has no yaml example"
+    path = tmp_path / "pvegate.yaml"
+    path.write_text(example.group(1))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
