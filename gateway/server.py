@@ -25,6 +25,8 @@ from gateway.app import build_components, create_app
 from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError, SecretRef
 from gateway.policy.opa_sidecar import OPAUnavailable
+from gateway.store.audit import AuditIntegrityError
+from gateway.store.audit_seal import AuditKeyError
 from gateway.tools.catalog import CatalogError
 
 log = logging.getLogger("pvegate")
@@ -131,8 +133,10 @@ def describe(exc: BaseException) -> str:
         return str(exc)  # each says "OPA ..." or "no opa binary ..."
     if isinstance(exc, CatalogError):
         return f"connectors: {exc}"
-    if isinstance(exc, sqlite3.Error):
+    if isinstance(exc, sqlite3.Error | AuditIntegrityError):
         return f"audit database: {exc}"
+    if isinstance(exc, AuditKeyError):
+        return f"audit.head_key_file: {exc}"
     if isinstance(exc, ConfigError):
         return "; ".join(exc.problems)
     if isinstance(exc, OSError) and exc.filename:

@@ -9,10 +9,12 @@ the directory), so a read-only mount or a non-root gateway fails it in the same 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import tarfile
 import time
@@ -153,6 +155,38 @@ def test_failure_after_opa_started_stops_that_opa(base: dict[str, Any], tmp_path
     reason = r.stderr.strip().splitlines()[-1].removeprefix(PREFIX)
     assert r.returncode == 2 and reason == "audit database: unable to open database file", r.stderr
     _opa_gone(r.stderr)
+
+
+def _sealed_audit(path: Path) -> None:
+    """An audit database written by a gateway (sealed with audit-head.key next to it)."""
+    from gateway.store.audit import AuditLog, AuditRecord
+
+    async def go() -> None:
+        log = AuditLog(path)
+        await log.open()
+        await log.append(AuditRecord("r1", "decision", outcome="allow"))
+        await log.close()
+
+    asyncio.run(go())
+
+
+def test_audit_head_key_missing(base: dict[str, Any], tmp_path: Path) -> None:
+    db = tmp_path / "state" / "audit.db"
+    _sealed_audit(db)
+    (db.parent / "audit-head.key").unlink()
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason == f"audit.head_key_file: the audit head key file {db.parent / 'audit-head.key'} is missing"
+
+
+def test_audit_head_deleted(base: dict[str, Any], tmp_path: Path) -> None:
+    db = tmp_path / "state" / "audit.db"
+    _sealed_audit(db)
+    con = sqlite3.connect(db)
+    con.execute("DELETE FROM audit_meta WHERE key = 'head'")
+    con.commit()
+    con.close()
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason == "audit database: the chain head (audit_meta 'head') is missing: it was deleted"
 
 
 def test_control_the_same_config_with_the_good_bundle_starts_and_stops(
