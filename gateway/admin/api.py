@@ -38,6 +38,7 @@ from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
+from gateway.core.text import describe, may_hold_unencodable, unencodable_path
 from gateway.store import audit as auditlib
 from gateway.store.approvals import STATES, ApprovalRequest, Approvals, NotFound, VoteOutcome
 from gateway.store.audit import AuditRecord
@@ -140,6 +141,8 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
         return _err(400, "invalid_request", "body must be JSON")
     if not isinstance(doc, dict):
         return _err(400, "invalid_request", "body must be a JSON object")
+    if may_hold_unencodable(raw) and (where := unencodable_path(doc)) is not None:
+        return _err(400, "invalid_request", f"{describe(where)} is not valid Unicode text")
     note = doc.get("note")
     if note is not None and (not isinstance(note, str) or len(note) > 1000):
         return _err(400, "invalid_request", "note must be a string of at most 1000 characters")

@@ -14,6 +14,7 @@ import jwt
 from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
 from gateway.core.config import AuthConfig
 from gateway.core.principal import Principal
+from gateway.core.text import describe, unencodable_path
 
 
 class AuthError(Exception):
@@ -47,6 +48,13 @@ def _strings(value: Any) -> tuple[str, ...]:
     raise AuthError("token claim has an unexpected type")
 
 
+def _check_text(doc: dict[str, Any], part: str) -> None:
+    """A string that is not valid Unicode (a lone surrogate) in a token is refused, not carried
+    into the principal: it could be neither audited nor decided on."""
+    if (where := unencodable_path(doc)) is not None:
+        raise AuthError(f"token {part} {describe(where)} is not valid Unicode text")
+
+
 class Authenticator:
     """Verifies bearer tokens against the configured keys, issuer and audience.
 
@@ -71,6 +79,7 @@ class Authenticator:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
             raise AuthError("malformed token") from exc
+        _check_text(header, "header")
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self.cfg.algorithms:
             raise AuthError(f"token algorithm {alg!r} is not accepted")
@@ -118,6 +127,7 @@ class Authenticator:
             raise AuthError(f"token lacks the {exc.claim!r} claim") from exc
         except jwt.PyJWTError as exc:
             raise AuthError(f"invalid token: {type(exc).__name__}") from exc
+        _check_text(claims, "claim")
         iat = claims.get("iat")
         if isinstance(iat, (int, float)) and iat > time.time() + self.cfg.leeway_seconds:
             raise AuthError("token not yet valid (nbf/iat in the future)")

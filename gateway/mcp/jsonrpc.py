@@ -23,6 +23,8 @@ from mcp_types.jsonrpc import (
 )
 from starlette.responses import Response
 
+from gateway.core.text import describe, may_hold_unencodable, unencodable_path
+
 __all__ = [
     "HEADER_MISMATCH",
     "INTERNAL_ERROR",
@@ -64,7 +66,10 @@ class Message:
 
 
 def _dumps(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # never expected (client text is checked at parse): escape rather than fail
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def result_response(id_: Any, result: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
@@ -102,6 +107,15 @@ def parse_message(body: bytes) -> Message:
     id_ = doc.get("id")
     valid_id = isinstance(id_, (str, int)) and not isinstance(id_, bool)
     reply_id = id_ if valid_id else None
+    if may_hold_unencodable(body) and (where := unencodable_path(doc)) is not None:
+        # Refused here, before anything is dispatched: such a string cannot be audited or answered verbatim.
+        in_params = where[0] == "params" and len(where) > 1
+        code, kind = (INVALID_PARAMS, "Invalid params") if in_params else (INVALID_REQUEST, "Invalid Request")
+        raise RpcFault(
+            code,
+            f"{kind}: {describe(where)} is not valid Unicode text (an unpaired surrogate escape?)",
+            id_=None if where[0] == "id" else reply_id,
+        )
     if doc.get("jsonrpc") != "2.0":
         raise RpcFault(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', id_=reply_id)
     method = doc.get("method")

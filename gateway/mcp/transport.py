@@ -53,7 +53,10 @@ def www_authenticate(c: Components, err: AuthError) -> str:
 
 
 def _quote(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', "'")
+    """RFC 6750 allows only printable ASCII without quote and backslash in error_description
+    (and a header must be Latin-1): anything else, from a token's own fields, becomes '?'."""
+    text = text.replace('"', "'")
+    return "".join(ch if " " <= ch <= "~" and ch != "\\" else "?" for ch in text)
 
 
 def _source_ip(request: Request) -> str | None:

@@ -7,6 +7,8 @@ hostile client would send (None: no header; a list: several headers).
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import time
 from typing import Any
@@ -43,6 +45,14 @@ def claims(subject: str, **over: Any) -> dict[str, Any]:
 
 def sign(env: DevEnv, payload: dict[str, Any], headers: dict[str, Any] | None = None, alg: str = "HS256") -> str:
     return jwt.encode(payload, env.jwt_secret, algorithm=alg, headers=headers)
+
+
+def hand_signed(env: DevEnv, payload: dict[str, Any]) -> str:
+    """HS256 over bytes built by hand: pyjwt cannot encode every payload a client can send
+    (json.dumps writes a lone surrogate as the escape \\ud800, which is valid JSON)."""
+    signing_input = f"{_b64({'alg': 'HS256', 'typ': 'JWT'})}.{_b64(payload)}"
+    mac = hmac.new(env.jwt_secret.encode(), signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64(mac)}"
 
 
 def unsigned(payload: dict[str, Any], alg: str = "none") -> str:
@@ -102,6 +112,12 @@ def authorization(variant: str, env: DevEnv, sub: str) -> str | list[str] | None
         "token_in_query": None,  # the runner puts the token in ?access_token= instead
         "two_auth_headers": ["Bearer " + unsigned(claims(sub, roles=["admin"])), "Bearer " + good],
         "bearer_with_trailing_data": "Bearer " + good + ", Bearer " + good,
+        # validly signed, but a claim is a lone surrogate: no principal can be built from it
+        "surrogate_sub": "Bearer " + hand_signed(env, claims("adv-\ud800")),
+        "surrogate_role": "Bearer " + hand_signed(env, claims(sub, roles=["operator", "\udfff"])),
+        "surrogate_kid": "Bearer " + sign(env, claims(sub), headers={"kid": "\ud800"}),
+        # an algorithm name outside Latin-1: echoed in WWW-Authenticate, it must not break the header
+        "alg_non_latin1": "Bearer " + _b64({"alg": "\u65e5\u672c", "typ": "JWT"}) + f".{p}.{s}",
         "null_byte_token": "Bearer " + good[:20] + "\\u0000" + good[20:],
     }
     if variant not in table:

@@ -1,0 +1,68 @@
+"""Text hygiene at the edge: client text must be encodable as UTF-8.
+
+JSON lets a client write a lone surrogate (`"\\ud800"`); Python decodes it into a
+`str` that cannot be encoded again, so it would fail later, far from the
+client: in the audit writer, the SQLite driver, the reply encoder. Such input
+is refused where it is parsed, before anything is dispatched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def may_hold_unencodable(raw: bytes) -> bool:
+    """False when a JSON body cannot decode to a lone surrogate (the cheap common case).
+
+    A surrogate comes from a `\\u` escape, or from raw non-ASCII bytes (the json
+    module decodes UTF-8 and UTF-16 bodies with `surrogatepass`).
+    """
+    return not raw.isascii() or b"\\u" in raw
+
+
+def encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def escaped(text: str) -> str:
+    """A printable, always-encodable form of untrusted text (for messages and the audit)."""
+    return json.dumps(text)  # ensure_ascii: a lone surrogate becomes the six characters \ud800
+
+
+def unencodable_path(doc: Any) -> tuple[str | int, ...] | None:
+    """Where the first string (key or value) that is not valid Unicode text sits, or None.
+
+    Iterative, so a document as deep as the JSON parser allows cannot exhaust the stack.
+    """
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), doc)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            if not encodable(node):
+                return path
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(key, str) and not encodable(key):
+                    return (*path, key)
+                stack.append(((*path, key), value))
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(node))
+    return None
+
+
+def describe(path: tuple[str | int, ...]) -> str:
+    """`params.arguments["\\ud800"]`-style location, escaped so it is safe to print and audit."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier() and part.isascii():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{escaped(part)}]"
+    return out or "(the document)"
