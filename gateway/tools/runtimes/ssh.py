@@ -139,12 +139,19 @@ def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
 
 
 class SshPool:
-    """One authenticated connection per (cluster, node), reused; host keys pinned."""
+    """One authenticated connection per (cluster, node), reused; host keys pinned.
+
+    A node whose SSH port accepts and never speaks must cost each call at most its
+    own timeout: concurrent callers share one connection attempt per node (no
+    storm of handshakes), but each waits for it only until its own deadline, and no
+    lock is held across the handshake, so callers are never queued behind a
+    previous caller's timeout. Other nodes have attempts of their own.
+    """
 
     def __init__(self, clusters: dict[str, ClusterConfig]) -> None:
         self.clusters = clusters
         self._conns: dict[tuple[str, str], asyncssh.SSHClientConnection] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._connecting: dict[tuple[str, str], asyncio.Future[asyncssh.SSHClientConnection]] = {}
         self._keys: dict[str, asyncssh.SSHKey] = {}
 
     def _config(self, cluster: str, node: str) -> tuple[SSHConfig, SSHNodeConfig]:
@@ -159,37 +166,60 @@ class SshPool:
     async def get(self, cluster: str, node: str) -> tuple[asyncssh.SSHClientConnection, SSHConfig]:
         ssh, n = self._config(cluster, node)
         key = (cluster, node)
-        async with self._locks.setdefault(key, asyncio.Lock()):
-            conn = self._conns.get(key)
-            if conn is not None and not conn.is_closed():
-                return conn, ssh
+        conn = self._conns.get(key)
+        if conn is not None and not conn.is_closed():
+            return conn, ssh
+        attempt = self._connecting.get(key)
+        if attempt is None:
+            attempt = asyncio.ensure_future(self._connect(key, ssh, n))
+            self._connecting[key] = attempt
+            attempt.add_done_callback(lambda f: self._settled(key, f))
+        try:
+            # shield: a caller giving up (its deadline, a cancelled request) does not abort the
+            # attempt others are waiting on; the attempt has its own timeout
+            conn = await asyncio.wait_for(asyncio.shield(attempt), ssh.command_timeout)
+        except TimeoutError as exc:
+            raise ToolError(f"SSH to node {node} failed (TimeoutError)") from exc
+        except ToolError as exc:  # the shared attempt's failure, as this caller's own error
+            raise ToolError(str(exc)) from exc
+        return conn, ssh
+
+    def _settled(self, key: tuple[str, str], attempt: asyncio.Future[asyncssh.SSHClientConnection]) -> None:
+        if self._connecting.get(key) is attempt:
+            del self._connecting[key]
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved here, so a failure nobody waited for is not logged as lost
+
+    async def _connect(self, key: tuple[str, str], ssh: SSHConfig, n: SSHNodeConfig) -> asyncssh.SSHClientConnection:
+        try:
             if str(ssh.key_file) not in self._keys:
                 self._keys[str(ssh.key_file)] = await asyncio.to_thread(asyncssh.read_private_key, str(ssh.key_file))
-            try:
-                pinned = asyncssh.import_public_key(n.host_key)
-                conn = await asyncio.wait_for(
-                    asyncssh.connect(
-                        n.host,
-                        n.port,
-                        username=ssh.user,
-                        client_keys=[self._keys[str(ssh.key_file)]],
-                        known_hosts=([pinned], [], []),  # only the pinned key; unknown or changed fails closed
-                        agent_path=None,
-                        password=None,
-                        kbdint_auth=False,
-                        preferred_auth="publickey",
-                        config=None,
-                    ),
-                    timeout=ssh.command_timeout,
-                )
-            except asyncssh.HostKeyNotVerifiable as exc:
-                raise ToolError(f"SSH host key of node {node} does not match the pinned key; refusing") from exc
-            except (OSError, asyncssh.Error, TimeoutError) as exc:
-                raise ToolError(f"SSH to node {node} failed ({type(exc).__name__})") from exc
-            self._conns[key] = conn
-            return conn, ssh
+            pinned = asyncssh.import_public_key(n.host_key)
+            conn = await asyncio.wait_for(
+                asyncssh.connect(
+                    n.host,
+                    n.port,
+                    username=ssh.user,
+                    client_keys=[self._keys[str(ssh.key_file)]],
+                    known_hosts=([pinned], [], []),  # only the pinned key; unknown or changed fails closed
+                    agent_path=None,
+                    password=None,
+                    kbdint_auth=False,
+                    preferred_auth="publickey",
+                    config=None,
+                ),
+                timeout=ssh.command_timeout,
+            )
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise ToolError(f"SSH host key of node {n.name} does not match the pinned key; refusing") from exc
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            raise ToolError(f"SSH to node {n.name} failed ({type(exc).__name__})") from exc
+        self._conns[key] = conn
+        return conn
 
     async def close(self) -> None:
+        for attempt in list(self._connecting.values()):
+            attempt.cancel()
         for conn in self._conns.values():
             conn.close()
         for conn in self._conns.values():
