@@ -16,7 +16,7 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, secret_values
-from gateway.tools.runtimes.base import CallContext, Refused, ToolError
+from gateway.tools.runtimes.base import CallContext, Refused, ToolError, UpstreamError
 from gateway.tools.shaping import shape
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
 
@@ -57,7 +57,11 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
 
     dry_run = bool(req.meta.get("dry_run", False))
     digest = arguments_digest(tool.name, args, dry_run=dry_run)
-    target = await c.targets.resolve(tool, args, cluster)
+    try:
+        target = await c.targets.resolve(tool, args, cluster)
+    except UpstreamError as exc:  # no facts to decide on: not a policy deny, and nothing was sent
+        await _refuse(c, req, tool.name, None, "upstream_error", str(exc))
+        return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)
     approval, refusal = await c.approvals.redeem(
         req.meta, req.principal, tool.name, digest, target, request_id=req.request_id
     )
@@ -129,7 +133,8 @@ async def dispatch(
         await _refuse(c, req, tool.name, target, "refused", str(exc))
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except ToolError as exc:
-        await _audit_result(c, req, tool, target, "failed", started, {"error": str(exc)})
+        outcome = "upstream_error" if isinstance(exc, UpstreamError) else "failed"
+        await _audit_result(c, req, tool, target, outcome, started, {"error": str(exc)})
         return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)
     except Exception as exc:  # a bug after the decision: the request may have reached Proxmox, so say so
         await _audit_result(

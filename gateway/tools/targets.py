@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+from gateway.tools.runtimes.base import UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
 from gateway.tools.tool import Tool
 
@@ -80,7 +81,9 @@ class TargetResolver:
             # protected (or moved out of a pool) in Proxmox a moment ago must not be
             # destroyed on the strength of the cached tags. Reads keep the cache.
             index = await self._index(cluster, fresh=tool.effect != "read")
-        except Exception:  # a failed lookup leaves the target unknown; policy decides what that means
+        except UpstreamError:
+            raise  # Proxmox could not be asked at all: that is the answer, not an unknown target
+        except Exception:  # another failed lookup leaves the target unknown; policy decides what that means
             return target
         if vmid_param and vmid_param in arguments:
             row = index["guests"].get(int(arguments[vmid_param]))

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway.devenv import DevEnv
 
+from gateway.dev.devenv import DevEnv
 from tests.adversarial.test_corpus import max_seq, rows_after
 from tests.adversarial.tokens import claims, hand_signed
 from tests.support import GatewayThread

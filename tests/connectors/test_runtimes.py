@@ -18,7 +18,7 @@ from gateway.core.config import ClusterConfig, SecretRef
 from gateway.dev.devenv import DevEnv
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.tools.catalog import Catalog
-from gateway.tools.runtimes.base import CallContext, ToolError
+from gateway.tools.runtimes.base import CallContext, ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient, PveApiRuntime
 from gateway.tools.runtimes.ssh import AllowList, SshRuntime
 from gateway.tools.targets import TargetResolver
@@ -55,7 +55,7 @@ async def test_fingerprint_pinning(env: DevEnv, sim: Any) -> None:
 async def test_tls_is_verified_by_default(env: DevEnv, sim: Any) -> None:
     client = PveApiClient(_cluster(env, ca_file=None))  # system trust store: the simulator's CA is not in it
     sim.clear_logs()
-    with pytest.raises(ToolError, match="unreachable"):
+    with pytest.raises(UpstreamError, match=r"TLS verification of Proxmox cluster default .* failed: .*certificate"):
         await client.request("GET", "/version")
     await client.close()
     assert sim.requests_log() == []

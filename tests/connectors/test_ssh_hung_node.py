@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from gateway.catalog import Catalog
-from gateway.config import SSHNodeConfig
-from gateway.connectors import CallContext, ToolError
-from gateway.connectors.pve_api import PveApiClient
-from gateway.connectors.ssh import AllowList, SshRuntime
-from gateway.devenv import DevEnv
-from gateway.opa_sidecar import REPO_ROOT
-from gateway.targets import TargetResolver
+from gateway.core.config import SSHNodeConfig
+from gateway.dev.devenv import DevEnv
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import CallContext, ToolError
+from gateway.tools.runtimes.pve_api import PveApiClient
+from gateway.tools.runtimes.ssh import AllowList, SshRuntime
+from gateway.tools.targets import TargetResolver
 
 TIMEOUT = 1.5
 MARGIN = 1.0  # scheduling slack on a busy 2-core machine; serialisation would add a whole TIMEOUT

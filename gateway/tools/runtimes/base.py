@@ -12,6 +12,16 @@ class ToolError(Exception):
     """The connector could not do what the tool asked; the message is safe for the client."""
 
 
+class UpstreamError(ToolError):
+    """Proxmox could not be asked: unreachable, TLS verification failed, or it rejected the
+    gateway's own API token (401). Nothing was carried out. Audited as `upstream_error`, never
+    as a policy decision; `cause` is unreachable | tls | auth | circuit_open."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class Refused(ToolError):
     """The runtime refused the request before anything left the gateway (e.g. an SSH allow-list miss)."""
 

@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.tools.runtimes.base import ToolError
+from gateway.tools.runtimes.base import UpstreamError
 
 NODE_UNREACHABLE = frozenset({595, 596, 597, 599})  # PVE proxy statuses: a node, not the cluster
 
 
-class CircuitOpen(ToolError):
+class CircuitOpen(UpstreamError):
     """The cluster's circuit is open: the call was refused without contacting Proxmox."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "circuit_open")
 
 
 def is_outage(response: httpx.Response) -> bool:
@@ -42,6 +45,7 @@ class CircuitBreaker:
     failures: int = 0
     opened_at: float = 0.0
     opens: int = 0  # how often the circuit opened (for tests and metrics)
+    last_error: str | None = None  # the client's wording of the latest failure: why the circuit is open
     _probing: bool = field(default=False, repr=False)
 
     def before(self) -> None:
@@ -54,13 +58,14 @@ class CircuitBreaker:
             self._probing = True  # exactly one probe; the rest keep failing fast
             return
         retry = max(0.0, self.cooldown - waited)
+        cause = f"; last error: {self.last_error}" if self.last_error else ""
         raise CircuitOpen(
             f"Proxmox cluster {self.cluster} is failing ({self.failures} consecutive errors); "
-            f"requests are paused, next attempt in about {retry:.0f}s"
+            f"requests are paused, next attempt in about {retry:.0f}s{cause}"
         )
 
     def success(self) -> None:
-        self.state, self.failures, self._probing = "closed", 0, False
+        self.state, self.failures, self._probing, self.last_error = "closed", 0, False, None
 
     def failure(self) -> None:
         self.failures += 1

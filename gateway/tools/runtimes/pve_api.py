@@ -20,8 +20,8 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from gateway.core.config import ClusterConfig
-from gateway.tools.runtimes.base import CallContext, GuestLocator, ToolError, ToolOutput
-from gateway.tools.runtimes.breaker import CircuitBreaker
+from gateway.tools.runtimes.base import CallContext, GuestLocator, ToolError, ToolOutput, UpstreamError
+from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
 from gateway.tools.tool import Tool
 
@@ -50,7 +50,11 @@ def _pinned_context(cluster: ClusterConfig) -> ssl.SSLContext:
     pem = ssl.get_server_certificate((parts.hostname or "", parts.port or 8006), timeout=cluster.timeout)
     got = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
     if got != _normalize_fp(cluster.fingerprint):
-        raise ToolError(f"TLS certificate of cluster {cluster.name} does not match the pinned fingerprint")
+        raise UpstreamError(
+            f"TLS verification of Proxmox cluster {cluster.name} failed: its certificate does not match "
+            "the pinned fingerprint",
+            "tls",
+        )
     ctx = ssl.create_default_context(cadata=pem)
     ctx.check_hostname = False  # the pin identifies the server; PVE self-signed certs rarely name the URL host
     ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
@@ -64,6 +68,37 @@ def _ssl_context(cluster: ClusterConfig) -> ssl.SSLContext | bool:
     if cluster.fingerprint:
         return _pinned_context(cluster)
     return ssl.create_default_context(cafile=str(cluster.ca_file) if cluster.ca_file else None)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in out:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamError:
+    """Name why a connection to the API failed: TLS verification, or the endpoint not reachable."""
+    where = urlsplit(cluster.api_url).netloc
+    for e in _chain(exc):
+        if isinstance(e, ssl.SSLCertVerificationError):
+            trust = "the configured CA file" if cluster.ca_file else "the system CA store"
+            return UpstreamError(
+                f"TLS verification of Proxmox cluster {cluster.name} ({where}) failed: "
+                f"{e.verify_message or e.reason} (the certificate is not trusted by {trust})",
+                "tls",
+            )
+        if isinstance(e, ssl.SSLError):
+            return UpstreamError(
+                f"TLS handshake with Proxmox cluster {cluster.name} ({where}) failed ({e.reason or type(e).__name__})",
+                "tls",
+            )
+    why = next((e.strerror for e in _chain(exc) if isinstance(e, OSError) and e.strerror), None)
+    if why is None:
+        why = "no connection within the timeout" if isinstance(exc, httpx.TimeoutException) else type(exc).__name__
+    return UpstreamError(f"Proxmox cluster {cluster.name} is unreachable at {where} ({why})", "unreachable")
 
 
 def _error_message(r: httpx.Response, cluster: str) -> str:
@@ -108,9 +143,7 @@ class PveApiClient:
                     try:
                         verify = await asyncio.to_thread(_ssl_context, self.cluster)
                     except OSError as exc:
-                        raise ToolError(
-                            f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})"
-                        ) from exc
+                        raise _connect_failure(exc, self.cluster) from exc
                     self._http = httpx.AsyncClient(
                         base_url=self.cluster.api_url,
                         verify=verify,
@@ -130,25 +163,47 @@ class PveApiClient:
     ) -> Any:
         http = await self._client()
         attempts = 1 + (READ_RETRIES if method == "GET" else 0)
+        last: ToolError | None = None
         for attempt in range(attempts):
             try:
                 r = await self.breaker.call(lambda: http.request(method, path, params=params, data=data))
                 break
+            except CircuitOpen as exc:
+                if last is not None:  # this call's own failures opened it: report their cause
+                    raise last from exc
+                raise
             except (httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError) as exc:
-                if attempt + 1 < attempts:
+                failure = _connect_failure(exc, self.cluster) if isinstance(exc, httpx.ConnectError) else None
+                if failure is not None:  # never connected: nothing was sent
+                    last = failure
+                elif isinstance(exc, httpx.TimeoutException):
+                    last = ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time")
+                else:
+                    last = ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})")
+                self.breaker.last_error = str(last)
+                if attempt + 1 < attempts and (failure is None or failure.cause != "tls"):  # TLS won't heal
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
-                if isinstance(exc, httpx.TimeoutException):
-                    raise ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
-                raise ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})") from exc
+                raise last from exc
+            except httpx.ConnectTimeout as exc:
+                failure = _connect_failure(exc, self.cluster)
+                self.breaker.last_error = str(failure)
+                raise failure from exc
             except httpx.TimeoutException as exc:
                 raise ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
             except httpx.HTTPError as exc:
                 raise ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})") from exc
         if r.status_code == 401:
-            raise ToolError(f"Proxmox rejected the gateway's API token for cluster {self.cluster.name}")
+            raise UpstreamError(
+                f"Proxmox rejected the gateway's API token for cluster {self.cluster.name} (HTTP 401: "
+                "check the token id, its secret and that it has not expired or been removed)",
+                "auth",
+            )
         if r.status_code >= 400:
-            raise ToolError(_error_message(r, self.cluster.name))
+            message = _error_message(r, self.cluster.name)
+            if is_outage(r):
+                self.breaker.last_error = message
+            raise ToolError(message)
         try:
             return r.json().get("data")
         except (ValueError, AttributeError) as exc:
