@@ -124,6 +124,9 @@ class DecisionClient:
                     "deny_reasons": {"type": "array", "items": schema["$defs"]["reason"]},
                     "groups": {"type": "array", "items": {"type": "string"}},
                 },
+                # an approval with a reason against it is a policy bug: refuse it as a contract breach
+                "if": {"properties": {"allow": {"const": True}}, "required": ["allow"]},
+                "then": {"properties": {"deny": {"maxItems": 0}, "deny_reasons": {"maxItems": 0}}},
             }
         )
 

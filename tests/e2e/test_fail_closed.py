@@ -108,3 +108,51 @@ async def test_nothing_listening_denies() -> None:
         assert not d.allow and "OPA unreachable" in d.deny[0]
     finally:
         await client.close()
+
+
+# A policy bug that answers "allow" while its own answer says no: an allow with an unmet
+# approval (the call would run unapproved) and an approver allowed with a reason against
+# it. Both are contract breaches (decision.schema.json, the approver contract) and deny.
+CONTRADICTIONS = {
+    "decision.rego": "package pvegate\n\n"
+    "decision := {\n"
+    '\t"contract_version": 1,\n\t"allow": true,\n\t"deny": [],\n'
+    '\t"risk": {"score": 90, "level": "critical", "factors": []},\n'
+    '\t"approval": {"required": true, "satisfied": false, "approver_groups": ["sre-leads"],\n'
+    '\t\t"min_approvals": 1, "ttl_seconds": 900, "reason": "critical risk"},\n'
+    '\t"obligations": {"dry_run": false, "redact": [], "max_items": 10},\n'
+    '\t"quota": null,\n}\n',
+    "approver.rego": "package pvegate.approver\n\n"
+    'decision := {"allow": true, "deny": ["the approver is the requester (four-eyes)"], "groups": ["sre-leads"]}\n',
+}
+
+
+@pytest.fixture
+def contradicting_opa(tmp_path: Path) -> Iterator[OPASidecar]:
+    for name, text in CONTRADICTIONS.items():
+        (tmp_path / name).write_text(text)
+    opa = OPASidecar(policies=(tmp_path,), decision_logs=False)
+    opa.start()
+    yield opa
+    opa.stop()
+
+
+async def test_allow_with_an_unmet_approval_fails_closed(contradicting_opa: OPASidecar) -> None:
+    client = DecisionClient(contradicting_opa.url, timeout_ms=2000, token=contradicting_opa.api_token)
+    try:
+        d = await client.decide(CALL)
+        assert d.allow is False and d.failed_closed, d
+        assert "does not match the contract at approval" in d.deny[0], d.deny
+        assert d.approval_required is False  # a contract breach asks nobody for an approval either
+    finally:
+        await client.close()
+
+
+async def test_approver_allowed_with_a_deny_reason_fails_closed(contradicting_opa: OPASidecar) -> None:
+    client = DecisionClient(contradicting_opa.url, timeout_ms=2000, token=contradicting_opa.api_token)
+    try:
+        verdict = await client.may_approve({"kind": "approve"})
+        assert verdict.allowed is False and verdict.groups == [], verdict
+        assert verdict.reasons == ["denied: approver decision does not match the contract"], verdict
+    finally:
+        await client.close()
