@@ -127,6 +127,8 @@ class Authenticator:
             raise AuthError(f"token lacks the {exc.claim!r} claim") from exc
         except jwt.PyJWTError as exc:
             raise AuthError(f"invalid token: {type(exc).__name__}") from exc
+        except (TypeError, ValueError) as exc:  # pyjwt's word for a key that does not fit the algorithm
+            raise AuthError(f"the signing key cannot verify {alg} tokens") from exc
         _check_text(claims, "claim")
         iat = claims.get("iat")
         if isinstance(iat, (int, float)) and iat > time.time() + self.cfg.leeway_seconds:
