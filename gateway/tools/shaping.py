@@ -30,6 +30,13 @@ def redact_path(doc: Any, parts: list[str]) -> None:
         return
     head, rest = parts[0], parts[1:]
     if head == "*":
+        if not rest:  # a trailing `*` redacts every element (or value) itself
+            if isinstance(doc, list):
+                doc[:] = [REDACTED] * len(doc)
+            elif isinstance(doc, dict):
+                for key in doc:
+                    doc[key] = REDACTED
+            return
         children = doc if isinstance(doc, list) else list(doc.values()) if isinstance(doc, dict) else []
         for child in children:
             redact_path(child, rest)
