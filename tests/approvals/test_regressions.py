@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from gateway.approvals import ApprovalRequest, ApprovalStore, target_key
-from gateway.auth import Principal
+from gateway.core.principal import Principal
+from gateway.store.approvals import ApprovalRequest, ApprovalStore, target_key
 from tests.approvals.conftest import Api, outcome, text
 from tests.approvals.test_flow import pending, shutdown_args, sim_shutdowns
 

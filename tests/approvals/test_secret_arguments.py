@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.devenv import DevEnv, make_env
-from gateway.opa_sidecar import REPO_ROOT
+from gateway.dev.devenv import DevEnv, make_env
+from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.approvals.conftest import APPROVAL_RULES, Api, outcome
 from tests.support import GatewayThread, audit_rows, free_port
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from gateway.auth import AuthError
+from gateway.auth.tokens import AuthError
 from tests.auth.keys import IdP, claims_for
 from tests.auth.test_authenticator import make_auth, refused, run
 

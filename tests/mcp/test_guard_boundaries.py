@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.devenv import DevEnv
+from gateway.dev.devenv import DevEnv
 from tests.adversarial.test_corpus import max_seq, rows_after
 from tests.support import GatewayThread
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.catalog import Catalog, Tool
-from gateway.opa_sidecar import REPO_ROOT
-from gateway.shaping import REDACTED, shape
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog, Tool
+from gateway.tools.shaping import REDACTED, shape
 
 
 @pytest.fixture(scope="module")
