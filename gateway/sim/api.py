@@ -168,17 +168,15 @@ class ApiApp:
         if method in ("POST", "PUT"):
             raw.update(await _body_params(request))
         entry["body"] = {k: v for k, v in raw.items()} if method in ("POST", "PUT") else None
-        ep, path_params, path_known = rt.schema.match(method, path)
+        ep, path_params, _ = rt.schema.match(method, path)
         handler = ROUTES.get((method, ep.path)) if ep else None
-        if handler is None and rt.schema.permissive:
-            handler, path_params = _match_routes(method, path)
         try:
             if ep is not None and not ep.info.get("allowtoken", 1):
                 raise ApiError(
                     403, f"Permission check failed (URI '{path}' not available with API token, need proper ticket.)"
                 )
             if handler is None:
-                if ep is not None or (rt.schema.permissive and path_known):
+                if ep is not None:
                     raise ApiError(
                         501, f"Method '{method} {path}' is in the PVE API but not implemented by the simulator"
                     )
@@ -231,19 +229,6 @@ async def _body_params(request: Request) -> dict[str, str]:
             return {}
         return {k: (str(int(v)) if isinstance(v, bool) else str(v)) for k, v in obj.items()}
     return dict(parse_qsl(raw.decode(), keep_blank_values=True))
-
-
-def _match_routes(method: str, path: str) -> tuple[Any, dict[str, str]]:
-    """Fallback routing without a schema (permissive mode)."""
-    for (m, template), fn in ROUTES.items():
-        if m != method:
-            continue
-        parts = [("([^/]+)" if s.startswith("{") else re.escape(s)) for s in template.split("/")]
-        mt = re.match("^" + "/".join(parts) + "$", path)
-        if mt:
-            names = re.findall(r"\{([^}]+)\}", template)
-            return fn, dict(zip(names, mt.groups(), strict=True))
-    return None, {}
 
 
 def dropped_filter(record: logging.LogRecord) -> bool:

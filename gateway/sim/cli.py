@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.sim.schema import SchemaNotFound
 from gateway.sim.server import Options, serve
 
 
@@ -29,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--pve-schema",
         type=Path,
         default=None,
-        help="directory with pve-*-apidata.json (default: $PVEGATE_PVE_SCHEMA_DIR or ../shared/pve-api)",
+        help="directory with pve-{8.4,9.1}-apidata.json[.gz] "
+        "(default: $PVEGATE_PVE_SCHEMA_DIR, else the schema shipped with pvegate)",
     )
     p.add_argument("--quiet", action="store_true", help="do not print connection info")
     p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="exit when process PID is gone")
@@ -59,7 +61,7 @@ def _print_info(info: dict[str, Any]) -> None:
     out.write(f"  CA          {info['ca_file']}\n")
     out.write(f"  cert sha256 {info['fingerprint']}\n")
     out.write(f"  admin       {info['admin_url']}\n")
-    out.write(f"  schema      {info['schema'] or '(not found: permissive validation)'}\n")
+    out.write(f"  schema      {info['schema']}\n")
     out.write("  tokens (Authorization: PVEAPIToken=<value>):\n")
     for name, tok in info["tokens"].items():
         out.write(f"    {name:<10} {tok}\n")
@@ -92,7 +94,7 @@ def main(argv: list[str]) -> int:
         asyncio.run(serve(opts, on_ready=None if args.quiet else _print_info))
     except KeyboardInterrupt:
         pass
-    except FileNotFoundError as e:
+    except (FileNotFoundError, SchemaNotFound) as e:
         sys.stderr.write(f"pvegate sim: {e}\n")
         return 2
     return 0

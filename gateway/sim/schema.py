@@ -1,33 +1,28 @@
 """Read PVE's own API schema (apidata JSON) at run time and validate requests with it.
 
-The schema is AGPL data from pve-docs: it is read from a directory outside the
-package (default `<repo>/../shared/pve-api`, env PVEGATE_PVE_SCHEMA_DIR), never
-copied in. Without it the simulator still serves, but with permissive validation.
+The schema is Proxmox's AGPL data, shipped beside pvegate as separate files
+(`gateway/pve_schema/`); `--pve-schema DIR` or $PVEGATE_PVE_SCHEMA_DIR picks
+another directory. A directory without the version's file is an error, not a
+silently permissive simulator.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("pvegate.sim.schema")
+from gateway.pve_schema import ENV_DIR, SchemaNotFound, load_tree, schema_dir, schema_file, version_for
 
-ENV_DIR = "PVEGATE_PVE_SCHEMA_DIR"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["ENV_DIR", "Endpoint", "ParamError", "Schema", "SchemaNotFound", "default_schema_dir"]
+
+log = logging.getLogger("pvegate.sim.schema")
 
 
 def default_schema_dir() -> Path:
-    env = os.environ.get(ENV_DIR)
-    return Path(env) if env else (REPO_ROOT / ".." / "shared" / "pve-api").resolve()
-
-
-def schema_file(directory: Path, major: int) -> Path:
-    return directory / ("pve-9.1-apidata.json" if major >= 9 else "pve-8.4-apidata.json")
+    return schema_dir()
 
 
 @dataclass
@@ -58,13 +53,12 @@ def _template_regex(path: str) -> re.Pattern[str]:
 
 
 class Schema:
-    def __init__(self, tree: list[dict[str, Any]] | None, source: str = "") -> None:
+    def __init__(self, tree: list[dict[str, Any]], source: str = "") -> None:
         self.source = source
-        self.permissive = tree is None
         self.by_template: dict[tuple[str, str], Endpoint] = {}
         self._by_depth: dict[int, list[Endpoint]] = {}
         self.paths: set[str] = set()
-        for node in _walk(tree or []):
+        for node in _walk(tree):
             self.paths.add(node["path"])
             for method, info in (node.get("info") or {}).items():
                 ep = Endpoint(method=method, path=node["path"], info=info, regex=_template_regex(node["path"]))
@@ -77,12 +71,12 @@ class Schema:
 
     @classmethod
     def load(cls, directory: Path | None, major: int) -> Schema:
-        path = schema_file(directory or default_schema_dir(), major)
+        """The schema for a PVE major version; SchemaNotFound (a clear message) when the directory lacks it."""
+        path = schema_file(version_for(major), directory)
         try:
-            tree = json.loads(path.read_text())
-        except FileNotFoundError:
-            log.warning("PVE API schema %s not found: parameter validation is permissive", path)
-            return cls(None, "")
+            tree = load_tree(path)
+        except (OSError, ValueError) as exc:
+            raise SchemaNotFound(f"cannot read PVE API schema {path}: {exc}") from exc
         return cls(tree, str(path))
 
     def match(self, method: str, path: str) -> tuple[Endpoint | None, dict[str, str], bool]:
@@ -103,7 +97,7 @@ class Schema:
 
     def validate(self, ep: Endpoint | None, params: dict[str, str]) -> dict[str, Any]:
         """Check params like PVE's JSONSchema.pm; return them converted to Python types."""
-        if ep is None or self.permissive:
+        if ep is None:
             return dict(params)
         props = ep.params
         additional = (ep.info.get("parameters") or {}).get("additionalProperties", 0)

@@ -1,17 +1,17 @@
 """Check pve_api connectors against Proxmox's own API schema (apidata JSON or apidoc.js).
 
-The schema file is read at run time from wherever the user points (tests use
-../shared/pve-api/pve-{8.4,9.1}-apidata.json); nothing of it is copied here.
+The schema is data read at run time: the PVE 8.4 and 9.1 files shipped in
+gateway/pve_schema/ (AGPL, kept as separate files), or a file the user points at.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.pve_schema import load_tree
 from gateway.tools.catalog import Catalog
 from gateway.tools.tool import Tool
 
@@ -42,15 +42,8 @@ class PveSchema:
 
     @classmethod
     def load(cls, path: Path) -> PveSchema:
-        text = path.read_text()
-        start = text.find("[")
-        if start < 0:
-            raise ValueError(f"{path}: no JSON array found")
-        # apidoc.js wraps the array in JavaScript: decode the first JSON value only, never run it.
-        tree, _ = json.JSONDecoder().raw_decode(text[start:])
-        if not isinstance(tree, list):
-            raise ValueError(f"{path}: the schema is not a JSON array")
-        return cls(tree, str(path))
+        """apidata JSON (plain or gzip) or an apidoc.js, whose JavaScript is skipped, never run."""
+        return cls(load_tree(path), str(path))
 
 
 def expansions(tool: Tool) -> list[tuple[str, str, str | None]]:

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.pve_schema import SHIPPED_DIR, schema_file
 from gateway.tools.catalog import Catalog, CatalogError
 from gateway.tools.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
 
 CONNECTORS = REPO_ROOT / "connectors"
-SHARED = REPO_ROOT.parent / "shared" / "pve-api"
 TWELVE = [
     "list_nodes",
     "get_node_capacity",
@@ -50,10 +50,7 @@ def catalog() -> Catalog:
 
 @pytest.fixture(scope="module", params=["8.4", "9.1"])
 def pve_schema(request: pytest.FixtureRequest) -> PveSchema:
-    path = SHARED / f"pve-{request.param}-apidata.json"
-    if not path.exists():
-        pytest.fail(f"PVE API schema {path} is missing: the connector check cannot run")
-    return PveSchema.load(path)
+    return PveSchema.load(schema_file(request.param, SHIPPED_DIR))
 
 
 def test_catalog_size_and_required_tools(catalog: Catalog) -> None:
@@ -201,19 +198,19 @@ def test_cli_check_show_and_least_privilege() -> None:
     r = _cli(
         "check",
         "--pve-schema",
-        str(SHARED / "pve-8.4-apidata.json"),
+        str(schema_file("8.4", SHIPPED_DIR)),
         "--pve-schema",
-        str(SHARED / "pve-9.1-apidata.json"),
+        str(schema_file("9.1", SHIPPED_DIR)),
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK" in r.stdout
-    r = _cli("tools", "show", "snapshot_create", "--pve-schema", str(SHARED / "pve-9.1-apidata.json"))
+    r = _cli("tools", "show", "snapshot_create", "--pve-schema", str(schema_file("9.1", SHIPPED_DIR)))
     assert r.returncode == 0
     assert (
         "POST /nodes/{node}/qemu/{vmid}/snapshot" in r.stdout and "POST /nodes/{node}/lxc/{vmid}/snapshot" in r.stdout
     )
     assert "VM.Snapshot on /vms/{vmid}" in r.stdout
-    r = _cli("tools", "least-privilege", "--pve-schema", str(SHARED / "pve-9.1-apidata.json"), "--effects", "read")
+    r = _cli("tools", "least-privilege", "--pve-schema", str(schema_file("9.1", SHIPPED_DIR)), "--effects", "read")
     assert r.returncode == 0 and "pveum role add PVEGate" in r.stdout and "VM.PowerMgmt" not in r.stdout
     r = _cli("tools", "list")
     assert r.returncode == 0 and len(r.stdout.splitlines()) >= 60

@@ -205,4 +205,4 @@ def test_requests_log(simh: SimHandle) -> None:
 
 
 def test_schema_is_real(simh: SimHandle) -> None:
-    assert simh.info["schema"].endswith("pve-8.4-apidata.json")
+    assert simh.info["schema"].endswith(("pve-8.4-apidata.json", "pve-8.4-apidata.json.gz"))

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_every_route_exists_in_both_schemas() -> None:
     s84 = Schema.load(default_schema_dir(), 8)
     s91 = Schema.load(default_schema_dir(), 9)
-    assert not s84.permissive and not s91.permissive
+    assert len(s84.by_template) >= 600 and len(s91.by_template) >= 640  # the real schemas, whole
     for method, path in ROUTES:
         assert s91.has(method, path), (method, path)
         if (method, path) not in ONLY_9:

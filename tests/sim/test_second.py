@@ -20,7 +20,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHandle]:
 
 def test_pve9_shapes(edge: SimHandle) -> None:
     a = api(edge)
-    assert edge.info["schema"].endswith("pve-9.1-apidata.json")
+    assert edge.info["schema"].endswith(("pve-9.1-apidata.json", "pve-9.1-apidata.json.gz"))
     assert a.data("/version")["release"] == "9.1"
     ha = a.data("/cluster/ha/status/current")
     assert any(r["type"] == "fencing" and r["armed-state"] == "armed" for r in ha)

@@ -1,0 +1,58 @@
+"""Proxmox VE's own API schema, shipped with pvegate as data (see README.md here).
+
+The files beside this module are Proxmox's AGPL-3.0-or-later `apidata` JSON,
+gzip-compressed and unmodified. pvegate reads them only as data: `pvegate check`
+validates connectors against them and the simulator validates requests with them.
+`PVEGATE_PVE_SCHEMA_DIR` points at another directory holding the same file names
+(plain or `.gz`); `load_tree` also reads a node's `apidoc.js` without running it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "PVEGATE_PVE_SCHEMA_DIR"
+SHIPPED_DIR = Path(__file__).resolve().parent
+VERSIONS = ("8.4", "9.1")  # the PVE lines shipped: one per major version
+
+
+class SchemaNotFound(Exception):
+    """No schema file for a PVE version in the directory that was asked."""
+
+
+def schema_dir() -> Path:
+    """$PVEGATE_PVE_SCHEMA_DIR when set, else the files shipped in this package."""
+    env = os.environ.get(ENV_DIR)
+    return Path(env) if env else SHIPPED_DIR
+
+
+def version_for(major: int) -> str:
+    return "9.1" if major >= 9 else "8.4"
+
+
+def schema_file(version: str, directory: Path | None = None) -> Path:
+    """`pve-<version>-apidata.json` in the directory, or its `.gz`; SchemaNotFound if neither."""
+    d = directory if directory is not None else schema_dir()
+    for name in (f"pve-{version}-apidata.json", f"pve-{version}-apidata.json.gz"):
+        if (d / name).is_file():
+            return d / name
+    raise SchemaNotFound(f"no PVE {version} API schema (pve-{version}-apidata.json or .json.gz) in {d}")
+
+
+def load_tree(path: Path) -> list[dict[str, Any]]:
+    """The schema's tree from apidata JSON, its .gz, or an apidoc.js (the JavaScript is skipped, never run)."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    text = raw.decode("utf-8")
+    start = text.find("[")
+    if start < 0:
+        raise ValueError(f"{path}: no JSON array found")
+    tree, _ = json.JSONDecoder().raw_decode(text[start:])
+    if not isinstance(tree, list):
+        raise ValueError(f"{path}: the schema is not a JSON array")
+    return tree
