@@ -3,6 +3,8 @@
 `check` validates every connector file (format, names, placeholders, strict
 parameters) and every pve_api method + path against a Proxmox API schema file:
 the apidata JSON, or the `apidoc.js` a node serves at /pve-docs/api-viewer/apidoc.js.
+By default that is PVE 8.4 and 9.1 as shipped in gateway/pve_schema/; a check that
+finds no schema fails rather than passing unchecked (`--no-pve-schema` says so).
 """
 
 from __future__ import annotations
@@ -15,19 +17,24 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.pve_schema import ENV_DIR, VERSIONS, SchemaNotFound, schema_file
 from gateway.tools.catalog import Catalog, CatalogError
 from gateway.tools.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
 from gateway.tools.tool import Tool
 
 DEFAULT_CONNECTORS = REPO_ROOT / "connectors"
-SHARED_SCHEMAS = REPO_ROOT.parent / "shared" / "pve-api"
+ENV_FILES = "PVEGATE_PVE_SCHEMA"  # os.pathsep-separated schema files, instead of a directory
 
 
 def default_schemas() -> list[Path]:
-    env = os.environ.get("PVEGATE_PVE_SCHEMA")
+    """$PVEGATE_PVE_SCHEMA's files, else every shipped version in $PVEGATE_PVE_SCHEMA_DIR or the package.
+
+    SchemaNotFound when a version is missing: a check against nothing must not pass.
+    """
+    env = os.environ.get(ENV_FILES)
     if env:
         return [Path(p) for p in env.split(os.pathsep) if p]
-    return [p for p in (SHARED_SCHEMAS / "pve-8.4-apidata.json", SHARED_SCHEMAS / "pve-9.1-apidata.json") if p.exists()]
+    return [schema_file(v) for v in VERSIONS]
 
 
 def _load(directory: Path) -> Catalog | None:
@@ -40,7 +47,16 @@ def _load(directory: Path) -> Catalog | None:
 
 def _schemas(paths: list[Path] | None) -> list[PveSchema] | None:
     out = []
-    for p in paths or default_schemas():
+    try:
+        chosen = paths or default_schemas()
+    except SchemaNotFound as exc:
+        where = f" (${ENV_DIR})" if os.environ.get(ENV_DIR) else ""
+        print(f"error: {exc}{where}", file=sys.stderr)
+        return None
+    if not chosen:
+        print(f"error: ${ENV_FILES} names no schema file", file=sys.stderr)
+        return None
+    for p in chosen:
         try:
             out.append(PveSchema.load(p))
         except (OSError, ValueError) as exc:
@@ -53,8 +69,14 @@ def _check(args: argparse.Namespace) -> int:
     catalog = _load(args.connectors)
     if catalog is None:
         return 1
-    schemas = _schemas(args.pve_schema)
+    if args.no_pve_schema:
+        schemas: list[PveSchema] | None = []
+    else:
+        schemas = _schemas(args.pve_schema)
     if schemas is None:
+        print("pvegate check: no PVE API schema to check against: pass --pve-schema FILE "
+              "(a node's /pve-docs/api-viewer/apidoc.js), or --no-pve-schema to check the format only",
+              file=sys.stderr)  # fmt: skip
         return 1
     problems = [p for s in schemas for p in check_catalog(catalog, s)]
     counts: dict[str, int] = {}
@@ -63,7 +85,12 @@ def _check(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"FAIL {p}")
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    against = ", ".join(s.source for s in schemas) or "no PVE schema (pass --pve-schema)"
+    if not schemas:
+        print(f"{len(catalog)} tools ({kinds}); connector format OK")
+        print("WARNING: --no-pve-schema: no pve_api method, path or parameter was checked against Proxmox's API",
+              file=sys.stderr)  # fmt: skip
+        return 0
+    against = ", ".join(s.source for s in schemas)
     print(f"{len(catalog)} tools ({kinds}); pve_api endpoints checked against {against}: "
           f"{'OK' if not problems else f'{len(problems)} problem(s)'}")  # fmt: skip
     return 1 if problems else 0
@@ -146,11 +173,18 @@ def _least(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     c = sub.add_parser("check", help="validate connector files against the format and a PVE API schema")
     c.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS, help="the connector directory")
-    c.add_argument(
+    src = c.add_mutually_exclusive_group()
+    src.add_argument(
         "--pve-schema",
         type=Path,
         action="append",
-        help="apidata JSON or apidoc.js (repeatable; default: the 8.4 and 9.1 files in ../shared/pve-api)",
+        help="apidata JSON (or .gz) or a node's apidoc.js (repeatable; default: PVE 8.4 and 9.1 as shipped, "
+        f"or those in ${ENV_DIR})",
+    )
+    src.add_argument(
+        "--no-pve-schema",
+        action="store_true",
+        help="check the connector format only: no endpoint is checked against Proxmox's API (says so)",
     )
     c.set_defaults(func=_check)
 

@@ -1,0 +1,159 @@
+"""The Proxmox API schema ships inside pvegate; other schemas are still honoured; no schema is a failure."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.pve_schema import ENV_DIR, SHIPPED_DIR, SchemaNotFound, load_tree, schema_file
+from gateway.sim.schema import Schema
+
+# the uncompressed files' digests, as recorded in gateway/pve_schema/README.md
+SHA256 = {
+    "8.4": "071b3218ed084f9ea10a4f0f22355af85bfd61c278ac3c4141b35694c570775a",
+    "9.1": "257da2d3d56951fc614f07578e10a261980dc00d7229d0934a318a0b8b72479b",
+}
+# a sibling folder of our own checkouts that a fresh clone does not have (spelt in parts: this file is tracked too)
+FORBIDDEN = ("../" + "shared", "shared/" + "pve-api")
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in (ENV_DIR, "PVEGATE_PVE_SCHEMA")}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        timeout=60,
+    )
+
+
+def test_no_tracked_file_reads_a_folder_beside_the_checkout() -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True, timeout=30
+    ).stdout.split(b"\0")
+    assert len(files) > 100  # the listing really is the checkout's
+    offenders = []
+    for name in filter(None, files):
+        path = REPO_ROOT / name.decode()
+        if not path.is_file():
+            continue
+        text = path.read_bytes().decode("utf-8", errors="ignore")
+        offenders += [f"{name.decode()}: {word}" for word in FORBIDDEN if word in text]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("version", ["8.4", "9.1"])
+def test_the_shipped_schema_is_the_recorded_upstream_file(version: str) -> None:
+    path = SHIPPED_DIR / f"pve-{version}-apidata.json.gz"
+    raw = gzip.decompress(path.read_bytes())
+    assert hashlib.sha256(raw).hexdigest() == SHA256[version]
+    assert SHA256[version] in (SHIPPED_DIR / "README.md").read_text()
+    assert schema_file(version, SHIPPED_DIR) == path
+    assert load_tree(path) == json.loads(raw)
+    # deterministic compression: no file name, no timestamp in the gzip header
+    header = path.read_bytes()[:10]
+    assert header[3] & 0x08 == 0 and header[4:8] == b"\0\0\0\0"
+
+
+def test_the_licence_text_ships_beside_the_data() -> None:
+    text = (SHIPPED_DIR / "LICENSE-AGPL-3.0").read_text()
+    assert text.lstrip().startswith("GNU AFFERO GENERAL PUBLIC LICENSE\n                       Version 3")
+    assert "13. Remote Network Interaction; Use with the GNU General Public License." in text
+    readme = (SHIPPED_DIR / "README.md").read_text()
+    assert "AGPL-3.0-or-later" in readme and "fa0b4f6ba0eb7c6a77dec8cb6713bb3bbcd83ebc" in readme
+
+
+def test_check_uses_the_shipped_schema_by_default(tmp_path: Path) -> None:
+    r = _cli("check", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pve-8.4-apidata.json.gz" in r.stdout and "pve-9.1-apidata.json.gz" in r.stdout and ": OK" in r.stdout
+
+
+def _schema_without(tmp_path: Path, method: str, path: str) -> Path:
+    """Plain-JSON copies of the shipped schemas in a directory, with one endpoint taken out of 9.1."""
+    d = tmp_path / "schemas"
+    d.mkdir()
+    for version in ("8.4", "9.1"):
+        tree = load_tree(schema_file(version, SHIPPED_DIR))
+        if version == "9.1":
+            stack = list(tree)
+            while stack:
+                node = stack.pop()
+                if node["path"] == path:
+                    del node["info"][method]
+                stack.extend(node.get("children") or [])
+        (d / f"pve-{version}-apidata.json").write_text(json.dumps(tree))
+    return d
+
+
+def test_check_and_the_simulator_honour_the_schema_dir_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = _schema_without(tmp_path, "POST", "/nodes/{node}/qemu/{vmid}/status/start")
+    r = _cli("check", env={ENV_DIR: str(d)})
+    assert r.returncode == 1
+    missing = "vm_start: POST /nodes/{node}/qemu/{vmid}/status/start is not in "
+    assert missing + str(d / "pve-9.1-apidata.json") in r.stdout
+    monkeypatch.setenv(ENV_DIR, str(d))
+    sim = Schema.load(None, 9)
+    assert sim.source == str(d / "pve-9.1-apidata.json")
+    assert not sim.has("POST", "/nodes/{node}/qemu/{vmid}/status/start")
+    assert sim.has("POST", "/nodes/{node}/qemu/{vmid}/status/stop")
+
+
+def test_check_reads_a_nodes_apidoc_js_without_running_it(tmp_path: Path) -> None:
+    tree = load_tree(schema_file("9.1", SHIPPED_DIR))
+    js = tmp_path / "apidoc.js"
+    js.write_text(
+        "// generated by pve-docs\nconst apiSchema = "
+        + json.dumps(tree, indent=1)
+        + ";\nfunction render() { return [1, 2]; }\nthrow new Error('never run');\n"
+    )
+    r = _cli("check", "--pve-schema", str(js))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"checked against {js}: OK" in r.stdout
+    r = _cli("tools", "show", "vm_start", "--pve-schema", str(js))
+    assert r.returncode == 0 and "VM.PowerMgmt on /vms/{vmid}" in r.stdout
+
+
+def test_check_without_a_schema_fails_unless_told_to_skip(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = _cli("check", env={ENV_DIR: str(empty)})
+    assert r.returncode == 1
+    assert f"no PVE 8.4 API schema (pve-8.4-apidata.json or .json.gz) in {empty}" in r.stderr
+    assert "--no-pve-schema" in r.stderr and "OK" not in r.stdout
+    r = _cli("check", "--pve-schema", str(tmp_path / "missing.js"))
+    assert r.returncode == 1 and "cannot read PVE schema" in r.stderr
+    (tmp_path / "not-a-schema.js").write_text("console.log('hello');\n")
+    r = _cli("check", "--pve-schema", str(tmp_path / "not-a-schema.js"))
+    assert r.returncode == 1 and "no JSON array found" in r.stderr
+    r = _cli("check", "--no-pve-schema", env={ENV_DIR: str(empty)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "connector format OK" in r.stdout and "checked against" not in r.stdout
+    assert "WARNING: --no-pve-schema: no pve_api method, path or parameter was checked" in r.stderr
+    r = _cli("check", "--no-pve-schema", "--pve-schema", str(tmp_path / "x.js"))
+    assert r.returncode == 2  # contradictory options: argparse refuses
+
+
+def test_the_simulator_refuses_a_directory_without_its_schema(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SchemaNotFound, match=r"no PVE 8\.4 API schema"):
+        Schema.load(empty, 8)
+    r = _cli(
+        "sim", "--scenario", "small", "--no-ssh", "--quiet", "--pve-schema", str(empty), "--workdir", str(tmp_path)
+    )
+    assert r.returncode == 2
+    assert "pvegate sim: no PVE 8.4 API schema" in r.stderr  # the small scenario is PVE 8
+    assert "Traceback" not in r.stderr

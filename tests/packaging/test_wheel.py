@@ -1,0 +1,102 @@
+"""The wheel alone carries what `pvegate check` and `pvegate sim` need: built from the tracked files,
+installed into a fresh virtualenv outside the checkout, run from a temporary directory.
+
+Only pvegate's own code and data come from the wheel. Its dependencies (starlette, httpx, ...) are
+not what is under test and a download would make the test slow and network-bound, so the new
+virtualenv sees this venv's site-packages through a path file. That path is appended after the
+venv's own site-packages and its `.pth` files (the editable install's import hook among them) are not
+run, so the checkout cannot leak in: the test asserts where `gateway` was imported from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from pathlib import Path
+
+from gateway.policy.opa_sidecar import REPO_ROOT
+
+SCHEMA_FILES = ("pve-8.4-apidata.json.gz", "pve-9.1-apidata.json.gz", "LICENSE-AGPL-3.0", "README.md")
+
+
+def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def _fresh_clone(dest: Path) -> None:
+    """The files git would give a fresh clone (tracked, plus new ones not ignored), as they are now."""
+    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    for name in filter(None, listed.stdout.split("\0")):
+        src = REPO_ROOT / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def test_an_installed_wheel_finds_the_pve_schema(tmp_path: Path) -> None:
+    started = time.monotonic()
+    clone, wheels, venv, work = (tmp_path / d for d in ("clone", "wheels", "venv", "cwd"))
+    for d in (clone, wheels, work):
+        d.mkdir()
+    _fresh_clone(clone)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(clone)], timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = wheels.glob("pvegate-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    assert {f"gateway/pve_schema/{f}" for f in SCHEMA_FILES} <= names
+
+    made = _run([sys.executable, "-m", "venv", str(venv)], timeout=120)
+    assert made.returncode == 0, made.stderr
+    py = venv / "bin" / "python"
+    inst = _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], timeout=120)
+    assert inst.returncode == 0, inst.stdout + inst.stderr
+    site = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    (Path(site) / "pvegate-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PVEGATE_", "PYTHON", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    where = _run([str(py), "-c", "import gateway.pve_schema as m; print(m.__file__)"], cwd=work, env=env, timeout=60)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout  # the wheel's copy, not the checkout
+
+    # `pvegate check` (the wheel carries no connectors/: point it at the clone's)
+    pvegate = str(venv / "bin" / "pvegate")
+    r = _run([pvegate, "check", "--connectors", str(clone / "connectors")], cwd=work, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shipped = Path(site).resolve() / "gateway" / "pve_schema"
+    assert f"{shipped / 'pve-8.4-apidata.json.gz'}, {shipped / 'pve-9.1-apidata.json.gz'}: OK" in r.stdout
+
+    # `pvegate sim` starts with the shipped schema, answers, and stops
+    ready = work / "ready.json"
+    cmd = [pvegate, "sim", "--scenario", "small", "--no-ssh", "--quiet", "--workdir", str(work / "sim")]
+    proc = subprocess.Popen(
+        [*cmd, "--ready-file", str(ready), "--exit-with-parent", str(os.getpid())],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), f"simulator not ready (exit {proc.poll()})"
+        info = json.loads(ready.read_text())
+        assert info["schema"] == str(shipped / "pve-8.4-apidata.json.gz")  # the small scenario is PVE 8.4
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert time.monotonic() - started < 120
