@@ -18,7 +18,7 @@ from starlette.routing import Route
 from gateway.admin.api import admin_routes
 from gateway.auth.tokens import Authenticator
 from gateway.components import Components
-from gateway.core.config import Config
+from gateway.core.config import Config, ConfigError
 from gateway.mcp.request_state import RequestStates, Sealer, Sessions
 from gateway.mcp.security import TransportGuard
 from gateway.mcp.transport import handle_mcp
@@ -43,6 +43,24 @@ def default_policy_paths() -> tuple[Path, ...]:
     return (REPO_ROOT / "policies",)
 
 
+def external_opa_token(config: Config) -> str:
+    """The API token for an external OPA: its API must admit only the gateway (docs/deployment.md)."""
+    if config.opa.token is None:
+        raise ConfigError(
+            "opa.mode external needs opa.token ({file: PATH} or {env: NAME}): the bearer token that OPA's "
+            "system.authz policy admits (OPA run with --authentication=token --authorization=basic)"
+        )
+    token = config.opa.token.read()  # ConfigError naming opa.token when unreadable
+    if not token:
+        raise ConfigError("opa.token is empty")
+    return token
+
+
+def opa_api_token(config: Config, sidecar: OPASidecar | None) -> str:
+    """The token to send to the OPA start_opa returned: the sidecar's own, or the external one's."""
+    return sidecar.api_token if sidecar is not None else external_opa_token(config)
+
+
 def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar | None]:
     """Start the managed sidecar (or use the external URL); returns the URL to ask.
 
@@ -51,7 +69,8 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
     """
     if config.opa.mode == "external":
         if not config.opa.url:
-            raise ValueError("opa.mode external needs opa.url")
+            raise ConfigError("opa.mode external needs opa.url")
+        external_opa_token(config)  # fail at start, not at the first call
         return config.opa.url, None
     sidecar = OPASidecar(
         policies=config.opa.policies or default_policy_paths(),
@@ -82,7 +101,7 @@ async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASide
     await audit.open()
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
     usage.load(await audit.allowed_since(time.time() - 86400))
-    decisions = DecisionClient(url, config.opa.timeout_ms, token=sidecar.api_token if sidecar else None)
+    decisions = DecisionClient(url, config.opa.timeout_ms, token=opa_api_token(config, sidecar))
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     targets = TargetResolver(clients, config.target_cache_seconds)
     runtimes: dict[str, Runtime] = {

@@ -21,7 +21,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.app import build_components, create_app
+from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError, SecretRef
 from gateway.policy.opa_sidecar import OPAUnavailable
@@ -65,6 +65,18 @@ def check_secrets(config: Config) -> None:
                 raise StartupError(f"{ref.setting}: the secret is empty")
         except ConfigError as exc:
             raise StartupError(str(exc)) from exc
+
+
+def check_opa(config: Config) -> None:
+    """An external OPA's URL and API token: OPA's API must admit the gateway alone (docs/deployment.md)."""
+    if config.opa.mode != "external":
+        return
+    if not config.opa.url:
+        raise StartupError("opa.mode external needs opa.url")
+    try:
+        external_opa_token(config)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def check_files(config: Config) -> None:
@@ -121,6 +133,7 @@ def preflight(config: Config) -> None:
     check_state_dir(config.state_dir)
     check_state_dir(config.audit_path.parent, "audit.path: the directory")
     check_secrets(config)
+    check_opa(config)
     check_files(config)
     check_tls(config)
 

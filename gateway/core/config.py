@@ -97,6 +97,8 @@ class AuthConfig:
 class OPAConfig:
     mode: str = "managed"  # managed: start `opa run --server` ourselves; external: connect to url
     url: str | None = None
+    # external mode: the bearer token the OPA's system.authz policy admits (managed OPAs get one per start)
+    token: SecretRef | None = None
     binary: Path | None = None
     policies: tuple[Path, ...] = ()
     bundle: Path | None = None
@@ -246,6 +248,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             opa=OPAConfig(
                 mode=str(opa_raw.get("mode", "managed")),
                 url=opa_raw.get("url"),
+                token=_secret(opa_raw["token"], base, "opa.token") if opa_raw.get("token") else None,
                 binary=_opt_path(opa_raw.get("binary"), base),
                 policies=tuple(_path(p, base) for p in opa_raw.get("policies", [])),
                 bundle=_opt_path(opa_raw.get("bundle"), base),

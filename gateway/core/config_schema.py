@@ -250,12 +250,16 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
     if opa.get("mode") == "external":
         if not opa.get("url"):
             out.append("opa.url: required when opa.mode is external")
+        if not opa.get("token"):
+            out.append("opa.token: required when opa.mode is external (the token OPA's API admits)")
         for key in ("binary", "policies", "bundle", "verification_key"):
             if opa.get(key):
                 out.append(f"opa.{key}: only used when opa.mode is managed (the external OPA loads its own policies)")
     else:
         if opa.get("url"):
             out.append("opa.url: only used when opa.mode is external")
+        if opa.get("token"):
+            out.append("opa.token: only used when opa.mode is external (a managed OPA gets a token per start)")
         if opa.get("bundle") and opa.get("policies"):
             out.append("opa.policies: not used when opa.bundle is given; give one of them")
         if opa.get("verification_key") and not opa.get("bundle"):
@@ -384,8 +388,8 @@ def reference() -> str:
         "(`clusters.prod.timeout`). `<name>` is a key you choose (an SSH node's Proxmox name).",
         "",
         "Beyond types and ranges, a configuration is refused when settings contradict each other",
-        "or one would be silently ignored: two clusters with the same name, `opa.url` without",
-        "`opa.mode: external` (or the reverse), `opa.bundle` with `opa.policies`, `opa.verification_key`",
+        "or one would be silently ignored: two clusters with the same name, `opa.url` or `opa.token`",
+        "without `opa.mode: external` (or the reverse), `opa.bundle` with `opa.policies`, `opa.verification_key`",
         "without `opa.bundle`, no `tls.cert`/`tls.key` without `tls.insecure_http`, plain HTTP on a",
         "non-loopback address, both `auth.jwks_url` and `auth.jwks_file`, HS256 accepted without",
         "`auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a cluster's `fingerprint`",

@@ -7,6 +7,11 @@ out of production bundles. The revision is the git commit plus a digest of the
 bundle's content, so two builds of the same policies carry the same revision and any
 change is visible in every decision's provenance; the manifest also names the full
 commit the tree was built from.
+
+Every bundle also carries `system.authz` (gateway/policy/opa_authz/), the policy that lets
+only the holder of OPA's API token use OPA's REST API: a managed or container OPA
+loading the bundle runs with `--authentication=token --authorization=basic`, and
+the guard is signed with the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
+from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa
 
 EXCLUDED = ("_test.rego", "golden", ".regal", ".manifest", "README.md")
 CHECKS_SCRIPT = REPO_ROOT / "scripts" / "policy-checks.sh"
@@ -111,6 +116,16 @@ def keygen(directory: Path) -> tuple[Path, Path]:
     return priv, pub
 
 
+AUTHZ_IN_BUNDLE = Path("system") / "authz" / "authz.rego"
+
+
+def _declares_authz(files: list[Path]) -> bool:
+    return any(
+        f.suffix == ".rego" and any(line.strip() == "package system.authz" for line in f.read_text().splitlines())
+        for f in files
+    )
+
+
 def build(
     policies: Path,
     output: Path,
@@ -141,13 +156,17 @@ def build(
             raise BundleError(f"policy checks {head}; nothing was built\n\n{report}")
     source = git_source(policies)
     short = str(source["commit"])[:12] if source else "nogit"
-    revision = revision or f"{short}-{content_digest(files, policies)[:12]}"
     with tempfile.TemporaryDirectory(prefix="pvegate-bundle-") as tmp:
         stage = Path(tmp) / "bundle"
         for f in files:
             dest = stage / f.relative_to(policies)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)
+        if not _declares_authz(files):  # a policy directory may bring its own API guard; else ours
+            (stage / AUTHZ_IN_BUNDLE).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(AUTHZ_POLICY, stage / AUTHZ_IN_BUNDLE)
+        staged = [p for p in stage.rglob("*") if p.is_file()]
+        revision = revision or f"{short}-{content_digest(staged, stage)[:12]}"
         metadata: dict[str, object] = {
             "source": "pvegate",
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -156,7 +175,7 @@ def build(
             metadata["git_commit"] = source["commit"]
             metadata["git_dirty"] = source["dirty"]
         metadata["checked"] = checks
-        manifest = {"revision": revision, "roots": roots_of(files, policies), "metadata": metadata}
+        manifest = {"revision": revision, "roots": roots_of(staged, stage), "metadata": metadata}
         (stage / ".manifest").write_text(json.dumps(manifest))
         cmd = [str(find_opa()), "build", "-b", ".", "-o", str(output.resolve())]
         if signing_key is not None:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,26 @@ _PASSED_ENV = frozenset(
 )
 
 
+def bundle_has_authz(bundle: Path) -> bool:
+    """Whether a bundle (tarball or directory) declares `package system.authz`."""
+
+    def declares(text: str) -> bool:
+        return any(line.strip() == "package system.authz" for line in text.splitlines())
+
+    try:
+        if bundle.is_dir():
+            return any(declares(f.read_text(errors="replace")) for f in bundle.rglob("*.rego"))
+        with tarfile.open(bundle) as tar:
+            for m in tar.getmembers():
+                if m.isfile() and m.name.endswith(".rego"):
+                    f = tar.extractfile(m)
+                    if f is not None and declares(f.read().decode(errors="replace")):
+                        return True
+    except (OSError, tarfile.TarError):
+        return True  # unreadable: let OPA say why it cannot load it
+    return False
+
+
 def client_token(sidecar: OPASidecar | None) -> str | None:
     """The API token to send: the sidecar's own, or, for an OPA started elsewhere, $PVEGATE_OPA_TOKEN."""
     return sidecar.api_token if sidecar is not None else os.environ.get(TOKEN_ENV)
@@ -98,7 +119,7 @@ class OPASidecar:
     # eval-time p99 under load here; 400 trades ~25 MB of heap for that (docs/performance.md).
     # A GOGC already in the environment wins.
     gogc: int = 400
-    # the bearer token this OPA's API accepts (directory mode; see opa_authz/authz.rego)
+    # the bearer token this OPA's API accepts, in every mode (see opa_authz/authz.rego)
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
@@ -111,13 +132,14 @@ class OPASidecar:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def api_token(self) -> str | None:
-        """The token clients must send, or None when OPA serves a bundle (its roots are write-protected)."""
-        return None if self.bundle is not None else self.token
+    def api_token(self) -> str:
+        """The token clients must send: a signed bundle protects its roots from writes, not reads
+        nor writes elsewhere, so a bundle-loading OPA is guarded like one loading a directory."""
+        return self.token
 
     @property
     def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_token}"} if self.api_token else {}
+        return {"Authorization": f"Bearer {self.api_token}"}
 
     def command(self) -> list[str]:
         cmd = [
@@ -136,15 +158,19 @@ class OPASidecar:
             # Console decision logs give every answer a decision_id (the audit keeps it);
             # system.log.mask in policies/ keeps tool arguments out of them.
             cmd += ["--set", "decision_logs.console=true"]
+        # only the holder of our token may use the API (reads too: policy and data are not for
+        # every local process); the token reaches OPA in its environment, never on this command line
+        cmd += ["--authentication=token", "--authorization=basic"]
         if self.bundle is not None:
+            # the guard is inside the signed bundle (`pvegate bundle build` puts it there): with
+            # --verification-key every path given is verified as a bundle, so it cannot come apart
             cmd += ["--bundle", str(self.bundle)]
             if self.verification_key is not None:
                 cmd += ["--verification-key", str(self.verification_key)]
         else:
             # a policy directory also holds tests, golden cases and lint config: not policy
             cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
-            # files loaded from a directory are writable through the REST API: only our token may use it
-            cmd += ["--authentication=token", "--authorization=basic", str(AUTHZ_POLICY)]
+            cmd += [str(AUTHZ_POLICY)]
             cmd += [str(p) for p in self.policies]
         return cmd
 
@@ -157,8 +183,7 @@ class OPASidecar:
         """
         env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
         env.setdefault("GOGC", str(self.gogc))
-        if self.api_token:
-            env[TOKEN_ENV] = self.api_token
+        env[TOKEN_ENV] = self.api_token
         return env
 
     def _pid_record(self) -> tuple[int, int] | None:
@@ -206,6 +231,11 @@ class OPASidecar:
             self.pid_file.unlink(missing_ok=True)  # type: ignore[union-attr]
 
     def start(self, timeout: float = 20.0) -> None:
+        if self.bundle is not None and not bundle_has_authz(self.bundle):
+            raise OPAUnavailable(
+                f"bundle {self.bundle} has no system.authz policy, so OPA would refuse every request: "
+                "rebuild it with `pvegate bundle build`, which adds the API guard"
+            )
         self.reap_stale()
         if self.port == 0:
             self.port = free_port()

@@ -1125,7 +1125,7 @@ def _fsync_dir(d: Path) -> None:
 def known_secrets(config: Config) -> list[str]:
     """The gateway's own secret values, scrubbed from every record as a last line of defence."""
     refs = [cl.token for cl in config.clusters.values()]
-    refs += [r for r in (config.auth.hs256_secret, config.admin.token) if r is not None]
+    refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.opa.token) if r is not None]
     out: list[str] = []
     for ref in refs:
         try:

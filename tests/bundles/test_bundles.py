@@ -37,8 +37,13 @@ def test_bundle_excludes_tests_and_carries_manifest(signed: tuple[Path, Path, st
     assert all(not n.startswith("tmp") for n in files)  # paths are bundle-relative
     manifest = json.loads(files[".manifest"])
     assert manifest["revision"] == rev
-    assert {"pvegate", "data", "system/log"} <= set(manifest["roots"])
+    assert {"pvegate", "data", "system/log", "system/authz"} <= set(manifest["roots"])
     assert ".signatures.json" in files
+    # the API guard travels inside the signed bundle
+    assert (
+        files["system/authz/authz.rego"]
+        == (REPO_ROOT / "gateway/policy/opa_authz/system/authz/authz.rego").read_bytes()
+    )
 
 
 def test_signed_bundle_round_trips_with_provenance(signed: tuple[Path, Path, str]) -> None:
@@ -49,6 +54,7 @@ def test_signed_bundle_round_trips_with_provenance(signed: tuple[Path, Path, str
         r = httpx.post(
             f"{opa.url}/v1/data/pvegate/decision?provenance=true",
             json={"input": {"contract_version": 1, "kind": "call"}},
+            headers=opa.auth_headers,
         )
         body = r.json()
         assert r.status_code == 200 and body["result"]["allow"] is False
@@ -150,3 +156,19 @@ def test_manifest_names_the_git_commit(tmp_path: Path) -> None:
     assert manifest["metadata"]["git_commit"] == commit
     assert manifest["metadata"]["git_dirty"] is False and manifest["metadata"]["checked"] is True
     assert ".signatures.json" not in _members(out)  # --unsigned means unsigned
+
+
+def test_a_bundle_without_the_api_guard_is_refused_with_a_reason(tmp_path: Path) -> None:
+    """An OPA with --authorization=basic and no system.authz would refuse every request, health included."""
+    priv, pub = keygen(tmp_path / "keys")
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO_ROOT / "policies", policies)
+    built = tmp_path / "with-guard.tar.gz"
+    build(policies, built, priv, checks=False)
+    old = tmp_path / "old.tar.gz"  # as bundles were built before the guard was added to them
+    with tarfile.open(built) as tin, tarfile.open(old, "w:gz") as tout:
+        for m in tin.getmembers():
+            if "authz" not in m.name:
+                tout.addfile(m, tin.extractfile(m) if m.isfile() else None)
+    with pytest.raises(OPAUnavailable, match=r"no system\.authz policy"):
+        OPASidecar(bundle=old, verification_key=pub).start(timeout=10)

@@ -18,6 +18,8 @@ from gateway.core.config_schema import problems, schema, settings
 from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.config.conftest import minimal, write
 
+TOKEN = {"env": "PVEGATE_OPA_TOKEN"}  # opa.token, required with opa.mode external
+
 
 def test_minimal_config_is_valid(base: dict[str, Any], tmp_path: Path) -> None:
     assert problems(base) == []
@@ -117,9 +119,14 @@ def test_value_problems(base: dict[str, Any], change: Any, expected: str) -> Non
     ("change", "expected"),
     [
         (lambda c: c["clusters"].append(copy.deepcopy(c["clusters"][0])), "clusters[1].name: cluster 'default' is"),
-        (lambda c: c.update(opa={"mode": "external"}), "opa.url: required when opa.mode is external"),
+        (lambda c: c.update(opa={"mode": "external", "token": TOKEN}), "opa.url: required when opa.mode is external"),
+        (lambda c: c.update(opa={"mode": "external", "url": "http://o"}), "opa.token: required when opa.mode is"),
         (lambda c: c.update(opa={"url": "http://127.0.0.1:8181"}), "opa.url: only used when opa.mode is external"),
-        (lambda c: c.update(opa={"mode": "external", "url": "http://o", "bundle": "b"}), "opa.bundle: only used"),
+        (lambda c: c.update(opa={"token": TOKEN}), "opa.token: only used when opa.mode is"),
+        (
+            lambda c: c.update(opa={"mode": "external", "url": "http://o", "token": TOKEN, "bundle": "b"}),
+            "opa.bundle: only used",
+        ),
         (lambda c: c.update(opa={"bundle": "b", "policies": ["p"]}), "opa.policies: not used when opa.bundle"),
         (lambda c: c.update(opa={"verification_key": "k"}), "opa.verification_key: only used with opa.bundle"),
         (lambda c: c.update(tls={}), "tls: tls.cert and tls.key are required"),

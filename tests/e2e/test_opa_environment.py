@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.policy.bundles import build, keygen
 from gateway.policy.opa_sidecar import OPASidecar
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,5 +70,33 @@ def test_only_the_gateway_may_use_the_managed_opas_api() -> None:
         assert httpx.get(f"{base}/health", timeout=5).status_code == 200  # probes need no token
         r = httpx.get(f"{base}/v1/data/data/bindings", headers=sidecar.auth_headers, timeout=5)
         assert r.status_code == 200 and not any("intruder" in str(b) for b in r.json()["result"])
+    finally:
+        sidecar.stop()
+
+
+def test_a_managed_opa_loading_a_signed_bundle_serves_only_the_gateway(tmp_path: Path) -> None:
+    """A bundle write-protects its roots only: reads, and writes elsewhere, need the token too."""
+    priv, pub = keygen(tmp_path / "keys")
+    bundle = tmp_path / "pvegate.tar.gz"
+    build(ROOT / "policies", bundle, priv, checks=False)  # policies/ is checked by its own tests
+    sidecar = OPASidecar(bundle=bundle, verification_key=pub, decision_logs=False)
+    sidecar.start()
+    try:
+        base = sidecar.url
+        assert str(sidecar.api_token) not in " ".join(sidecar.command())  # not readable from /proc/PID/cmdline
+        assert httpx.get(f"{base}/v1/data/data/bindings", timeout=5).status_code == 401
+        assert httpx.get(f"{base}/v1/policies", timeout=5).status_code == 401
+        assert httpx.post(f"{base}/v1/data/pvegate/decision", json={"input": {}}, timeout=5).status_code == 401
+        assert httpx.put(f"{base}/v1/data/elsewhere", json={"x": 1}, timeout=5).status_code == 401
+        evil = "package elsewhere\n\nx := 1\n"
+        assert httpx.put(f"{base}/v1/policies/evil", content=evil, timeout=5).status_code == 401
+        forged = {"Authorization": "Bearer not-the-token"}
+        assert httpx.get(f"{base}/v1/data/data/bindings", headers=forged, timeout=5).status_code == 401
+        assert httpx.get(f"{base}/health?bundles", timeout=5).status_code == 200  # probes need no token
+        # control: the gateway's token works, and the bundle's roots stay read-only even for it
+        r = httpx.get(f"{base}/v1/data/data/bindings", headers=sidecar.auth_headers, timeout=5)
+        assert r.status_code == 200 and r.json()["result"]
+        w = httpx.put(f"{base}/v1/data/data/bindings", json=[], headers=sidecar.auth_headers, timeout=5)
+        assert w.status_code == 400 and "bundle" in w.text
     finally:
         sidecar.stop()

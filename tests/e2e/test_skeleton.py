@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway.core.config import OPAConfig
+from gateway.core.config import OPAConfig, SecretRef
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from tests.support import GatewayThread, audit_rows, free_port
@@ -63,10 +63,12 @@ async def test_missing_token_is_401_and_audited(gateway: GatewayThread, env: Dev
 
 async def test_unreachable_opa_denies_and_audits(env: DevEnv, tmp_path: pytest.TempPathFactory) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    token = tmp_path / "opa-token"
+    token.write_text("t0ken\n")
     cfg = dataclasses.replace(
         env.config,
         port=free_port(),
-        opa=OPAConfig(mode="external", url=dead, timeout_ms=300),
+        opa=OPAConfig(mode="external", url=dead, timeout_ms=300, token=SecretRef(file=token)),
         audit_path=env.config.audit_path.with_name("audit-opa-down.db"),
     )
     gw = GatewayThread(cfg).start()

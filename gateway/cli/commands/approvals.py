@@ -41,12 +41,13 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
     await store.open()
     try:
         if need_opa:
-            url = args.opa_url
+            url, token = args.opa_url, client_token(None)
             if url is None:
-                from gateway.app import start_opa
+                from gateway.app import opa_api_token, start_opa
 
                 url, sidecar = await asyncio.to_thread(lambda: start_opa(cfg, gateway=False))
-            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=client_token(sidecar))
+                token = opa_api_token(cfg, sidecar)
+            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=token)
         base = cfg.public_url if cfg.admin.token is not None else None
         approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config))
         await store.expire_due()

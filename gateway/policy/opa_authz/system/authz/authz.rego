@@ -1,13 +1,15 @@
 # METADATA
 # title: Who may use the managed OPA's API
 # description: |
-#   pvegate loads this next to a policy directory, and starts OPA with token
-#   authentication and this authorization policy. Policies and data loaded from
-#   files are otherwise writable through OPA's REST API by any local process
-#   (PUT /v1/data, PUT /v1/policies), which could rewrite who may do what. A
-#   signed bundle needs no such guard: OPA refuses writes under bundle roots.
-#   Only the gateway that started this OPA holds the per-start token that OPA
-#   finds in its environment; health probes need none.
+#   Every OPA that pvegate starts, and the container OPA of docker/compose.yaml,
+#   runs with token authentication and this authorization policy: loaded next to
+#   a policy directory, or carried inside the signed bundle (`pvegate bundle
+#   build` adds it). Without it any process that reaches OPA's port could read
+#   policy and data, and rewrite policies and data loaded from files, or write
+#   outside a bundle's roots (PUT /v1/data, PUT /v1/policies). Only the holder
+#   of the token that OPA finds in its environment (PVEGATE_OPA_TOKEN: per start
+#   for a managed OPA, from a secret for a container) may use the API; health
+#   probes need none.
 package system.authz
 
 # METADATA

@@ -1,0 +1,88 @@
+"""opa.mode external: the gateway authenticates to an OPA that admits only its token, as in docker/compose.yaml.
+
+The external OPA here is the real binary loading a signed bundle with token authentication, the
+same command line the compose file gives the OPA container.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.app import start_opa
+from gateway.core.config import ConfigError, OPAConfig, SecretRef
+from gateway.dev.client import mcp_client
+from gateway.dev.devenv import DevEnv
+from gateway.policy.bundles import build, keygen
+from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
+from gateway.server import StartupError, check_opa
+from tests.support import GatewayThread, audit_rows, free_port
+
+
+@pytest.fixture(scope="module")
+def opa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OPASidecar]:
+    d = tmp_path_factory.mktemp("external-opa")
+    priv, pub = keygen(d / "keys")
+    build(REPO_ROOT / "policies", d / "pvegate.tar.gz", priv, checks=False)  # checked by tests/bundles
+    sidecar = OPASidecar(bundle=d / "pvegate.tar.gz", verification_key=pub, decision_logs=False)
+    sidecar.start()
+    yield sidecar
+    sidecar.stop()
+
+
+def _external(env: DevEnv, opa: OPASidecar, token: SecretRef | None, name: str) -> object:
+    return dataclasses.replace(
+        env.config,
+        port=free_port(),
+        opa=OPAConfig(mode="external", url=opa.url, timeout_ms=2000, token=token),
+        audit_path=env.config.audit_path.with_name(f"audit-external-{name}.db"),
+    )
+
+
+def test_external_mode_needs_a_token(env: DevEnv, opa: OPASidecar, tmp_path: Path) -> None:
+    cfg = _external(env, opa, None, "none")
+    with pytest.raises(StartupError, match=r"opa\.mode external needs opa\.token"):
+        check_opa(cfg)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"opa\.mode external needs opa\.token"):
+        start_opa(cfg)  # type: ignore[arg-type]
+    missing = _external(env, opa, SecretRef(file=tmp_path / "absent", setting="opa.token"), "absent")
+    with pytest.raises(StartupError, match=r"opa\.token: cannot read secret file"):
+        check_opa(missing)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"opa\.token: cannot read secret file"):
+        start_opa(missing)  # type: ignore[arg-type]
+
+
+async def test_the_gateway_sends_its_token_to_the_external_opa(env: DevEnv, opa: OPASidecar, tmp_path: Path) -> None:
+    secret = tmp_path / "opa-token"
+    secret.write_text(opa.token + "\n")
+    cfg = _external(env, opa, SecretRef(file=secret), "good")
+    gw = GatewayThread(cfg).start()  # type: ignore[arg-type]
+    try:
+        url = f"https://127.0.0.1:{gw.config.port}/mcp"
+        async with mcp_client(url, env.token("demo-agent", ["operator"]), env.ca_file) as client:
+            assert "list_nodes" in {t.name for t in (await client.list_tools()).tools}
+            res = await client.call_tool("list_nodes", {})
+        assert not res.is_error, res.content
+    finally:
+        gw.stop()
+
+
+async def test_a_wrong_token_fails_closed(env: DevEnv, opa: OPASidecar, tmp_path: Path) -> None:
+    secret = tmp_path / "opa-token"
+    secret.write_text("not-the-token\n")
+    cfg = _external(env, opa, SecretRef(file=secret), "wrong")
+    gw = GatewayThread(cfg).start()  # type: ignore[arg-type]
+    try:
+        url = f"https://127.0.0.1:{gw.config.port}/mcp"
+        async with mcp_client(url, env.token("demo-agent", ["operator"]), env.ca_file) as client:
+            assert (await client.list_tools()).tools == []
+            res = await client.call_tool("list_nodes", {})
+        assert res.is_error and "policy decision unavailable" in " ".join(c.text for c in res.content)
+        meta = getattr(res, "meta", None) or {}
+        rows = audit_rows(gw.config.audit_path, str(meta["pvegate/request_id"]))
+        assert rows[-1]["kind"] == "decision" and '"failed_closed":true' in rows[-1]["body"]
+    finally:
+        gw.stop()
