@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 OPA     := .tools/bin/opa
 STAMP   := $(VENV)/.installed
 
-.PHONY: all demo test bench lint typecheck pytest policy-check tools venv clean
+.PHONY: all demo test bench lint typecheck pytest policy-check tools venv clean bundle compose-config
 
 all: test
 
@@ -23,6 +23,7 @@ venv: $(STAMP)
 tools:
 	@bash scripts/provision-tools.sh
 	@bash scripts/provision-inspector.sh
+	@bash scripts/provision-compose.sh
 
 demo: venv tools
 	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),)
@@ -44,6 +45,14 @@ test: lint typecheck policy-check pytest
 
 bench: venv tools
 	@bash scripts/bench.sh
+
+# the signed bundle docker/compose.yaml serves (demo signing keys made when missing): bundles/README.md
+bundle: venv tools
+	@bash scripts/bundle.sh
+
+# docker/config/ from docker/config.example/, with fresh OPA and admin tokens; never overwrites
+compose-config:
+	@bash scripts/compose-config.sh
 
 clean:
 	rm -rf $(VENV) .state build *.egg-info
