@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -56,6 +57,20 @@ def external_opa_token(config: Config) -> str:
     return token
 
 
+def refuse_open_opa(url: str) -> None:
+    """An external OPA that answers without a token serves policy and data to anyone who reaches it."""
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/v1/data/system/authz", timeout=2.0)
+    except httpx.HTTPError as exc:
+        log.warning("OPA at %s not reachable at start (%s): calls are refused until it is", url, type(exc).__name__)
+        return
+    if r.status_code == 200:
+        raise ConfigError(
+            f"the OPA at {url} answers without a token: run it with --authentication=token "
+            "--authorization=basic and a bundle from `pvegate bundle build` (docs/deployment.md)"
+        )
+
+
 def opa_api_token(config: Config, sidecar: OPASidecar | None) -> str:
     """The token to send to the OPA start_opa returned: the sidecar's own, or the external one's."""
     return sidecar.api_token if sidecar is not None else external_opa_token(config)
@@ -71,6 +86,7 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
         if not config.opa.url:
             raise ConfigError("opa.mode external needs opa.url")
         external_opa_token(config)  # fail at start, not at the first call
+        refuse_open_opa(config.opa.url)
         return config.opa.url, None
     sidecar = OPASidecar(
         policies=config.opa.policies or default_policy_paths(),

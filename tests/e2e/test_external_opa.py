@@ -7,9 +7,12 @@ same command line the compose file gives the OPA container.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.app import start_opa
@@ -17,7 +20,7 @@ from gateway.core.config import ConfigError, OPAConfig, SecretRef
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.policy.bundles import build, keygen
-from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
+from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, find_opa
 from gateway.server import StartupError, check_opa
 from tests.support import GatewayThread, audit_rows, free_port
 
@@ -86,3 +89,32 @@ async def test_a_wrong_token_fails_closed(env: DevEnv, opa: OPASidecar, tmp_path
         assert rows[-1]["kind"] == "decision" and '"failed_closed":true' in rows[-1]["body"]
     finally:
         gw.stop()
+
+
+def test_an_external_opa_open_to_anyone_is_refused(env: DevEnv, tmp_path: Path) -> None:
+    """The gateway will not trust an OPA whose API answers without a token (fail closed at start)."""
+    port = free_port()
+    (tmp_path / "p.rego").write_text("package probe\n\nx := 1\n")
+    proc = subprocess.Popen(
+        [str(find_opa()), "run", "--server", "--addr", f"127.0.0.1:{port}", "--skip-version-check",
+         str(tmp_path / "p.rego")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        secret = tmp_path / "opa-token"
+        secret.write_text("t0ken\n")
+        cfg = dataclasses.replace(
+            env.config, opa=OPAConfig(mode="external", url=url, timeout_ms=2000, token=SecretRef(file=secret))
+        )
+        with pytest.raises(ConfigError, match="answers without a token"):
+            start_opa(cfg)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
