@@ -72,3 +72,14 @@ def test_check_mode_names_a_stale_file_and_how_to_fix_it(
     assert docgen.main(["--check"]) == 1
     assert "cli.md is out of date with the code: run `python -m gateway.cli.docs`" in capsys.readouterr().err
     assert stale.read_text() == "# an old reference\n"  # --check never writes
+
+
+def test_every_environment_variable_is_in_the_deployment_table() -> None:
+    """Each PVEGATE_* variable the code reads has a row in docs/deployment.md's table."""
+    names: set[str] = set()
+    for path in [*(docgen.ROOT / "gateway").rglob("*.py"), *(docgen.ROOT / "docker").rglob("*.py")]:
+        names |= set(re.findall(r"\bPVEGATE_[A-Z_]+[A-Z]\b", path.read_text()))
+    assert names, "no PVEGATE_ variables found: the scan is broken"
+    table = (docgen.ROOT / "docs" / "deployment.md").read_text()
+    missing = sorted(n for n in names if f"| `{n}` |" not in table)
+    assert not missing, f"docs/deployment.md's environment table lacks: {', '.join(missing)}"
