@@ -6,6 +6,8 @@
 #   1b. opa check --schema     type-check every input reference against the contract's
 #                              JSON Schemas (gateway/schemas/, via the policies' `schemas:`
 #                              annotations), and prove it catches a misspelled input field
+#   1c. pvegate policy check   the policy data against its JSON Schema and the policy's
+#                              own data problems (unknown keys, wrong types, ...)
 #   2. opa fmt --list --fail   every .rego file is opa-fmt formatted
 #   3. opa test --coverage     unit tests + golden cases, coverage >= threshold
 #   4. regal lint              Regal (provisioned by scripts/provision-regal.sh)
@@ -17,6 +19,7 @@
 #   `pvegate bundle build` runs this script on the tree it is about to sign.
 #
 # Env: OPA (default .tools/bin/opa), REGAL (default .tools/bin/regal),
+#      PYTHON (default .venv/bin/python: the environment `pvegate` is installed in),
 #      COVERAGE_THRESHOLD (default 95), SKIP_REGAL=1 to skip the lint when
 #      Regal cannot be provisioned (reported as a failure unless set).
 set -uo pipefail
@@ -76,6 +79,14 @@ else
 	echo "a misspelled input field (input.tool.efect) is caught"
 fi
 rm -rf "${probe}"
+
+step "pvegate policy check --policies ${POLICIES}"
+PYTHON="${PYTHON:-.venv/bin/python}"
+if [[ ! -x "${PYTHON}" ]]; then
+	fail "policy data check (no Python environment with pvegate at ${PYTHON}: set PYTHON)"
+else
+	"${PYTHON}" -m gateway.cli policy check --policies "${POLICIES}" || fail "policy data check (pvegate policy check)"
+fi
 
 step "opa fmt --list --fail ${POLICY_DIRS[*]}"
 "${OPA}" fmt --list --fail "${POLICY_DIRS[@]}" || fail "opa fmt (run: ${OPA} fmt -w ${POLICIES})"

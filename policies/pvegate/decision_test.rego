@@ -115,3 +115,33 @@ test_data_error_denies if {
 	d.allow == false
 	fx.has_reason(d.deny, "policy data error: quota weekly needs")
 }
+
+# A misspelled data key (protected_tag) must not leave a guest deletable after one
+# approval, and hours given as strings must not print as %!d(string=00): the data
+# errors deny every call, named by path, with the code data.invalid.
+test_data_errors_deny_every_call_naming_the_path if {
+	bad := object.union(data.data, {"guardrails": object.union(data.data.guardrails, {
+		"protected_tag": ["crown-jewel"],
+		"maintenance_windows": [{"name": "nights", "weekdays": ["Wed"], "from_hour": "00", "to_hour": "05"}],
+	})})
+	inp := fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
+	d := pvegate.decision with input as inp with data.data as bad
+	d.allow == false
+	"data.invalid" in {r.code | some r in d.deny_reasons}
+	some m in d.deny
+	contains(m, "guardrails.protected_tag: unknown key")
+	some n in d.deny
+	contains(n, "guardrails.maintenance_windows.0.from_hour: Invalid type. Expected: integer, given: string")
+	every r in d.deny {
+		not contains(r, "%!")
+	}
+
+	# with the data fixed the same call only needs an approval (the denial is the data's doing)
+	ok := pvegate.decision with input as inp
+	ok.deny == []
+	ok.approval.required == true
+}
+
+test_window_text_shows_bad_hours_as_given if {
+	pvegate.guardrails.window_text({"name": "w", "weekdays": ["Mon"], "from_hour": "00", "to_hour": 5}) == "w Mon 00:00-05:00"
+}

@@ -1,7 +1,11 @@
-"""`pvegate policy eval`: print OPA's decision for an input file, without an agent.
+"""`pvegate policy eval|check|explain`: policy-author tools, each answered by a real OPA.
 
-The answer comes from a real OPA: a temporary managed sidecar on the policy
+eval: the decision for an input file, from a temporary managed sidecar on the policy
 directory or bundle, or an already running OPA given by --opa-url.
+check: the policy data against its JSON Schema and the policy's own data problems, before a
+bundle is built (non-zero exit on any problem).
+explain: the decision for an input and which rules fired (reasons with codes, bindings, roles,
+matching deny/approval rules and quotas), optionally with OPA's own --explain trace.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.policy.authoring import AuthoringError, check_data, explain
 from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
 
@@ -42,19 +47,25 @@ async def _ask(url: str, entrypoint: str, doc: dict[str, Any], token: str | None
         await client.close()
 
 
+def _read_input(path: Path) -> Any:
+    """An input document; golden-case files and OPA request bodies are taken as they are."""
+    raw = sys.stdin.read() if str(path) == "-" else path.read_text()
+    doc = json.loads(raw)
+    if isinstance(doc, dict) and len(doc) == 1 and "contract_version" not in doc:
+        (only,) = doc.values()  # a golden case file: {"<name>": {"input": ...}}
+        if isinstance(only, dict) and "input" in only:
+            doc = only
+    if isinstance(doc, dict) and "input" in doc and "contract_version" not in doc:
+        doc = doc["input"]
+    return doc
+
+
 def _eval(args: argparse.Namespace) -> int:
     try:
-        raw = sys.stdin.read() if str(args.input) == "-" else args.input.read_text()
-        doc = json.loads(raw)
+        doc = _read_input(args.input)
     except (OSError, ValueError) as exc:
         print(f"error: cannot read input: {exc}", file=sys.stderr)
         return 2
-    if isinstance(doc, dict) and len(doc) == 1:
-        (only,) = doc.values()
-        if isinstance(only, dict) and "input" in only:
-            doc = only  # a golden-case file: {"<name>": {"name", "input", "expect"}}
-    if isinstance(doc, dict) and "input" in doc and "contract_version" not in doc:
-        doc = doc["input"]  # accept golden cases and OPA request bodies as they are
     sidecar: OPASidecar | None = None
     try:
         url = args.opa_url
@@ -73,6 +84,75 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    try:
+        report = check_data(args.policies, args.data)
+    except (AuthoringError, OPAUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"data": str(report.data_file), "ok": report.ok, "schema_problems": report.schema_problems,
+                          "policy_problems": report.policy_problems}, indent=2))  # fmt: skip
+        return 0 if report.ok else 1
+    print(f"policy data: {report.data_file}")
+    for title, problems in (
+        ("JSON Schema (policies/pvegate/config/schema/data.json)", report.schema_problems),
+        ("policy (data.pvegate.config.problems: every call is denied until fixed)", report.policy_problems),
+    ):
+        print(f"{title}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+        for problem in problems:
+            print(f"  - {problem}")
+    print("OK" if report.ok else "FAILED: fix the data before building a bundle")
+    return 0 if report.ok else 1
+
+
+def _reason_lines(reasons: list[dict[str, str]]) -> list[str]:
+    return [f"  - [{r['code']}] {r['message']}\n      rule: {r['rule']}" for r in reasons]
+
+
+def _explain(args: argparse.Namespace) -> int:
+    try:
+        doc = _read_input(args.input)
+        out = explain(args.policies, doc, args.data, args.opa_explain)
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read input: {exc}", file=sys.stderr)
+        return 2
+    except (AuthoringError, OPAUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    d = out["decision"]
+    verdict = "ALLOW" if d["allow"] else "PENDING APPROVAL" if not d["deny"] and d["approval"]["required"] else "DENY"
+    lines = [f"decision: {verdict} (risk {d['risk']['level']}, score {d['risk']['score']})"]
+    for key, title in (("input_problems", "input problems"), ("data_problems", "policy data problems")):
+        if out[key]:
+            lines += [f"{title}:"] + [f"  - {p}" for p in out[key]]
+    lines += ["deny reasons (rules that fired):"] + (_reason_lines(d.get("deny_reasons", [])) or ["  (none)"])
+    approval_reasons = d["approval"].get("reasons", [])
+    lines += ["approval required because:"] + (_reason_lines(approval_reasons) or ["  (not required)"])
+    factors = [f"{f['name']} {f['points']:+d}" for f in d["risk"]["factors"]]
+    lines.append(f"risk factors: {', '.join(factors) or '(none)'}")
+    for key, title in (
+        ("bindings_of_principal", "bindings of the principal"),
+        ("bindings_applying_to_target", "bindings whose scope covers the target"),
+        ("roles_granting", "roles granting the tool"),
+        ("roles_denying", "roles denying the tool"),
+        ("deny_rules_matching", "guardrails.deny_rules matching"),
+        ("approval_rules_matching", "approval.rules matching"),
+    ):
+        lines.append(f"{title}: {', '.join(out[key]) or '(none)'}")
+    quotas = [f"{q['name']} {q['used']}/{q['limit']}" for q in out["quotas_matching"]]
+    lines.append(f"quotas matching (used/limit): {', '.join(quotas) or '(none)'}")
+    lines.append(f"in a maintenance window: {out['in_maintenance_window']}; break-glass grant: {out['break_glass']}")
+    lines.append(f"obligations: {json.dumps(d['obligations'])}")
+    print("\n".join(lines))
+    if "opa_explain" in out:
+        print(f"\n--- opa eval --explain={args.opa_explain} data.pvegate.decision ---\n{out['opa_explain']}")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("policy", help="policy author tools")
     psub = p.add_subparsers(dest="policy_command", required=True)
@@ -88,3 +168,19 @@ def register(sub: Any) -> None:
     e.add_argument("--verification-key", type=Path, help="public key the bundle must be signed with")
     e.add_argument("--opa-url", help="ask this running OPA (its API token, if any, in $PVEGATE_OPA_TOKEN)")
     e.set_defaults(func=_eval)
+    c = psub.add_parser("check", help="check policy data against its schema and the policy's own checks")
+    c.add_argument("--data", type=Path, help="the data file to check (default: <policies>/data/data.yaml)")
+    c.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.set_defaults(func=_check)
+    x = psub.add_parser("explain", help="show the decision for an input and which rules fired")
+    x.add_argument("--input", "-i", type=Path, required=True, help="input JSON (or a golden case file), - for stdin")
+    x.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
+    x.add_argument("--data", type=Path, help="decide with this data file instead of <policies>/data/data.yaml")
+    x.add_argument(
+        "--opa-explain",
+        choices=["notes", "fails", "full"],
+        help="also print OPA's evaluation trace (opa eval --explain)",
+    )
+    x.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    x.set_defaults(func=_explain)

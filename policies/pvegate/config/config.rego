@@ -158,6 +158,61 @@ problems contains msg if {
 
 problems contains "risk.level_thresholds needs numeric medium, high and critical" if not valid_thresholds
 
+# Every place where the data breaks its JSON Schema (schema/data.json, beside
+# this file; loaded at data.pvegate.config.schema): an unknown key is a
+# misspelling that would otherwise be silently ignored, a wrong type a setting
+# that would be misread. The path is named from the data document's root.
+# (Depends on data only: evaluated at most once per query.)
+problems contains msg if {
+	some e in schema_errors
+	msg := schema_error_text(e)
+}
+
+# with data but without its schema, nothing could be checked: refuse
+problems contains "the policy data schema (policies/pvegate/config/schema/data.json) is not loaded" if {
+	has_data
+	not data_schema_loaded
+}
+
+problems contains msg if {
+	some b in bindings
+	is_object(b)
+	not role_defined(b.role)
+	msg := sprintf("bindings: binding %v names role %v, which roles does not define", [
+		object.get(b, "name", "(unnamed)"),
+		object.get(b, "role", null),
+	])
+}
+
+role_defined(name) if is_object(roles[name])
+
+has_data if count(data.data) > 0
+
+data_schema_loaded if is_object(data.pvegate.config.schema)
+
+default schema_errors := []
+
+schema_errors := errors if {
+	has_data
+	[valid, errors] := json.match_schema(data.data, data.pvegate.config.schema)
+	not valid
+}
+
+# "guardrails: Additional property protected_tag is not allowed" names the
+# parent; the key is the part a reader looks for
+schema_error_text(e) := sprintf("%s: unknown key (not in the data schema; misspelled?)", [data_path(e.field, key)]) if {
+	e.type == "additional_property_not_allowed"
+	key := regex.find_all_string_submatch_n(`^Additional property (.+) is not allowed$`, e.desc, 1)[0][1]
+} else := sprintf("%s: %s", [data_path(e.field, ""), e.desc])
+
+# data_path(field, key): the dotted path from the data root, e.g.
+# guardrails.maintenance_windows.0.from_hour
+data_path(field, key) := concat(".", [p | some p in array.concat(parts(field), [key]); p != ""])
+
+parts(field) := [] if lower(field) == "(root)"
+
+parts(field) := split(field, ".") if lower(field) != "(root)"
+
 valid_quota(q) if {
 	is_string(q.name)
 	q.window in {"1m", "1h", "24h"}

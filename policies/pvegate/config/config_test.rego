@@ -45,13 +45,51 @@ test_data_problems if {
 		"risk": {"level_thresholds": {"medium": "25"}},
 	}
 	p := config.problems with data.data as bad
-	p == {
+	semantic := {
 		"quota weekly needs a name, a window of 1m/1h/24h and a numeric limit",
 		"quota (unnamed) needs a name, a window of 1m/1h/24h and a numeric limit",
 		"quota x needs a name, a window of 1m/1h/24h and a numeric limit",
 		"approval.required_from_level extreme is not a risk level",
 		"risk.level_thresholds needs numeric medium, high and critical",
 	}
+	semantic == semantic & p
+
+	# the schema names the same mistakes by path
+	"quotas.0.window: quotas.0.window must be one of the following: \"1m\", \"1h\", \"24h\"" in p
+	"risk.level_thresholds.medium: Invalid type. Expected: integer, given: string" in p
+}
+
+# the security engineer's findings: a misspelled key and hours given as strings
+misspelled := object.union(data.data, {"guardrails": object.union(data.data.guardrails, {
+	"protected_tag": ["crown-jewel"],
+	"maintenance_windows": [{"name": "weeknights", "weekdays": ["Mon"], "from_hour": "22", "to_hour": "05"}],
+})})
+
+test_unknown_key_and_string_hours_are_problems_naming_the_path if {
+	p := config.problems with data.data as misspelled
+	p == {
+		"guardrails.protected_tag: unknown key (not in the data schema; misspelled?)",
+		"guardrails.maintenance_windows.0.from_hour: Invalid type. Expected: integer, given: string",
+		"guardrails.maintenance_windows.0.to_hour: Invalid type. Expected: integer, given: string",
+	}
+}
+
+test_unknown_top_level_key_and_role_key if {
+	p := config.problems with data.data as object.union(data.data, {"quota": [], "roles": {"viewer": {"alow": []}}})
+	"quota: unknown key (not in the data schema; misspelled?)" in p
+	"roles.viewer.alow: unknown key (not in the data schema; misspelled?)" in p
+}
+
+test_binding_to_an_undefined_role_is_a_problem if {
+	bindings := array.concat(data.data.bindings, [{"name": "typo", "role": "operater", "groups": ["x"]}])
+	p := config.problems with data.data.bindings as bindings
+	p == {"bindings: binding typo names role operater, which roles does not define"}
+}
+
+test_data_without_its_schema_is_a_problem if {
+	p := config.problems with config.schema as null
+	p == {"the policy data schema (policies/pvegate/config/schema/data.json) is not loaded"}
+	count(config.problems) == 0 with data.data as {} with config.schema as null
 }
 
 test_demo_data_has_no_problems if {

@@ -135,9 +135,14 @@ windows_text := concat("; ", sort([window_text(w) | some w in config.maintenance
 }
 
 window_text(w) := sprintf(
-	"%s %s %02d:00-%02d:00",
-	[object.get(w, "name", "window"), concat(",", w.weekdays), w.from_hour, w.to_hour],
+	"%s %s %s:00-%s:00",
+	[object.get(w, "name", "window"), concat(",", w.weekdays), hour_text(w.from_hour), hour_text(w.to_hour)],
 )
+
+# hour_text(h): two digits; a non-number (a data error, reported as such) as it is, not as %!d
+hour_text(h) := sprintf("%02d", [h]) if is_number(h)
+
+hour_text(h) := sprintf("%v", [h]) if not is_number(h)
 
 # hidden_from_list(tool, shape): a target-independent guard rail makes the
 # tool useless to the lister (input.principal), so tools/list hides it.

@@ -1,0 +1,162 @@
+"""Policy-author checks run before a bundle is built: the data against its schema, and explain.
+
+`check_data` validates a policy data file (policies/data/data.yaml) twice: against its JSON
+Schema here (jsonschema), and through a real `opa eval` of `data.pvegate.config.problems`, which
+is what the running policy denies every call for. `explain` evaluates the decision and the
+rules that produce its reasons for one input. Both run the real OPA binary on a private copy
+of the policy tree, so the data under test never touches the directory OPA serves.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from gateway.policy.opa_sidecar import find_opa
+
+# the JSON Schema of the policy data, inside the policy tree so OPA loads it (in a directory
+# and in a bundle) at data.pvegate.config.schema
+DATA_SCHEMA = Path("pvegate") / "config" / "schema" / "data.json"
+DATA_FILE = Path("data") / "data.yaml"
+OPA_TIMEOUT = 120
+
+
+class AuthoringError(Exception):
+    """The check could not run (no OPA, unreadable policy tree); the message says why."""
+
+
+@dataclass
+class DataReport:
+    data_file: Path
+    schema_problems: list[str] = field(default_factory=list)  # jsonschema, by path
+    policy_problems: list[str] = field(default_factory=list)  # data.pvegate.config.problems
+
+    @property
+    def ok(self) -> bool:
+        return not self.schema_problems and not self.policy_problems
+
+
+def _path_text(path: Any) -> str:
+    return ".".join(str(p) for p in path) or "(root)"
+
+
+def schema_problems(doc: Any, schema: dict[str, Any]) -> list[str]:
+    """Where doc breaks the data schema, one line per error, named by its path from the root."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    out = []
+    for err in validator.iter_errors(doc):
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            # name each unknown key by its own path (a misspelling is what a reader looks for)
+            known = err.schema.get("properties", {}) if isinstance(err.schema, dict) else {}
+            for key in sorted(set(err.instance) - set(known)):
+                out.append(
+                    f"{_path_text([*err.absolute_path, key])}: unknown key (not in the data schema; misspelled?)"
+                )
+        else:
+            out.append(f"{_path_text(err.absolute_path)}: {err.message}")
+    return sorted(out)
+
+
+@contextmanager
+def _policy_copy(policies: Path, data_file: Path | None) -> Iterator[Path]:
+    """The policy tree without tests, golden cases and dot-files; data_file (if given) as its data."""
+    if not (policies / "pvegate").is_dir():
+        raise AuthoringError(f"{policies} is not a policy directory (no pvegate/)")
+    with tempfile.TemporaryDirectory(prefix="pvegate-policy-") as tmp:
+        root = Path(tmp) / "policies"
+        shutil.copytree(
+            policies, root, ignore=shutil.ignore_patterns("*_test.rego", "golden", ".*", "*.md")
+        )  # fmt: skip
+        if data_file is not None:
+            shutil.rmtree(root / "data", ignore_errors=True)
+            (root / "data").mkdir()
+            shutil.copy(data_file, root / DATA_FILE)
+        yield root
+
+
+def _opa_eval(root: Path, query: str, input_doc: Any = None, extra: list[str] | None = None) -> Any:
+    cmd = [str(find_opa()), "eval", "--data", str(root), "--format", "json", *(extra or [])]
+    if input_doc is not None:
+        cmd.append("--stdin-input")
+    cmd.append(query)
+    done = subprocess.run(
+        cmd,
+        input=json.dumps(input_doc) if input_doc is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=OPA_TIMEOUT,
+    )
+    if done.returncode != 0:
+        raise AuthoringError(f"opa eval failed: {(done.stderr or done.stdout).strip()}")
+    return json.loads(done.stdout)
+
+
+def check_data(policies: Path, data_file: Path | None = None) -> DataReport:
+    """Validate a policy data file (default: the policy tree's own data/data.yaml)."""
+    path = data_file or policies / DATA_FILE
+    report = DataReport(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        report.schema_problems.append(f"cannot read {path}: {exc}")
+        return report
+    try:
+        schema = json.loads((policies / DATA_SCHEMA).read_text())
+    except (OSError, ValueError) as exc:
+        raise AuthoringError(f"cannot read the data schema {policies / DATA_SCHEMA}: {exc}") from exc
+    report.schema_problems = schema_problems(doc, schema)
+    with _policy_copy(policies, path) as root:
+        out = _opa_eval(root, "data.pvegate.config.problems")
+    report.policy_problems = sorted(out["result"][0]["expressions"][0]["value"])
+    return report
+
+
+# What `explain` asks OPA: the decision, and the facts and reason-producing rules behind it.
+# Each fact is a comprehension, so a rule that is undefined for this input shows as [] instead
+# of making the whole answer undefined.
+EXPLAIN_QUERY = """{
+  "decision": [d | d := data.pvegate.decision][0],
+  "input_problems": [p | some p in data.pvegate.call_problems],
+  "data_problems": [p | some p in data.pvegate.config.problems],
+  "bindings_of_principal": sort([b.name | some b in data.pvegate.rbac.bindings_for(input.principal)]),
+  "bindings_applying_to_target": sort([b.name | some b in data.pvegate.rbac.applicable_bindings]),
+  "roles_granting": sort([r | some r in data.pvegate.rbac.granting_roles]),
+  "roles_denying": sort([r | some r in data.pvegate.rbac.roles_denying_tool]),
+  "break_glass": [x | x := data.pvegate.rbac.break_glass] != [],
+  "in_maintenance_window": [x | x := data.pvegate.guardrails.in_maintenance_window] != [],
+  "quotas_matching": sort([{"name": s.quota.name, "used": s.used, "limit": s.quota.limit} |
+    some s in data.pvegate.quotas.states]),
+  "deny_rules_matching": sort([r.name | some r in data.pvegate.config.deny_rules;
+    data.pvegate.lib.call_matches(r, input.principal, input.tool, input.target)]),
+  "approval_rules_matching": sort([r.name | some r in data.pvegate.approval.matching_rules]),
+  "denials": sort([r | some r in data.pvegate.denials]),
+  "approval_requirements": sort([r | some r in data.pvegate.approval.requirements])
+}"""
+
+
+def explain(
+    policies: Path, input_doc: Any, data_file: Path | None = None, opa_explain: str | None = None
+) -> dict[str, Any]:
+    """The decision for input_doc and which rules fired; with opa_explain (notes, fails, full)
+    also OPA's own evaluation trace of data.pvegate.decision."""
+    with _policy_copy(policies, data_file) as root:
+        out = _opa_eval(root, EXPLAIN_QUERY, input_doc)
+        result: dict[str, Any] = out["result"][0]["expressions"][0]["value"]
+        if opa_explain is not None:
+            cmd = [str(find_opa()), "eval", "--data", str(root), "--stdin-input", "--format", "pretty"]
+            done = subprocess.run(
+                [*cmd, f"--explain={opa_explain}", "data.pvegate.decision"],
+                input=json.dumps(input_doc), capture_output=True, text=True, timeout=OPA_TIMEOUT,
+            )  # fmt: skip
+            result["opa_explain"] = done.stdout if done.returncode == 0 else done.stderr
+    return result
