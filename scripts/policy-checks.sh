@@ -7,7 +7,8 @@
 #                              JSON Schemas (gateway/schemas/, via the policies' `schemas:`
 #                              annotations), and prove it catches a misspelled input field
 #   1c. pvegate policy check   the policy data against its JSON Schema and the policy's
-#                              own data problems (unknown keys, wrong types, ...)
+#                              own data problems (unknown keys, wrong types, ...); the
+#                              schema's Rego copy (data_schema.rego) is current
 #   2. opa fmt --list --fail   every .rego file is opa-fmt formatted
 #   3. opa test --coverage     unit tests + golden cases, coverage >= threshold
 #   4. regal lint              Regal (provisioned by scripts/provision-regal.sh)
@@ -81,6 +82,8 @@ fi
 rm -rf "${probe}"
 
 step "pvegate policy check --policies ${POLICIES}"
+OPA="${OPA}" python3 scripts/policy-data-schema.py --check "${POLICIES}" ||
+	fail "pvegate/config/data_schema.rego is stale (run python3 scripts/policy-data-schema.py)"
 PYTHON="${PYTHON:-.venv/bin/python}"
 if [[ ! -x "${PYTHON}" ]]; then
 	fail "policy data check (no Python environment with pvegate at ${PYTHON}: set PYTHON)"

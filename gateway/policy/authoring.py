@@ -24,8 +24,8 @@ import yaml
 
 from gateway.policy.opa_sidecar import find_opa
 
-# the JSON Schema of the policy data, inside the policy tree so OPA loads it (in a directory
-# and in a bundle) at data.pvegate.config.schema
+# the JSON Schema of the policy data (the policy holds the same schema as the constant
+# data.pvegate.config.data_schema, generated from this file)
 DATA_SCHEMA = Path("pvegate") / "config" / "schema" / "data.json"
 DATA_FILE = Path("data") / "data.yaml"
 OPA_TIMEOUT = 120

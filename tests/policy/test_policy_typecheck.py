@@ -9,6 +9,7 @@ input field in each kind of package, and that the generated union schema is curr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,3 +84,12 @@ def test_input_schemas_are_self_contained_and_agree() -> None:
         assert "decision_input.schema.json#" not in text, name
         for key, sub in doc["$defs"].items():
             assert sub == base[key], f"{name}.schema.json $defs/{key} drifted from decision_input's"
+
+
+def test_policy_data_schema_constant_is_current() -> None:
+    """The policy validates its data against data_schema.rego, generated from schema/data.json."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "policy-data-schema.py"), "--check"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "OPA": str(find_opa())},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

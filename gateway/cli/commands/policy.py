@@ -170,12 +170,14 @@ def register(sub: Any) -> None:
     e.set_defaults(func=_eval)
     c = psub.add_parser("check", help="check policy data against its schema and the policy's own checks")
     c.add_argument("--data", type=Path, help="the data file to check (default: <policies>/data/data.yaml)")
-    c.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
+    c.add_argument(
+        "--policies", type=Path, default=REPO_ROOT / "policies", help="policy directory (its schema and checks)"
+    )
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=_check)
     x = psub.add_parser("explain", help="show the decision for an input and which rules fired")
     x.add_argument("--input", "-i", type=Path, required=True, help="input JSON (or a golden case file), - for stdin")
-    x.add_argument("--policies", type=Path, default=REPO_ROOT / "policies")
+    x.add_argument("--policies", type=Path, default=REPO_ROOT / "policies", help="policy directory to decide with")
     x.add_argument("--data", type=Path, help="decide with this data file instead of <policies>/data/data.yaml")
     x.add_argument(
         "--opa-explain",

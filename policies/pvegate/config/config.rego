@@ -158,20 +158,14 @@ problems contains msg if {
 
 problems contains "risk.level_thresholds needs numeric medium, high and critical" if not valid_thresholds
 
-# Every place where the data breaks its JSON Schema (schema/data.json, beside
-# this file; loaded at data.pvegate.config.schema): an unknown key is a
-# misspelling that would otherwise be silently ignored, a wrong type a setting
+# Every place where the data breaks its JSON Schema (schema/data.json beside
+# this file, as the constant data_schema in data_schema.rego): an unknown key is
+# a misspelling that would otherwise be silently ignored, a wrong type a setting
 # that would be misread. The path is named from the data document's root.
 # (Depends on data only: evaluated at most once per query.)
 problems contains msg if {
 	some e in schema_errors
 	msg := schema_error_text(e)
-}
-
-# with data but without its schema, nothing could be checked: refuse
-problems contains "the policy data schema (policies/pvegate/config/schema/data.json) is not loaded" if {
-	has_data
-	not data_schema_loaded
 }
 
 problems contains msg if {
@@ -186,15 +180,10 @@ problems contains msg if {
 
 role_defined(name) if is_object(roles[name])
 
-has_data if count(data.data) > 0
-
-data_schema_loaded if is_object(data.pvegate.config.schema)
-
 default schema_errors := []
 
 schema_errors := errors if {
-	has_data
-	[valid, errors] := json.match_schema(data.data, data.pvegate.config.schema)
+	[valid, errors] := json.match_schema(data.data, data_schema)
 	not valid
 }
 
