@@ -137,7 +137,7 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
         return {}
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deeper than the parser's limit is the client's mistake too
         return _err(400, "invalid_request", "body must be JSON")
     if not isinstance(doc, dict):
         return _err(400, "invalid_request", "body must be a JSON object")

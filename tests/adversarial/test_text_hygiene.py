@@ -171,3 +171,18 @@ async def test_approval_api_refuses_a_surrogate_note(advgw: GatewayThread, adven
         control = await http.post(url, content=b'{"note":"fine"}', headers=h)
     assert control.status_code == 404, control.text  # the lookup is what answers a clean note
     assert r.status_code == 400 and "not valid Unicode text" in r.text, r.text
+
+
+@pytest.mark.parametrize("nested", [b"[" * 3000 + b"]" * 3000, b'{"note":' + b'{"a":' * 2000 + b"1" + b"}" * 2001])
+async def test_approval_api_refuses_a_deeply_nested_body(nested: bytes, advgw: GatewayThread, advenv: DevEnv) -> None:
+    """Nesting deeper than the JSON parser's recursion limit is the client's mistake: a 400, not
+    a 500 (or a dropped connection), and the same connection still serves the next request."""
+    assert len(nested) < 16_384  # under the admin body cap: the parser, not the cap, must refuse it
+    token = advenv.token("text-approver", ["approver"], groups=["sre-leads"], kind="human")
+    url = f"https://127.0.0.1:{advenv.config.port}/admin/approvals/no-such-id/approve"
+    h = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    async with client(advenv, connections=1) as http:
+        r = await http.post(url, content=nested, headers=h)
+        control = await http.post(url, content=b'{"note":"fine"}', headers=h)
+    assert r.status_code == 400 and r.json()["detail"] == "body must be JSON", r.text
+    assert control.status_code == 404, control.text
