@@ -114,21 +114,7 @@ class DecisionClient:
         # tests/unit/test_decision_schema.py holds the two to the same verdicts.
         self._decision_check = fastjsonschema.compile(schema, use_default=False)
         self._decision_validator = jsonschema.Draft202012Validator(schema)
-        self._approver_validator = jsonschema.Draft202012Validator(
-            {
-                "type": "object",
-                "required": ["allow", "deny"],
-                "properties": {
-                    "allow": {"type": "boolean"},
-                    "deny": {"type": "array", "items": {"type": "string"}},
-                    "deny_reasons": {"type": "array", "items": schema["$defs"]["reason"]},
-                    "groups": {"type": "array", "items": {"type": "string"}},
-                },
-                # an approval with a reason against it is a policy bug: refuse it as a contract breach
-                "if": {"properties": {"allow": {"const": True}}, "required": ["allow"]},
-                "then": {"properties": {"deny": {"maxItems": 0}, "deny_reasons": {"maxItems": 0}}},
-            }
-        )
+        self._approver_validator = jsonschema.Draft202012Validator(_load_schema("approver_decision.schema.json"))
 
     async def close(self) -> None:
         if self._open:

@@ -340,6 +340,7 @@ def test_approver_four_eyes(opa: OPASidecar) -> None:
         "groups": ["sre-leads"],
     }
     own = post(opa, "pvegate/approver/decision", _approve(alice, "alice", []))["result"]
+    assert not list(validator("approver_decision").iter_errors(own))
     assert own["allow"] is False and any("four-eyes" in r for r in own["deny"])
     assert "approver.self_approval" in {r["code"] for r in own["deny_reasons"]}
     bob = {**alice, "sub": "bob", "groups": []}

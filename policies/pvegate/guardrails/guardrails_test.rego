@@ -90,6 +90,22 @@ test_hidden_from_list if {
 	not hidden(fx.agent, fx.vm_stop)
 }
 
+# deny rules select principals by token group and by token role claim
+test_deny_rule_selects_by_group_and_role_claim if {
+	by_role := [{"name": "no-operator-stop", "principal_roles": ["operator"], "tools": ["vm_stop"], "reason": "r"}]
+	reasons := guardrails.deny with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+		with data.data.guardrails.deny_rules as by_role
+	fx.has_reason(reasons, "r (rule \"no-operator-stop\")")
+	hidden(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as by_role
+	not hidden(fx.web_dev, fx.vm_stop) with data.data.guardrails.deny_rules as by_role
+
+	by_group := [{"name": "no-web-stop", "principal_groups": ["team-web"], "tools": ["vm_stop"], "reason": "g"}]
+	count(guardrails.deny) == 0 with input as fx.call(fx.agent, fx.vm_stop, fx.web_guest)
+		with data.data.guardrails.deny_rules as by_group
+	hidden(fx.web_dev, fx.vm_stop) with data.data.guardrails.deny_rules as by_group
+	not hidden(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as by_group
+}
+
 test_target_dependent_deny_rule_does_not_hide if {
 	rules := [{"name": "no-prod", "target_tags": ["prod"], "tools": ["vm_stop"]}]
 	not hidden(fx.agent, fx.vm_stop) with data.data.guardrails.deny_rules as rules
