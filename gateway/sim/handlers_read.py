@@ -369,10 +369,10 @@ def _storage_status(ctx: Ctx, s: Storage, node: str) -> dict[str, Any]:
         "content": ",".join(sorted(s.content)),
         "shared": 1 if s.shared else 0,
         "enabled": 1 if s.enabled else 0,
-        "active": 1 if s.active and online else 0,
+        "active": 1 if s.active and s.enabled and online else 0,
     }
     if usage is None:
-        # inactive / unmeasurable: PVE still reports zeros (not "full"), with active=0
+        # disabled, inactive or unmeasurable: PVE still reports zeros (not "full"), with active=0
         d.update(total=0, used=0, avail=0)
     else:
         d.update(usage)

@@ -226,4 +226,28 @@ def _ping(rt: Runtime, node: str, args: list[str]) -> Result:
     )
 
 
-COMMANDS = {"pvesh": _pvesh, "qm": _qm, "pct": _pct, "ip": _ip, "ping": _ping}
+DF_FORM = ["--output=source,fstype,size,used,avail,target", "-B1", "-x", "tmpfs", "-x", "devtmpfs", "-x", "overlay"]
+EFI_SIZE = 1071628288  # a 1 GiB ESP, as the PVE installer makes it
+
+
+def _df(rt: Runtime, node: str, args: list[str]) -> Result:
+    """GNU df's --output table: root, the ESP and every mounted network storage of this node."""
+    if args != DF_FORM:
+        return Result(stderr="simulator: only 'df " + " ".join(DF_FORM) + "' is available\n", exit_status=255)
+    n = rt.cluster.nodes[node]
+    rows = [
+        ("/dev/mapper/pve-root", "ext4", n.maxdisk, n.disk, n.maxdisk - n.disk, "/"),
+        ("/dev/sda2", "vfat", EFI_SIZE, 8962048, EFI_SIZE - 8962048, "/boot/efi"),
+    ]
+    for st in rt.cluster.storages_on(node):  # PVE mounts nfs/cifs storage at /mnt/pve/<id> while active
+        if st.type in ("nfs", "cifs") and st.enabled and st.active and st.total is not None:
+            used = st.used or 0
+            fstype = "nfs4" if st.type == "nfs" else "cifs"
+            source = f"{st.server or 'nas'}:/{st.id}"
+            rows.append((source, fstype, st.total, used, st.total - used, f"/mnt/pve/{st.id}"))
+    lines = [f"{'Filesystem':<24} {'Type':<6} {'1B-blocks':>15} {'Used':>15} {'Avail':>15} Mounted on"]
+    lines += [f"{a:<24} {b:<6} {c:>15} {d:>15} {e:>15} {f}" for a, b, c, d, e, f in rows]
+    return Result(stdout="\n".join(lines) + "\n")
+
+
+COMMANDS = {"pvesh": _pvesh, "qm": _qm, "pct": _pct, "ip": _ip, "ping": _ping, "df": _df}

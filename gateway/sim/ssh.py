@@ -93,6 +93,10 @@ async def start_node_server(rt: Runtime, node: str, keys: SshKeys, port: int) ->
             "time": time.time(),
         }
         rt.ssh.append(entry)
+        if not rt.node_online(node):  # went offline after the client connected: the session dies
+            entry["exit_status"] = -1
+            process.get_extra_info("connection").abort()
+            return
         if rt.faults.ssh_latency_ms:
             await asyncio.sleep(rt.faults.ssh_latency_ms / 1000)
         if command is None:

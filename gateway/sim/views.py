@@ -96,7 +96,7 @@ def guest_resource(cl: Cluster, g: Guest, now: float, off: list[str]) -> dict[st
 
 
 def storage_usage(s: Storage, online: bool) -> dict[str, int] | None:
-    if not s.active or not online or s.total is None:
+    if not s.enabled or not s.active or not online or s.total is None:
         return None
     used = s.used or 0
     return {"total": s.total, "used": used, "avail": s.total - used}

@@ -157,6 +157,9 @@ def _check_placeholders(tool: Tool, where: str) -> None:
             raise CatalogError(f"{where}: ssh tools are read-only in this gateway")
         if tool.spec.get("node") not in props:
             raise CatalogError(f"{where}: ssh.node must name a declared parameter")
+        if tool.spec["argv"][0] == "pct" and tool.spec.get("locate") and tool.spec.get("types") != ["lxc"]:
+            # `pct exec` on a VM's vmid would reach the node first and fail there
+            raise CatalogError(f"{where}: a pct command on a located guest must declare types: [lxc]")
         for p in tool.placeholders():
             schema = tool.parameters["properties"][p]
             if schema.get("type") not in ("string", "integer") or (

@@ -83,9 +83,7 @@ class Tool:
             raise ArgumentError("arguments must be an object")
         errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
-            e = errors[0]
-            where = ".".join(str(p) for p in e.path) or "arguments"
-            raise ArgumentError(f"invalid argument {where}: {_short(e.message)}")
+            raise ArgumentError(_describe(errors[0]))
         props = self.parameters.get("properties", {})
         for key, value in arguments.items():
             kind = props.get(key, {}).get("type")
@@ -106,8 +104,43 @@ class Tool:
         return set()
 
 
-def _short(message: str) -> str:
-    return message if len(message) <= 200 else message[:200] + "…"
+# The rule a failed keyword states, in words that never quote the rejected value:
+# a value that fails a pattern may be a pasted secret, and this text reaches the audit.
+_RULES: dict[str, str] = {
+    "type": "must be of type {v}",
+    "enum": "must be one of {v}",
+    "const": "must be {v}",
+    "pattern": "must match the pattern {v}",
+    "maxLength": "must be at most {v} characters",
+    "minLength": "must be at least {v} characters",
+    "maximum": "must be at most {v}",
+    "minimum": "must be at least {v}",
+    "exclusiveMaximum": "must be below {v}",
+    "exclusiveMinimum": "must be above {v}",
+    "format": "must be a valid {v}",
+    "not": "is a value this argument does not accept",
+    "maxItems": "must have at most {v} items",
+    "minItems": "must have at least {v} items",
+}
+
+
+def _describe(e: Any) -> str:
+    """`invalid argument <name>: <rule>`: names the argument and the rule, never the value.
+    For unknown or missing arguments the name is the client's own key, not a value."""
+    where = ".".join(str(p) for p in e.path)
+    if e.validator == "additionalProperties":
+        extra = sorted(set(e.instance) - set(e.schema.get("properties", {}))) if isinstance(e.instance, dict) else []
+        names = ", ".join(_short(str(k), 64) for k in extra)
+        return f"invalid argument {names or 'arguments'}: not a parameter of this tool"
+    if e.validator == "required":
+        missing = [k for k in e.validator_value if isinstance(e.instance, dict) and k not in e.instance]
+        return f"invalid argument {', '.join(missing) or 'arguments'}: required"
+    rule = _RULES.get(str(e.validator), "breaks the rule " + str(e.validator))
+    return f"invalid argument {where or 'arguments'}: {_short(rule.format(v=e.validator_value))}"
+
+
+def _short(message: str, limit: int = 200) -> str:
+    return message if len(message) <= limit else message[:limit] + "…"
 
 
 def arguments_digest(tool: str, arguments: dict[str, Any], *, dry_run: bool = False) -> str:

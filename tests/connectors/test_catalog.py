@@ -79,6 +79,7 @@ def test_every_pve_api_endpoint_is_in_the_pve_schema(catalog: Catalog, pve_schem
 
 def test_schema_check_catches_a_wrong_endpoint(catalog: Catalog, pve_schema: PveSchema, tmp_path: Path) -> None:
     doc = yaml.safe_load((CONNECTORS / "nodes.yaml").read_text())
+    doc["tools"] = [t for t in doc["tools"] if "composite" not in t]  # their leaves live in other files
     doc["tools"][0]["pve_api"]["path"] = "/nodes/{node}/execute-anything"
     doc["tools"][0]["params"] = {"node": "required"}
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(doc))

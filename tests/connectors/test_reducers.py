@@ -66,6 +66,6 @@ def test_storage_available_is_never_computed() -> None:
             {"storage": "c", "node": "n", "active": 0, "content": "backup"},
         ],
         {},
-    )
+    )["items"]
     assert [r["available"] for r in rows] == [50, None, None]  # never 100 - 40
     assert rows[2]["total"] is None and rows[2]["content"] == ["backup"]

@@ -51,6 +51,8 @@ def node_rows(s: dict[str, Any]) -> set[str]:
 READS: list[tuple[str, dict[str, Any], Check]] = [
     ("list_nodes", {}, lambda s: node_rows(s) == {"pve1", "pve2", "pve3"}),
     ("get_node_capacity", {"node": "pve1"}, lambda s: s["cpu"]["cores"] == 16 and s["memory"]["total"] > 0),
+    ("get_node_status", {"node": "pve1"}, lambda s: s["rootfs"]["total"] > 0 and s["pveversion"].startswith("pve-")),
+    ("node_filesystems", {"node": "pve1"}, lambda s: "/" in {r["mountpoint"] for r in items(s)}),
     ("get_node_network", {"node": "pve1"}, lambda s: any(r["iface"] == "vmbr0" for r in items(s))),
     ("get_node_dns", {"node": "pve1"}, lambda s: bool(s.get("dns1") or s.get("search"))),
     ("get_node_version", {"node": "pve1"}, lambda s: s["version"].startswith("8.")),

@@ -321,6 +321,8 @@ class PveApiRuntime:
         if spec.get("fan_out") and isinstance(data, list):  # same row shape as the all-nodes answer
             data = [{**r, "node": r.get("node", values["node"])} if isinstance(r, dict) else r for r in data]
         warnings: list[str] = []
+        if spec.get("per_row") and isinstance(data, list):
+            data = await self._per_row(client, spec["per_row"], data, warnings)
         task_id = None
         if spec.get("task") and isinstance(data, str) and data.startswith("UPID:"):
             task_id = data
@@ -329,6 +331,33 @@ class PveApiRuntime:
             else:
                 data = {"upid": data, "status": "running"}
         return ToolOutput(data=self.finish(tool, data, arguments), task_id=task_id, warnings=warnings)
+
+    async def _per_row(
+        self, client: PveApiClient, spec: dict[str, Any], rows: list[Any], warnings: list[str]
+    ) -> list[Any]:
+        """One more read per matching row (e.g. each online node's status); a failure is the row's, not the call's."""
+        key, when = spec["as"], spec.get("when") or {}
+        picked = [r for r in rows if isinstance(r, dict) and all(r.get(k) == v for k, v in when.items())]
+
+        async def one(row: dict[str, Any]) -> Any:
+            return await client.request("GET", render_path(spec["path"], row))
+
+        results = await asyncio.gather(*(one(r) for r in picked), return_exceptions=True)
+        answers = {id(r): res for r, res in zip(picked, results, strict=True)}
+        out: list[Any] = []
+        for r in rows:
+            if not isinstance(r, dict):
+                out.append(r)
+            elif id(r) not in answers:
+                skipped = ", ".join(f"{k} is not {v}" for k, v in when.items())
+                out.append({**r, key: None, f"{key}_error": f"not read: {skipped}"})
+            elif isinstance(res := answers[id(r)], BaseException):
+                why = str(res) if isinstance(res, ToolError) else type(res).__name__
+                warnings.append(f"{spec['as']} of {r.get('node') or r.get('id') or 'a row'}: {why}")
+                out.append({**r, key: None, f"{key}_error": why})
+            else:
+                out.append({**r, key: res})
+        return out
 
     def finish(self, tool: Tool, data: Any, args: dict[str, Any]) -> Any:
         reducer = tool.output.get("reducer")
@@ -397,7 +426,8 @@ class PveApiRuntime:
             else:
                 items.extend(res)
         data = self.finish(tool, items, args)
-        return ToolOutput(data={"items": data, "collected_at": now_iso()}, warnings=warnings)
+        body = dict(data) if isinstance(data, dict) else {"items": data}  # a reducer may add to the rows
+        return ToolOutput(data={**body, "collected_at": now_iso()}, warnings=warnings)
 
     async def close(self) -> None:
         for c in self.clients.values():

@@ -50,16 +50,7 @@ def node_capacity(data: Any, args: dict[str, Any]) -> dict[str, Any]:
     cpuinfo = d.get("cpuinfo") or {}
 
     def space(key: str) -> dict[str, Any] | None:
-        s = d.get(key)
-        if not isinstance(s, dict):
-            return None
-        avail = s.get("avail", s.get("free"))
-        return {
-            "total": s.get("total"),
-            "used": s.get("used"),
-            "available": avail,
-            "used_pct": _pct(s.get("used"), s.get("total")),
-        }
+        return _space(d.get(key))
 
     return {
         "node": args.get("node"),
@@ -77,6 +68,95 @@ def node_capacity(data: Any, args: dict[str, Any]) -> dict[str, Any]:
         "pveversion": d.get("pveversion"),
         "kversion": d.get("kversion"),
     }
+
+
+def _space(s: Any) -> dict[str, Any] | None:
+    if not isinstance(s, dict):
+        return None
+    return {"total": s.get("total"), "used": s.get("used"), "available": s.get("avail", s.get("free")),
+            "used_pct": _pct(s.get("used"), s.get("total"))}  # fmt: skip
+
+
+def _pve_version(pveversion: Any) -> str | None:
+    """ "pve-manager/8.4.1/2a5fa54a8503f96d" -> "8.4.1"."""
+    parts = str(pveversion or "").split("/")
+    return parts[1] if len(parts) >= 2 and parts[0] == "pve-manager" else None
+
+
+def nodes(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
+    """/nodes rows with each online node's root filesystem and PVE version (from its status)."""
+    out = []
+    for r in rows(data):
+        st = r.get("node_status")
+        row = {k: v for k, v in r.items() if k not in ("node_status", "node_status_error", "ssl_fingerprint")}
+        row["rootfs"] = _space(st.get("rootfs")) if isinstance(st, dict) else None
+        row["pveversion"] = st.get("pveversion") if isinstance(st, dict) else None
+        row["pve_version"] = _pve_version(row["pveversion"])
+        row["kernel"] = (st.get("current-kernel") or {}).get("release") if isinstance(st, dict) else None
+        if not isinstance(st, dict):
+            why = str(r.get("node_status_error") or "no status")
+            online = r.get("status") == "online"
+            row["details_unavailable"] = why if online else f"node {r.get('status') or 'unknown'}: {why}"
+        out.append(row)
+    return sorted(out, key=lambda r: str(r.get("node")))
+
+
+_QEMU_MODELS = {"e1000", "e1000e", "e1000-82540em", "e1000-82544gc", "e1000-82545em", "i82551", "i82557b",
+                "i82559er", "ne2k_isa", "ne2k_pci", "pcnet", "rtl8139", "virtio", "vmxnet3"}  # fmt: skip
+
+
+def _props(value: Any) -> dict[str, str]:
+    """A PVE property string ("virtio=AA:..,bridge=vmbr0,tag=20") as a dict; a bare first item keys itself."""
+    out: dict[str, str] = {}
+    for part in str(value or "").split(","):
+        k, sep, v = part.partition("=")
+        out[k.strip()] = v.strip() if sep else ""
+    return out
+
+
+def _nic(key: str, value: Any, config: dict[str, Any]) -> dict[str, Any]:
+    p = _props(value)
+    model = next((k for k in p if k in _QEMU_MODELS), None)
+    lxc = "hwaddr" in p or "name" in p
+    mac = p.get("hwaddr") if lxc else (p.get(model) if model else p.get("macaddr"))
+    ip = gw = ip6 = gw6 = None
+    source = None
+    if lxc:  # a container's address is part of its net line (static, dhcp or manual)
+        ip, gw, ip6, gw6 = p.get("ip"), p.get("gw"), p.get("ip6"), p.get("gw6")
+        source = "config" if (ip or ip6) else None
+    else:  # a VM's address is known only through cloud-init's ipconfigN
+        ci = _props(config.get("ipconfig" + key[3:])) if config.get("ipconfig" + key[3:]) else {}
+        ip, gw, ip6, gw6 = ci.get("ip"), ci.get("gw"), ci.get("ip6"), ci.get("gw6")
+        source = "cloud-init" if ci else None
+    if ip in ("dhcp", "manual"):  # not an address: say how the address is obtained instead
+        ip, source = None, ip
+    if ip6 in ("dhcp", "auto", "manual"):
+        ip6 = None
+    tag = p.get("tag")
+    return {
+        "interface": key,
+        "name": p.get("name"),
+        "model": "veth" if lxc else (model or p.get("model")),
+        "mac": mac.upper() if mac else None,
+        "bridge": p.get("bridge"),
+        "vlan": int(tag) if tag and tag.isdigit() else None,
+        "firewall": p.get("firewall") == "1",
+        "link_down": p.get("link_down") == "1",
+        "ip": ip,
+        "gateway": gw,
+        "ip6": ip6,
+        "gateway6": gw6,
+        "ip_source": source,
+    }
+
+
+def guest_config(data: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """The stored configuration, and its network interfaces broken out (model, MAC, bridge, VLAN,
+    firewall; IP and gateway where cloud-init or the container config states them)."""
+    config = data if isinstance(data, dict) else {}
+    nets = [(k, v) for k, v in config.items() if re.fullmatch(r"net[0-9]+", k)]
+    nets.sort(key=lambda kv: int(kv[0][3:]))
+    return {"config": config, "networks": [_nic(k, v, config) for k, v in nets]}
 
 
 def _tags(raw: Any) -> list[str]:
@@ -98,22 +178,50 @@ def guests(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: int(r.get("vmid", 0)))
 
 
-def storage(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
-    """`available` is what Proxmox measured; null when nothing measured it, never total - used."""
+def _space_reason(r: dict[str, Any]) -> str | None:
+    """Why Proxmox's space figures for one storage row mean nothing, or None when they were measured."""
+    if r.get("enabled", 1) == 0:
+        return "storage is disabled: Proxmox does not measure it"
+    if not r.get("active", 1):
+        return "storage is not active on this node (not mounted or unreachable): free space cannot be measured"
+    if not isinstance(r.get("avail"), int | float) or not isinstance(r.get("total"), int | float):
+        return "Proxmox reported no space figures for this storage"
+    return None
+
+
+def storage(data: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Per node rows, plus each shared storage once. `available` is what Proxmox measured;
+    null (with `space_unknown_reason`) when nothing measured it, never total - used, never a 0."""
     out = []
     for r in rows(data):
-        active = bool(r.get("active", 1))
-        measured = active and isinstance(r.get("avail"), int | float)
+        reason = _space_reason(r)
         row = {k: v for k, v in r.items() if k != "avail"}
         row["content"] = [c for c in str(r.get("content", "")).split(",") if c]
-        row["available"] = r["avail"] if measured else None
-        if not measured:
-            row["used_fraction"] = None
-            for k in ("total", "used"):
-                if not active:
-                    row[k] = None
+        row["available"] = r["avail"] if reason is None else None
+        row["space_unknown_reason"] = reason
+        if reason is not None:  # PVE sends zeros for what it did not measure: they are not "empty"
+            row.update(total=None, used=None, used_fraction=None)
         out.append(row)
-    return sorted(out, key=lambda r: (str(r.get("node")), str(r.get("storage"))))
+    out.sort(key=lambda r: (str(r.get("node")), str(r.get("storage"))))
+    shared: dict[str, dict[str, Any]] = {}
+    for row in out:
+        if not row.get("shared"):
+            continue
+        sid = str(row.get("storage"))
+        agg = shared.setdefault(sid, {"storage": sid, "type": row.get("type"), "content": row["content"],
+                                      "nodes": [], "active_on": [], "total": None, "used": None,
+                                      "available": None, "used_fraction": None,
+                                      "space_unknown_reason": None})  # fmt: skip
+        agg["nodes"].append(row.get("node"))
+        if row["space_unknown_reason"] is None:
+            agg["active_on"].append(row.get("node"))
+            if agg["available"] is None:  # one storage: every node measures the same space, count it once
+                agg.update({k: row.get(k) for k in ("total", "used", "available", "used_fraction")})
+    for agg in shared.values():
+        if agg["available"] is None:
+            reasons = sorted({str(r["space_unknown_reason"]) for r in out if r.get("storage") == agg["storage"]})
+            agg["space_unknown_reason"] = "no node measured it: " + "; ".join(reasons)
+    return {"items": out, "shared_storages": sorted(shared.values(), key=lambda a: str(a["storage"]))}
 
 
 def snapshots(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -128,6 +236,8 @@ def snapshots(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
 
 TRANSFORMS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "node_capacity": node_capacity,
+    "nodes": nodes,
+    "guest_config": guest_config,
     "guests": guests,
     "storage": storage,
     "snapshots": snapshots,
@@ -239,28 +349,38 @@ async def check_ip_availability(sub: Sub, args: dict[str, Any], warnings: list[s
     guest_rows = rows(await sub("list_guests", {}))
     results = await _gather([sub("get_guest_config", {"vmid": int(g["vmid"])}) for g in guest_rows])
     failed = []
+    configs: dict[int, dict[str, Any]] = {}
     for g, res in zip(guest_rows, results, strict=True):
         if isinstance(res, BaseException):
             failed.append(f"{g['vmid']}: {_err(res)}")
-        elif ip in _ips_in_config((res or {}).get("config") or {}):
+            continue
+        configs[int(g["vmid"])] = (res or {}).get("config") or {}
+        if ip in _ips_in_config(configs[int(g["vmid"])]):
             evidence.append(f"configured on guest {g['vmid']} ({g.get('name')})")
     checks.append({"check": "guest_configs", "complete": not failed, "errors": failed[:10]})
 
-    # 2. guest agents of running VMs (evidence only: a VM without an agent is covered by ARP/ping)
-    agent_vms = [g for g in guest_rows if g.get("type") == "qemu" and g.get("status") == "running"]
+    # 2. the guest agent of every running VM that has one configured (or whose config could not be
+    # read): an agent that does not answer is a check that did not run, so the answer cannot be "free"
+    running = [g for g in guest_rows if g.get("type") == "qemu" and g.get("status") == "running"]
+    agent_vms = [g for g in running if _agent_enabled(configs.get(int(g["vmid"])))]
+    without = [int(g["vmid"]) for g in running if g not in agent_vms]
     results = await _gather([sub("vm_agent_network", {"vmid": int(g["vmid"])}) for g in agent_vms])
-    answered = 0
+    agent_err = []
     for g, res in zip(agent_vms, results, strict=True):
         if isinstance(res, BaseException):
+            agent_err.append(f"{g['vmid']}: {_err(res)}")
             continue
-        answered += 1
         ifaces = (res or {}).get("result") if isinstance(res, dict) else None
-        for iface in ifaces if isinstance(ifaces, list) else []:
+        if not isinstance(ifaces, list):  # {"result": {"error": ...}}: the agent answered nothing usable
+            agent_err.append(f"{g['vmid']}: the guest agent gave no interface list")
+            continue
+        for iface in ifaces:
             for a in (iface.get("ip-addresses") if isinstance(iface, dict) else None) or []:
                 if isinstance(a, dict) and a.get("ip-address") == ip:
                     evidence.append(f"reported by the guest agent of VM {g['vmid']} ({g.get('name')})")
-    checks.append({"check": "guest_agents", "complete": True, "answered": answered, "of": len(agent_vms),
-                   "note": "evidence only"})  # fmt: skip
+    checks.append({"check": "guest_agents", "complete": not agent_err, "errors": agent_err[:10],
+                   "asked": len(agent_vms), "answered": len(agent_vms) - len(agent_err),
+                   "running_vms_without_agent": without})  # fmt: skip
 
     # 3. neighbour tables and 4. ping, from every node (an offline node means incomplete)
     nodes = rows(await sub("list_nodes", {}))
@@ -284,14 +404,26 @@ async def check_ip_availability(sub: Sub, args: dict[str, Any], warnings: list[s
     checks.append({"check": "neighbour_tables", "complete": not (arp_err or off), "errors": arp_err + off})
     checks.append({"check": "ping", "complete": not (ping_err or off), "errors": ping_err + off})
 
+    incomplete = [c["check"] for c in checks if not c["complete"]]
+    reason = None
     if evidence:
         status = "in_use"
-    elif all(c["complete"] for c in checks):
+    elif not incomplete:
         status = "free"
     else:
         status = "unknown"
+        reason = "not every check ran: " + ", ".join(incomplete) + " incomplete (see checks[].errors)"
         warnings.append("not every check could run, so the address is not reported free")
-    return {"ip": ip, "status": status, "evidence": evidence, "checks": checks, "collected_at": now_iso()}
+    return {"ip": ip, "status": status, "reason": reason, "evidence": evidence, "checks": checks,
+            "collected_at": now_iso()}  # fmt: skip
+
+
+def _agent_enabled(config: dict[str, Any] | None) -> bool:
+    """QEMU `agent` is "1", "enabled=1,fstrim_cloned_disks=1", ...; an unreadable config counts as yes."""
+    if config is None:
+        return True
+    first = str(config.get("agent", "0")).split(",")[0]
+    return first in ("1", "enabled=1")
 
 
 def _labels(raw: Any) -> dict[str, str]:
@@ -498,7 +630,29 @@ async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[st
     }
 
 
+async def node_capacity_report(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """The node's status figures plus every mounted filesystem (df over SSH); a missing part is null with why."""
+    node = str(args["node"])
+    status, fs = await _gather([sub("get_node_status", {"node": node}), sub("node_filesystems", {"node": node})])
+    if isinstance(status, BaseException):
+        if isinstance(fs, BaseException):
+            raise ToolError(f"node {node}: status: {_err(status)}; filesystems: {_err(fs)}")
+        warnings.append(f"node status: {_err(status)}")
+        report: dict[str, Any] = {"node": node}
+    else:
+        report = dict(status)
+    if isinstance(fs, BaseException):
+        warnings.append(f"filesystems: {_err(fs)}")
+        report["filesystems"] = None
+        report["filesystems_unavailable"] = _err(fs)
+    else:
+        report["filesystems"] = [{**f, "used_pct": _pct(f.get("used"), f.get("total"))} for f in rows(fs)]
+    report["collected_at"] = now_iso()
+    return report
+
+
 COMPOSITES: dict[str, Composite] = {
+    "node_capacity": node_capacity_report,
     "list_backups": list_backups,
     "check_ip_availability": check_ip_availability,
     "list_guest_containers": list_guest_containers,

@@ -123,6 +123,23 @@ def parse_table(text: str) -> list[dict[str, str]]:
     return rows
 
 
+def parse_df(text: str) -> list[dict[str, Any]]:
+    """GNU `df --output=source,fstype,size,used,avail,target -B1`: one row per mounted filesystem."""
+    rows: list[dict[str, Any]] = []
+    for line in text.splitlines()[1:]:
+        parts = line.split(maxsplit=5)
+        if len(parts) != 6:
+            continue
+        source, fstype, size, used, avail, target = parts
+
+        def num(v: str) -> int | None:  # df prints "-" where a filesystem has no figure
+            return int(v) if v.isdigit() else None
+
+        rows.append({"filesystem": source, "type": fstype, "total": num(size), "used": num(used),
+                     "available": num(avail), "mountpoint": target})  # fmt: skip
+    return rows
+
+
 def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
     try:
         if kind == "json":
@@ -133,6 +150,8 @@ def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
         raise ToolError(f"command output was not the expected JSON ({exc.msg})") from exc
     if kind == "table":
         return parse_table(stdout)
+    if kind == "df":
+        return parse_df(stdout)
     if kind == "exit_status":
         return {"exit_status": exit_status, "ok": exit_status == 0}
     return {"text": stdout}
@@ -249,6 +268,10 @@ class SshRuntime:
             row = await self.resolver.guest(cluster, int(args[locate]))
             if row is None:
                 raise ToolError(f"guest {args[locate]} not found in cluster {cluster}")
+            allowed = tool.spec.get("types")
+            if allowed and row.get("type") not in allowed:  # e.g. `pct exec` on a VM: refused, no connection
+                what = "a container (lxc)" if row.get("type") == "lxc" else "a VM (qemu)"
+                raise Refused(f"guest {args[locate]} is {what}; {tool.name} works on {'/'.join(allowed)} guests only")
             if args.get(param) not in (None, row.get("node")):
                 raise ToolError(f"guest {args[locate]} is on node {row.get('node')}, not {args[param]}")
             return str(row["node"])

@@ -72,6 +72,17 @@ deny_rules := r if {
 	is_array(r)
 }
 
+# --- address scope ----------------------------------------------------------
+# Which addresses tools taking an `ip` argument may be asked about. No data:
+# no tool is scoped (the tool's own parameter pattern still applies).
+
+default ip_scope := {"tools": [], "permitted_networks": [], "reserved": []}
+
+ip_scope := object.union({"tools": [], "permitted_networks": [], "reserved": []}, s) if {
+	s := data.data.ip_scope
+	is_object(s)
+}
+
 # --- risk -----------------------------------------------------------------
 
 default_risk := {

@@ -199,6 +199,37 @@ data_schema := {
 				"required": ["name", "window", "limit"],
 			},
 		},
+		"ip_scope": {
+			"type": "object",
+			"additionalProperties": false,
+			"properties": {
+				"tools": {"$ref": "#/definitions/strings"},
+				"permitted_networks": {
+					"type": "array",
+					"items": {
+						"type": "object",
+						"additionalProperties": false,
+						"required": ["cidr"],
+						"properties": {
+							"cidr": {"type": "string", "pattern": "^([0-9]{1,3}[.]){3}[0-9]{1,3}/([0-9]|[12][0-9]|3[0-2])$"},
+							"name": {"type": "string", "minLength": 1},
+						},
+					},
+				},
+				"reserved": {
+					"type": "array",
+					"items": {
+						"type": "object",
+						"additionalProperties": false,
+						"required": ["cidr"],
+						"properties": {
+							"cidr": {"type": "string", "pattern": "^([0-9]{1,3}[.]){3}[0-9]{1,3}/([0-9]|[12][0-9]|3[0-2])$"},
+							"reason": {"type": "string", "minLength": 1},
+						},
+					},
+				},
+			},
+		},
 	},
 	"definitions": {
 		"strings": {"type": "array", "items": {"type": "string", "minLength": 1}},
