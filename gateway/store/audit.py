@@ -777,6 +777,9 @@ def _verify(
         raise _Bad(f"there is no audit database at {path}")
     con = connect(path, readonly=True)
     try:
+        # one snapshot for the head and the records: a live gateway commits between two separate
+        # reads, and its new records would look added outside the gateway
+        con.execute("BEGIN")
         meta = _meta_all(con)
         if "created" not in meta:  # says so whether or not a key is at hand
             raise AuditIntegrityError(NO_MARKER)

@@ -364,3 +364,25 @@ async def test_an_older_archived_database_is_sealed_and_verifies_with_its_unkeye
     arch.write_text("\n".join(arch.read_text().splitlines()[:1] + arch.read_text().splitlines()[2:]) + "\n")
     bad = auditlib.verify(db)
     assert not bad.ok and "record 1 is missing" in (bad.problem or "")
+
+
+def test_verify_reads_the_head_and_the_records_from_one_snapshot(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GET /admin/audit/verify` runs against a live database: a commit landing just after verify
+    read the head must not be reported as records added outside the gateway."""
+    read_meta = auditlib._meta_all
+    landed: list[bool] = []
+
+    def meta_then_a_commit(con: sqlite3.Connection) -> dict[str, str]:
+        meta = read_meta(con)
+        if not landed:  # the gateway commits right after verify read the head (once)
+            landed.append(True)
+            asyncio.run(_fill(db, 1, "live"))
+        return meta
+
+    monkeypatch.setattr(auditlib, "_meta_all", meta_then_a_commit)
+    res = auditlib.verify(db)
+    assert landed and res.ok, res.problem
+    assert res.last_seq == 60  # what the snapshot held
+    monkeypatch.undo()
+    res = auditlib.verify(db)
+    assert res.ok and res.last_seq == 62, res.problem
