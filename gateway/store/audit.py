@@ -266,13 +266,18 @@ class AuditLog:
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Only a file this start creates may begin a chain under a key that already exists: an existing
+        # file with no marker and no records was emptied (or truncated), and sealing it would launder that.
+        new_file = not self.path.exists()
+        if new_file and self.key_path.exists():  # the key first, so a start that fails on it leaves no file
+            await asyncio.to_thread(HeadKey.load, self.key_path)
         self._db = await aiosqlite.connect(self.path, isolation_level=None)
         await self._db.execute("PRAGMA busy_timeout=10000")
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
         await self._db.executescript(SCHEMA)
         try:  # once per process, plain sqlite3 in a thread: check the sealed head, or seal a new/older database
-            self._seal = await asyncio.to_thread(open_seal, self.path, self.key_path)
+            self._seal = await asyncio.to_thread(open_seal, self.path, self.key_path, new_file=new_file)
         except BaseException:
             await self._db.close()
             self._db = None
@@ -581,12 +586,14 @@ def _upsert(con: sqlite3.Connection, key: str, value: Any) -> None:
     )
 
 
-def open_seal(path: Path, key_path: Path) -> Seal:
+def open_seal(path: Path, key_path: Path, *, new_file: bool = False) -> Seal:
     """A writer's start: check a sealed database's head, or seal a new one or one from an older release.
 
     An older database (records but no creation marker) is sealed only after its whole chain
     verifies, and only with a key generated now: with a key that already exists, a missing
-    marker more likely means audit_meta was removed to have a cut chain re-sealed.
+    marker more likely means audit_meta was removed to have a cut chain re-sealed. Likewise an
+    empty database is sealed under an existing key only when this start created the file
+    (`new_file`): one that was there, with neither records nor marker, was emptied.
     """
     con = sqlite3.connect(path, isolation_level=None, timeout=10.0)
     con.row_factory = sqlite3.Row
@@ -595,7 +602,7 @@ def open_seal(path: Path, key_path: Path) -> Seal:
         con.executescript(SCHEMA)
         con.execute("BEGIN IMMEDIATE")
         try:
-            seal = _open_seal(con, key_path)
+            seal = _open_seal(con, key_path, new_file)
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
@@ -606,7 +613,7 @@ def open_seal(path: Path, key_path: Path) -> Seal:
         con.close()
 
 
-def _open_seal(con: sqlite3.Connection, key_path: Path) -> Seal:
+def _open_seal(con: sqlite3.Connection, key_path: Path, new_file: bool) -> Seal:
     meta = _meta_all(con)
     row = con.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     last = None if row is None else (int(row[0]), str(row[1]))
@@ -623,6 +630,18 @@ def _open_seal(con: sqlite3.Connection, key_path: Path) -> Seal:
             f"the audit database has records but no creation marker, and the audit head key {key_path} already "
             "exists: audit_meta was removed (run `pvegate audit verify`), or the key was made by hand for a "
             "database from an older release (start the gateway once with no file at that path to seal it)"
+        )
+    if not older and not made:
+        if not new_file:
+            raise AuditIntegrityError(
+                f"the audit database has no records and no creation marker, and the audit head key {key_path} "
+                "already exists: its records and audit_meta were deleted or the file was emptied (run `pvegate "
+                "audit verify`, check your checkpoints), or a start failed before sealing it; keep the file as "
+                "evidence and move it aside to start a new chain"
+            )
+        notes.append(
+            f"started a new audit chain with the existing audit head key (key id {key.key_id}): "
+            "if the previous database was not moved aside on purpose, it was removed"
         )
     start = (0, GENESIS)
     if "anchor" in meta:  # an older release's anchor, trusted as that release trusted it

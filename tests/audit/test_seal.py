@@ -386,3 +386,45 @@ def test_verify_reads_the_head_and_the_records_from_one_snapshot(db: Path, monke
     monkeypatch.undo()
     res = auditlib.verify(db)
     assert res.ok and res.last_seq == 62, res.problem
+
+
+def test_an_emptied_database_is_never_resealed_under_the_existing_key(db: Path) -> None:
+    """Deleting every record and audit_meta (or truncating the file) needs no key; a restart must not
+    then seal the empty file as a new chain, which would make verify pass on the laundered log."""
+    _sql(db, *TAMPERING["delete everything"][0])
+    with pytest.raises(AuditIntegrityError, match="no records and no creation marker"):
+        asyncio.run(_fill(db, 1))
+    assert not auditlib.verify(db).ok
+    with db.open("r+b") as fh:  # the file cut to nothing: SQLite takes it for a new, empty database
+        fh.truncate(0)
+    with pytest.raises(AuditIntegrityError, match="no records and no creation marker"):
+        asyncio.run(_fill(db, 1))
+    res = auditlib.verify(db)
+    assert not res.ok and res.problem and "no creation marker" in res.problem
+
+
+def test_a_database_moved_aside_starts_a_new_chain_under_the_same_key(
+    db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key_id = HeadKey.load(db.parent / "audit-head.key").key_id
+    db.rename(db.parent / "evidence.db")
+    with caplog.at_level(logging.WARNING, logger="pvegate.audit"):
+        asyncio.run(_fill(db, 2))
+    assert f"started a new audit chain with the existing audit head key (key id {key_id})" in caplog.text
+    res = auditlib.verify(db)
+    assert res.ok and res.last_seq == 4, res.problem
+
+
+def test_a_first_start_refused_for_a_loose_key_leaves_nothing_to_trip_over(tmp_path: Path) -> None:
+    """A key made by hand before the first start, too widely readable: refused without creating the
+    database, so once it is chmod 600 the next start seals a new chain."""
+    db, key = tmp_path / "audit.db", tmp_path / "audit-head.key"
+    key.write_text(HeadKey.create(tmp_path / "made.key").path.read_text())
+    key.chmod(0o644)
+    with pytest.raises(AuditKeyError, match="chmod 600"):
+        asyncio.run(_fill(db, 1))
+    assert not db.exists()
+    key.chmod(0o600)
+    asyncio.run(_fill(db, 1))
+    res = auditlib.verify(db)
+    assert res.ok and res.last_seq == 2, res.problem
