@@ -24,6 +24,7 @@ tools:
 	@bash scripts/provision-tools.sh
 	@bash scripts/provision-inspector.sh
 	@bash scripts/provision-compose.sh
+	@bash scripts/provision-postgres.sh
 
 demo: venv tools
 	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.dev.devenv import DevEnv, make_env
+from tests.pgserver import PostgresServer, start_postgres
 from tests.support import GatewayThread, free_port
 
 
@@ -35,3 +36,11 @@ def gateway(env: DevEnv) -> Iterator[GatewayThread]:
 @pytest.fixture(scope="session")
 def audit_db(env: DevEnv) -> Path:
     return env.config.audit_path
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL on 127.0.0.1 for the whole session (tests/pgserver.py: ~1.5 s to start)."""
+    server = start_postgres()
+    yield server
+    server.stop()

@@ -1,0 +1,178 @@
+"""A real, throw-away PostgreSQL server for the tests: initdb in a temp folder, loopback only.
+
+`start_postgres()` runs the machine's `initdb` and `postgres` (PostgreSQL 15 from Debian's
+package; `scripts/provision-postgres.sh` installs it when missing), listening on 127.0.0.1 on a
+free port, with its socket in the same temp folder. initdb refuses to run as root, so as root
+the cluster belongs to an unprivileged account (`postgres`, which Debian's package creates, or
+else `nobody`).
+
+No orphans: the postmaster gets PR_SET_PDEATHSIG(SIGINT), so if the test process dies (even by
+SIGKILL) the kernel asks it for a fast shutdown, and its backends die with it. `stop()` does the
+same on purpose and removes the folder; only a killed run leaves its temp folder behind
+(/tmp/pvegate-pg-*, a few tens of MB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+USER = "pvegate"  # the database superuser initdb creates (trust auth on loopback only)
+DATABASE = "postgres"
+_PR_SET_PDEATHSIG = 1
+
+
+class PostgresUnavailable(RuntimeError):
+    """The PostgreSQL binaries are not installed (run `make tools`)."""
+
+
+def bin_dir() -> Path:
+    """Where initdb and postgres are: on PATH, else Debian's /usr/lib/postgresql/<newest>/bin."""
+    found = shutil.which("initdb")
+    if found and shutil.which("postgres"):
+        return Path(os.path.realpath(found)).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    if versions:
+        return Path(versions[-1]).parent
+    raise PostgresUnavailable(
+        "PostgreSQL is not installed (no initdb on PATH or in /usr/lib/postgresql/*/bin): run `make tools`"
+    )
+
+
+def _owner() -> pwd.struct_passwd | None:
+    """The account to run the server as: None when we are not root (run as ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    raise PostgresUnavailable("running as root and neither a 'postgres' nor a 'nobody' account exists")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls into it
+
+
+def _die_with_parent() -> None:
+    """In the child, after it dropped to the owner's uid (which would clear the setting)."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+
+
+@dataclass
+class PostgresServer:
+    root: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+    started_in: float  # seconds from initdb to accepting connections
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{DATABASE}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown: disconnect clients, exit
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.root / "server.log").read_text(errors="replace")
+        return ""
+
+
+def _ready(data: Path) -> bool:
+    """postmaster.pid's 8th line says `ready` once the server accepts connections (PG >= 10)."""
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+    except OSError:
+        return False
+    return len(lines) >= 8 and lines[7].strip() == "ready"
+
+
+def start_postgres(timeout: float = 60.0) -> PostgresServer:
+    """initdb a new cluster in a temp folder and start it on 127.0.0.1:<free port>."""
+    t0 = time.monotonic()
+    bindir = bin_dir()
+    owner = _owner()
+    root = Path(tempfile.mkdtemp(prefix="pvegate-pg-"))
+    data = root / "data"
+    uid = gid = None
+    groups: list[int] | None = None
+    if owner is not None:
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+        uid, gid, groups = owner.pw_uid, owner.pw_gid, []
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
+    try:
+        subprocess.run(
+            [str(bindir / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8", "--no-sync"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            check=True,
+            timeout=timeout,
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        raise PostgresUnavailable(f"initdb failed: {exc.stderr.decode(errors='replace').strip()}") from exc
+    for _attempt in range(5):  # another process may take the free port before the server binds it
+        port = _free_port()
+        # fsync off: a throw-away cluster, durability is not what is tested here
+        argv = [str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port)]
+        argv += ["-k", str(root)]  # the Unix socket stays in the temp folder
+        for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200"):
+            argv += ["-c", setting]
+        log = open(root / "server.log", "ab")  # the server's; our copy is closed below
+        proc = subprocess.Popen(
+            argv,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent,  # only a prctl between fork and exec
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None and not _ready(data):
+            time.sleep(0.02)
+        server = PostgresServer(root, port, proc, time.monotonic() - t0)
+        if proc.poll() is None and _ready(data):
+            return server
+        text = server.log()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if "could not bind" in text or "Address already in use" in text:
+            continue
+        shutil.rmtree(root, ignore_errors=True)
+        raise PostgresUnavailable(f"postgres did not start within {timeout:.0f}s:\n{text[-2000:]}")
+    shutil.rmtree(root, ignore_errors=True)
+    raise PostgresUnavailable("postgres could not bind a free loopback port in 5 attempts")
