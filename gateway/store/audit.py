@@ -254,6 +254,7 @@ class AuditLog:
         self.key_path = head_key or default_key_path(path)
         self._seal: Seal | None = None
         self._head: tuple[str, int, str] | None = None  # (stored text, seq, hash) of the head last checked
+        self._high = 0  # the furthest head this process has seen: a head only moves forward
         self.scrub = Scrubber(secrets)
         self.synchronous = synchronous
         self.max_batch = max_batch
@@ -398,6 +399,7 @@ class AuditLog:
                 await db.execute("ROLLBACK")
             raise
         self._head = (head, seq, prev)
+        self._high = seq
         self.commits += 1
         self.records += len(records)
         for rec in records:
@@ -415,7 +417,14 @@ class AuditLog:
         if cached is not None and text == cached[0]:  # the head this process wrote or checked last
             return cached[1], cached[2]
         seq, digest = head_point(seal, text)
+        if seq < self._high:  # authentic but old: continuing from it would re-authenticate the cut
+            raise AuditIntegrityError(
+                f"the chain head (audit_meta 'head') went back from record {self._high} to record {seq}: "
+                "an older head was put back (records after it removed), outside the gateway",
+                seq + 1,
+            )
         self._head = (str(text), seq, digest)
+        self._high = seq
         return seq, digest
 
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:

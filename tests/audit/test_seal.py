@@ -428,3 +428,25 @@ def test_a_first_start_refused_for_a_loose_key_leaves_nothing_to_trip_over(tmp_p
     asyncio.run(_fill(db, 1))
     res = auditlib.verify(db)
     assert res.ok and res.last_seq == 2, res.problem
+
+
+async def test_a_running_writer_never_continues_from_an_older_head_put_back(tmp_path: Path) -> None:
+    """An old head is authentic (the key signed it); put back over a cut end while the gateway runs,
+    continuing from it would authenticate a chain with the cut records simply gone."""
+    path = tmp_path / "w.db"
+    log = AuditLog(path)
+    await log.open()
+    try:
+        await log.append(*[AuditRecord(f"r{i}", "decision", outcome="allow") for i in range(10)])
+        old_head = auditlib.connect(path).execute("SELECT value FROM audit_meta WHERE key = 'head'").fetchone()[0]
+        await log.append(*[AuditRecord(f"s{i}", "decision", outcome="allow") for i in range(10)])
+        con = sqlite3.connect(path)
+        con.execute("DELETE FROM audit WHERE seq > 10")
+        con.execute("UPDATE audit_meta SET value = ? WHERE key = 'head'", (old_head,))
+        con.commit()
+        con.close()
+        with pytest.raises(AuditIntegrityError, match="went back from record 20 to record 10"):
+            await log.append(AuditRecord("after", "decision", outcome="allow"))
+    finally:
+        await log.close()
+    assert [r["seq"] for r in auditlib.search(path, auditlib.Query())] == list(range(1, 11))
