@@ -29,6 +29,7 @@ from gateway.policy.listings import ListingCache
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
+from gateway.store.backend import refuse_unshared
 from gateway.store.usage import UsageCounters
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import Runtime
@@ -102,6 +103,7 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
 
 
 async def build_components(config: Config) -> Components:
+    refuse_unshared(config)  # before anything starts: never per-process state believed shared
     catalog = Catalog.load(config.connectors_dir)
     url, sidecar = await asyncio.to_thread(start_opa, config)
     try:

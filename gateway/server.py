@@ -27,6 +27,7 @@ from gateway.core.config import Config, ConfigError, SecretRef
 from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
+from gateway.store.backend import refuse_unshared
 from gateway.tools.catalog import CatalogError
 
 log = logging.getLogger("pvegate")
@@ -130,6 +131,10 @@ def bind(config: Config) -> socket.socket:
 
 def preflight(config: Config) -> None:
     """Everything that can be checked without starting anything; StartupError names the first problem."""
+    try:
+        refuse_unshared(config)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from exc
     check_state_dir(config.state_dir)
     check_state_dir(config.audit_path.parent, "audit.path: the directory")
     check_secrets(config)

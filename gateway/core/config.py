@@ -122,6 +122,20 @@ class AdminConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    """storage.url: SQLite (one file, the default) or PostgreSQL (state shared by replicas)."""
+
+    backend: str = "sqlite"  # "sqlite" | "postgresql"
+    url: str | None = None  # as given (never holds a password); None: SQLite in audit.path
+    password: SecretRef | None = None
+    pool_max_size: int = 10
+
+    @property
+    def postgresql(self) -> bool:
+        return self.backend == "postgresql"
+
+
+@dataclass(frozen=True)
 class Config:
     host: str
     port: int
@@ -133,6 +147,7 @@ class Config:
     audit_path: Path
     state_dir: Path
     admin: AdminConfig = field(default_factory=AdminConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = 1_048_576
@@ -191,6 +206,39 @@ def _ssh(raw: dict[str, Any] | None, base: Path) -> SSHConfig | None:
     )
 
 
+def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[StorageConfig, Path | None]:
+    """storage.* and the SQLite file it names (None: not named by storage.url)."""
+    from urllib.parse import urlsplit
+
+    url = raw.get("url")
+    pool = int(raw.get("pool_max_size", 10))
+    password = _secret(raw["password"], base, "storage.password") if raw.get("password") else None
+    if url is None or str(url).startswith("sqlite://"):
+        unused = [f"storage.{k}" for k in ("password", "pool_max_size") if k in raw]
+        if unused:
+            raise ConfigError(f"{unused[0]}: only used with a postgresql:// storage.url")
+        sqlite_file = _path(str(url).removeprefix("sqlite://"), base) if url else None
+        if sqlite_file is not None and audit_path is not None and sqlite_file != audit_path:
+            raise ConfigError(
+                f"storage.url names the SQLite file {sqlite_file} but audit.path names {audit_path}: "
+                "they are one database, name it once (storage.url)"
+            )
+        return StorageConfig("sqlite", url, password, pool), sqlite_file
+    try:
+        parts = urlsplit(str(url))
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError as exc:
+        raise ConfigError(f"storage.url: not a valid PostgreSQL URL: {exc}") from None
+    if parts.password is not None:
+        raise ConfigError(
+            "storage.url: holds a password; secrets are not kept in this file: "
+            "remove it from the URL and name it in storage.password ({file: PATH} or {env: NAME})"
+        )
+    if not parts.hostname:
+        raise ConfigError("storage.url: names no host (postgresql://USER@HOST:PORT/DATABASE)")
+    return StorageConfig("postgresql", str(url), password, pool), None
+
+
 def parse(raw: dict[str, Any], base: Path) -> Config:
     """Build a Config from a parsed YAML mapping; relative paths resolve against `base`.
 
@@ -222,6 +270,9 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
         if not clusters:
             raise ConfigError("at least one cluster must be configured")
         state_dir = _path(raw.get("state_dir", ".state"), base)
+        audit_raw = raw.get("audit", {})
+        named_audit = _path(audit_raw["path"], base) if audit_raw.get("path") else None
+        storage, sqlite_file = _storage(raw.get("storage") or {}, base, named_audit)
         return Config(
             host=str(listen.get("host", "127.0.0.1")),
             port=int(listen.get("port", 8443)),
@@ -258,11 +309,12 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             ),
             clusters=clusters,
             connectors_dir=_path(raw.get("connectors_dir", "connectors"), base),
-            audit_path=_path(raw.get("audit", {}).get("path", state_dir / "audit.db"), base),
+            audit_path=named_audit or sqlite_file or state_dir / "audit.db",
             state_dir=state_dir,
             admin=AdminConfig(
                 token=_secret(raw["admin"]["token"], base, "admin.token") if raw.get("admin", {}).get("token") else None
             ),
+            storage=storage,
             allowed_origins=tuple(raw.get("allowed_origins", [])),
             allowed_hosts=tuple(raw.get("allowed_hosts", [])),
             max_body_bytes=int(raw.get("max_body_bytes", 1_048_576)),

@@ -26,6 +26,7 @@ from gateway.core.config import Config, load
 from gateway.policy.opa_sidecar import client_token
 from gateway.store.approvals import Approvals, ApprovalStore, NotFound, VoteOutcome
 from gateway.store.audit import AuditLog, known_secrets
+from gateway.store.backend import refuse_unshared
 
 TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 
@@ -33,6 +34,7 @@ TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not
 async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callable[[Approvals], Awaitable[int]]) -> int:
     from gateway.policy.decisions import DecisionClient
 
+    refuse_unshared(cfg)  # the gateway would not run on this storage.url: neither do its tools
     audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
     store = ApprovalStore(cfg.audit_path)
     sidecar = None

@@ -1,0 +1,29 @@
+"""Which storage backend `storage.url` selects, and what is not yet shared through PostgreSQL.
+
+Several replicas are only correct if every piece of state a call depends on is shared: the
+audit chain, pending approvals and their one-time tokens, the quota counters, and the keys
+that seal request states and session ids. Until each is ported (issue #15), a PostgreSQL URL
+is refused at start: running with some state per process while the operator believes it
+shared would let a token be redeemed twice or a quota be exceeded N-fold.
+"""
+
+from __future__ import annotations
+
+from gateway.core.config import Config, ConfigError
+
+# What must be shared across replicas and still lives per process or in a local SQLite file.
+NOT_YET_SHARED: tuple[str, ...] = (
+    "the audit log",
+    "approvals",
+    "quota counters",
+    "the request-state and session signing keys",
+)
+
+
+def refuse_unshared(config: Config) -> None:
+    """ConfigError (one line) when storage.url selects PostgreSQL before every shared store is ported."""
+    if config.storage.postgresql and NOT_YET_SHARED:
+        raise ConfigError(
+            f"storage.url: PostgreSQL is not supported yet: {', '.join(NOT_YET_SHARED)} would stay per "
+            "process, not shared by the replicas (issue #15); leave storage.url unset (SQLite) until then"
+        )

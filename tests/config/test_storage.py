@@ -1,0 +1,93 @@
+"""storage.url: SQLite by default (today's files), PostgreSQL refused until every shared store is ported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.config import ConfigError, parse
+from gateway.core.config_schema import problems
+from tests.config.conftest import run_pvegate, write
+
+PG = "postgresql://pvegate@db.example:5432/pvegate"
+
+
+def test_default_keeps_the_audit_database_file(base: dict[str, Any], tmp_path: Path) -> None:
+    cfg = parse(base, tmp_path)
+    assert cfg.storage.backend == "sqlite" and cfg.storage.url is None
+    assert cfg.audit_path == tmp_path / "state" / "audit.db"
+
+
+def test_a_sqlite_url_names_the_database_file(base: dict[str, Any], tmp_path: Path) -> None:
+    base["storage"] = {"url": "sqlite:///var/lib/pvegate/pvegate.db"}
+    assert parse(base, tmp_path).audit_path == Path("/var/lib/pvegate/pvegate.db")
+    base["storage"] = {"url": "sqlite://data/pvegate.db"}  # relative to the configuration file
+    assert parse(base, tmp_path).audit_path == tmp_path / "data" / "pvegate.db"
+    base["audit"] = {"path": "data/pvegate.db"}  # the same file named twice is fine
+    assert parse(base, tmp_path).audit_path == tmp_path / "data" / "pvegate.db"
+
+
+def test_a_postgresql_url_is_parsed_without_touching_the_audit_file(base: dict[str, Any], tmp_path: Path) -> None:
+    base["storage"] = {"url": PG + "?sslmode=verify-full", "password": {"env": "PGPW"}, "pool_max_size": 4}
+    cfg = parse(base, tmp_path)
+    assert cfg.storage.postgresql and cfg.storage.url == PG + "?sslmode=verify-full"
+    assert cfg.storage.password is not None and cfg.storage.password.env == "PGPW"
+    assert cfg.storage.pool_max_size == 4
+
+
+@pytest.mark.parametrize(
+    ("storage", "expected"),
+    [
+        ({"url": "mysql://x/y"}, "storage.url: expected sqlite://PATH or postgresql://USER@HOST:PORT/DATABASE"),
+        ({"url": "postgresql://"}, "storage.url: expected sqlite://PATH or postgresql://"),
+        ({"pool_max_size": 0}, "storage.pool_max_size: must be at least 1, got 0"),
+        ({"uri": PG}, "storage.uri: unknown setting; did you mean storage.url?"),
+    ],
+)
+def test_schema_problems(base: dict[str, Any], storage: dict[str, Any], expected: str) -> None:
+    base["storage"] = storage
+    found = problems(base)
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+@pytest.mark.parametrize(
+    ("storage", "audit", "expected"),
+    [
+        ({"url": "postgresql://u:hunter2@db/p"}, None, "storage.url: holds a password; secrets are not kept"),
+        ({"url": "postgresql://u@db:port/p"}, None, "storage.url: not a valid PostgreSQL URL"),
+        ({"url": "postgresql://u@/p"}, None, "storage.url: names no host"),
+        ({"url": "sqlite:///a.db"}, {"path": "/b.db"}, "storage.url names the SQLite file /a.db but audit.path"),
+        ({"password": {"env": "X"}}, None, "storage.password: only used with a postgresql:// storage.url"),
+        ({"url": "sqlite:///a.db", "pool_max_size": 3}, None, "storage.pool_max_size: only used with a postgresql"),
+    ],
+)
+def test_contradictions(
+    base: dict[str, Any], tmp_path: Path, storage: dict[str, Any], audit: dict[str, Any] | None, expected: str
+) -> None:
+    base["storage"] = storage
+    if audit:
+        base["audit"] = audit
+    with pytest.raises(ConfigError) as err:
+        parse(base, tmp_path)
+    assert err.value.problems[0].startswith(expected), err.value.problems
+    assert "hunter2" not in str(err.value)
+
+
+def test_serve_refuses_postgresql_until_every_shared_store_is_ported(base: dict[str, Any], tmp_path: Path) -> None:
+    """Never per-process state the operator believes shared: one line, exit 2, nothing started."""
+    base["storage"] = {"url": PG}
+    r = run_pvegate("serve", "--config", str(write(tmp_path, base)))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("pvegate: cannot start: storage.url: PostgreSQL is not supported yet: the audit log"), line
+    assert "issue #15" in line and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "state").exists()
+
+
+def test_approvals_cli_refuses_postgresql_too(base: dict[str, Any], tmp_path: Path) -> None:
+    base["storage"] = {"url": PG}
+    r = run_pvegate("approvals", "list", "--config", str(write(tmp_path, base)))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: storage.url: PostgreSQL is not supported yet"), r.stderr
