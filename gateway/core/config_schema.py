@@ -232,6 +232,23 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _trusted_proxy(i: int, entry: str) -> list[str]:
+    """uvicorn trusts every peer for '*' and keeps an entry it cannot parse as a literal that never matches."""
+    if entry == "*":
+        return [
+            f"trusted_proxies[{i}]: '*' would believe the X-Forwarded-For of every client, so any client "
+            "could choose the address the audit and the policy see; list the proxies' addresses or networks"
+        ]
+    try:
+        if "/" in entry:
+            ipaddress.ip_network(entry)  # strict: host bits set is a typo of an address or of a network
+        else:
+            ipaddress.ip_address(entry)
+    except ValueError:
+        return [f"trusted_proxies[{i}]: {entry!r} is not an IP address or CIDR network (e.g. 10.0.0.5, 10.0.0.0/24)"]
+    return []
+
+
 def _consistency(raw: dict[str, Any]) -> list[str]:
     """Settings that are each valid but contradict each other, or one that would be silently ignored."""
     out: list[str] = []
@@ -274,6 +291,9 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append("tls.insecure_http: true, so tls.cert and tls.key are not used; give one or the other")
     elif not (tls.get("cert") and tls.get("key")):
         out.append("tls: tls.cert and tls.key are required (or tls.insecure_http: true on a loopback listen.host)")
+
+    for i, entry in enumerate(raw.get("trusted_proxies") or []):
+        out += _trusted_proxy(i, entry)
 
     auth = raw["auth"]
     if auth.get("jwks_url") and auth.get("jwks_file"):
@@ -393,7 +413,8 @@ def reference() -> str:
         "without `opa.bundle`, no `tls.cert`/`tls.key` without `tls.insecure_http`, plain HTTP on a",
         "non-loopback address, both `auth.jwks_url` and `auth.jwks_file`, HS256 accepted without",
         "`auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a cluster's `fingerprint`",
-        "together with its `ca_file` or with `verify_tls: false`.",
+        "together with its `ca_file` or with `verify_tls: false`. A `trusted_proxies` entry must be an IP",
+        "address or CIDR network: `*` (believe every client's `X-Forwarded-For`) and names are refused.",
         "",
         "## When the gateway cannot start",
         "",

@@ -146,6 +146,29 @@ def test_contradictions_and_silently_ignored_settings(base: dict[str, Any], chan
     assert len(found) == 1 and found[0].startswith(expected), found
 
 
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("*", "trusted_proxies[1]: '*' would believe the X-Forwarded-For of every client"),
+        ("proxy.internal", "trusted_proxies[1]: 'proxy.internal' is not an IP address or CIDR network"),
+        ("10.0.0.0/33", "trusted_proxies[1]: '10.0.0.0/33' is not an IP address or CIDR network"),
+        ("10.0.0.1/8", "trusted_proxies[1]: '10.0.0.1/8' is not an IP address or CIDR network"),
+    ],
+)
+def test_trusted_proxies_are_addresses_or_networks(base: dict[str, Any], entry: str, expected: str) -> None:
+    """uvicorn takes '*' as "trust every peer" (any client then chooses the address the audit and the
+    policy see) and keeps any other entry it cannot parse as a literal that never matches: both were
+    accepted without a word."""
+    base["trusted_proxies"] = ["10.0.0.5", entry]
+    found = problems(base)
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_trusted_proxies_take_addresses_and_networks(base: dict[str, Any]) -> None:
+    base["trusted_proxies"] = ["10.0.0.5", "192.168.0.0/16", "::1", "fd00::/8"]
+    assert problems(base) == []
+
+
 def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the configuration: No such file"):
         load(tmp_path / "missing.yaml")
