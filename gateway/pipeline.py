@@ -15,7 +15,7 @@ from gateway.components import Components
 from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
-from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, secret_values
+from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
 from gateway.tools.runtimes.base import CallContext, Refused, ToolError, UpstreamError
 from gateway.tools.shaping import shape
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
@@ -168,15 +168,16 @@ async def _audit_decision(
 ) -> None:
     """received + decision, committed together before anything reaches Proxmox."""
     who, tkey = req.principal.sub, _tkey(target)
-    received = {
-        "arguments": audit_arguments(tool, args, decision.obligations.get("redact")),
-        "target": target,
-        "protocol": req.protocol_version,
-    }
+    kept_args = audit_arguments(tool, args, decision.obligations.get("redact"))
+    received = {"arguments": kept_args, "target": target, "protocol": req.protocol_version}
     outcome = "allow" if decision.allow else "pending" if decision.approval_required else "deny"
+    body = _decision_body(decision, input_doc)
+    # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
+    body["input_redacted"] = redacted_paths(args, kept_args)
+    replayable = {**input_doc, "arguments": kept_args}
     await c.audit.append(
         AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
-        AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, _decision_body(decision, input_doc)),
+        AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, body, policy_input=replayable),
     )
 
 

@@ -73,6 +73,26 @@ class Decision:
         return sorted({r["code"] for r in self.approval.get("reasons") or ()})
 
     @classmethod
+    def from_result(cls, result: dict[str, Any], envelope: dict[str, Any], revision: str | None = None) -> Decision:
+        """The decision a contract-valid result stands for (also what `pvegate policy replay` compares)."""
+        metrics = envelope.get("metrics") or {}
+        return cls(
+            # defence in depth against a policy bug: a deny reason, or an unmet approval, always wins
+            allow=bool(result["allow"])
+            and not result["deny"]
+            and not ((result.get("approval") or {}).get("required") and not result["approval"].get("satisfied")),
+            deny=tuple(result["deny"]),
+            deny_reasons=tuple(result.get("deny_reasons") or ()),
+            risk=result.get("risk") or {},
+            approval=result.get("approval") or {},
+            obligations=result.get("obligations") or {},
+            quota=result.get("quota"),
+            decision_id=envelope.get("decision_id"),
+            revision=revision,
+            eval_ns=metrics.get("timer_rego_query_eval_ns"),
+        )
+
+    @classmethod
     def fail_closed(cls, reason: str) -> Decision:
         message = f"denied: policy decision unavailable ({reason})"
         coded = {"code": FAIL_CLOSED_CODE, "rule": "gateway.policy.decisions", "message": message}
@@ -165,22 +185,7 @@ class DecisionClient:
         problem = self.contract_problem(result)
         if problem is not None:
             return Decision.fail_closed(problem)
-        metrics = envelope.get("metrics") or {}
-        return Decision(
-            # defence in depth against a policy bug: a deny reason, or an unmet approval, always wins
-            allow=bool(result["allow"])
-            and not result["deny"]
-            and not ((result.get("approval") or {}).get("required") and not result["approval"].get("satisfied")),
-            deny=tuple(result["deny"]),
-            deny_reasons=tuple(result.get("deny_reasons") or ()),
-            risk=result.get("risk") or {},
-            approval=result.get("approval") or {},
-            obligations=result.get("obligations") or {},
-            quota=result.get("quota"),
-            decision_id=envelope.get("decision_id"),
-            revision=self._provenance(envelope),
-            eval_ns=metrics.get("timer_rego_query_eval_ns"),
-        )
+        return Decision.from_result(result, envelope, self._provenance(envelope))
 
     def contract_problem(self, result: Any) -> str | None:
         """Why a decision document breaks the contract (decision.schema.json), or None."""

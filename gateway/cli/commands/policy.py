@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.cli.commands.replay import register_replay
 from gateway.policy.authoring import AuthoringError, check_data, explain
 from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
@@ -186,3 +187,4 @@ def register(sub: Any) -> None:
     )
     x.add_argument("--json", action="store_true", help="print the explanation as JSON")
     x.set_defaults(func=_explain)
+    register_replay(psub)

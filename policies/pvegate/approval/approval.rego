@@ -23,6 +23,7 @@ cfg := config.approval
 reasons contains r.message if some r in requirements
 
 requirements contains lib.reason("approval.risk_level", "data.approval.required_from_level", msg) if {
+	not waived
 	lib.level_rank[risk.level] >= lib.level_rank[cfg.required_from_level]
 	msg := sprintf(
 		"risk %s (score %d) is at or above the approval threshold %s",
@@ -31,6 +32,7 @@ requirements contains lib.reason("approval.risk_level", "data.approval.required_
 }
 
 requirements contains lib.reason("approval.rule", sprintf("data.approval.rules[%s]", [name]), msg) if {
+	not waived
 	some rule in matching_rules
 	name := object.get(rule, "name", "unnamed")
 	msg := object.get(rule, "reason", sprintf("approval rule %q", [name]))
@@ -39,6 +41,15 @@ requirements contains lib.reason("approval.rule", sprintf("data.approval.rules[%
 requirements contains lib.reason("approval.break_glass", "pvegate.guardrails.break_glass_approval_required", msg) if {
 	guardrails.break_glass_approval_required
 	msg := sprintf("break-glass: %s outside the maintenance window needs an approval", [input.tool.effect])
+}
+
+# an active waiver (e.g. declared for an incident) lifts the risk-level and rule
+# approvals of the calls it matches (selector keys as in rules); the break-glass
+# approval is a guard rail and stays
+waived if {
+	some w in cfg.waivers
+	w.active == true
+	lib.call_matches(w, input.principal, input.tool, input.target)
 }
 
 # approval rules do not apply to dry runs (nothing changes) unless the rule

@@ -17,6 +17,19 @@ test_high_risk_requires_approval if {
 	contains(r.reason, "risk high (score 50) is at or above the approval threshold high")
 }
 
+operator_waiver := {"name": "incident", "active": true, "principal_kinds": ["agent"], "reason": "incident"}
+
+test_active_waiver_lifts_risk_and_rule_approvals if {
+	not approval.required with input as prod_stop with data.data.approval.waivers as [operator_waiver]
+	inp := fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
+	approval.required with input as inp with data.data.approval.waivers as [operator_waiver]
+}
+
+test_inactive_waiver_changes_nothing if {
+	inactive := object.union(operator_waiver, {"active": false})
+	approval.required with input as prod_stop with data.data.approval.waivers as [inactive]
+}
+
 test_low_risk_needs_no_approval if {
 	r := approval.result with input as fx.call(fx.agent, fx.vm_stop, fx.web_guest)
 	r == {

@@ -116,6 +116,7 @@ default_approval := {
 	"default_min_approvals": 1,
 	"default_ttl_seconds": 900,
 	"rules": [],
+	"waivers": [],
 }
 
 approval := object.union(default_approval, data_approval)

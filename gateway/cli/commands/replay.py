@@ -1,0 +1,120 @@
+"""`pvegate policy replay`: which recorded decisions would a candidate policy change?
+
+Registered under `pvegate policy` (policy.py calls `register_replay`). Exit status:
+0 nothing past the --fail-on threshold, 1 past it (a CI gate), 2 the replay could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.commands.audit import db_path, parse_time
+from gateway.core.config import ConfigError
+from gateway.store.replay import (
+    ALIASES,
+    KINDS,
+    Candidate,
+    EvalEngine,
+    Filters,
+    ReplayError,
+    Report,
+    ServerEngine,
+    expand_kinds,
+    read_audit,
+    read_export,
+    replay,
+)
+
+
+def _run(args: argparse.Namespace) -> int:
+    filters = Filters(
+        since=args.since, until=args.until, tool=args.tool, principal=args.principal, outcome=args.outcome
+    )
+    try:
+        fail_on = tuple(sorted(expand_kinds((args.fail_on or "").split(","))))
+        candidate = Candidate(
+            policies=tuple(args.policies or ()) + tuple(args.data or ()),
+            bundle=args.bundle,
+            verification_key=args.verification_key,
+        )
+        if args.export is not None:
+            source = f"export {args.export}"
+            report = Report(candidate.describe(), source, filters, fail_on=fail_on, fail_above=args.fail_above)
+            records = read_export(args.export, filters, report.skipped)
+        else:
+            db = db_path(args)
+            if not db.is_file():
+                raise ReplayError(f"no audit database at {db}")
+            report = Report(candidate.describe(), f"audit {db}", filters, fail_on=fail_on, fail_above=args.fail_above)
+            records = read_audit(db, filters, report.skipped)
+        report.max_examples = args.examples
+        engine: ServerEngine | EvalEngine = (
+            EvalEngine(candidate) if args.engine == "eval" else ServerEngine(candidate, concurrency=args.concurrency)
+        )
+        with engine:
+            replay(records, engine, report)
+    except (ReplayError, ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = (
+        _json(report)
+        if args.format == "json"
+        else report.as_markdown()
+        if args.format == "markdown"
+        else report.as_text()
+    )
+    if args.out is not None:
+        args.out.write_text(text)
+        print("\n".join(report.as_text().splitlines()[:6]))  # the summary on the console as well
+    else:
+        sys.stdout.write(text)
+    return 1 if report.failed else 0
+
+
+def _json(report: Report) -> str:
+    import json
+
+    return json.dumps(report.as_json(), indent=1) + "\n"
+
+
+def register_replay(psub: Any) -> None:
+    r = psub.add_parser(
+        "replay",
+        help="replay recorded decisions against a candidate policy and report what would change",
+        description="Evaluate the policy inputs the audit recorded against a candidate (policy directory plus "
+        "data, or a bundle) in a second OPA, and report every decision that changes: allow/approval/deny "
+        "transitions, risk level and obligations. Exit 1 when changes of a --fail-on kind exceed --fail-above.",
+    )
+    src = r.add_argument_group("recorded decisions")
+    src.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    src.add_argument("--db", type=Path, help="the audit database (instead of reading it from --config)")
+    src.add_argument("--export", type=Path, help="a `pvegate audit export --jsonl` file instead of a database")
+    src.add_argument("--since", type=parse_time, help="e.g. 7d, 2h, or 2026-01-31T12:00")
+    src.add_argument("--until", type=parse_time)
+    src.add_argument("--tool", help="a tool name, or a glob with *")
+    src.add_argument("--principal", help="a subject, or a glob with *")
+    src.add_argument("--outcome", choices=("allow", "pending", "deny"), help="the recorded outcome")
+    cand = r.add_argument_group("candidate")
+    cand.add_argument("--policies", type=Path, action="append", help="policy directory (repeatable)")
+    cand.add_argument("--data", type=Path, action="append", help="more data files or directories (repeatable)")
+    cand.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
+    cand.add_argument("--verification-key", type=Path, help="the bundle's signature must verify against this key")
+    out = r.add_argument_group("report and gate")
+    out.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    out.add_argument("--out", "-o", type=Path, help="write the report to this file")
+    out.add_argument("--examples", type=int, default=3, help="examples per tool and principal (default 3)")
+    out.add_argument(
+        "--fail-on",
+        metavar="KINDS",
+        help=f"comma-separated change kinds that fail the run: {', '.join((*KINDS, *ALIASES))}",
+    )
+    out.add_argument("--fail-above", type=int, default=0, help="tolerate this many failing changes (default 0)")
+    eng = r.add_argument_group("evaluation")
+    eng.add_argument(
+        "--engine", choices=("server", "eval"), default="server", help="opa run --server (default) or opa eval"
+    )
+    eng.add_argument("--concurrency", type=int, default=4, help="batches in flight (server engine)")
+    r.set_defaults(func=_run)

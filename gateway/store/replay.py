@@ -1,0 +1,513 @@
+"""Replay recorded decisions against a candidate policy: which of them would it change?
+
+Every decision record keeps the complete policy input it was made on (`input_z`, see
+store/audit.py), so a candidate (a policy directory plus data, or a bundle) can be asked
+about the same inputs in a second, real OPA. The baseline is what the audit recorded; a
+change is an outcome that moves between allow, approval and deny, a risk level that
+moves, or obligations that differ.
+
+Two ways to ask OPA, chosen by measurement (docs/performance.md): `server`, a real
+`opa run --server` on loopback asked in batches through `POST /v1/query` (one compiled
+policy, several batches in flight), and `eval`, one `opa eval` process per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.policy.decisions import Decision, DecisionClient
+from gateway.policy.opa_sidecar import OPASidecar, find_opa
+from gateway.store.audit import Query, iter_rows, unpack_input
+
+# outcome transitions, plus the two kinds that leave the outcome alone
+OUTCOMES = ("allow", "approval", "deny")
+TRANSITIONS = tuple(f"{a}-to-{b}" for a in OUTCOMES for b in OUTCOMES if a != b)
+KINDS = (*TRANSITIONS, "risk", "obligations")
+# names `--fail-on` accepts besides the kinds themselves
+ALIASES: dict[str, tuple[str, ...]] = {
+    "any": KINDS,
+    "approval-required": ("allow-to-approval", "deny-to-approval"),
+    "approval-waived": ("approval-to-allow", "approval-to-deny"),
+}
+# all candidate decisions of one batch in one query: keyed by position, so an undefined one shows as missing
+BATCH_QUERY = "x := {i: d | some i, doc in input; d := data.pvegate.decision with input as doc}"
+_RECORDED = {"allow": "allow", "pending": "approval", "deny": "deny"}
+
+
+class ReplayError(Exception):
+    """The replay could not run (no candidate, OPA refused it, unreadable source)."""
+
+
+def expand_kinds(names: Iterable[str]) -> set[str]:
+    out: set[str] = set()
+    for n in names:
+        n = n.strip()
+        if not n:
+            continue
+        if n in ALIASES:
+            out |= set(ALIASES[n])
+        elif n in KINDS:
+            out.add(n)
+        else:
+            raise ReplayError(f"unknown change kind {n!r}; known: {', '.join((*KINDS, *ALIASES))}")
+    return out
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One recorded decision with the input it was made on."""
+
+    seq: int
+    ts: float
+    request_id: str
+    principal: str
+    tool: str
+    target: str | None
+    outcome: str  # allow | approval | deny
+    risk: str | None
+    obligations: dict[str, Any]
+    input: dict[str, Any]
+    redacted: tuple[str, ...] = ()
+
+
+@dataclass
+class Skipped:
+    no_input: int = 0  # written before inputs were kept, or unreadable
+    failed_closed: int = 0  # OPA gave no answer then: nothing to compare with
+
+
+@dataclass(frozen=True)
+class Filters:
+    since: float | None = None
+    until: float | None = None
+    tool: str | None = None
+    principal: str | None = None
+    outcome: str | None = None  # as recorded: allow | pending | deny
+
+    def query(self) -> Query:
+        return Query(
+            kind="decision",
+            tool=self.tool,
+            principal=self.principal,
+            outcome=self.outcome,
+            since=self.since,
+            until=self.until,
+        )
+
+    def admits(self, row: dict[str, Any]) -> bool:
+        """The same filters for rows read from an export file (globs as in `audit search`)."""
+        from fnmatch import fnmatchcase
+
+        if row.get("kind") != "decision":
+            return False
+        if self.since is not None and row["ts"] < self.since:
+            return False
+        if self.until is not None and row["ts"] >= self.until:
+            return False
+        for col in ("tool", "principal", "outcome"):
+            want = getattr(self, col)
+            if want is not None and not fnmatchcase(str(row.get(col) or ""), want):
+                return False
+        return True
+
+
+def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
+    body = row["body"] if isinstance(row["body"], dict) else json.loads(row["body"])
+    if body.get("failed_closed"):
+        skipped.failed_closed += 1
+        return None
+    doc = unpack_input(body)
+    if doc is None or row.get("outcome") not in _RECORDED:
+        skipped.no_input += 1
+        return None
+    return Recorded(
+        seq=int(row["seq"]),
+        ts=float(row["ts"]),
+        request_id=str(row["request_id"]),
+        principal=str(row["principal"]),
+        tool=str(row["tool"]),
+        target=row.get("target"),
+        outcome=_RECORDED[row["outcome"]],
+        risk=(body.get("risk") or {}).get("level"),
+        obligations=body.get("obligations") or {},
+        input=doc,
+        redacted=tuple(body.get("input_redacted") or ()),
+    )
+
+
+def read_audit(db: Path, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
+    for row in iter_rows(db, filters.query()):
+        rec = _recorded(row, skipped)
+        if rec is not None:
+            yield rec
+
+
+def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
+    """Decision records from a `pvegate audit export --jsonl` file (body as an object)."""
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise ReplayError(f"{path}:{n}: not a JSON line") from None
+            if isinstance(row, dict) and filters.admits(row):
+                rec = _recorded(row, skipped)
+                if rec is not None:
+                    yield rec
+
+
+# --- the candidate ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """The policy to try: directories/files (policies plus data) or a bundle."""
+
+    policies: tuple[Path, ...] = ()
+    bundle: Path | None = None
+    verification_key: Path | None = None
+
+    def describe(self) -> str:
+        if self.bundle is not None:
+            return f"bundle {self.bundle}" + (" (signature verified)" if self.verification_key else "")
+        return "policies " + ", ".join(str(p) for p in self.policies)
+
+    def sidecar(self) -> OPASidecar:
+        if self.bundle is None and not self.policies:
+            raise ReplayError("no candidate: give --policies (and --data) or --bundle")
+        return OPASidecar(policies=self.policies, bundle=self.bundle, verification_key=self.verification_key)
+
+    def eval_args(self) -> list[str]:
+        if self.bundle is not None:
+            args = ["--bundle", str(self.bundle)]
+            if self.verification_key is not None:
+                args += ["--verification-key", str(self.verification_key)]
+            return args
+        args = ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
+        for p in self.policies:
+            args += ["--data", str(p)]
+        return args
+
+
+def _batch_results(result: Any, n: int) -> list[Any]:
+    x = result.get("x") if isinstance(result, dict) else None
+    if not isinstance(x, dict):
+        return [None] * n
+    return [x.get(str(i)) for i in range(n)]
+
+
+class ServerEngine:
+    """A real `opa run --server` on loopback, asked in batches, several in flight."""
+
+    def __init__(self, candidate: Candidate, batch: int = 100, concurrency: int = 4) -> None:
+        self.sidecar = candidate.sidecar()
+        self.batch = batch
+        self.concurrency = concurrency
+
+    def __enter__(self) -> ServerEngine:
+        try:
+            self.sidecar.start()
+        except Exception as exc:
+            raise ReplayError(f"the candidate OPA did not start: {exc}") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sidecar.stop()
+
+    async def _run(self, inputs: list[dict[str, Any]]) -> list[Any]:
+        out: list[Any] = [None] * len(inputs)
+        sem = asyncio.Semaphore(self.concurrency)
+        async with httpx.AsyncClient(
+            base_url=self.sidecar.url, headers=self.sidecar.auth_headers, timeout=120.0
+        ) as client:
+
+            async def one(start: int) -> None:
+                chunk = inputs[start : start + self.batch]
+                async with sem:
+                    r = await client.post("/v1/query", json={"query": BATCH_QUERY, "input": chunk})
+                if r.status_code != 200:
+                    raise ReplayError(f"the candidate OPA answered HTTP {r.status_code}: {r.text[:300]}")
+                rows = r.json().get("result") or [{}]
+                out[start : start + len(chunk)] = _batch_results(rows[0], len(chunk))
+
+            await asyncio.gather(*(one(i) for i in range(0, len(inputs), self.batch)))
+        return out
+
+    def evaluate(self, inputs: list[dict[str, Any]]) -> list[Any]:
+        return asyncio.run(self._run(inputs))
+
+
+class EvalEngine:
+    """One `opa eval` process per batch (no server; compiles the policy once per batch)."""
+
+    def __init__(self, candidate: Candidate, batch: int = 5000) -> None:
+        self.candidate = candidate
+        self.batch = batch
+        if candidate.bundle is None and not candidate.policies:
+            raise ReplayError("no candidate: give --policies (and --data) or --bundle")
+
+    def __enter__(self) -> EvalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def evaluate(self, inputs: list[dict[str, Any]]) -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(inputs), self.batch):
+            chunk = inputs[start : start + self.batch]
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+                json.dump(chunk, f)
+                f.flush()
+                cmd = [str(find_opa()), "eval", "--format", "json", *self.candidate.eval_args()]
+                cmd += ["--input", f.name, BATCH_QUERY]
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise ReplayError(f"opa eval failed: {(done.stderr or done.stdout).strip()[:500]}")
+            doc = json.loads(done.stdout)
+            bindings = ((doc.get("result") or [{}])[0]).get("bindings") or {}
+            out += _batch_results(bindings, len(chunk))
+        return out
+
+
+# --- comparing ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str  # allow | approval | deny
+    risk: str | None
+    obligations: dict[str, Any]
+    deny_codes: tuple[str, ...] = ()
+    problem: str | None = None  # why the candidate's answer stands for a deny (outside the contract)
+
+
+_contract: list[DecisionClient] = []  # only its schema validators are used; it never connects
+
+
+def verdict(result: Any) -> Verdict:
+    """What the gateway would do with the candidate's answer (the same rules as DecisionClient.decide)."""
+    if result is None:
+        return Verdict("deny", None, {}, ("policy.unavailable",), "policy result undefined")
+    if not _contract:
+        _contract.append(DecisionClient("http://127.0.0.1:1"))
+    problem = _contract[0].contract_problem(result)
+    if problem is not None:
+        return Verdict("deny", None, {}, ("policy.unavailable",), problem)
+    d = Decision.from_result(result, {})
+    outcome = "allow" if d.allow else "approval" if d.approval_required else "deny"
+    return Verdict(outcome, d.risk.get("level"), d.obligations, tuple(d.deny_codes))
+
+
+@dataclass(frozen=True)
+class Change:
+    rec: Recorded
+    after: Verdict
+    kinds: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.rec
+        return {
+            "seq": r.seq,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.ts)),
+            "request_id": r.request_id,
+            "principal": r.principal,
+            "tool": r.tool,
+            "target": r.target,
+            "kinds": list(self.kinds),
+            "before": {"outcome": r.outcome, "risk": r.risk, "obligations": r.obligations},
+            "after": {
+                "outcome": self.after.outcome,
+                "risk": self.after.risk,
+                "obligations": self.after.obligations,
+                "deny_codes": list(self.after.deny_codes),
+                **({"problem": self.after.problem} if self.after.problem else {}),
+            },
+            "redacted_input": list(r.redacted),
+        }
+
+
+def compare(rec: Recorded, after: Verdict) -> Change | None:
+    kinds: list[str] = []
+    if after.outcome != rec.outcome:
+        kinds.append(f"{rec.outcome}-to-{after.outcome}")
+    if after.risk != rec.risk:
+        kinds.append("risk")
+    if after.obligations != rec.obligations:
+        kinds.append("obligations")
+    return Change(rec, after, tuple(kinds)) if kinds else None
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    candidate: str
+    source: str
+    filters: Filters
+    replayed: int = 0
+    skipped: Skipped = field(default_factory=Skipped)
+    changes: list[Change] = field(default_factory=list)
+    seconds: float = 0.0
+    fail_on: tuple[str, ...] = ()
+    fail_above: int = 0
+    max_examples: int = 3
+
+    @property
+    def by_kind(self) -> dict[str, int]:
+        c = Counter(k for ch in self.changes for k in ch.kinds)
+        return {k: c[k] for k in KINDS if c[k]}
+
+    @property
+    def failing(self) -> int:
+        """Changes of a kind named by --fail-on."""
+        want = set(self.fail_on)
+        return sum(1 for ch in self.changes if want & set(ch.kinds))
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.fail_on) and self.failing > self.fail_above
+
+    @property
+    def rate(self) -> float:
+        return self.replayed / self.seconds if self.seconds > 0 else 0.0
+
+    def groups(self) -> list[dict[str, Any]]:
+        grouped: dict[tuple[str, str], list[Change]] = defaultdict(list)
+        for ch in self.changes:
+            grouped[(ch.rec.tool, ch.rec.principal)].append(ch)
+        out = []
+        for (tool, principal), chs in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            kinds = Counter(k for ch in chs for k in ch.kinds)
+            out.append(
+                {
+                    "tool": tool,
+                    "principal": principal,
+                    "count": len(chs),
+                    "kinds": {k: kinds[k] for k in KINDS if kinds[k]},
+                    "examples": [ch.as_dict() for ch in chs[: self.max_examples]],
+                }
+            )
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        f = self.filters
+        return {
+            "candidate": self.candidate,
+            "source": self.source,
+            "filters": {k: v for k, v in vars(f).items() if v is not None},
+            "replayed": self.replayed,
+            "skipped": vars(self.skipped),
+            "changed": len(self.changes),
+            "by_kind": self.by_kind,
+            "seconds": round(self.seconds, 3),
+            "decisions_per_second": round(self.rate, 1),
+            "fail_on": list(self.fail_on),
+            "fail_above": self.fail_above,
+            "failing": self.failing,
+            "failed": self.failed,
+            "groups": self.groups(),
+            "changes": [ch.as_dict() for ch in self.changes],
+        }
+
+    def _summary(self) -> list[str]:
+        s = self.skipped
+        lines = [
+            f"candidate: {self.candidate}",
+            f"source:    {self.source}",
+            f"replayed {self.replayed} decisions in {self.seconds:.2f}s ({self.rate:.0f}/s); "
+            f"skipped {s.no_input} without a recorded input, {s.failed_closed} failed closed",
+            f"changed:   {len(self.changes)}"
+            + (" (" + ", ".join(f"{k} {n}" for k, n in self.by_kind.items()) + ")" if self.changes else ""),
+        ]
+        redacted = sum(1 for ch in self.changes if ch.rec.redacted)
+        if redacted:
+            lines.append(f"           {redacted} of them on inputs with redacted arguments (approximate)")
+        if self.fail_on:
+            verdict_ = "FAILED" if self.failed else "passed"
+            kinds = ", ".join(self.fail_on)
+            lines.append(f"gate:      {verdict_}: {self.failing} change(s) of {kinds} (allowed: {self.fail_above})")
+        return lines
+
+    def as_text(self) -> str:
+        lines = self._summary()
+        for g in self.groups():
+            kinds = ", ".join(f"{k} {n}" for k, n in g["kinds"].items())
+            lines.append(f"\n{g['tool']}  {g['principal']}  {g['count']} changed ({kinds})")
+            for ex in g["examples"]:
+                b, a = ex["before"], ex["after"]
+                codes = f" [{', '.join(a['deny_codes'])}]" if a["deny_codes"] else ""
+                lines.append(
+                    f"  {ex['time']} {ex['request_id']} {ex['target'] or '-'}: {b['outcome']}/{b['risk']} -> "
+                    f"{a['outcome']}/{a['risk']}{codes}"
+                )
+        return "\n".join(lines) + "\n"
+
+    def as_markdown(self) -> str:
+        out = ["# Policy replay report", ""]
+        out += [f"- {line}" for line in self._summary()]
+        if not self.changes:
+            out += ["", "No recorded decision changes under the candidate."]
+            return "\n".join(out) + "\n"
+        out += ["", "## Changes by kind", "", "| kind | decisions |", "|---|---:|"]
+        out += [f"| {k} | {n} |" for k, n in self.by_kind.items()]
+        out += ["", "## By tool and principal", "", "| tool | principal | changed | kinds |", "|---|---|---:|---|"]
+        groups = self.groups()
+        for g in groups:
+            kinds = ", ".join(f"{k} {n}" for k, n in g["kinds"].items())
+            out.append(f"| `{g['tool']}` | `{g['principal']}` | {g['count']} | {kinds} |")
+        out += ["", "## Examples", ""]
+        out += ["| time | request | tool | principal | target | before | after | codes |"]
+        out += ["|---|---|---|---|---|---|---|---|"]
+        for g in groups:
+            for ex in g["examples"]:
+                b, a = ex["before"], ex["after"]
+                out.append(
+                    f"| {ex['time']} | `{ex['request_id']}` | `{ex['tool']}` | `{ex['principal']}` | "
+                    f"{ex['target'] or '-'} | {b['outcome']} / {b['risk']} | {a['outcome']} / {a['risk']} | "
+                    f"{', '.join(a['deny_codes']) or '-'} |"
+                )
+        return "\n".join(out) + "\n"
+
+
+def replay(
+    records: Iterable[Recorded],
+    engine: ServerEngine | EvalEngine,
+    report: Report,
+    chunk: int = 20000,
+) -> Report:
+    """Ask the candidate about every record (in chunks, to bound memory) and collect the changes."""
+    started = time.perf_counter()
+    pending: list[Recorded] = []
+
+    def flush() -> None:
+        results = engine.evaluate([r.input for r in pending])
+        for rec, result in zip(pending, results, strict=True):
+            ch = compare(rec, verdict(result))
+            if ch is not None:
+                report.changes.append(ch)
+        report.replayed += len(pending)
+        pending.clear()
+
+    for rec in records:
+        pending.append(rec)
+        if len(pending) >= chunk:
+            flush()
+    if pending:
+        flush()
+    report.seconds = time.perf_counter() - started
+    return report
