@@ -94,7 +94,10 @@ def synthetic_inputs(n: int, seed: int = 7) -> list[dict[str, Any]]:
                 "arguments_digest": digest_json({"tool": tool.name, "arguments": args}),
                 "target": target,
                 "approval": None,
-                "usage": {"all": {"1m": calls, "1h": calls * 3, "24h": calls * 20}, "tool": {"1m": 0, "1h": 1, "24h": 4}},
+                "usage": {
+                    "all": {"1m": calls, "1h": calls * 3, "24h": calls * 20},
+                    "tool": {"1m": 0, "1h": 1, "24h": 4},
+                },
                 "dry_run": False,
             }
         )
@@ -207,7 +210,8 @@ def _growth(db: Path, inputs: list[dict[str, Any]], results: list[Any]) -> None:
         plain = sum(len(dumps_body(d)) for d in inputs) / len(inputs)
         print(
             f"audit growth per call: {sizes[False][0]:.0f} B without the input, {sizes[True][0]:.0f} B with it "
-            f"(+{sizes[True][0] - sizes[False][0]:.0f} B); decision body {sizes[False][1]:.0f} -> {sizes[True][1]:.0f} B; "
+            f"(+{sizes[True][0] - sizes[False][0]:.0f} B); "
+            f"decision body {sizes[False][1]:.0f} -> {sizes[True][1]:.0f} B; "
             f"the input is {plain:.0f} B as JSON"
         )
 

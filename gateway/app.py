@@ -24,6 +24,7 @@ from gateway.mcp.request_state import RequestStates, Sealer, Sessions
 from gateway.mcp.security import TransportGuard
 from gateway.mcp.transport import handle_mcp
 from gateway.mcp.wellknown import WELL_KNOWN, protected_resource
+from gateway.policy.bundle_status import PolicyStatus
 from gateway.policy.decisions import DecisionClient
 from gateway.policy.listings import ListingCache
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
@@ -97,6 +98,12 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
         log_file=config.state_dir / "opa.log",
         pid_file=config.state_dir / "opa.pid" if gateway else None,
         decision_logs=config.opa.decision_logs,
+        services=config.opa.services,
+        bundles=config.opa.bundles,
+        keys=config.opa.keys,
+        decision_logs_upload=config.opa.decision_logs_upload,
+        watch_bundle=config.opa.watch_bundle,
+        bundle_poll_seconds=config.opa.bundle_poll_seconds,
     )
     sidecar.start()
     return sidecar.url, sidecar
@@ -138,6 +145,9 @@ async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASide
         usage=usage,
         listings=ListingCache(ttl=config.tools_list_cache_seconds),
         sidecar=sidecar,
+        policy_status=PolicyStatus(
+            url, sidecar.source if sidecar else "external", token=sidecar.api_token if sidecar else None
+        ),
     )
 
 
@@ -161,14 +171,16 @@ def create_app(
         app.state.request_states = RequestStates(sealer)
         app.state.sessions = Sessions(sealer)
         supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None
+        watcher = asyncio.create_task(built.policy_status.run()) if built.policy_status else None
         log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
         try:
             yield
         finally:
-            if supervisor is not None:
-                supervisor.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await supervisor
+            for task in (supervisor, watcher):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await built.close()
 
     routes = [

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core.config import Config
+from gateway.policy.bundle_status import PolicyStatus
 from gateway.policy.decisions import DecisionClient
 from gateway.policy.listings import ListingCache
 from gateway.policy.opa_sidecar import OPASidecar
@@ -31,6 +32,8 @@ class Components:
     usage: UsageCounters = field(default_factory=UsageCounters)
     listings: ListingCache = field(default_factory=lambda: ListingCache(ttl=0))
     sidecar: OPASidecar | None = None
+    # the active policy revision and the last bundle error, refreshed from OPA (readiness, admin API)
+    policy_status: PolicyStatus | None = None
 
     def runtime(self, tool: Tool) -> Runtime:
         return self.runtimes[tool.connector]

@@ -162,10 +162,14 @@ async def health(request: Request) -> Response:
     c = _components(request)
     opa_ok = c.sidecar.alive() if c.sidecar is not None else True
     pending = len(await c.approvals.store.list("pending")) if c.approvals.store else None
+    policy = c.policy_status.as_dict() if c.policy_status is not None else None
+    # a refused bundle leaves the previous revision deciding: serving, but someone must look
+    bundle_ok = policy is None or (policy["revision_known"] and not policy["error"])
     return JSONResponse(
         {
-            "status": "ok" if opa_ok else "degraded",
+            "status": "ok" if opa_ok and bundle_ok else "degraded",
             "opa": opa_ok,
+            "policy": policy,
             "audit": {"path": str(c.audit.path), "commits": c.audit.commits, "records": c.audit.records},
             "approvals_pending": pending,
         }
@@ -194,6 +198,8 @@ async def metrics(request: Request) -> Response:
         "# TYPE pvegate_opa_restarts_total counter",
         f"pvegate_opa_restarts_total {c.sidecar.restarts if c.sidecar is not None else 0}",
     ]
+    if c.policy_status is not None:
+        lines += c.policy_status.prometheus()
     if c.approvals.store is not None:
         lines += ["# HELP pvegate_approvals Approval requests by state.", "# TYPE pvegate_approvals gauge"]
         counts = await c.approvals.store.state_counts()

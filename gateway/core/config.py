@@ -107,6 +107,14 @@ class OPAConfig:
     # OPA's console decision log duplicates the audit into state_dir/opa.log (~1.8 KB per
     # call, never rotated by OPA) and costs OPA 0.3-0.5 ms per decision: opt-in.
     decision_logs: bool = False
+    # OPA's own `services`, `bundles`, `keys` and `decision_logs` (as decision_logs_upload)
+    # sections, passed through to a managed OPA (docs/opa.md)
+    services: dict[str, Any] = field(default_factory=dict)
+    bundles: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, Any] = field(default_factory=dict)
+    decision_logs_upload: dict[str, Any] | None = None
+    watch_bundle: bool = False
+    bundle_poll_seconds: int = 5
 
 
 @dataclass(frozen=True)
@@ -306,6 +314,12 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 verification_key=_opt_path(opa_raw.get("verification_key"), base),
                 timeout_ms=int(opa_raw.get("timeout_ms", 500)),
                 decision_logs=bool(opa_raw.get("decision_logs", False)),
+                services=dict(opa_raw.get("services") or {}),
+                bundles=dict(opa_raw.get("bundles") or {}),
+                keys=dict(opa_raw.get("keys") or {}),
+                decision_logs_upload=opa_raw.get("decision_logs_upload"),
+                watch_bundle=bool(opa_raw.get("watch_bundle", False)),
+                bundle_poll_seconds=int(opa_raw.get("bundle_poll_seconds", 5)),
             ),
             clusters=clusters,
             connectors_dir=_path(raw.get("connectors_dir", "connectors"), base),

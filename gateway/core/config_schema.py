@@ -269,7 +269,7 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append("opa.url: required when opa.mode is external")
         if not opa.get("token"):
             out.append("opa.token: required when opa.mode is external (the token OPA's API admits)")
-        for key in ("binary", "policies", "bundle", "verification_key"):
+        for key in ("binary", "policies", "bundle", "verification_key", "services", "bundles", "keys"):
             if opa.get(key):
                 out.append(f"opa.{key}: only used when opa.mode is managed (the external OPA loads its own policies)")
     else:
@@ -281,6 +281,17 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append("opa.policies: not used when opa.bundle is given; give one of them")
         if opa.get("verification_key") and not opa.get("bundle"):
             out.append("opa.verification_key: only used with opa.bundle")
+        if opa.get("bundles") and (opa.get("bundle") or opa.get("policies")):
+            out.append("opa.bundles: OPA follows a bundle service instead of opa.bundle / opa.policies; give one")
+        if opa.get("watch_bundle") and not opa.get("bundle"):
+            out.append("opa.watch_bundle: only used with opa.bundle")
+        for name in (opa.get("bundles") or {}).values():
+            svc = name.get("service") if isinstance(name, dict) else None
+            if svc is not None and svc not in (opa.get("services") or {}):
+                out.append(f"opa.bundles: service {svc!r} is not in opa.services")
+        upload = opa.get("decision_logs_upload") or {}
+        if upload.get("service") is not None and upload["service"] not in (opa.get("services") or {}):
+            out.append(f"opa.decision_logs_upload.service: {upload['service']!r} is not in opa.services")
 
     tls = raw.get("tls") or {}
     host = str((raw.get("listen") or {}).get("host", "127.0.0.1"))

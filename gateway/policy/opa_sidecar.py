@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -17,11 +18,15 @@ import signal
 import socket
 import subprocess
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from gateway.policy.bundle_status import BundleFileServer
 
 log = logging.getLogger("pvegate.opa")
 
@@ -115,6 +120,16 @@ class OPASidecar:
     log_file: Path | None = None
     pid_file: Path | None = None  # lets a restarted gateway reap the OPA a killed one left behind
     decision_logs: bool = False
+    # OPA's own configuration sections, passed through (docs/opa.md): `services` and `bundles`
+    # make OPA follow a bundle service; `keys` verify its signatures; `decision_logs_upload`
+    # is OPA's `decision_logs` section (e.g. {service: siem}), masked by system.log.mask
+    services: dict[str, Any] = field(default_factory=dict)
+    bundles: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, Any] = field(default_factory=dict)
+    decision_logs_upload: dict[str, Any] | None = None
+    # serve `bundle` to OPA's bundle plugin from loopback, so a new file activates without a restart
+    watch_bundle: bool = False
+    bundle_poll_seconds: int = 5
     # Go's collector at its default (100) costs OPA ~15 % of its CPU and most of its
     # eval-time p99 under load here; 400 trades ~25 MB of heap for that (docs/performance.md).
     # A GOGC already in the environment wins.
@@ -126,6 +141,58 @@ class OPASidecar:
     restarts: int = 0
     _log_handle: object | None = field(default=None, repr=False)
     _log_start: int = field(default=0, repr=False)  # where this run's output begins in log_file
+    _file_server: BundleFileServer | None = field(default=None, repr=False)
+    _config_dir: str | None = field(default=None, repr=False)
+
+    @property
+    def bundle_mode(self) -> bool:
+        """OPA serves bundles (a file or a bundle service): their roots are write-protected."""
+        return self.bundle is not None or bool(self.bundles)
+
+    @property
+    def source(self) -> str:
+        """Where the policy comes from, as PolicyStatus names it."""
+        if self.bundles:
+            return "bundle_service"
+        if self.bundle is not None:
+            return "bundle_file_watch" if self.watch_bundle else "bundle"
+        return "policies"
+
+    def opa_config(self) -> dict[str, Any]:
+        """OPA's configuration file: the passed-through sections, and the watched bundle file's service."""
+        services = dict(self.services)
+        bundles = dict(self.bundles)
+        keys = dict(self.keys)
+        if self.bundle is not None and self.watch_bundle:
+            if self._file_server is None:
+                self._file_server = BundleFileServer(self.bundle).start()
+            services["pvegate-bundle-file"] = {"url": self._file_server.url}
+            delay = max(1, self.bundle_poll_seconds)
+            bundle: dict[str, Any] = {
+                "service": "pvegate-bundle-file",
+                "resource": BundleFileServer.resource,
+                "polling": {"min_delay_seconds": delay, "max_delay_seconds": delay},
+            }
+            if self.verification_key is not None:
+                keys["pvegate-bundle-file"] = {"key": self.verification_key.read_text(), "algorithm": "RS256"}
+                bundle["signing"] = {"keyid": "pvegate-bundle-file"}
+            bundles["pvegate"] = bundle
+        cfg: dict[str, Any] = {"services": services, "bundles": bundles, "keys": keys}
+        if self.decision_logs_upload is not None:
+            cfg["decision_logs"] = dict(self.decision_logs_upload)
+        # the status plugin feeds GET /v1/status: active revision, activation time, last bundle error
+        cfg["status"] = {"prometheus": True}
+        return {k: v for k, v in cfg.items() if v}
+
+    def _write_config(self) -> Path:
+        # it may hold service credentials: a private directory, removed in stop()
+        if self._config_dir is None:
+            self._config_dir = tempfile.mkdtemp(prefix="pvegate-opa-")
+        path = Path(self._config_dir) / "opa-config.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.opa_config(), f)
+        return path
 
     @property
     def url(self) -> str:
@@ -161,12 +228,16 @@ class OPASidecar:
         # only the holder of our token may use the API (reads too: policy and data are not for
         # every local process); the token reaches OPA in its environment, never on this command line
         cmd += ["--authentication=token", "--authorization=basic"]
-        if self.bundle is not None:
+        if self._config_dir is not None:
+            cmd += ["--config-file", str(Path(self._config_dir) / "opa-config.json")]
+        if self.bundle_mode:
             # the guard is inside the signed bundle (`pvegate bundle build` puts it there): with
-            # --verification-key every path given is verified as a bundle, so it cannot come apart
-            cmd += ["--bundle", str(self.bundle)]
-            if self.verification_key is not None:
-                cmd += ["--verification-key", str(self.verification_key)]
+            # --verification-key every path given is verified as a bundle, so it cannot come apart;
+            # a bundle from OPA's bundle plugin (a service, or the watched file) carries it the same way
+            if self.bundle is not None and not self.watch_bundle:  # loaded once: a bad one stops the start
+                cmd += ["--bundle", str(self.bundle)]
+                if self.verification_key is not None:
+                    cmd += ["--verification-key", str(self.verification_key)]
         else:
             # a policy directory also holds tests, golden cases and lint config: not policy
             cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
@@ -239,6 +310,7 @@ class OPASidecar:
         self.reap_stale()
         if self.port == 0:
             self.port = free_port()
+        self._write_config()
         cmd = self.command()
         out: int | object = subprocess.DEVNULL
         if self.log_file is not None:
@@ -306,6 +378,12 @@ class OPASidecar:
             with contextlib.suppress(Exception):
                 self._log_handle.close()  # type: ignore[attr-defined]
             self._log_handle = None
+        if self._file_server is not None:
+            self._file_server.stop()
+            self._file_server = None
+        if self._config_dir is not None:
+            shutil.rmtree(self._config_dir, ignore_errors=True)
+            self._config_dir = None
 
     async def supervise(self, max_backoff: float = 5.0) -> None:
         """Restart OPA with exponential backoff whenever it dies; calls deny meanwhile."""

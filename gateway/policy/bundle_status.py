@@ -1,0 +1,237 @@
+"""Which policy is active, and did the last bundle fail? OPA's status API, read by the gateway.
+
+OPA's bundle plugin downloads and activates new revisions on its own (from a bundle
+service, or from the bundle file the gateway serves it on loopback, `BundleFileServer`);
+a bundle it rejects (bad signature, digest mismatch, compile error) leaves the previous
+revision active and is reported only through its status API (`GET /v1/status`, enabled
+by the status plugin). `PolicyStatus` polls that API and keeps what the operator needs:
+the active revision, when it was activated, and the last error; the admin API
+(`/admin/health`, `/admin/metrics`) and readiness read it from `Components.policy_status`.
+
+Without the bundle plugin (a policy directory, or a bundle loaded once at start), the
+revision comes from `/v1/data/system/bundles` (the manifests OPA loaded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import http.server
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("pvegate.opa")
+
+
+@dataclass
+class BundleState:
+    name: str
+    revision: str | None = None
+    activated_at: str | None = None  # OPA's RFC 3339 time of the last successful activation
+    last_request_at: str | None = None
+    error: str | None = None  # the latest attempt's error ("code: message"), None once one succeeds again
+    last_error: str | None = None  # the most recent error seen, kept after recovery
+    last_error_at: float | None = None  # when the gateway first saw last_error
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "revision": self.revision,
+            "activated_at": self.activated_at,
+            "last_request_at": self.last_request_at,
+            "error": self.error,
+            "last_error": self.last_error,
+            "last_error_at": _iso(self.last_error_at),
+        }
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass
+class PolicyStatus:
+    """The policy OPA is deciding with, refreshed from OPA every `interval` seconds."""
+
+    url: str
+    source: str  # policies | bundle | bundle_file_watch | bundle_service | external
+    token: str | None = None
+    interval: float = 2.0
+    bundles: dict[str, BundleState] = field(default_factory=dict)
+    reachable: bool | None = None  # None: not asked yet
+    checked_at: float | None = None
+    problem: str | None = None  # why the last refresh failed
+
+    @property
+    def revision(self) -> str | None:
+        """The active revision(s), as decision provenance names them (name@revision, joined)."""
+        revs = [f"{n}@{b.revision}" for n, b in sorted(self.bundles.items()) if b.revision is not None]
+        return ",".join(revs) or None
+
+    @property
+    def revision_known(self) -> bool:
+        """A bundle revision is active (always true for a policy directory, which has none)."""
+        if self.source == "policies":
+            return bool(self.reachable)
+        return bool(self.bundles) and all(b.revision is not None for b in self.bundles.values())
+
+    @property
+    def bundle_error(self) -> str | None:
+        errs = [f"{n}: {b.error}" for n, b in sorted(self.bundles.items()) if b.error]
+        return "; ".join(errs) or None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "revision": self.revision,
+            "revision_known": self.revision_known,
+            "error": self.bundle_error,
+            "reachable": self.reachable,
+            "checked_at": _iso(self.checked_at),
+            "problem": self.problem,
+            "bundles": [b.as_dict() for _, b in sorted(self.bundles.items())],
+        }
+
+    def prometheus(self) -> list[str]:
+        """Metric lines (text format) for /admin/metrics."""
+        lines = [
+            "# HELP pvegate_policy_bundle_info The active bundle revision (value 1).",
+            "# TYPE pvegate_policy_bundle_info gauge",
+        ]
+        for n, b in sorted(self.bundles.items()):
+            lines.append(f'pvegate_policy_bundle_info{{name="{_esc(n)}",revision="{_esc(b.revision or "")}"}} 1')
+        lines += [
+            "# HELP pvegate_policy_bundle_error Whether the latest download or activation of the bundle failed.",
+            "# TYPE pvegate_policy_bundle_error gauge",
+        ]
+        lines += [
+            f'pvegate_policy_bundle_error{{name="{_esc(n)}"}} {int(bool(b.error))}' for n, b in self.bundles.items()
+        ]
+        lines += [
+            "# HELP pvegate_policy_bundle_last_error_timestamp_seconds When the gateway last saw a bundle error.",
+            "# TYPE pvegate_policy_bundle_last_error_timestamp_seconds gauge",
+        ]
+        lines += [
+            f'pvegate_policy_bundle_last_error_timestamp_seconds{{name="{_esc(n)}"}} {b.last_error_at or 0}'
+            for n, b in self.bundles.items()
+        ]
+        lines += [
+            "# HELP pvegate_policy_revision_known Whether the active policy revision is known.",
+            "# TYPE pvegate_policy_revision_known gauge",
+            f"pvegate_policy_revision_known {int(self.revision_known)}",
+        ]
+        return lines
+
+    async def refresh(self, client: httpx.AsyncClient) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            r = await client.get(f"{self.url}/v1/status", headers=headers)
+            if r.status_code == 200:
+                self._from_status((r.json().get("result") or {}).get("bundles") or {})
+            else:  # no status plugin (an external OPA, or no bundle plugin): the loaded manifests
+                r = await client.get(f"{self.url}/v1/data/system/bundles", headers=headers)
+                r.raise_for_status()
+                self._from_manifests(r.json().get("result") or {})
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            self.reachable = False
+            self.problem = f"OPA status unavailable: {type(exc).__name__}"
+            return
+        self.reachable = True
+        self.problem = None
+        self.checked_at = time.time()
+
+    def _from_status(self, bundles: dict[str, Any]) -> None:
+        for name, st in bundles.items():
+            b = self.bundles.setdefault(name, BundleState(name))
+            b.revision = st.get("active_revision") or b.revision
+            b.activated_at = st.get("last_successful_activation") or b.activated_at
+            b.last_request_at = st.get("last_request")
+            err = None
+            if st.get("code") or st.get("message") or st.get("errors"):
+                detail = "; ".join(str(e.get("message", e)) for e in st.get("errors") or [] if isinstance(e, dict))
+                err = f"{st.get('code', 'error')}: {st.get('message', '')}" + (f" ({detail})" if detail else "")
+            if err is not None and err != b.error:
+                log.error("OPA refused bundle %s (revision %s stays active): %s", name, b.revision, err)
+                b.last_error, b.last_error_at = err, time.time()
+            elif err is None and b.error is not None:
+                log.warning("bundle %s activates again: revision %s", name, b.revision)
+            b.error = err
+
+    def _from_manifests(self, loaded: dict[str, Any]) -> None:
+        for name, doc in loaded.items():
+            b = self.bundles.setdefault(Path(name).name.removesuffix(".tar.gz") or name, BundleState(name))
+            b.revision = ((doc or {}).get("manifest") or {}).get("revision")
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                await self.refresh(client)
+                await asyncio.sleep(self.interval)
+
+
+def _esc(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class BundleFileServer:
+    """Serves one bundle file to OPA's bundle plugin on 127.0.0.1, read afresh on every request.
+
+    OPA polls it like any bundle service, so a new file activates without a restart, and
+    verifies its signature like any downloaded bundle. The ETag (the file's SHA-256) lets
+    OPA skip an unchanged file.
+    """
+
+    resource = "bundle.tar.gz"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        bundle_path = path
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/" + BundleFileServer.resource:
+                    self.send_error(404)
+                    return
+                try:
+                    data = bundle_path.read_bytes()
+                except OSError:
+                    self.send_error(404, "bundle file missing")
+                    return
+                etag = '"' + hashlib.sha256(data).hexdigest() + '"'
+                if self.headers.get("If-None-Match") == etag:
+                    self.send_response(304)
+                    self.send_header("ETag", etag)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/gzip")
+                self.send_header("ETag", etag)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # OPA's own status reports what matters
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="pvegate-bundle-file")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> BundleFileServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._server.shutdown()
+        self._server.server_close()
