@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 OPA     := .tools/bin/opa
 STAMP   := $(VENV)/.installed
 
-.PHONY: all demo test bench lint typecheck pytest policy-check tools venv clean bundle compose-config
+.PHONY: all demo test bench lint typecheck pytest policy-check policy-ci tools venv clean bundle compose-config
 
 all: test
 
@@ -38,6 +38,10 @@ typecheck: venv
 
 policy-check: tools
 	@bash scripts/policy-checks.sh
+
+# what a policy repository's CI runs: the checks, then a replay gate (AUDIT_EXPORT=file to use real decisions)
+policy-ci: venv tools
+	@bash scripts/policy-ci.sh
 
 pytest: venv tools
 	$(BIN)/pytest -q

@@ -89,11 +89,13 @@ def register_replay(psub: Any) -> None:
         "transitions, risk level and obligations. Exit 1 when changes of a --fail-on kind exceed --fail-above.",
     )
     src = r.add_argument_group("recorded decisions")
-    src.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"))
+    src.add_argument(
+        "--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the gateway's configuration (its audit.path)"
+    )
     src.add_argument("--db", type=Path, help="the audit database (instead of reading it from --config)")
     src.add_argument("--export", type=Path, help="a `pvegate audit export --jsonl` file instead of a database")
     src.add_argument("--since", type=parse_time, help="e.g. 7d, 2h, or 2026-01-31T12:00")
-    src.add_argument("--until", type=parse_time)
+    src.add_argument("--until", type=parse_time, help="only decisions before this time")
     src.add_argument("--tool", help="a tool name, or a glob with *")
     src.add_argument("--principal", help="a subject, or a glob with *")
     src.add_argument("--outcome", choices=("allow", "pending", "deny"), help="the recorded outcome")
@@ -103,7 +105,7 @@ def register_replay(psub: Any) -> None:
     cand.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
     cand.add_argument("--verification-key", type=Path, help="the bundle's signature must verify against this key")
     out = r.add_argument_group("report and gate")
-    out.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    out.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
     out.add_argument("--out", "-o", type=Path, help="write the report to this file")
     out.add_argument("--examples", type=int, default=3, help="examples per tool and principal (default 3)")
     out.add_argument(
