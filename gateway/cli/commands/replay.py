@@ -98,25 +98,32 @@ def register_replay(psub: Any) -> None:
     src.add_argument("--until", type=parse_time, help="only decisions before this time")
     src.add_argument("--tool", help="a tool name, or a glob with *")
     src.add_argument("--principal", help="a subject, or a glob with *")
-    src.add_argument("--outcome", choices=("allow", "pending", "deny"), help="the recorded outcome")
+    src.add_argument(
+        "--outcome", choices=("allow", "pending", "deny"), help="only decisions recorded with this outcome"
+    )
     cand = r.add_argument_group("candidate")
-    cand.add_argument("--policies", type=Path, action="append", help="policy directory (repeatable)")
-    cand.add_argument("--data", type=Path, action="append", help="more data files or directories (repeatable)")
+    cand.add_argument("--policies", type=Path, action="append", help="a policy directory (with its data/)")
+    cand.add_argument(
+        "--data", type=Path, action="append", help="more data files or directories, loaded as `opa run` loads them"
+    )
     cand.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
     cand.add_argument("--verification-key", type=Path, help="the bundle's signature must verify against this key")
     out = r.add_argument_group("report and gate")
     out.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
     out.add_argument("--out", "-o", type=Path, help="write the report to this file")
-    out.add_argument("--examples", type=int, default=3, help="examples per tool and principal (default 3)")
+    out.add_argument("--examples", type=int, default=3, help="examples per tool and principal")
     out.add_argument(
         "--fail-on",
         metavar="KINDS",
         help=f"comma-separated change kinds that fail the run: {', '.join((*KINDS, *ALIASES))}",
     )
-    out.add_argument("--fail-above", type=int, default=0, help="tolerate this many failing changes (default 0)")
+    out.add_argument("--fail-above", type=int, default=0, help="tolerate this many changes of the --fail-on kinds")
     eng = r.add_argument_group("evaluation")
     eng.add_argument(
-        "--engine", choices=("server", "eval"), default="server", help="opa run --server (default) or opa eval"
+        "--engine",
+        choices=("server", "eval"),
+        default="server",
+        help="ask a loopback `opa run --server`, or run `opa eval` per batch",
     )
     eng.add_argument("--concurrency", type=int, default=4, help="batches in flight (server engine)")
     r.set_defaults(func=_run)
