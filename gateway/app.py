@@ -171,7 +171,10 @@ def create_app(
         app.state.request_states = RequestStates(sealer)
         app.state.sessions = Sessions(sealer)
         supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None
-        watcher = asyncio.create_task(built.policy_status.run()) if built.policy_status else None
+        watcher = None
+        if built.policy_status is not None:  # known before the first request, then kept fresh
+            await built.policy_status.refresh_once()
+            watcher = asyncio.create_task(built.policy_status.run())
         log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
         try:
             yield

@@ -169,11 +169,15 @@ class PolicyStatus:
             b = self.bundles.setdefault(Path(name).name.removesuffix(".tar.gz") or name, BundleState(name))
             b.revision = ((doc or {}).get("manifest") or {}).get("revision")
 
+    async def refresh_once(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            await self.refresh(client)
+
     async def run(self) -> None:
         async with httpx.AsyncClient(timeout=2.0) as client:
             while True:
-                await self.refresh(client)
                 await asyncio.sleep(self.interval)
+                await self.refresh(client)
 
 
 def _esc(text: str) -> str:

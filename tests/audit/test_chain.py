@@ -289,3 +289,35 @@ async def test_a_record_that_cannot_be_written_fails_only_its_own_caller(tmp_pat
     assert written == {f"req-{i}" for i in range(40) if i % 7 != 3}
     assert len(rows) == 2 * len(written)
     assert auditlib.verify(db).ok
+
+
+async def test_kept_policy_input_is_scrubbed_packed_and_chained(tmp_path: Path) -> None:
+    """The compressed input is scrubbed before packing (the scrubber cannot see into it) and hashed."""
+    path = tmp_path / "audit.db"
+    secret = "KeptInputSecret-" + "9f3e1a7c"
+    audit = AuditLog(path, secrets=["GatewayOwnSecret-12345"])
+    await audit.open()
+    doc = {"arguments": {"note": f"x {secret} y", "other": "GatewayOwnSecret-12345"}, "tool": {"name": "t"}}
+    await audit.append(
+        AuditRecord("r1", "decision", "p", "t", None, "allow", {"allow": True}, scrub=(secret,), policy_input=doc)
+    )
+    await audit.close()
+    con = sqlite3.connect(path)
+    body = json.loads(con.execute("SELECT body FROM audit WHERE kind='decision'").fetchone()[0])
+    con.close()
+    kept = auditlib.unpack_input(body)
+    assert kept == {"arguments": {"note": "x [redacted] y", "other": "[redacted]"}, "tool": {"name": "t"}}
+    assert body["allow"] is True and secret not in json.dumps(body)
+    assert auditlib.verify(path).ok
+    # the packed text is inside the chain: changing it breaks verification at that record
+    body[auditlib.INPUT_FIELD] = auditlib.pack_input(json.dumps({"arguments": {}}))
+    _sql(path, f"UPDATE audit SET body = '{json.dumps(body, sort_keys=True, separators=(',', ':'))}' WHERE seq = 1")
+    bad = auditlib.verify(path)
+    assert not bad.ok and bad.bad_seq == 1
+
+
+def test_redacted_paths_name_what_the_audit_cannot_show() -> None:
+    orig = {"vmid": 1, "cipassword": "pw", "nested": {"sshkeys": ["a", "b"], "ok": 1}}
+    red = {"vmid": 1, "cipassword": "[redacted]", "nested": {"sshkeys": "[redacted]", "ok": 1}}
+    assert auditlib.redacted_paths(orig, red) == ["arguments.cipassword", "arguments.nested.sshkeys"]
+    assert auditlib.redacted_paths(orig, orig) == []

@@ -150,6 +150,14 @@ async def test_planted_secrets_never_reach_the_database(xgw: GatewayThread, xenv
     files = sorted(xenv.config.audit_path.parent.glob(xenv.config.audit_path.name + "*"))
     assert any(f.name.endswith("-wal") for f in files)  # the WAL is searched too
     raw = b"".join(f.read_bytes() for f in files)
+    # decision records keep their policy input compressed (input_z): search it unpacked too
+    decision = next(r for r in audit_rows(xenv.config.audit_path, set_rid) if r["kind"] == "decision")
+    body = json.loads(decision["body"])
+    kept = auditlib.unpack_input(body)
+    assert kept is not None and kept["arguments"]["cipassword"] == "[redacted]"
+    assert body["input_redacted"] == ["arguments.cipassword"]
+    rows = audit_rows(xenv.config.audit_path)
+    raw += b"".join(json.dumps(auditlib.unpack_input(json.loads(r["body"]))).encode() for r in rows)
     leaked = [what for what, value in planted.items() if value.encode() in raw]
     assert leaked == []
     assert auditlib.verify(xenv.config.audit_path).ok
