@@ -126,7 +126,8 @@ async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASide
     await audit.open()
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
     usage.load(await audit.allowed_since(time.time() - 86400))
-    decisions = DecisionClient(url, config.opa.timeout_ms, token=opa_api_token(config, sidecar))
+    api_token = opa_api_token(config, sidecar)
+    decisions = DecisionClient(url, config.opa.timeout_ms, token=api_token)
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     targets = TargetResolver(clients, config.target_cache_seconds)
     runtimes: dict[str, Runtime] = {
@@ -145,9 +146,7 @@ async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASide
         usage=usage,
         listings=ListingCache(ttl=config.tools_list_cache_seconds),
         sidecar=sidecar,
-        policy_status=PolicyStatus(
-            url, sidecar.source if sidecar else "external", token=sidecar.api_token if sidecar else None
-        ),
+        policy_status=PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token),
     )
 
 

@@ -262,7 +262,7 @@ def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], 
     shutil.copy(bundles["dir"] / "rev1.tar.gz", live)
     opa = OPASidecar(bundle=live, verification_key=bundles["pub"], watch_bundle=True, bundle_poll_seconds=1)
     opa.start()
-    status = PolicyStatus(opa.url, opa.source)
+    status = PolicyStatus(opa.url, opa.source, token=opa.api_token)
 
     def refreshed() -> PolicyStatus:
         async def go() -> None:
@@ -279,7 +279,8 @@ def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], 
         shutil.copy(bundles["dir"] / "evil.tar.gz", live)
         _wait(lambda: refreshed().bundle_error, "the refused file")
         assert status.revision == f"pvegate@{bundles['rev2']}" and status.revision_known is not False
-        r = httpx.post(f"{opa.url}/v1/data/pvegate/decision?provenance=true", json={"input": {}})
+        url = f"{opa.url}/v1/data/pvegate/decision?provenance=true"
+        r = httpx.post(url, json={"input": {}}, headers=opa.auth_headers)
         assert r.json()["provenance"]["bundles"]["pvegate"]["revision"] == bundles["rev2"]
     finally:
         opa.stop()

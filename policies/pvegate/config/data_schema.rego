@@ -163,6 +163,28 @@ data_schema := {
 						"required": ["name", "reason"],
 					},
 				},
+				"waivers": {
+					"type": "array",
+					"items": {
+						"type": "object",
+						"additionalProperties": false,
+						"properties": {
+							"tools": {"$ref": "#/definitions/strings"},
+							"domains": {"$ref": "#/definitions/domains"},
+							"effects": {"type": "array", "items": {"enum": ["read", "write", "destroy", "exec", "*"]}},
+							"scopes": {"type": "array", "items": {"enum": ["guest", "node", "cluster", "storage", "*"]}},
+							"tool_tags": {"$ref": "#/definitions/strings"},
+							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
+							"principal_groups": {"$ref": "#/definitions/strings"},
+							"principal_roles": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/strings"},
+							"name": {"type": "string", "minLength": 1},
+							"reason": {"type": "string", "minLength": 1},
+							"active": {"type": "boolean"},
+						},
+						"required": ["name", "active", "reason"],
+					},
+				},
 			},
 		},
 		"obligations": {
