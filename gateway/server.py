@@ -10,8 +10,10 @@ The CLI prints it; the traceback goes to the debug log only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
+import signal
 import socket
 import sqlite3
 import ssl
@@ -23,7 +25,8 @@ from starlette.applications import Starlette
 
 from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
-from gateway.core.config import Config, ConfigError, SecretRef
+from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef
+from gateway.mcp.stdio import local_principal, serve_stdio
 from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
@@ -196,6 +199,50 @@ def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Conf
         forwarded_allow_ips=list(config.trusted_proxies) or None,
         **tls,  # type: ignore[arg-type]
     )
+
+
+def serve_stdio_for(config: Config, principal: str) -> None:
+    """`pvegate stdio`: the gateway for one local principal on stdin/stdout, no listener.
+
+    The same components as `serve` (OPA sidecar, audit, approvals); StartupError (one line,
+    on stderr: stdout is the protocol's) when the principal is unknown or a part cannot start.
+    """
+    local = config.local_principals.get(principal)
+    if local is None:
+        known = ", ".join(sorted(config.local_principals)) or "none are configured"
+        raise StartupError(f"--principal {principal}: not a local_principals entry ({known})")
+    check_state_dir(config.state_dir)
+    check_state_dir(config.audit_path.parent, "audit.path: the directory")
+    check_secrets(config)
+    check_opa(config)
+    check_files(config)
+    asyncio.run(_stdio(config, local))
+
+
+async def _stdio(config: Config, local: LocalPrincipal) -> None:
+    try:
+        components = await build_components(config)
+    except Exception as exc:
+        raise StartupError(describe(exc)) from exc
+    supervisor = asyncio.create_task(components.sidecar.supervise()) if components.sidecar else None
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the client stopping us: close OPA and the audit cleanly
+        loop.add_signal_handler(sig, main.cancel if main is not None else (lambda: None))
+    log.info("pvegate stdio ready for %s: %d tools, OPA at %s", local.name, len(components.catalog),
+             components.decisions.url)  # fmt: skip
+    try:
+        await serve_stdio(components, local_principal(local))
+    except asyncio.CancelledError:
+        log.info("pvegate stdio stopped by a signal")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        await components.close()
 
 
 def serve(config: Config) -> None:

@@ -144,6 +144,16 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class LocalPrincipal:
+    """A principal declared in the configuration for `pvegate stdio` (no token: the process is trusted)."""
+
+    name: str
+    kind: str = "agent"
+    roles: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     host: str
     port: int
@@ -169,6 +179,7 @@ class Config:
     audit_archive_dir: Path | None = None  # default: audit-archive/ next to the audit database
     # HMAC key authenticating the audit chain's head; generated at first start if missing
     audit_head_key_file: Path | None = None  # default: audit-head.key next to the audit database
+    local_principals: dict[str, LocalPrincipal] = field(default_factory=dict)  # for `pvegate stdio`
 
     @property
     def default_cluster(self) -> str:
@@ -342,6 +353,15 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             ),
             audit_archive_dir=_opt_path(raw.get("audit", {}).get("archive_dir"), base),
             audit_head_key_file=_opt_path(raw.get("audit", {}).get("head_key_file"), base),
+            local_principals={
+                str(name): LocalPrincipal(
+                    name=str(name),
+                    kind=str(lp.get("kind", "agent")),
+                    roles=tuple(str(r) for r in lp.get("roles", [])),
+                    groups=tuple(str(g) for g in lp.get("groups", [])),
+                )
+                for name, lp in (raw.get("local_principals") or {}).items()
+            },
         )
     except ConfigError:
         raise

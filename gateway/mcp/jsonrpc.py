@@ -72,6 +72,11 @@ def _dumps(doc: dict[str, Any]) -> bytes:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def encode(doc: dict[str, Any]) -> bytes:
+    """One JSON-RPC message as compact UTF-8 JSON (no raw newline: fit for stdio framing too)."""
+    return _dumps(doc)
+
+
 def result_response(id_: Any, result: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
     return Response(
         _dumps({"jsonrpc": "2.0", "id": id_, "result": result}), media_type="application/json", headers=headers

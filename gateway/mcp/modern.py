@@ -44,8 +44,9 @@ def check_notification(version_header: str) -> None:
         raise _fault(rej, None)
 
 
-def classify(msg: Message, headers: dict[str, str], raw_headers: Iterable[tuple[str, str]]) -> tuple[str, Any]:
-    """Run the ladder; returns (protocol version, declared client capabilities) or raises RpcFault."""
+def classify(msg: Message, headers: dict[str, str] | None, raw_headers: Iterable[tuple[str, str]]) -> tuple[str, Any]:
+    """Run the ladder; returns (protocol version, declared client capabilities) or raises RpcFault.
+    `headers` None (stdio): no routing headers exist, so the header rung is skipped."""
     if (dup := find_duplicated_routing_header(raw_headers)) is not None:
         raise RpcFault(HEADER_MISMATCH, f"{dup} header appears more than once", id_=msg.id)
     verdict = classify_inbound_request(msg.raw, headers=headers, supported_modern_versions=SUPPORTED)

@@ -187,7 +187,8 @@ async def _legacy(
     raise RpcFault(METHOD_NOT_FOUND, f"Method not found: {msg.method}", id_=msg.id)
 
 
-def _initialize(request: Request, principal: Principal, msg: Message) -> Response:
+def initialize_result(msg: Message) -> tuple[str, dict[str, Any]]:
+    """The negotiated version and the `initialize` result (shared with the stdio transport)."""
     asked = msg.params.get("protocolVersion")
     if not isinstance(asked, str):
         raise RpcFault(INVALID_PARAMS, "Invalid params: initialize needs a protocolVersion", id_=msg.id)
@@ -199,6 +200,11 @@ def _initialize(request: Request, principal: Principal, msg: Message) -> Respons
         "serverInfo": methods.SERVER_INFO,
         "instructions": methods.INSTRUCTIONS,
     }
+    return version, result
+
+
+def _initialize(request: Request, principal: Principal, msg: Message) -> Response:
+    version, result = initialize_result(msg)
     headers: dict[str, str] = {}
     if version >= "2025-11-25" and handoff.url_elicitation_declared(msg.params.get("capabilities")):
         # Stateless memory of the declared capability: a sealed session id the client echoes.

@@ -194,8 +194,9 @@ def test_schema_defaults_are_the_defaults_the_gateway_uses(tmp_path: Path) -> No
     for key in ("listen", "tls", "state_dir", "connectors_dir"):
         raw.pop(key)
     raw["tls"] = {"cert": "c", "key": "k"}
+    raw["local_principals"] = {"me": {}}  # one entry with nothing set: its keys' defaults apply
     cfg = parse(raw, tmp_path)
-    given = {"tls.cert", "tls.key", "auth.hs256_secret", "clusters[].ssh.nodes"}  # set above: no default to see
+    given = {"tls.cert", "tls.key", "auth.hs256_secret", "clusters[].ssh.nodes", "local_principals"}  # set above
     checked = 0
     for path, node in settings():
         if "default" not in node or path in given:

@@ -14,6 +14,7 @@ MODULES: tuple[str, ...] = (
     "gateway.cli.commands.bundle",
     "gateway.cli.commands.config",
     "gateway.cli.commands.policy",
+    "gateway.cli.commands.stdio",
     "gateway.cli.commands.tools",
 )
 

@@ -1,0 +1,224 @@
+"""MCP over stdio for one locally configured principal (`pvegate stdio`).
+
+A desktop MCP client starts pvegate as a subprocess and exchanges newline-delimited
+JSON-RPC messages on its stdin/stdout (the MCP stdio transport). There is no network
+listener and no bearer token: the principal is the `local_principals` entry named on
+the command line, and the operating system's process boundary is the authentication.
+Everything after that is the HTTP transport's own path: the same parser
+(`jsonrpc.parse_message`), the same `initialize` answer, the same methods
+(`methods.list_tools`, `methods.call`, `modern.dispatch`), hence the same pipeline:
+one OPA decision, the audit on disk before Proxmox hears of it, and approvals handed
+off by URL.
+
+Framing is ours, not the SDK's `stdio_server`: that one parses into the SDK's models,
+while the shared handlers take the raw message so that faults (batches, invalid
+Unicode, unknown methods) are answered exactly as over HTTP. stdout carries only
+protocol messages; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, BinaryIO
+
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from gateway.components import Components
+from gateway.core.config import LocalPrincipal
+from gateway.core.principal import Principal
+from gateway.mcp import handoff, methods, modern, transport
+from gateway.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, Message, RpcFault, encode, parse_message
+from gateway.mcp.request_state import RequestStates, Sealer
+from gateway.store.audit import AuditRecord
+
+log = logging.getLogger("pvegate.stdio")
+
+ISSUER = "pvegate-local"  # principal.iss of a local principal: no token issued it
+TOO_LONG = b"\x00too long"  # what _Lines.next gives for a line over the limit (a real line has no NUL)
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+
+
+def local_principal(p: LocalPrincipal) -> Principal:
+    return Principal(sub=p.name, iss=ISSUER, roles=p.roles, groups=p.groups, scopes=(), client_id="stdio", kind=p.kind)
+
+
+def _is_modern(msg: Message) -> bool:
+    """The 2026-07-28 revision has no handshake: each request names its version in `_meta`."""
+    if msg.method == "server/discover":
+        return True
+    meta = msg.params.get("_meta")
+    version = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
+    return version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+class StdioSession:
+    """One client on stdin/stdout: a handshake-era session (the version and capabilities
+    declared at `initialize` hold until the process ends), or stateless 2026-07-28 requests."""
+
+    def __init__(self, c: Components, principal: Principal) -> None:
+        self.c = c
+        self.principal = principal
+        self.version: str | None = None
+        self.url_elicitation = False  # declared at initialize (capabilities.elicitation.url)
+        self.states = RequestStates(Sealer())  # per-process key, as over HTTP
+
+    def _exchange(self, version: str, modern_era: bool, url_elicitation: bool) -> methods.Exchange:
+        return methods.Exchange(self.c, self.principal, version, modern_era, None, url_elicitation, self.states)
+
+    async def handle(self, line: bytes) -> dict[str, Any] | None:
+        """One message in; the reply document, or None for a notification."""
+        msg: Message | None = None
+        try:
+            msg = parse_message(line)
+            if msg.is_notification:
+                return None  # notifications/initialized, cancelled, ...: nothing to answer
+            return {"jsonrpc": "2.0", "id": msg.id, "result": await self._dispatch(msg)}
+        except RpcFault as fault:
+            if fault.id is None and msg is not None:
+                fault.id = msg.id
+            if not fault.audited:
+                await self._refuse(fault)
+            error: dict[str, Any] = {"code": fault.code, "message": fault.message}
+            if fault.data is not None:
+                error["data"] = fault.data
+            return {"jsonrpc": "2.0", "id": fault.id, "error": error}
+
+    async def _dispatch(self, msg: Message) -> dict[str, Any]:
+        if _is_modern(msg):
+            version, capabilities = modern.classify(msg, None, ())
+            x = self._exchange(version, True, modern.wants_url_elicitation(capabilities))
+            return await modern.dispatch(x, msg)
+        if msg.method == "initialize":
+            self.version, result = transport.initialize_result(msg)
+            self.url_elicitation = self.version >= "2025-11-25" and handoff.url_elicitation_declared(
+                msg.params.get("capabilities")
+            )
+            return result
+        if msg.method == "ping":
+            return {}
+        x = self._exchange(self.version or transport.DEFAULT_VERSION, False, self.url_elicitation)
+        if msg.method == "tools/list":
+            return await methods.list_tools(x)
+        if msg.method == "tools/call":
+            return await methods.call(x, msg.params)
+        raise RpcFault(METHOD_NOT_FOUND, f"Method not found: {msg.method}", id_=msg.id)
+
+    async def refuse_too_long(self) -> None:
+        await self._refuse(RpcFault(INVALID_REQUEST, "message larger than max_body_bytes"))
+
+    async def _refuse(self, fault: RpcFault) -> None:
+        """A protocol-level refusal is audited like one over HTTP (there is no source address)."""
+        body = {"transport": "stdio", "code": fault.code, "reason": fault.message}
+        await self.c.audit.append(
+            AuditRecord(uuid.uuid4().hex, "refusal", self.principal.sub, None, None, "protocol_error", body)
+        )
+
+
+class _Lines:
+    """Newline-delimited messages from a binary stream, each at most `limit` bytes."""
+
+    def __init__(self, stream: BinaryIO, limit: int) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.reader: asyncio.StreamReader | None = None
+
+    async def open(self) -> None:
+        reader = asyncio.StreamReader(limit=self.limit + 1)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self.stream)
+            self.reader = reader
+        except (ValueError, OSError):  # a regular file (`pvegate stdio < requests.jsonl`): read it in a thread
+            self.reader = None
+
+    async def next(self) -> bytes | None:
+        """The next line (without its newline), TOO_LONG for an over-long one, None at end of input."""
+        if self.reader is None:
+            line = await asyncio.to_thread(self.stream.readline, self.limit + 2)
+            if not line:
+                return None
+            if not line.endswith(b"\n") and len(line) > self.limit:
+                while (rest := await asyncio.to_thread(self.stream.readline, 65536)) and not rest.endswith(b"\n"):
+                    pass
+                return TOO_LONG
+            return line.rstrip(b"\r\n")
+        try:
+            line = await self.reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:  # end of input, maybe a last line without newline
+            return exc.partial.rstrip(b"\r") if exc.partial else None
+        except asyncio.LimitOverrunError:
+            while True:  # drop the rest of the over-long line
+                try:
+                    await self.reader.readuntil(b"\n")
+                    return TOO_LONG
+                except asyncio.LimitOverrunError as exc:
+                    await self.reader.readexactly(exc.consumed)
+                except asyncio.IncompleteReadError:
+                    return TOO_LONG
+        return line.rstrip(b"\r\n")
+
+
+async def serve_stdio(
+    c: Components,
+    principal: Principal,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+    *,
+    on_ready: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Answer messages from stdin on stdout until stdin closes; requests run concurrently
+    (at most `max_inflight_per_client`), replies are written whole, one per line."""
+    out = stdout or sys.stdout.buffer
+    lines = _Lines(stdin or sys.stdin.buffer, c.config.max_body_bytes)
+    await lines.open()
+    session = StdioSession(c, principal)
+    write_lock = asyncio.Lock()
+    slots = asyncio.Semaphore(max(1, c.config.max_inflight_per_client))
+    running: set[asyncio.Task[None]] = set()
+
+    async def reply(doc: dict[str, Any]) -> None:
+        async with write_lock:
+            out.write(encode(doc) + b"\n")
+            out.flush()
+
+    async def one(line: bytes) -> None:
+        try:
+            doc = await session.handle(line)
+        except Exception:  # never a stack trace on stdout; the log has it
+            log.exception("internal error handling a stdio message")
+            doc = None
+        finally:
+            slots.release()
+        if doc is not None:
+            await reply(doc)
+
+    if on_ready is not None:
+        await on_ready()
+    while (line := await lines.next()) is not None:
+        if line == TOO_LONG:  # nothing of it was parsed: no id to answer, as an HTTP 413 has none
+            await session.refuse_too_long()
+            await reply(too_long_reply(c.config.max_body_bytes))
+            continue
+        if not line.strip():
+            continue
+        await slots.acquire()
+        task = asyncio.create_task(one(line))
+        running.add(task)
+        task.add_done_callback(running.discard)
+    if running:  # stdin closed: let what was asked finish (its audit rows included)
+        await asyncio.gather(*running, return_exceptions=True)
+    with contextlib.suppress(OSError):
+        out.flush()
+
+
+def too_long_reply(limit: int) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": INVALID_REQUEST, "message": f"Invalid Request: a message may be at most {limit} bytes"},
+    }

@@ -1,0 +1,185 @@
+"""`pvegate stdio`: the SDK's own stdio client starts `.venv/bin/pvegate stdio` as a desktop client
+would, and every call goes through the same pipeline as over HTTP: real OPA with the shipped
+policy, the simulator, the audit on disk, approvals handed off by URL (and approved with the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.client import Client
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from gateway.dev.devenv import DevEnv, make_env
+from gateway.sim.harness import start_simulator
+from tests.support import audit_rows, free_port
+
+PVEGATE = Path(sys.executable).with_name("pvegate")
+LOCAL = {
+    "desk-agent": {"kind": "agent", "roles": ["operator"]},
+    "desk-viewer": {"roles": ["viewer"]},
+}
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A simulator of this module's own: an approved shutdown really stops a guest."""
+    handle = start_simulator("small", tmp_path_factory.mktemp("stdio-sim"))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def stdio_env(sim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    return make_env(
+        tmp_path_factory.mktemp("stdio"), {"default": sim}, port=free_port(), extra={"local_principals": LOCAL}
+    )
+
+
+def params(env: DevEnv, principal: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=str(PVEGATE), args=["stdio", "--config", str(env.config_path), "--principal", principal]
+    )
+
+
+@asynccontextmanager
+async def session(env: DevEnv, principal: str) -> AsyncIterator[ClientSession]:
+    async with stdio_client(params(env, principal)) as (read, write), ClientSession(read, write) as s:
+        await s.initialize()
+        yield s
+
+
+def text(res: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in res.content)
+
+
+async def test_the_pipeline_over_stdio(stdio_env: DevEnv, sim: Any) -> None:
+    env = stdio_env
+    async with stdio_client(params(env, "desk-agent")) as (read, write), ClientSession(read, write) as s:
+        init = await s.initialize()
+        assert init.server_info.name == "pvegate"
+
+        # tools/list: what the policy shows an operator agent, nothing else
+        listed = {t.name for t in (await s.list_tools()).tools}
+        assert {"list_nodes", "vm_shutdown", "check_ip_availability"} <= listed
+        assert not {"get_token_permissions", "guest_delete", "guest_migrate"} & listed
+
+        # an allowed read
+        sim.clear_logs()
+        ok = await s.call_tool("list_nodes", {})
+        assert not ok.is_error and {r["node"] for r in ok.structured_content["items"]} == {"pve1", "pve2", "pve3"}
+        assert any(e["path"] == "/api2/json/nodes" for e in sim.requests_log())
+
+        # a denied call, with the policy's reasons and codes
+        denied = await s.call_tool("guest_delete", {"vmid": 102})
+        assert denied.is_error and "Denied by policy" in text(denied)
+        assert denied.structured_content["allowed"] is False and denied.structured_content["reasons"]
+
+        # a held call: pending, with the approval page's URL; nothing sent to Proxmox
+        sim.clear_logs()
+        held = await s.call_tool("vm_shutdown", {"vmid": 100})
+        assert held.is_error and held.meta["pvegate/outcome"] == "pending_approval"
+        approval = held.structured_content["approval"]
+        aid = approval["id"]
+        assert approval["approve_url"] == f"{env.config.public_url}/admin/approvals/{aid}"
+        assert approval["approve_url"] in text(held)
+        assert [e for e in sim.requests_log() if e["method"] != "GET"] == []
+
+        # a protocol fault is answered, not fatal: the session goes on
+        with pytest.raises(Exception, match="Method not found"):
+            await s.list_resources()
+        assert not (await s.call_tool("get_version", {})).is_error
+
+    rows = audit_rows(env.config.audit_path)
+    mine = [r for r in rows if r["principal"] == "desk-agent"]
+    decided = {(r["tool"], r["outcome"]) for r in mine if r["kind"] == "decision"}
+    assert {("list_nodes", "allow"), ("guest_delete", "deny"), ("vm_shutdown", "pending")} <= decided
+    assert ("list_nodes", "ok") in {(r["tool"], r["outcome"]) for r in mine if r["kind"] == "result"}
+    assert any(r["kind"] == "approval" and r["outcome"] == "requested" and aid in r["body"] for r in mine)
+    received = next(r for r in mine if r["kind"] == "received" and r["tool"] == "list_nodes")
+    assert json.loads(received["body"])["protocol"] == init.protocol_version
+
+
+async def test_a_held_call_runs_after_a_human_approves_it(stdio_env: DevEnv, sim: Any) -> None:
+    env = stdio_env
+    args = {"vmid": 100, "timeout": 30}
+    async with session(env, "desk-agent") as s:
+        held = await s.call_tool("vm_shutdown", args)
+        assert held.meta["pvegate/outcome"] == "pending_approval", text(held)
+        aid = held.structured_content["approval"]["id"]
+        approver = env.token("alice", [], groups=["sre-leads"], kind="human")
+        vote = subprocess.run(
+            [str(PVEGATE), "approvals", "approve", aid, "--config", str(env.config_path), "--token", approver],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert vote.returncode == 0, vote.stdout + vote.stderr
+        token = re.search(r"([A-Za-z0-9_-]{40,})", vote.stdout)
+        assert token, vote.stdout
+        sim.clear_logs()
+        done = await s.call_tool("vm_shutdown", args, meta={"pvegate/approval": token.group(1)})  # type: ignore[arg-type]
+        assert not done.is_error, text(done)
+        assert [(e["method"], e["path"]) for e in sim.requests_log() if e["method"] == "POST"] == [
+            ("POST", "/api2/json/nodes/pve1/qemu/100/status/shutdown")
+        ]
+    presented = f'"approval_presented":"{aid}"'
+    decision = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "decision" and presented in r["body"]]
+    assert [r["outcome"] for r in decision] == ["allow"]
+
+
+async def test_modern_stateless_requests_over_stdio(stdio_env: DevEnv) -> None:
+    """The 2026-07-28 revision (no handshake, a `_meta` envelope per request) on the same pipe."""
+    async with Client(params(stdio_env, "desk-viewer"), mode="2026-07-28") as client:
+        listed = {t.name for t in (await client.list_tools()).tools}
+        assert "list_nodes" in listed and "vm_shutdown" not in listed
+        res = await client.call_tool("vm_shutdown", {"vmid": 100})
+        assert res.is_error and "Denied by policy" in text(res)
+
+
+def test_unknown_principal_is_refused_in_one_line(stdio_env: DevEnv) -> None:
+    done = subprocess.run(
+        [str(PVEGATE), "stdio", "--config", str(stdio_env.config_path), "--principal", "mallory"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--principal mallory: not a local_principals entry (desk-agent, desk-viewer)" in done.stderr
+
+
+def test_stdout_carries_only_protocol_messages(stdio_env: DevEnv) -> None:
+    """Raw lines in, raw lines out: every stdout line is a JSON-RPC reply; a parse error is one too."""
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "get_version", "arguments": {}}},
+    ]  # fmt: skip
+    stdin = "\n".join(json.dumps(m) for m in lines) + "\n{not json\n" + "x" * (2 << 20) + "\n"
+    done = subprocess.run(
+        [str(PVEGATE), "stdio", "--config", str(stdio_env.config_path), "--principal", "desk-viewer"],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    by_id = {r.get("id"): r for r in replies if r.get("id") is not None}
+    assert by_id[1]["result"]["protocolVersion"] == "2025-06-18"
+    assert by_id[2]["result"]["isError"] is False
+    errors = [r["error"] for r in replies if r.get("id") is None]
+    assert [e["code"] for e in errors] == [-32700, -32600]  # the parse error, then the over-long line
+    assert "at most 1048576 bytes" in errors[1]["message"]
+    assert len(replies) == 4
