@@ -132,8 +132,9 @@ def bind(config: Config) -> socket.socket:
     return sock
 
 
-def preflight(config: Config) -> None:
-    """Everything that can be checked without starting anything; StartupError names the first problem."""
+def preflight(config: Config, *, listener: bool = True) -> None:
+    """Everything that can be checked without starting anything; StartupError names the first problem.
+    `listener=False` (`pvegate stdio`): no TLS files are needed."""
     try:
         refuse_unshared(config)
     except ConfigError as exc:
@@ -143,7 +144,8 @@ def preflight(config: Config) -> None:
     check_secrets(config)
     check_opa(config)
     check_files(config)
-    check_tls(config)
+    if listener:
+        check_tls(config)
 
 
 def describe(exc: BaseException) -> str:
@@ -211,11 +213,7 @@ def serve_stdio_for(config: Config, principal: str) -> None:
     if local is None:
         known = ", ".join(sorted(config.local_principals)) or "none are configured"
         raise StartupError(f"--principal {principal}: not a local_principals entry ({known})")
-    check_state_dir(config.state_dir)
-    check_state_dir(config.audit_path.parent, "audit.path: the directory")
-    check_secrets(config)
-    check_opa(config)
-    check_files(config)
+    preflight(config, listener=False)
     asyncio.run(_stdio(config, local))
 
 
