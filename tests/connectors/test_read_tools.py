@@ -48,6 +48,8 @@ def online_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     for g in raw["guests"]:
         if g["vmid"] == 103:
             g["config"] = {"net1": "e1000=BC:24:11:00:01:03,bridge=vmbr1,tag=20,firewall=0"}
+        if g["vmid"] == 101:  # cloud-init asks for DHCP: only the guest agent knows the address
+            g["config"] = {"ipconfig0": "ip=dhcp"}
     wd = tmp_path_factory.mktemp("online-sim")
     path = wd / "online.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -174,7 +176,26 @@ async def test_guest_config_breaks_out_network_interfaces(online: tuple[DevEnv, 
     assert (eth0["name"], eth0["model"], eth0["ip"], eth0["gateway"], eth0["ip_source"]) == (
         "eth0", "veth", "10.10.2.200/24", "10.10.2.1", "config",
     )  # fmt: skip
-    assert "cipassword" not in str(vm)
+    assert "cipassword" not in str(vm) and vm["agent"] is None  # no agent configured: not asked
+
+
+async def test_guest_config_adds_what_the_guest_agent_knows(online: tuple[DevEnv, Any]) -> None:
+    env, sim = online
+    vm = await ok(env, "get_guest_config", {"vmid": 101})
+    (net0,) = vm["networks"]
+    assert vm["agent"] == {"answered": True, "error": None}
+    assert (net0["ip"], net0["ip_source"], net0["agent_ips"][0]) == ("10.10.1.101/24", "agent", "10.10.1.101/24")
+    web = await ok(env, "get_guest_config", {"vmid": 100})  # cloud-init states it; the agent confirms it
+    assert web["networks"][0]["ip_source"] == "cloud-init" and "10.10.1.100/24" in web["networks"][0]["agent_ips"]
+    sim.set_faults(error_rate=1.0, error_status=500, error_path="/agent/")
+    try:
+        res = await call(env, "get_guest_config", {"vmid": 101})
+    finally:
+        sim.set_faults(error_rate=0.0, error_path=None)
+    s = res.structured_content
+    assert not res.is_error and s["agent"]["answered"] is False and "500" in s["agent"]["error"]
+    assert s["networks"][0]["ip"] is None and s["networks"][0]["ip_source"] == "dhcp"
+    assert any("guest agent" in w for w in s["warnings"])
 
 
 # --- storage -----------------------------------------------------------------------

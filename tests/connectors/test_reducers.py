@@ -25,7 +25,7 @@ def fake(answers: dict[str, Any]) -> Any:
 def base(**over: Any) -> dict[str, Any]:
     answers: dict[str, Any] = {
         "list_guests": GUESTS,
-        "get_guest_config": {"config": {"ipconfig0": "ip=10.0.0.5/24,gw=10.0.0.1"}},
+        "get_guest_stored_config": {"config": {"ipconfig0": "ip=10.0.0.5/24,gw=10.0.0.1"}},
         "vm_agent_network": ToolError("QEMU guest agent is not running"),
         "list_nodes": NODES,
         "node_arp_table": [{"dst": "10.0.0.9", "state": ["FAILED"]}],

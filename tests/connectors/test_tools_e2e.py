@@ -71,6 +71,7 @@ READS: list[tuple[str, dict[str, Any], Check]] = [
     ("list_guests", {}, lambda s: {100, 200, 9000} <= {r["vmid"] for r in items(s)}),
     ("list_guests", {"node": "pve2", "guest_type": "lxc"}, lambda s: {r["vmid"] for r in items(s)} == {201, 202}),
     ("get_guest_config", {"vmid": 100}, lambda s: s["config"]["name"] == "web01" and "cipassword" not in s["config"]),
+    ("get_guest_stored_config", {"vmid": 103}, lambda s: s["networks"][0]["ip_source"] == "cloud-init"),
     ("get_guest_status", {"vmid": 200}, lambda s: s["status"] == "running" and s["name"] == "docker01"),
     ("get_guest_pending", {"vmid": 100}, lambda s: any(r["key"] == "cores" for r in items(s))),
     ("get_guest_firewall_rules", {"vmid": 100}, lambda s: isinstance(s["items"], list)),

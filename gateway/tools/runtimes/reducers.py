@@ -347,7 +347,7 @@ async def check_ip_availability(sub: Sub, args: dict[str, Any], warnings: list[s
 
     # 1. static configuration of every guest
     guest_rows = rows(await sub("list_guests", {}))
-    results = await _gather([sub("get_guest_config", {"vmid": int(g["vmid"])}) for g in guest_rows])
+    results = await _gather([sub("get_guest_stored_config", {"vmid": int(g["vmid"])}) for g in guest_rows])
     failed = []
     configs: dict[int, dict[str, Any]] = {}
     for g, res in zip(guest_rows, results, strict=True):
@@ -630,6 +630,50 @@ async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[st
     }
 
 
+def _agent_addresses(result: Any) -> dict[str, list[str]]:
+    """MAC (upper case) -> the addresses (with prefix) the QEMU guest agent reports on it."""
+    out: dict[str, list[str]] = {}
+    ifaces = result.get("result") if isinstance(result, dict) else None
+    for iface in ifaces if isinstance(ifaces, list) else []:
+        if not isinstance(iface, dict) or not iface.get("hardware-address"):
+            continue
+        addrs = [
+            f"{a.get('ip-address')}/{a.get('prefix')}" if a.get("prefix") is not None else str(a.get("ip-address"))
+            for a in iface.get("ip-addresses") or []
+            if isinstance(a, dict) and a.get("ip-address")
+        ]
+        out.setdefault(str(iface["hardware-address"]).upper(), []).extend(addrs)
+    return out
+
+
+async def guest_config_report(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """The stored configuration with its NICs broken out; for a VM whose agent is configured, the
+    addresses the agent reports are added per NIC (matched by MAC). The agent read goes through
+    vm_agent_network, so the policy sees it; when it fails the answer says why, the rest stands."""
+    leaf_args: dict[str, Any] = {k: args[k] for k in ("vmid", "node") if k in args}
+    report = dict(await sub("get_guest_stored_config", leaf_args))
+    config = report.get("config") or {}
+    nets = [dict(n) for n in report.get("networks") or []]
+    is_vm = not any(n.get("model") == "veth" for n in nets) and "hostname" not in config
+    report["agent"] = None
+    if is_vm and _agent_enabled(config):
+        try:
+            by_mac = _agent_addresses(await sub("vm_agent_network", {"vmid": int(args["vmid"])}))
+        except ToolError as exc:
+            warnings.append(f"guest agent: {exc}")
+            report["agent"] = {"answered": False, "error": str(exc)}
+        else:
+            report["agent"] = {"answered": True, "error": None}
+            for n in nets:
+                found = by_mac.get(str(n.get("mac") or "").upper(), [])
+                n["agent_ips"] = found
+                v4 = [a for a in found if ":" not in a]
+                if n.get("ip") is None and v4:
+                    n["ip"], n["ip_source"] = v4[0], "agent"
+    report["networks"] = nets
+    return report
+
+
 async def node_capacity_report(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
     """The node's status figures plus every mounted filesystem (df over SSH); a missing part is null with why."""
     node = str(args["node"])
@@ -653,6 +697,7 @@ async def node_capacity_report(sub: Sub, args: dict[str, Any], warnings: list[st
 
 COMPOSITES: dict[str, Composite] = {
     "node_capacity": node_capacity_report,
+    "guest_config": guest_config_report,
     "list_backups": list_backups,
     "check_ip_availability": check_ip_availability,
     "list_guest_containers": list_guest_containers,
