@@ -70,6 +70,8 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         return CallResult("denied", refusal, is_error=True)
     usage, slot = c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
     input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
+    if tool.allocates:  # creates, attaches, grows: the requested resources and the pool's usage
+        input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
     decision = await c.decisions.decide(input_doc)
     await _audit_decision(c, req, tool, args, target, decision, input_doc)  # durable before Proxmox hears of it
 

@@ -252,6 +252,8 @@ def get_guest_config(ctx: Ctx) -> Any:
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
         cfg = snap.config
     out = dict(cfg)
+    if not snapname and not ctx.params.get("current"):  # PVE answers with pending values by default
+        out.update(g.pending)
     if g.lock:
         out["lock"] = g.lock
     out["digest"] = config_digest(g.config)
@@ -830,7 +832,15 @@ def get_node_services(ctx: Ctx) -> Any:
 @both("GET", "/nodes/{node}/{kind}/{vmid}/pending")
 def get_pending(ctx: Ctx) -> Any:
     g = ctx.guest(kind_of(ctx.path))
-    return [{"key": k, "value": v} for k, v in sorted(g.config.items())]
+    rows: list[dict[str, Any]] = []
+    for k in sorted(set(g.config) | set(g.pending)):
+        row: dict[str, Any] = {"key": k}
+        if k in g.config:
+            row["value"] = g.config[k]
+        if k in g.pending:
+            row["pending"] = g.pending[k]
+        rows.append(row)
+    return rows
 
 
 @both("GET", "/nodes/{node}/{kind}/{vmid}/migrate")

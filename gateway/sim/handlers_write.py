@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.sim import disks
 from gateway.sim import scenario as sc
 from gateway.sim.errors import ApiError, perm_denied
 from gateway.sim.handlers_read import config_digest
@@ -42,6 +43,8 @@ def _start_task(ctx: Ctx, g: Guest, wtype: str, work: Any, begin: Any = None, wi
 
 
 def _set_running(g: Guest) -> None:
+    disks.apply_pending(g)  # a (re)start picks up the pending changes
+    sync_from_config(g)
     g.status = "running"
     g.started_at = time.time()
     g.pid = 10000 + (g.vmid * 7 + int(g.started_at)) % 900000
@@ -253,7 +256,7 @@ def _update_config(ctx: Ctx) -> Any:
     digest = p.pop("digest", None)
     skiplock = p.pop("skiplock", None)
     deletes = [d for d in str(p.pop("delete", "")).replace(";", ",").split(",") if d]
-    p.pop("revert", None)
+    reverts = [r for r in str(p.pop("revert", "")).split(",") if r]
     p.pop("force", None)
     p.pop("background_delay", None)
     if digest and digest != config_digest(g.config):
@@ -263,9 +266,13 @@ def _update_config(ctx: Ctx) -> Any:
     for k in deletes:
         if k in p:
             raise ApiError(500, f"unable to delete '{k}' - option is also set")
-        g.config.pop(k, None)
+        disks.delete_key(ctx.rt.cluster, g, k)
+    for k in reverts:
+        if k in p or k in deletes:
+            raise ApiError(500, f"unable to revert '{k}' - option is also set or deleted")
+        g.pending.pop(k, None)
     for k, v in p.items():
-        g.config[k] = v
+        disks.set_key(ctx.rt.cluster, g, k, v)
     sync_from_config(g)
     ctx.rt.cluster.touch()
     return None

@@ -51,6 +51,7 @@ class Guest:
     tags: list[str] = field(default_factory=list)
     pool: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    pending: dict[str, Any] = field(default_factory=dict)  # saved, applied at the next start
     snapshots: list[Snapshot] = field(default_factory=list)
     lock: str | None = None
     ha: dict[str, Any] | None = None  # {"state": "started", "group": "..."}

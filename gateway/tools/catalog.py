@@ -19,7 +19,7 @@ import jsonschema
 import yaml
 
 from gateway.tools.runtimes.reducers import COMPOSITES, TRANSFORMS
-from gateway.tools.tool import Tool, _short
+from gateway.tools.tool import PLACEHOLDER, Tool, _short
 
 EFFECTS = ("read", "write", "destroy", "exec")
 CONNECTORS = ("pve_api", "ssh", "composite")
@@ -126,6 +126,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         output_schema=_output_schema(raw),
         target=target,
         sensitive=tuple(raw.get("sensitive", [])),
+        allocates=dict(raw.get("allocates") or {}),
         spec=dict(raw[connector]),
         output=dict(raw.get("output", {})),
         dry_run=(" ".join(raw["dry_run"].split()) if raw.get("dry_run") else None),
@@ -146,12 +147,13 @@ def _check_placeholders(tool: Tool, where: str) -> None:
         if param not in props:
             raise CatalogError(f"{where}: target {field_name} names undeclared parameter {param}")
     if tool.connector == "pve_api":
-        maps = {**(tool.spec.get("query") or {}), **(tool.spec.get("body") or {})}
-        for pve_field, param in maps.items():
-            if param not in props:
-                raise CatalogError(f"{where}: {pve_field} maps undeclared parameter {param}")
+        schemas = tool.parameters["properties"]
+        for mapping in (tool.spec.get("query") or {}, tool.spec.get("body") or {}):
+            for pve_field, value in mapping.items():
+                _check_field(where, pve_field, value, schemas)
         if tool.effect != "read" and not tool.dry_run:
             raise CatalogError(f"{where}: a mutation needs a dry_run description")
+    _check_allocates(tool, where, props)
     if tool.connector == "ssh":
         if tool.effect != "read":
             raise CatalogError(f"{where}: ssh tools are read-only in this gateway")
@@ -168,6 +170,43 @@ def _check_placeholders(tool: Tool, where: str) -> None:
                 raise CatalogError(f"{where}: ssh placeholder {p} must be an integer or a string with a pattern")
     if tool.connector == "composite" and tool.effect != "read":
         raise CatalogError(f"{where}: composite tools must be read-only")
+
+
+def _check_field(where: str, pve_field: str, value: str | list[str], schemas: dict[str, Any]) -> None:
+    """A body/query entry names declared parameters; templated keys and values use only
+    parameters that cannot carry a PVE property-string separator (see template_value)."""
+    for p in PLACEHOLDER.findall(pve_field):
+        if p not in schemas or schemas[p].get("type") != "integer":
+            raise CatalogError(f"{where}: field {pve_field}: {{{p}}} must name a declared integer parameter")
+    if isinstance(value, str):
+        if value not in schemas:
+            raise CatalogError(f"{where}: {pve_field} maps undeclared parameter {value}")
+        return
+    for part in value:
+        for p in PLACEHOLDER.findall(part):
+            schema = schemas.get(p)
+            if schema is None:
+                raise CatalogError(f"{where}: {pve_field} template names undeclared parameter {p}")
+            if schema.get("type") == "string" and not schema.get("pattern") and "enum" not in schema:
+                raise CatalogError(f"{where}: {pve_field} template parameter {p} needs a pattern or enum")
+            if schema.get("type") not in ("string", "integer", "boolean"):
+                raise CatalogError(f"{where}: {pve_field} template parameter {p} must be a string, integer or boolean")
+
+
+def _check_allocates(tool: Tool, where: str, props: set[str]) -> None:
+    a = tool.allocates
+    if not a:
+        return
+    if tool.effect == "read":
+        raise CatalogError(f"{where}: a read tool allocates nothing")
+    named = [a.get("copy_of"), a.get("pool")] + [q.get("param") for q in _quantities(a) if isinstance(q, dict)]
+    for p in named:
+        if p is not None and p not in props:
+            raise CatalogError(f"{where}: allocates names undeclared parameter {p}")
+
+
+def _quantities(a: dict[str, Any]) -> list[Any]:
+    return [a[k] for k in ("cores", "sockets", "memory_mib") if k in a] + list(a.get("disk_gib", []))
 
 
 def _check_reducers(tools: Any) -> None:

@@ -57,9 +57,10 @@ def expansions(tool: Tool) -> list[tuple[str, str, str | None]]:
 
 
 def _sent_fields(tool: Tool, kind: str | None) -> list[str]:
+    """The PVE field names the tool may send; `net{index}` is PVE's indexed `net[n]`."""
     only = tool.spec.get("type_only") or {}
     fields = [*(tool.spec.get("query") or {}), *(tool.spec.get("body") or {}), *(tool.spec.get("fixed") or {})]
-    return [f for f in fields if kind is None or only.get(f, kind) == kind]
+    return [re.sub(r"\{[a-z_][a-z0-9_]*\}$", "[n]", f) for f in fields if kind is None or only.get(f, kind) == kind]
 
 
 def check_tool(tool: Tool, schema: PveSchema) -> list[str]:
@@ -74,7 +75,7 @@ def check_tool(tool: Tool, schema: PveSchema) -> list[str]:
             problems.append(f"{tool.name}: {method} {path} is not available to API tokens")
         props = (info.get("parameters") or {}).get("properties") or {}
         for f in _sent_fields(tool, kind):
-            if f not in props:
+            if f not in props and re.sub(r"[0-9]+$", "[n]", f) not in props:  # scsi0: PVE's scsi[n]
                 problems.append(f"{tool.name}: {method} {path} has no parameter {f!r}")
         for ph in re.findall(r"\{([^}]+)\}", path):
             if ph not in props:

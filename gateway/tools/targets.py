@@ -11,6 +11,9 @@ from gateway.tools.runtimes.base import UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
 from gateway.tools.tool import Tool
 
+MiB = 1 << 20
+GiB = 1 << 30
+
 
 def unknown_target(cluster: str) -> dict[str, Any]:
     return {
@@ -85,6 +88,21 @@ class TargetResolver:
             raise  # Proxmox could not be asked at all: that is the answer, not an unknown target
         except Exception:  # another failed lookup leaves the target unknown; policy decides what that means
             return target
+        new_param = tool.target.get("new_vmid")
+        if new_param and new_param in arguments and int(arguments[new_param]) not in index["guests"]:
+            # a create: the target is the guest-to-be, on the node and in the pool the call names
+            node = arguments.get(node_param) if node_param else None
+            pool_param = tool.target.get("pool")
+            target.update(
+                node=node,
+                vmid=int(arguments[new_param]),
+                type="lxc" if str(tool.spec.get("path", "")).endswith("/lxc") else "qemu",
+                tags=[t for t in str(arguments.get("tags") or "").split(";") if t],
+                pool=arguments.get(pool_param) if pool_param else None,
+                known=node in index["nodes"],
+            )
+            return target
+        vmid_param = vmid_param or new_param  # an id already in use: decide on the guest that has it
         if vmid_param and vmid_param in arguments:
             row = index["guests"].get(int(arguments[vmid_param]))
             if row is None:
@@ -105,3 +123,51 @@ class TargetResolver:
             row = index["nodes"].get(arguments[node_param])
             target.update(node=arguments[node_param], status=(row or {}).get("status"), known=row is not None)
         return target
+
+    async def resources(
+        self, tool: Tool, arguments: dict[str, Any], cluster: str, target: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """What an allocating call asks for, and what its pool already holds (facts for the
+        policy's resource quotas); None for a tool that allocates nothing.
+
+        `pool_usage` is null when the call names no pool or the pool could not be summed:
+        the policy refuses what it cannot check against a pool limit."""
+        a = tool.allocates
+        if not a:
+            return None
+
+        def qty(q: Any) -> int:
+            if isinstance(q, int):
+                return q
+            return int(arguments.get(q["param"], q.get("default", 0)))
+
+        requested = {
+            "guests": int(a.get("guests", 0)),
+            "cores": qty(a.get("cores", 0)) * (qty(a["sockets"]) if "sockets" in a else 1),
+            "memory_mib": qty(a.get("memory_mib", 0)),
+            "disk_gib": sum(qty(q) for q in a.get("disk_gib", [])),
+        }
+        pool_param = a.get("pool")
+        pool = arguments.get(pool_param) if pool_param else target.get("pool")
+        usage: dict[str, int] | None = None
+        try:
+            index = await self._index(cluster)
+            source = a.get("copy_of")
+            if source:  # a clone asks for what its source has
+                row = index["guests"].get(int(arguments[source])) or {}
+                requested.update(
+                    cores=int(row.get("maxcpu") or 0),
+                    memory_mib=int(row.get("maxmem") or 0) // MiB,
+                    disk_gib=-(-int(row.get("maxdisk") or 0) // GiB),
+                )
+            if pool:
+                members = [g for g in index["guests"].values() if g.get("pool") == pool]
+                usage = {
+                    "guests": len(members),
+                    "cores": sum(int(g.get("maxcpu") or 0) for g in members),
+                    "memory_mib": sum(int(g.get("maxmem") or 0) for g in members) // MiB,
+                    "disk_gib": -(-sum(int(g.get("maxdisk") or 0) for g in members) // GiB),
+                }
+        except Exception:  # unknown usage: the policy decides (it refuses pool limits it cannot check)
+            usage = None
+        return {"requested": requested, "pool": pool, "pool_usage": usage}

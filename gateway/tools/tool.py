@@ -36,6 +36,7 @@ class Tool:
     dry_run: str | None = None
     source: str = ""
     uses: tuple[dict[str, Any], ...] = ()  # a composite's leaf tools, as the policy sees them
+    allocates: dict[str, Any] = field(default_factory=dict)  # requested resources (create, attach, grow)
     _validator: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -60,6 +61,7 @@ class Tool:
             "tags": list(self.tags),
             "scope": self.scope,
             **({"uses": list(self.uses)} if self.uses else {}),
+            **({"allocates": True} if self.allocates else {}),
         }
 
     @cached_property

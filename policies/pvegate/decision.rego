@@ -17,6 +17,7 @@ import data.pvegate.lib
 import data.pvegate.obligations
 import data.pvegate.quotas
 import data.pvegate.rbac
+import data.pvegate.resources
 import data.pvegate.risk
 
 # contract versions this policy understands
@@ -113,6 +114,8 @@ denials contains r if some r in guardrails.denials
 denials contains r if some r in approval.denials
 
 denials contains r if some r in quotas.denials
+
+denials contains r if some r in resources.denials
 
 # deny_reasons: their sentences (the decision's `deny`)
 deny_reasons contains r.message if some r in denials

@@ -23,7 +23,7 @@ from gateway.core.config import ClusterConfig
 from gateway.tools.runtimes.base import CallContext, GuestLocator, ToolError, ToolOutput, UpstreamError
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
-from gateway.tools.tool import Tool
+from gateway.tools.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.pve_api")
 READ_RETRIES = 2  # extra attempts, GET only: a retried mutation could run twice
@@ -232,6 +232,48 @@ def _wire(value: Any) -> Any:
     return (1 if value else 0) if isinstance(value, bool) else value
 
 
+# a value substituted into a PVE property string ("virtio,bridge=vmbr0,tag=20") may not
+# carry a separator: otherwise a bridge name could smuggle in another option
+PROPERTY_SEPARATORS = re.compile(r"[,=\s]")
+
+
+def field_name(template: str, args: dict[str, Any]) -> str | None:
+    """`net{index}` -> `net3`; None (the field is not sent) when the index is not given."""
+    names = PLACEHOLDER.findall(template)
+    if any(n not in args for n in names):
+        return None
+    return PLACEHOLDER.sub(lambda m: str(int(args[m.group(1)])), template)
+
+
+def template_value(pve_field: str, parts: list[str], args: dict[str, Any]) -> str | None:
+    """A property string from a base part and optional parts (see docs/connectors.md).
+
+    The base is sent when all its placeholders have values, and omitted when none has;
+    a part with only some of its values given is an error, never a silently shorter string.
+    """
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        names = PLACEHOLDER.findall(part)
+        given = [n for n in names if n in args]
+        if not given and (i > 0 or names):
+            if i == 0:
+                return None
+            continue
+        if len(given) != len(names):
+            missing = ", ".join(n for n in names if n not in args)
+            raise ToolError(f"{pve_field}: {', '.join(given)} needs {missing} as well")
+
+        def sub(m: re.Match[str]) -> str:
+            v = args[m.group(1)]
+            text = str(int(v)) if isinstance(v, bool) else str(v)
+            if PROPERTY_SEPARATORS.search(text):
+                raise ToolError(f"refused: {m.group(1)} may not contain ',', '=' or spaces")
+            return text
+
+        out.append(PLACEHOLDER.sub(sub, part))
+    return "".join(out)
+
+
 def upid_node(upid: str) -> str:
     parts = upid.split(":")
     if len(parts) < 3 or parts[0] != "UPID":
@@ -290,18 +332,25 @@ class PveApiRuntime:
         skipped: dict[str, str] = {}
         sent: set[str] = set()
         for target, mapping in ((query, spec.get("query") or {}), (body, spec.get("body") or {})):
-            for pve_field, param in mapping.items():
-                if param not in args:
+            for pve_field, decl in mapping.items():
+                key = field_name(pve_field, args)
+                value = args.get(decl) if isinstance(decl, str) else template_value(pve_field, decl, args)
+                if key is None or value is None:
                     continue
+                param = decl if isinstance(decl, str) else pve_field
                 kind = only.get(pve_field)
                 if kind is not None and values.get("type") != kind:
                     skipped[param] = kind
                     continue
-                target[pve_field] = _wire(args[param])
+                target[key] = _wire(value)
                 sent.add(param)
         for param, kind in skipped.items():
             if param not in sent:  # e.g. vmstate for a container: refuse rather than drop silently
                 raise ToolError(f"{param} applies to {kind} guests only")
+        for pve_field in spec.get("encode") or {}:  # only "uri" exists
+            for sent_fields in (query, body):
+                if pve_field in sent_fields:
+                    sent_fields[pve_field] = quote(str(sent_fields[pve_field]), safe="")
         fixed = dict(spec.get("fixed") or {})
         (query if spec["method"] == "GET" else body).update(fixed)
         return render_path(spec["path"], values), query, body

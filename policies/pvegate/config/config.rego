@@ -88,6 +88,7 @@ ip_scope := object.union({"tools": [], "permitted_networks": [], "reserved": []}
 default_risk := {
 	"effect_points": {"read": 0, "write": 20, "exec": 35, "destroy": 45},
 	"target_tag_points": {"prod": 20},
+	"tool_tag_points": {},
 	"scope_points": {"guest": 0, "storage": 10, "node": 20, "cluster": 30},
 	"ha_points": 10,
 	"off_hours_points": 10,
@@ -150,6 +151,15 @@ default quotas := []
 
 quotas := q if {
 	q := data.data.quotas
+	is_array(q)
+}
+
+# --- resource quotas (creates, new disks, disk growth) --------------------
+
+default resource_quotas := []
+
+resource_quotas := q if {
+	q := data.data.resource_quotas
 	is_array(q)
 }
 

@@ -108,6 +108,7 @@ data_schema := {
 					"properties": {"medium": {"type": "integer"}, "high": {"type": "integer"}, "critical": {"type": "integer"}},
 					"required": ["medium", "high", "critical"],
 				},
+				"tool_tag_points": {"type": "object", "additionalProperties": {"type": "integer"}},
 			},
 		},
 		"approval": {
@@ -247,6 +248,48 @@ data_schema := {
 						"properties": {
 							"cidr": {"type": "string", "pattern": "^([0-9]{1,3}[.]){3}[0-9]{1,3}/([0-9]|[12][0-9]|3[0-2])$"},
 							"reason": {"type": "string", "minLength": 1},
+						},
+					},
+				},
+			},
+		},
+		"resource_quotas": {
+			"type": "array",
+			"items": {
+				"type": "object",
+				"additionalProperties": false,
+				"required": ["name"],
+				"properties": {
+					"tools": {"$ref": "#/definitions/strings"},
+					"domains": {"$ref": "#/definitions/domains"},
+					"effects": {"type": "array", "items": {"enum": ["read", "write", "destroy", "exec", "*"]}},
+					"scopes": {"type": "array", "items": {"enum": ["guest", "node", "cluster", "storage", "*"]}},
+					"tool_tags": {"$ref": "#/definitions/strings"},
+					"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
+					"principal_groups": {"$ref": "#/definitions/strings"},
+					"principal_roles": {"$ref": "#/definitions/strings"},
+					"target_tags": {"$ref": "#/definitions/strings"},
+					"name": {"type": "string", "minLength": 1},
+					"roles": {"$ref": "#/definitions/strings"},
+					"pools": {"$ref": "#/definitions/strings"},
+					"max_per_guest": {
+						"type": "object",
+						"additionalProperties": false,
+						"properties": {
+							"guests": {"type": "integer", "minimum": 0},
+							"cores": {"type": "integer", "minimum": 0},
+							"memory_mib": {"type": "integer", "minimum": 0},
+							"disk_gib": {"type": "integer", "minimum": 0},
+						},
+					},
+					"max_pool_total": {
+						"type": "object",
+						"additionalProperties": false,
+						"properties": {
+							"guests": {"type": "integer", "minimum": 0},
+							"cores": {"type": "integer", "minimum": 0},
+							"memory_mib": {"type": "integer", "minimum": 0},
+							"disk_gib": {"type": "integer", "minimum": 0},
 						},
 					},
 				},

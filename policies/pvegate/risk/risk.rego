@@ -39,6 +39,18 @@ factors contains factor if {
 	}
 }
 
+# tool tags that carry risk, e.g. irreversible (a template never starts again)
+factors contains factor if {
+	mutation
+	some tag in input.tool.tags
+	points := cfg.tool_tag_points[tag]
+	factor := {
+		"name": sprintf("tool_tag:%s", [tag]),
+		"points": points,
+		"why": sprintf("tool %q is tagged %q", [input.tool.name, tag]),
+	}
+}
+
 factors contains factor if {
 	mutation
 	points := cfg.scope_points[input.tool.scope]

@@ -1,0 +1,111 @@
+# METADATA
+# title: Resource quotas
+# description: |
+#   Limits on what a call may allocate (creates, clones, new disks, disk growth):
+#   data.data.resource_quotas. A quota selects calls like any selector (tools,
+#   effects, principal_kinds, ...) and optionally by `roles` (one of the roles
+#   that grant the call) and `pools` (the pool the resources land in). It caps
+#   the amounts one call asks for (`max_per_guest`) and the pool's total after
+#   the call (`max_pool_total`); keys: guests, cores, memory_mib, disk_gib.
+#
+#   The gateway computes the request from the arguments and sums the pool's
+#   current usage (input.resources). Missing facts fail closed: an allocating
+#   call without them, or a pool limit whose pool usage is unknown, is denied.
+# schemas:
+#   - input: schema["decision_input.schema"]
+package pvegate.resources
+
+import data.pvegate.config
+import data.pvegate.lib
+import data.pvegate.rbac
+
+amounts := ["guests", "cores", "memory_mib", "disk_gib"]
+
+allocates if input.tool.allocates == true
+
+facts_ok if {
+	is_object(input.resources.requested)
+	every k in amounts {
+		is_number(input.resources.requested[k])
+	}
+}
+
+# quotas that apply to this call
+applicable contains q if {
+	allocates
+	some q in config.resource_quotas
+	lib.call_matches(q, input.principal, input.tool, input.target)
+	roles_match(q)
+	pools_match(q)
+}
+
+roles_match(q) if not "roles" in object.keys(q)
+
+roles_match(q) if {
+	some r in q.roles
+	r in rbac.granting_roles
+}
+
+pools_match(q) if not "pools" in object.keys(q)
+
+pools_match(q) if input.resources.pool in q.pools
+
+# deny: the sentences of the denials below
+deny contains r.message if some r in denials
+
+denials contains lib.reason("quota.resource_facts_missing", "pvegate.resources.facts_ok", msg) if {
+	allocates
+	not facts_ok
+	msg := sprintf(
+		"tool %q allocates resources but the gateway sent no resource facts; refusing what cannot be checked",
+		[input.tool.name],
+	)
+}
+
+denials contains lib.reason("quota.resource_per_guest", sprintf("data.resource_quotas[%s]", [q.name]), msg) if {
+	facts_ok
+	some q in applicable
+	some k, limit in object.get(q, "max_per_guest", {})
+	asked := object.get(input.resources.requested, k, 0)
+	asked > limit
+	msg := sprintf(
+		"resource quota %q: the call asks for %v %s, more than the %v allowed per guest",
+		[q.name, asked, unit[k], limit],
+	)
+}
+
+denials contains lib.reason("quota.resource_pool_unknown", sprintf("data.resource_quotas[%s]", [q.name]), msg) if {
+	facts_ok
+	not usage_known
+	some q in applicable
+	count(object.get(q, "max_pool_total", {})) > 0
+	msg := sprintf(
+		"resource quota %q limits the pool's total, but %s; name a pool whose usage the gateway can read",
+		[q.name, pool_text],
+	)
+}
+
+denials contains lib.reason("quota.resource_pool_total", sprintf("data.resource_quotas[%s]", [q.name]), msg) if {
+	facts_ok
+	usage_known
+	some q in applicable
+	some k, limit in object.get(q, "max_pool_total", {})
+	used := object.get(input.resources.pool_usage, k, 0)
+	asked := object.get(input.resources.requested, k, 0)
+	asked > 0
+	used + asked > limit
+	msg := sprintf(
+		"resource quota %q: pool %v holds %v %s and the call adds %v, over its limit of %v",
+		[q.name, input.resources.pool, used, unit[k], asked, limit],
+	)
+}
+
+usage_known if is_object(input.resources.pool_usage)
+
+unit := {"guests": "guests", "cores": "cores", "memory_mib": "MiB of memory", "disk_gib": "GiB of disk"}
+
+default pool_text := "the call names no pool"
+
+pool_text := sprintf("the usage of pool %v could not be read", [input.resources.pool]) if {
+	is_string(input.resources.pool)
+}

@@ -1,0 +1,84 @@
+package pvegate.resources_test
+
+import data.pvegate.config
+import data.pvegate.fixtures_test as fx
+import data.pvegate.resources
+
+provisioner := fx.principal("prov-agent", "agent", ["provisioner"], [])
+
+vm_create := object.union(fx.tool("vm_create", "guest", "write", "guest", ["provision"]), {"allocates": true})
+
+new_guest(pool) := object.union(fx.guest(180, [], pool, null), {"status": null})
+
+amounts(guests, cores, mem, disk) := {"guests": guests, "cores": cores, "memory_mib": mem, "disk_gib": disk}
+
+create(p, pool, requested, usage) := object.union(
+	fx.call(p, vm_create, new_guest(pool)),
+	{"resources": {"requested": requested, "pool": pool, "pool_usage": usage}},
+)
+
+small := amounts(1, 4, 8192, 32)
+
+sandbox_usage := amounts(3, 8, 16384, 96)
+
+test_within_quota_is_allowed if {
+	inp := create(provisioner, "sandbox", small, sandbox_usage)
+	count(resources.deny) == 0 with input as inp
+	data.pvegate.decision.allow with input as inp
+}
+
+test_per_guest_limit if {
+	inp := create(provisioner, "sandbox", amounts(1, 8, 4096, 8), sandbox_usage)
+	fx.has_reason(resources.deny, "resource quota \"provisioners-in-sandbox\": the call asks for 8 cores") with input as inp
+	not data.pvegate.decision.allow with input as inp
+}
+
+test_pool_total_limit if {
+	inp := create(provisioner, "sandbox", small, amounts(10, 8, 16384, 96))
+	fx.has_reason(resources.deny, "pool sandbox holds 10 guests and the call adds 1, over its limit of 10") with input as inp
+}
+
+test_unknown_pool_usage_fails_closed if {
+	inp := create(provisioner, "sandbox", small, null)
+	fx.has_reason(resources.deny, "the usage of pool sandbox could not be read") with input as inp
+}
+
+test_no_pool_for_a_pool_limit if {
+	q := {"name": "any-pool", "max_pool_total": {"guests": 5}}
+	inp := create(fx.admin, null, small, null)
+	fx.has_reason(resources.deny, "the call names no pool") with input as inp with data.data.resource_quotas as [q]
+}
+
+test_missing_facts_fail_closed if {
+	inp := json.remove(create(provisioner, "sandbox", small, sandbox_usage), ["resources"])
+	fx.has_reason(resources.deny, "sent no resource facts") with input as inp
+}
+
+test_quota_follows_the_granting_role if {
+	# an admin is no provisioner: the sandbox quota does not apply, nor the agent one
+	inp := create(fx.admin, "sandbox", amounts(1, 16, 65536, 500), sandbox_usage)
+	count(resources.deny) == 0 with input as inp
+}
+
+test_agent_size_limit_applies_anywhere if {
+	inp := create(fx.agent, "lab", amounts(1, 16, 4096, 8), null)
+	fx.has_reason(resources.deny, "resource quota \"agents-guest-size\": the call asks for 16 cores") with input as inp
+}
+
+test_non_allocating_tool_is_not_checked if {
+	count(resources.deny) == 0 with input as fx.call(provisioner, fx.vm_stop, new_guest("sandbox"))
+}
+
+test_bad_quota_data_is_a_problem if {
+	bad := [{"name": "x", "max_per_guest": {"cpus": 4}}]
+	some p in config.problems with data.data.resource_quotas as bad
+	contains(p, "resource_quotas.0.max_per_guest.cpus: unknown key")
+}
+
+test_irreversible_tool_tag_adds_risk if {
+	t := fx.tool("guest_convert_to_template", "guest", "write", "guest", ["provision", "irreversible"])
+	d := data.pvegate.decision with input as fx.call(fx.admin, t, fx.lab_guest)
+	some f in d.risk.factors
+	f.name == "tool_tag:irreversible"
+	f.points == 25
+}
