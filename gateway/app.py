@@ -124,6 +124,16 @@ async def build_components(config: Config) -> Components:
 async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASidecar | None) -> Components:
     audit = AuditLog(config.audit_path, secrets=known_secrets(config), head_key=config.audit_key_path)
     await audit.open()
+    try:
+        return await _build_with(config, catalog, url, sidecar, audit)
+    except BaseException:  # its writer task and connection thread would keep the process from exiting
+        await audit.close()
+        raise
+
+
+async def _build_with(
+    config: Config, catalog: Catalog, url: str, sidecar: OPASidecar | None, audit: AuditLog
+) -> Components:
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
     usage.load(await audit.allowed_since(time.time() - 86400))
     api_token = opa_api_token(config, sidecar)

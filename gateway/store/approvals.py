@@ -232,10 +232,14 @@ class ApprovalStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = await aiosqlite.connect(self.path, isolation_level=None)
         self._db.row_factory = aiosqlite.Row
-        await self._db.execute("PRAGMA busy_timeout=10000")
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute("PRAGMA synchronous=FULL")
-        await self._db.executescript(SCHEMA)
+        try:  # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
+            await self._db.execute("PRAGMA busy_timeout=10000")
+            await self._db.execute("PRAGMA journal_mode=WAL")
+            await self._db.execute("PRAGMA synchronous=FULL")
+            await self._db.executescript(SCHEMA)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         if self._db is not None:
@@ -755,6 +759,10 @@ async def build_approvals(config: Config, audit: AuditLog, decisions: DecisionCl
     """The gateway's approvals: the store in the audit database file, the page under public_url."""
     store = ApprovalStore(config.audit_path)
     await store.open()
-    await store.expire_due()
+    try:
+        await store.expire_due()
+    except BaseException:
+        await store.close()
+        raise
     base = config.public_url if config.admin.token is not None else None
     return Approvals(store, audit, decisions, page_base=base)

@@ -315,11 +315,13 @@ class AuditLog:
         if new_file and self.key_path.exists():  # the key first, so a start that fails on it leaves no file
             await asyncio.to_thread(HeadKey.load, self.key_path)
         self._db = await aiosqlite.connect(self.path, isolation_level=None)
-        await self._db.execute("PRAGMA busy_timeout=10000")
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
-        await self._db.executescript(SCHEMA)
-        try:  # once per process, plain sqlite3 in a thread: check the sealed head, or seal a new/older database
+        # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
+        try:
+            await self._db.execute("PRAGMA busy_timeout=10000")
+            await self._db.execute("PRAGMA journal_mode=WAL")
+            await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
+            await self._db.executescript(SCHEMA)
+            # once per process, plain sqlite3 in a thread: check the sealed head, or seal a new/older database
             self._seal = await asyncio.to_thread(open_seal, self.path, self.key_path, new_file=new_file)
         except BaseException:
             await self._db.close()

@@ -157,6 +157,39 @@ def test_failure_after_opa_started_stops_that_opa(base: dict[str, Any], tmp_path
     _opa_gone(r.stderr)
 
 
+def test_an_audit_file_that_is_not_a_database_exits(base: dict[str, Any], tmp_path: Path) -> None:
+    """The connection opens and its first statement fails: the gateway said why, then hung at exit
+    (aiosqlite's thread was never closed), so a supervisor saw neither the exit status nor a restart."""
+    db = tmp_path / "state" / "audit.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"not a database " * 100)
+    r = run_pvegate("-v", "serve", "--config", str(write(tmp_path, base)), timeout=90)
+    assert _refusal_after_traceback(r) == "audit database: file is not a database"
+    _opa_gone(r.stderr)
+
+
+def test_a_failure_after_the_audit_opened_exits(base: dict[str, Any], tmp_path: Path) -> None:
+    """The audit opens, the approvals store in the same file does not (a table of another shape):
+    the opened audit log is closed again, so the process exits."""
+    db = tmp_path / "state" / "audit.db"
+    _sealed_audit(db)
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE approval_requests (id TEXT PRIMARY KEY)")
+    con.commit()
+    con.close()
+    r = run_pvegate("-v", "serve", "--config", str(write(tmp_path, base)), timeout=90)
+    assert _refusal_after_traceback(r) == "audit database: no such column: requester"
+    _opa_gone(r.stderr)
+
+
+def _refusal_after_traceback(r: subprocess.CompletedProcess[str]) -> str:
+    """With -v the traceback is logged before the one line; the exit status is still 2."""
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(PREFIX), r.stderr
+    return last.removeprefix(PREFIX)
+
+
 def _sealed_audit(path: Path) -> None:
     """An audit database written by a gateway (sealed with audit-head.key next to it)."""
     from gateway.store.audit import AuditLog, AuditRecord
