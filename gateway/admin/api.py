@@ -233,8 +233,10 @@ async def audit_records(request: Request) -> Response:
             limit=min(int(p.get("limit", "100")), 5000),
             newest_first=True,
         )
+        if q.limit is not None and q.limit < 1:  # SQLite reads a negative LIMIT as none: around the cap
+            raise ValueError("limit")
     except ValueError:
-        return _err(400, "invalid_request", "since/until are Unix times, limit an integer")
+        return _err(400, "invalid_request", "since/until are Unix times, limit a positive integer")
     rows = await asyncio.to_thread(auditlib.search, _components(request).audit.path, q)
     return JSONResponse({"records": [json.loads(auditlib.export_line(r)) for r in rows]})
 

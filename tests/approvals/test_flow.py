@@ -227,3 +227,12 @@ async def test_approval_page_and_operator_audit_endpoints(api: Api) -> None:
     recs = await api.admin("GET", "/admin/audit/records?tool=vm_shutdown&kind=decision&limit=5", api.admin_token)
     assert recs.status_code == 200 and 0 < len(recs.json()["records"]) <= 5
     assert auditlib.verify(api.env.config.audit_path).ok
+
+
+async def test_audit_records_limit_is_a_positive_count(api: Api) -> None:
+    """SQLite reads LIMIT -1 as no limit: a negative limit went around the 5000-row cap."""
+    for value in ("-1", "0", "ten", "1.5"):
+        r = await api.admin("GET", f"/admin/audit/records?limit={value}", api.admin_token)
+        assert r.status_code == 400 and r.json()["error"] == "invalid_request", (value, r.text)
+    r = await api.admin("GET", "/admin/audit/records?limit=1", api.admin_token)
+    assert r.status_code == 200 and len(r.json()["records"]) == 1
