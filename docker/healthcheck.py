@@ -16,8 +16,8 @@ import sys
 import urllib.error
 import urllib.request
 
-# the gateway's readiness endpoint; /readyz when it exists (one word to change)
-READY_PATH = "/healthz"
+# the gateway's readiness endpoint (docs/deployment.md: red while OPA, the policy or the audit fail)
+READY_PATH = "/readyz"
 DEFAULT_URL = os.environ.get("PVEGATE_HEALTH_URL", f"https://127.0.0.1:8443{READY_PATH}")
 
 

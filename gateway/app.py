@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin.api import admin_routes
+from gateway.admin.api import admin_routes, scrape
 from gateway.auth.tokens import Authenticator
 from gateway.components import Components
 from gateway.core.config import Config, ConfigError
@@ -24,6 +24,9 @@ from gateway.mcp.request_state import RequestStates, Sealer, Sessions
 from gateway.mcp.security import TransportGuard
 from gateway.mcp.transport import handle_mcp
 from gateway.mcp.wellknown import WELL_KNOWN, protected_resource
+from gateway.observability.health import HealthMonitor
+from gateway.observability.logs import ErrorBoundary
+from gateway.observability.metrics import Metrics
 from gateway.policy.bundle_status import PolicyStatus
 from gateway.policy.decisions import DecisionClient
 from gateway.policy.listings import ListingCache
@@ -145,7 +148,8 @@ async def _build_with(
         "ssh": SshRuntime(config.clusters, targets, AllowList(catalog)),
     }
     runtimes["composite"] = CompositeRuntime(catalog, dict(runtimes))
-    return Components(
+    metrics = Metrics()
+    components = Components(
         config=config,
         catalog=catalog,
         audit=audit,
@@ -157,13 +161,28 @@ async def _build_with(
         listings=ListingCache(ttl=config.tools_list_cache_seconds),
         sidecar=sidecar,
         policy_status=PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token),
+        metrics=metrics,
+        health=HealthMonitor(config.health, decisions, audit, metrics, sidecar, clients),
     )
+    metrics.attach(components)
+    return components
 
 
-async def health(request: Request) -> Response:
+def _health_monitor(request: Request) -> HealthMonitor:
     c: Components = request.app.state.components
-    opa_ok = c.sidecar.alive() if c.sidecar is not None else True
-    return JSONResponse({"status": "ok" if opa_ok else "degraded", "opa": opa_ok}, status_code=200 if opa_ok else 503)
+    assert c.health is not None
+    return c.health
+
+
+async def livez(request: Request) -> Response:
+    """The process answers (its event loop runs). Nothing else: restart only a process that is stuck."""
+    return JSONResponse({"status": "alive"}, headers={"Cache-Control": "no-store"})
+
+
+async def readyz(request: Request) -> Response:
+    """May a load balancer send agents here? 503 with the reasons when not (gateway/health.py)."""
+    ready, doc = _health_monitor(request).readiness()
+    return JSONResponse(doc, status_code=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 
 def create_app(
@@ -184,6 +203,8 @@ def create_app(
         if built.policy_status is not None:  # known before the first request, then kept fresh
             await built.policy_status.refresh_once()
             watcher = asyncio.create_task(built.policy_status.run())
+        if built.health is not None:
+            await built.health.start()  # readiness is known before the first request
         log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
         try:
             yield
@@ -197,9 +218,14 @@ def create_app(
 
     routes = [
         Route("/mcp", handle_mcp, methods=["GET", "POST", "DELETE"]),
-        Route("/healthz", health, methods=["GET"]),
+        Route("/livez", livez, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/healthz", readyz, methods=["GET"]),  # kept for existing probes: readiness, not liveness
         Route(WELL_KNOWN, protected_resource, methods=["GET"]),
         Route(WELL_KNOWN + "/mcp", protected_resource, methods=["GET"]),
         *admin_routes(config.admin.token is not None),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportGuard, config=config)])
+    if config.metrics.token is not None or config.admin.token is not None:
+        routes.append(Route("/metrics", scrape, methods=["GET"]))
+    middleware = [Middleware(ErrorBoundary), Middleware(TransportGuard, config=config)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core.config import Config
+from gateway.observability.health import HealthMonitor
+from gateway.observability.metrics import Metrics
 from gateway.policy.bundle_status import PolicyStatus
 from gateway.policy.decisions import DecisionClient
 from gateway.policy.listings import ListingCache
@@ -34,6 +36,8 @@ class Components:
     sidecar: OPASidecar | None = None
     # the active policy revision and the last bundle error, refreshed from OPA (readiness, admin API)
     policy_status: PolicyStatus | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    health: HealthMonitor | None = None  # built with the components; probes run while serving
 
     def runtime(self, tool: Tool) -> Runtime:
         return self.runtimes[tool.connector]
@@ -50,6 +54,8 @@ class Components:
         return json.dumps(structured, indent=1, sort_keys=False, default=str)
 
     async def close(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         for rt in self.runtimes.values():
             await rt.close()
         await self.approvals.close()

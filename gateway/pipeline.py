@@ -72,8 +72,13 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
     if tool.allocates:  # creates, attaches, grows: the requested resources and the pool's usage
         input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
+    m = c.metrics
+    t = time.perf_counter()
     decision = await c.decisions.decide(input_doc)
+    t = m.observe("decide", t)
+    m.decision["failed_closed" if decision.failed_closed else _outcome(decision)].inc()
     await _audit_decision(c, req, tool, args, target, decision, input_doc)  # durable before Proxmox hears of it
+    m.observe("audit", t)
 
     if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
         return await c.approvals.pending_result(req, tool, args, digest, target, decision)
@@ -129,25 +134,34 @@ async def dispatch(
     started: float,
 ) -> CallResult:
     """Run an allowed call through its connector, shape the output, audit the result."""
+    m = c.metrics
+    t = time.perf_counter()
     try:
         output = await c.runtime(tool).call(tool, args, ctx)
     except Refused as exc:  # nothing was sent: a refusal, not a failure
+        m.observe("dispatch", t)
         await _refuse(c, req, tool.name, target, "refused", str(exc))
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except ToolError as exc:
+        t = m.observe("dispatch", t)
+        m.upstream_error(ctx.cluster, tool.connector, exc)
         outcome = "upstream_error" if isinstance(exc, UpstreamError) else "failed"
         await _audit_result(c, req, tool, target, outcome, started, {"error": str(exc)})
+        m.observe("audit", t)
         return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)
     except Exception as exc:  # a bug after the decision: the request may have reached Proxmox, so say so
         await _audit_result(
             c, req, tool, target, "failed", started, {"error": f"internal error ({type(exc).__name__})"}
         )
         raise
+    m.observe("dispatch", t)
     structured, warnings = shape(tool, output.data, decision.obligations)
     if warnings or output.warnings:
         structured["warnings"] = output.warnings + warnings
     body = {"task_id": output.task_id, "warnings": structured.get("warnings")}
+    t = time.perf_counter()
     await _audit_result(c, req, tool, target, "ok", started, body)
+    m.observe("audit", t)
     return CallResult("allowed", c.render(tool, structured), structured=structured)
 
 
@@ -172,7 +186,7 @@ async def _audit_decision(
     who, tkey = req.principal.sub, _tkey(target)
     kept_args = audit_arguments(tool, args, decision.obligations.get("redact"))
     received = {"arguments": kept_args, "target": target, "protocol": req.protocol_version}
-    outcome = "allow" if decision.allow else "pending" if decision.approval_required else "deny"
+    outcome = _outcome(decision)
     body = _decision_body(decision, input_doc)
     # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
     body["input_redacted"] = redacted_paths(args, kept_args)
@@ -181,6 +195,10 @@ async def _audit_decision(
         AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
         AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, body, policy_input=replayable),
     )
+
+
+def _outcome(decision: Decision) -> str:
+    return "allow" if decision.allow else "pending" if decision.approval_required else "deny"
 
 
 def _tkey(target: dict[str, Any]) -> str | None:

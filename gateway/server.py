@@ -195,6 +195,8 @@ def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Conf
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # json: uvicorn's own loggers reach the root handler (one JSON object per line), not its formatter
+        log_config=None if config.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         # uvicorn believes X-Forwarded-For from loopback by default: a local client could then
         # choose the source address the audit and the policy see. Only configured proxies count.
         proxy_headers=bool(config.trusted_proxies),

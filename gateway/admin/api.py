@@ -39,6 +39,7 @@ from gateway.components import Components
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
 from gateway.core.text import describe, may_hold_unencodable, unencodable_path
+from gateway.observability import metrics as metricslib
 from gateway.store import audit as auditlib
 from gateway.store.approvals import STATES, ApprovalRequest, Approvals, NotFound, VoteOutcome
 from gateway.store.audit import AuditRecord
@@ -80,7 +81,7 @@ def _is_admin_token(request: Request) -> bool:
     return bool(secret and presented and hmac.compare_digest(secret.encode(), presented.encode()))
 
 
-async def _auth_failure(request: Request, status: int, error: str, reason: str) -> JSONResponse:
+async def _auth_failure(request: Request, status: int, error: str, reason: str, surface: str = "admin") -> JSONResponse:
     await _components(request).audit.append(
         AuditRecord(
             uuid.uuid4().hex,
@@ -88,7 +89,7 @@ async def _auth_failure(request: Request, status: int, error: str, reason: str) 
             outcome=error,
             body={
                 "reason": reason,
-                "surface": "admin",
+                "surface": surface,
                 "path": request.url.path,
                 "source_ip": request.client.host if request.client else None,
             },
@@ -157,55 +158,68 @@ def _approvals(request: Request) -> Approvals:
 
 
 async def health(request: Request) -> Response:
+    """/readyz's verdict (same checks, same status code) with what only an operator should see."""
     if (denied := await operator(request)) is not None:
         return denied
     c = _components(request)
-    opa_ok = c.sidecar.alive() if c.sidecar is not None else True
+    assert c.health is not None
+    ready, doc = c.health.readiness()
     pending = len(await c.approvals.store.list("pending")) if c.approvals.store else None
+    doc["audit"] = {
+        "path": str(c.audit.path),
+        "commits": c.audit.commits,
+        "records": c.audit.records,
+        "write_failures": c.audit.write_failures,
+    }
+    doc["opa"] = {
+        "url": c.decisions.url,
+        "managed": c.sidecar is not None,
+        "process_alive": c.sidecar.alive() if c.sidecar is not None else None,
+        "restarts": c.sidecar.restarts if c.sidecar is not None else 0,
+    }
+    # the active revision, its activation and the last bundle error, from OPA's status API
     policy = c.policy_status.as_dict() if c.policy_status is not None else None
-    # a refused bundle leaves the previous revision deciding: serving, but someone must look
-    bundle_ok = policy is None or (policy["revision_known"] and not policy["error"])
-    return JSONResponse(
-        {
-            "status": "ok" if opa_ok and bundle_ok else "degraded",
-            "opa": opa_ok,
-            "policy": policy,
-            "audit": {"path": str(c.audit.path), "commits": c.audit.commits, "records": c.audit.records},
-            "approvals_pending": pending,
-        }
-    )
+    doc["policy"] = policy
+    if ready and policy is not None and policy["error"]:
+        # a refused bundle leaves the previous revision deciding: ready, but someone must look
+        doc["status"] = "degraded"
+    doc["approvals_pending"] = pending
+    return JSONResponse(doc, status_code=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 
 async def metrics(request: Request) -> Response:
-    """Prometheus text format: audit records by kind and outcome, approvals by state, OPA health."""
+    """The same exposition as GET /metrics (Prometheus text format)."""
     if (denied := await operator(request)) is not None:
         return denied
     c = _components(request)
-    lines = [
-        "# HELP pvegate_audit_records_total Audit records written by this process, by kind and outcome.",
-        "# TYPE pvegate_audit_records_total counter",
-    ]
-    for (kind, outcome), n in sorted(c.audit.counts.items()):
-        lines.append(f'pvegate_audit_records_total{{kind="{kind}",outcome="{outcome}"}} {n}')
-    lines += [
-        "# HELP pvegate_audit_commits_total Audit transactions (group commits) by this process.",
-        "# TYPE pvegate_audit_commits_total counter",
-        f"pvegate_audit_commits_total {c.audit.commits}",
-        "# HELP pvegate_opa_up Whether the policy engine is reachable (managed sidecar alive).",
-        "# TYPE pvegate_opa_up gauge",
-        f"pvegate_opa_up {int(c.sidecar.alive()) if c.sidecar is not None else 1}",
-        "# HELP pvegate_opa_restarts_total Restarts of the managed OPA sidecar.",
-        "# TYPE pvegate_opa_restarts_total counter",
-        f"pvegate_opa_restarts_total {c.sidecar.restarts if c.sidecar is not None else 0}",
-    ]
-    if c.policy_status is not None:
-        lines += c.policy_status.prometheus()
-    if c.approvals.store is not None:
-        lines += ["# HELP pvegate_approvals Approval requests by state.", "# TYPE pvegate_approvals gauge"]
-        counts = await c.approvals.store.state_counts()
-        for state in ("pending", "approved", "denied", "withdrawn", "expired", "used"):
-            lines.append(f'pvegate_approvals{{state="{state}"}} {counts.get(state, 0)}')
-    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    return Response(await metricslib.exposition(c), media_type=metricslib.CONTENT_TYPE)
+
+
+def _scrape_secrets(request: Request) -> tuple[bytes, ...]:
+    state = request.app.state
+    if not hasattr(state, "scrape_secrets"):
+        config = _components(request).config
+        found = []
+        for ref in (config.metrics.token, config.admin.token):
+            try:
+                if ref is not None and (value := ref.read()):
+                    found.append(value.encode())
+            except (OSError, ConfigError) as exc:
+                log.error("a scrape credential cannot be read (%s); it is not accepted", type(exc).__name__)
+        state.scrape_secrets = tuple(found)
+    secrets_: tuple[bytes, ...] = state.scrape_secrets
+    return secrets_
+
+
+async def scrape(request: Request) -> Response:
+    """GET /metrics: the metrics token (scrape only: it opens nothing else) or the admin token."""
+    presented = _bearer(request)
+    given = presented.encode() if presented else b""
+    if not (given and any(hmac.compare_digest(s, given) for s in _scrape_secrets(request))):
+        why = "missing bearer credential" if presented is None else "GET /metrics needs the metrics or the admin token"
+        return await _auth_failure(request, 401, "invalid_token", why, surface="metrics")
+    body = await metricslib.exposition(_components(request))
+    return Response(body, media_type=metricslib.CONTENT_TYPE, headers={"Cache-Control": "no-store"})
 
 
 async def audit_verify(request: Request) -> Response:

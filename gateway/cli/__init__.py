@@ -21,10 +21,13 @@ def config_problems(exc: ConfigError) -> list[str]:
 
 def _serve(args: argparse.Namespace) -> int:
     """Run the gateway; if it cannot start, say why in one line (the traceback only with -v)."""
+    from gateway.observability.logs import configure
     from gateway.server import StartupError, serve
 
     try:
-        serve(load(args.config))
+        config = load(args.config)
+        configure(config.log_format, logging.DEBUG if args.verbose else logging.INFO)
+        serve(config)
     except ConfigError as exc:
         lines = config_problems(exc)
         if len(lines) > 1:

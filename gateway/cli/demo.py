@@ -207,7 +207,7 @@ async def _demo(oneshot: bool, port: int) -> int:
         notice = reset_state(DEMO_DIR)
         if notice:
             say(notice)
-        env = make_env(DEMO_DIR, {"default": sim}, port=port)
+        env = make_env(DEMO_DIR, {"default": sim}, port=port, extra={"health": {"cluster_probe_interval": 15}})
         say(">> starting OPA sidecar and gateway")
         server = uvicorn.Server(uvicorn_config(env.config))
         serving = asyncio.create_task(server.serve())

@@ -154,6 +154,33 @@ class LocalPrincipal:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    # a scrape-only credential for GET /metrics (the admin token is accepted too); without
+    # either, /metrics is not served: counts, cluster names and the policy revision are not public
+    token: SecretRef | None = None
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Readiness probes (docs/deployment.md)."""
+
+    opa_probe_interval: float = 2.0  # seconds between decision probes
+    audit_probe_interval: float = 5.0  # a probe commit when nothing committed for this long
+    audit_probe_timeout: float = 5.0
+    audit_min_free_bytes: int = 16 * 1024 * 1024  # unready below this much free space
+    cluster_probe_interval: float = 15.0  # 0: no cluster probes
+
+    @property
+    def opa_max_age(self) -> float:
+        """A decision older than this means the prober stalled: unready."""
+        return 3 * self.opa_probe_interval + 1
+
+    @property
+    def audit_max_age(self) -> float:
+        return 3 * self.audit_probe_interval + self.audit_probe_timeout
+
+
+@dataclass(frozen=True)
 class Config:
     host: str
     port: int
@@ -166,6 +193,9 @@ class Config:
     state_dir: Path
     admin: AdminConfig = field(default_factory=AdminConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    log_format: str = "text"  # text | json (one JSON object per line, with the request id)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = 1_048_576
@@ -258,6 +288,14 @@ def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[
     return StorageConfig("postgresql", str(url), password, pool), None
 
 
+def _health(raw: dict[str, Any] | None) -> HealthConfig:
+    """Types and ranges are the schema's (schemas/config.schema.json)."""
+    raw = raw or {}
+    return HealthConfig(
+        **{k: (int(v) if k == "audit_min_free_bytes" else float(v)) for k, v in raw.items()}  # type: ignore[arg-type]
+    )
+
+
 def parse(raw: dict[str, Any], base: Path) -> Config:
     """Build a Config from a parsed YAML mapping; relative paths resolve against `base`.
 
@@ -340,6 +378,13 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 token=_secret(raw["admin"]["token"], base, "admin.token") if raw.get("admin", {}).get("token") else None
             ),
             storage=storage,
+            metrics=MetricsConfig(
+                token=_secret(raw["metrics"]["token"], base, "metrics.token")
+                if (raw.get("metrics") or {}).get("token")
+                else None
+            ),
+            health=_health(raw.get("health")),
+            log_format=str(raw.get("log_format", "text")),
             allowed_origins=tuple(raw.get("allowed_origins", [])),
             allowed_hosts=tuple(raw.get("allowed_hosts", [])),
             max_body_bytes=int(raw.get("max_body_bytes", 1_048_576)),

@@ -96,6 +96,10 @@ def make_env(
         "state_dir": str(workdir / "state"),
         "audit": {"path": str(workdir / "state" / "audit.db")},
         "public_url": f"https://127.0.0.1:{port}",
+        # The background cluster probe (GET /version every 15 s) is off here: tests prove what calls
+        # send to Proxmox from the simulator's request log, and the probe's requests are not calls.
+        # tests/health and the demo turn it on.
+        "health": {"cluster_probe_interval": 0},
     }
     raw.update(extra or {})
     config_path = workdir / "pvegate.yaml"

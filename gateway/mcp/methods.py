@@ -8,6 +8,7 @@ unknown tools and protocol faults raise RpcFault.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from gateway.core.principal import Principal
 from gateway.mcp import handoff
 from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
 from gateway.mcp.request_state import RequestStates, StateError
+from gateway.observability import logs
 from gateway.pipeline import UnknownTool, call_tool, request_facts
 from gateway.policy.decisions import CONTRACT_VERSION
 from gateway.policy.listings import listing_key
@@ -89,6 +91,35 @@ def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
     return out
 
 
+async def _run(x: Exchange, req: CallRequest) -> CallResult:
+    """call_tool with the call's log context, in-flight gauge, latency and one log line per call."""
+    m = x.c.metrics
+    m.calls_in_flight.inc()
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        result = await call_tool(x.c, req)
+        outcome = result.outcome
+        return result
+    except UnknownTool as exc:
+        outcome = "unknown_tool"
+        raise RpcFault(INVALID_PARAMS, f"Unknown tool: {req.tool}", audited=True) from exc
+    except Exception as exc:  # never a stack trace on the wire; the id finds it in the log
+        log.exception("internal error in tools/call %s (request %s)", req.tool, req.request_id)
+        raise RpcFault(INTERNAL_ERROR, f"Internal error (request {req.request_id})") from exc
+    finally:
+        took = time.perf_counter() - started
+        m.calls_in_flight.dec()
+        m.call_done(outcome, took)
+        logs.calls_log.info(
+            "tools/call %s by %s: %s",
+            req.tool,
+            x.principal.sub,
+            outcome,
+            extra={"event": "call", "outcome": outcome, "duration_ms": round(took * 1000, 3)},
+        )
+
+
 async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str) or not name:
@@ -98,6 +129,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     meta: dict[str, Any] = dict(raw_meta) if isinstance(raw_meta, dict) else {}
     meta.pop(handoff.APPROVAL_REQUEST_META, None)  # only a verified requestState may set this
     request_id = uuid.uuid4().hex
+    logs.bind(request_id, x.principal.sub, name)  # every log line of this call carries them
     retry = x.modern and params.get("requestState") is not None
     if retry:
         try:
@@ -120,13 +152,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             meta[handoff.APPROVAL_REQUEST_META] = recalled
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
-    try:
-        result = await call_tool(x.c, req)
-    except UnknownTool as exc:
-        raise RpcFault(INVALID_PARAMS, f"Unknown tool: {name}", audited=True) from exc
-    except Exception as exc:  # never a stack trace on the wire; the id finds it in the log
-        log.exception("internal error in tools/call %s (request %s)", name, request_id)
-        raise RpcFault(INTERNAL_ERROR, f"Internal error (request {request_id})") from exc
+    result = await _run(x, req)
     aid = handoff.approval_id(result)
     if result.outcome == "pending_approval" and aid and x.url_elicitation and not retry:
         if x.modern:

@@ -23,6 +23,10 @@ from gateway.store.audit import AuditRecord
 log = logging.getLogger("pvegate.security")
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+# Load balancers and orchestrators probe by address (Host: 10.0.0.5:8443, no Origin). These GETs
+# take no credential, change nothing and return no secret, so they answer whatever the Host, and a
+# misaddressed probe every two seconds does not fill the audit with refusals.
+PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz"})
 
 
 def _host_only(value: str) -> str:
@@ -70,6 +74,9 @@ class TransportGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in PROBE_PATHS and scope["method"] in ("GET", "HEAD"):
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)

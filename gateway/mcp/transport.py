@@ -11,6 +11,7 @@ measurement); its pure helpers and wire types are used to get the format right.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -65,9 +66,11 @@ def _source_ip(request: Request) -> str | None:
 
 async def authenticate(c: Components, request: Request) -> Principal | Response:
     authn: Authenticator = request.app.state.authenticator
+    started = time.perf_counter()
     try:
-        return await authn.authenticate(request.headers.get("authorization"))
+        principal = await authn.authenticate(request.headers.get("authorization"))
     except AuthError as err:
+        c.metrics.observe("authenticate", started)
         await c.audit.append(
             AuditRecord(
                 uuid.uuid4().hex,
@@ -81,6 +84,8 @@ async def authenticate(c: Components, request: Request) -> Principal | Response:
             status_code=err.status,
             headers={"WWW-Authenticate": www_authenticate(c, err)},
         )
+    c.metrics.observe("authenticate", started)
+    return principal
 
 
 def _media_type(value: str) -> str:

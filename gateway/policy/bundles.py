@@ -16,7 +16,6 @@ the guard is signed with the rest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,27 +28,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa
+from gateway.policy.revision import content_digest, policy_files
 
-EXCLUDED = ("_test.rego", "golden", ".regal", ".manifest", "README.md")
 CHECKS_SCRIPT = REPO_ROOT / "scripts" / "policy-checks.sh"
 
 
 class BundleError(Exception):
     pass
-
-
-def _included(path: Path, root: Path) -> bool:
-    rel = path.relative_to(root)
-    if any(part in EXCLUDED or part.startswith(".") for part in rel.parts):
-        return False
-    return path.suffix in (".rego", ".json", ".yaml", ".yml") and not path.name.endswith("_test.rego")
-
-
-def content_digest(files: list[Path], root: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(files):
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 def _git(where: Path, *args: str) -> str | None:
@@ -145,7 +130,7 @@ def build(
         raise BundleError("no --signing-key given: a bundle is signed unless --unsigned is given explicitly")
     if signing_key is not None and not signing_key.is_file():
         raise BundleError(f"signing key {signing_key} not found")
-    files = [p for p in policies.rglob("*") if p.is_file() and _included(p, policies)]
+    files = policy_files(policies)
     if not any(p.suffix == ".rego" for p in files):
         raise BundleError(f"no Rego policies under {policies}")
     if checks:

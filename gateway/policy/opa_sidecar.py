@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from gateway.policy.bundle_status import BundleFileServer
+from gateway.policy.revision import files_revision
 
 log = logging.getLogger("pvegate.opa")
 
@@ -139,6 +140,9 @@ class OPASidecar:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    # with a policy directory: what "revision" means is the content digest of the policy files
+    # this OPA loaded at its last (re)start (with a bundle, OPA reports the bundle's revision)
+    policy_revision: str | None = None
     _log_handle: object | None = field(default=None, repr=False)
     _log_start: int = field(default=0, repr=False)  # where this run's output begins in log_file
     _file_server: BundleFileServer | None = field(default=None, repr=False)
@@ -312,6 +316,8 @@ class OPASidecar:
             self.port = free_port()
         self._write_config()
         cmd = self.command()
+        if self.bundle is None:
+            self.policy_revision = files_revision(self.policies)
         out: int | object = subprocess.DEVNULL
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -306,6 +306,10 @@ class AuditLog:
         self.commits = 0  # transactions committed (for tests and metrics)
         self.records = 0
         self.counts: dict[tuple[str, str], int] = {}  # (kind, outcome) -> records written by this process
+        # for readiness and metrics: the writer's last verdict on the store
+        self.write_failures = 0  # transactions that failed
+        self.last_commit_at: float | None = None  # monotonic time of the last successful commit
+        self.last_error: str | None = None  # why the last commit failed; None once one succeeds
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -375,6 +379,10 @@ class AuditLog:
         text = utf8_safe(self.scrub(dumps_body(rec.policy_input), scrub) or "{}")
         return {**(rec.body or {}), INPUT_FIELD: pack_input(text)}
 
+    async def probe(self) -> None:
+        """A readiness probe: one committed write through the writer (outside the hash chain)."""
+        await self.append()
+
     async def _write_loop(self) -> None:
         try:
             await self._write_batches()
@@ -434,24 +442,39 @@ class AuditLog:
                 digest = record_hash(prev, *row)
                 rows.append((*row, prev, digest))
                 prev = digest
-            await db.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
-            # the authenticated head moves in the same transaction as the rows it names
-            head = seal.key.signed_text("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()})
-            await db.execute(
-                "INSERT INTO audit_meta(key, value) VALUES ('head', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (head,),
-            )
+            head: str | None = None
+            if rows:
+                await db.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+                # the authenticated head moves in the same transaction as the rows it names
+                head = seal.key.signed_text("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()})
+                await db.execute(
+                    "INSERT INTO audit_meta(key, value) VALUES ('head', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (head,),
+                )
+            else:  # a readiness probe (AuditLog.probe): a real committed write that leaves the chain alone
+                await db.execute(
+                    "INSERT INTO audit_meta(key, value) VALUES ('probe', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (str(time.time()),),
+                )
             await db.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             self._head = None  # whatever was read or written, check it afresh next time
             with contextlib.suppress(Exception):
                 await db.execute("ROLLBACK")
+            if isinstance(exc, Exception):  # for readiness and metrics
+                self.write_failures += 1
+                if _store_failure(exc):  # the store is unwell, not one caller's records
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             raise
-        self._head = (head, seq, prev)
-        self._high = seq
-        self.commits += 1
+        if head is not None:
+            self._head = (head, seq, prev)
+            self._high = seq
+        self.commits += bool(records)  # group commits of records (a probe is not one)
         self.records += len(records)
+        self.last_commit_at = time.monotonic()
+        self.last_error = None
         for rec in records:
             key = (rec[1], rec[5] or "")
             self.counts[key] = self.counts.get(key, 0) + 1

@@ -198,7 +198,7 @@ async def test_credentials_are_not_interchangeable(api: Api) -> None:
     jwt_on_operator = await api.admin("GET", "/admin/health", api.human("alice", ["sre-leads"]))
     assert jwt_on_operator.status_code == 401
     assert (await api.admin("GET", "/admin/health", None)).status_code == 401
-    assert (await api.admin("GET", "/admin/health", api.admin_token)).json()["opa"] is True
+    assert (await api.admin("GET", "/admin/health", api.admin_token)).json()["checks"]["opa"]["ok"] is True
     m = await api.admin("GET", "/admin/metrics", api.admin_token)
     assert m.status_code == 200 and 'pvegate_approvals{state="pending"}' in m.text
     assert 'pvegate_audit_records_total{kind="decision",outcome="pending"}' in m.text

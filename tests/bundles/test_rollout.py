@@ -204,7 +204,7 @@ def test_new_revision_activates_and_a_tampered_one_is_refused(
     rev1, rev2 = bundles["rev1"], bundles["rev2"]
     health = _admin(gw, "/admin/health").json()
     assert health["policy"]["source"] == "bundle_service"
-    assert health["policy"]["revision"] == f"pvegate@{rev1}" and health["status"] == "ok"
+    assert health["policy"]["revision"] == f"pvegate@{rev1}" and health["status"] == "ready"
     denied, rid = asyncio.run(_call(gw, "list_nodes", {}))
     assert not denied and _revision_of(gw, rid) == f"pvegate@{rev1}"
 
@@ -232,7 +232,7 @@ def test_new_revision_activates_and_a_tampered_one_is_refused(
     # the good file back: the error clears, the last one stays on record
     shutil.copy(bundles["dir"] / "rev1.tar.gz", service.root / "pvegate.tar.gz")
     health = _wait(lambda: (h := _admin(gw, "/admin/health").json())["policy"]["error"] is None and h, "recovery")
-    assert health["status"] == "ok" and health["policy"]["revision"] == f"pvegate@{rev1}"
+    assert health["status"] == "ready" and health["policy"]["revision"] == f"pvegate@{rev1}"
     assert health["policy"]["bundles"][0]["last_error"]
 
 

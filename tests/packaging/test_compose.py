@@ -225,11 +225,11 @@ def test_the_compose_opa_serves_the_signed_bundle_to_the_token_only(compose_opa:
 
 def test_the_health_probe_answers_for_the_gateway(gateway: GatewayThread) -> None:
     ready = subprocess.run(
-        [sys.executable, str(HEALTHCHECK), f"https://127.0.0.1:{gateway.config.port}/healthz"], timeout=30
+        [sys.executable, str(HEALTHCHECK), f"https://127.0.0.1:{gateway.config.port}/readyz"], timeout=30
     )
     assert ready.returncode == 0
-    dead = subprocess.run([sys.executable, str(HEALTHCHECK), f"https://127.0.0.1:{free_port()}/healthz"], timeout=30)
+    dead = subprocess.run([sys.executable, str(HEALTHCHECK), f"https://127.0.0.1:{free_port()}/readyz"], timeout=30)
     assert dead.returncode == 1
     # the image's default is the readiness path on the port the example configuration listens on
     src = HEALTHCHECK.read_text()
-    assert 'READY_PATH = "/healthz"' in src and "https://127.0.0.1:8443{READY_PATH}" in src
+    assert 'READY_PATH = "/readyz"' in src and "https://127.0.0.1:8443{READY_PATH}" in src

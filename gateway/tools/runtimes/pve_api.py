@@ -209,6 +209,13 @@ class PveApiClient:
         except (ValueError, AttributeError) as exc:
             raise ToolError("Proxmox answer was not the expected JSON envelope") from exc
 
+    async def ping(self) -> int:
+        """GET /version with the gateway's token, past the breaker and without retries (the
+        readiness report's reachability probe): the HTTP status. Raises on no answer."""
+        http = await self._client()
+        r = await http.get("/version")
+        return r.status_code
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()

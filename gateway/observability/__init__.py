@@ -1,0 +1,1 @@
+"""Observability: readiness probes (health), Prometheus metrics, structured logs."""

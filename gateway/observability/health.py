@@ -1,0 +1,422 @@
+"""Liveness and readiness that tell the truth, from background probes.
+
+/livez says the process answers. /readyz (and its alias /healthz) is green only when
+a load balancer may send agents here:
+
+- opa: a real decision came back recently. A prober asks the decision entrypoint
+  (data.pvegate.decision) with a fixed, contract-valid probe input through the same
+  client as live calls, so the answer passes the same timeout and the same schema
+  check. A stopped (SIGSTOP), slow, unreachable or garbage-answering OPA turns this
+  red at the next probe; a prober that stops probing turns it red by age.
+- policy: the active policy revision is known: the bundle revision from the
+  decision's provenance, or, for a policy directory, the SHA-256 over the policy
+  files the managed OPA loaded at its last (re)start (`files:<12 hex>`).
+- audit: the audit store takes writes: no failed commit since the last good one, a
+  commit (real, or a probe that writes outside the hash chain) recently, and free
+  space on its file system above a floor.
+- draining: the gateway is not shutting down.
+
+Proxmox reachability per cluster is probed too and reported (and counted in
+metrics), but never makes the gateway unready: one cluster down must not take the
+gateway away from agents working on the others, and a deny is still an answer.
+
+The endpoints read cached state: a load balancer polling them costs nothing, and
+no probe is ever triggered by an unauthenticated request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gateway.core.config import HealthConfig
+
+if TYPE_CHECKING:
+    from gateway.observability.metrics import Metrics
+    from gateway.policy.decisions import DecisionClient
+    from gateway.policy.opa_sidecar import OPASidecar
+    from gateway.store.audit import AuditLog
+    from gateway.tools.runtimes.pve_api import PveApiClient
+
+log = logging.getLogger("pvegate.health")
+
+PROBE_SUB = "pvegate-readiness-probe"
+PROBE_TOOL = "pvegate_readiness_probe"
+_FAIL_PREFIX = "denied: policy decision unavailable ("
+
+
+def probe_input(now_ns: int | None = None) -> dict[str, Any]:
+    """The fixed input of the OPA readiness probe: a well-formed call (decision_input.schema.json)
+    by a principal with no roles, for a read-only tool no catalog declares. Any decision inside the
+    contract proves OPA evaluates the real policy; the policy denies it, and nothing is dispatched."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    now = datetime.fromtimestamp(now_ns / 1e9, tz=UTC)
+    counters = {"1m": 0, "1h": 0, "24h": 0}
+    return {
+        "contract_version": 1,
+        "kind": "call",
+        "principal": {
+            "sub": PROBE_SUB,
+            "iss": "pvegate",
+            "client_id": None,
+            "roles": [],
+            "groups": [],
+            "scopes": [],
+            "kind": "service",
+        },
+        "request": {
+            "id": "readiness-probe",
+            "method": "tools/call",
+            "protocol_version": None,
+            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "time_ns": now_ns,
+            "weekday": now.strftime("%a"),
+            "hour_utc": now.hour,
+            "source_ip": None,
+        },
+        "tool": {
+            "name": PROBE_TOOL,
+            "title": "gateway readiness probe",
+            "connector": "pve_api",
+            "domain": "cluster",
+            "effect": "read",
+            "tags": [],
+            "scope": "cluster",
+        },
+        "arguments": {},
+        "arguments_digest": "sha256:" + "0" * 64,
+        "target": {
+            "cluster": None,
+            "node": None,
+            "vmid": None,
+            "type": None,
+            "name": None,
+            "tags": [],
+            "pool": None,
+            "status": None,
+            "ha_state": None,
+            "storage": None,
+            "known": False,
+        },
+        "approval": None,
+        "usage": {"tool": dict(counters), "all": dict(counters)},
+        "dry_run": False,
+    }
+
+
+def _iso(wall: float | None) -> str | None:
+    return None if wall is None else datetime.fromtimestamp(wall, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(mono: float | None, now: float) -> float | None:
+    return None if mono is None else round(now - mono, 3)
+
+
+@dataclass
+class ClusterState:
+    state: str = "unknown"  # unknown | ok | unreachable | unauthorized | error
+    detail: str | None = None
+    checked_at: float | None = None  # monotonic
+    ok_at: float | None = None
+    latency_ms: float | None = None
+
+
+@dataclass
+class HealthMonitor:
+    """Background probes and the readiness verdict built from them."""
+
+    config: HealthConfig
+    decisions: DecisionClient
+    audit: AuditLog
+    metrics: Metrics
+    sidecar: OPASidecar | None = None
+    clusters: dict[str, PveApiClient] = field(default_factory=dict)
+    draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
+    # OPA probe
+    opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
+    opa_error: str | None = "not probed yet"
+    opa_latency_ms: float | None = None
+    revision: str | None = None
+    revision_source: str | None = None  # bundle | files
+    revision_since: float | None = None  # wall time this gateway first saw the current revision
+    # audit probe
+    audit_probe_error: str | None = None
+    audit_free_bytes: int | None = None
+    cluster_states: dict[str, ClusterState] = field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.cluster_states = {name: ClusterState() for name in self.clusters}
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """One round of OPA and audit probes before serving (so readiness is known at once), then loops."""
+        await asyncio.gather(self.probe_opa(), self.probe_audit())
+        self._tasks = [
+            asyncio.create_task(self._loop(self.probe_opa, self.config.opa_probe_interval), name="health-opa"),
+            asyncio.create_task(self._loop(self.probe_audit, self.config.audit_probe_interval), name="health-audit"),
+        ]
+        if self.clusters and self.config.cluster_probe_interval > 0:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._loop(self.probe_clusters, self.config.cluster_probe_interval, first=0.0),
+                    name="health-clusters",
+                )
+            )
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    async def _loop(self, probe: Any, interval: float, first: float | None = None) -> None:
+        await asyncio.sleep(interval if first is None else first)
+        while True:
+            try:
+                await probe()
+            except Exception:  # a probe bug must not end the probing (readiness would go stale: red)
+                log.exception("health probe %s failed", getattr(probe, "__name__", probe))
+            await asyncio.sleep(interval)
+
+    # --- probes ------------------------------------------------------------------------
+
+    async def probe_opa(self) -> None:
+        started = time.perf_counter()
+        decision = await self.decisions.decide(probe_input())
+        took = time.perf_counter() - started
+        self.metrics.opa_probe_seconds.observe(took)
+        if decision.failed_closed:
+            reason = decision.deny[0] if decision.deny else "no decision"
+            if reason.startswith(_FAIL_PREFIX) and reason.endswith(")"):
+                reason = reason[len(_FAIL_PREFIX) : -1]
+            if self.opa_error is None:
+                log.error("readiness: OPA gave no usable decision (%s)", reason)
+            self.opa_error = reason
+            self.metrics.opa_probe_failures_total.inc()
+            return
+        if self.opa_error is not None and self.opa_ok_at is not None:
+            log.warning("readiness: OPA answers again")
+        self.opa_ok_at = time.monotonic()
+        self.opa_error = None
+        self.opa_latency_ms = round(took * 1000, 3)
+        revision, source = decision.revision, "bundle"
+        if revision is None and self.sidecar is not None and self.sidecar.bundle is None:
+            revision, source = self.sidecar.policy_revision, "files"
+        if revision != self.revision:
+            if self.revision is not None:
+                log.warning("policy revision changed: %s -> %s", self.revision, revision)
+            self.revision, self.revision_source, self.revision_since = revision, source, time.time()
+
+    async def probe_audit(self) -> None:
+        """A committed write when nothing else committed lately; the free space of the store's file system."""
+        try:
+            st = await asyncio.to_thread(os.statvfs, self.audit.path.parent)
+            self.audit_free_bytes = st.f_bavail * st.f_frsize
+        except OSError as exc:
+            self.audit_free_bytes = None
+            log.warning("cannot stat the audit store's file system: %s", exc)
+        last = self.audit.last_commit_at
+        if (
+            last is not None
+            and time.monotonic() - last < self.config.audit_probe_interval
+            and not self.audit.last_error
+        ):
+            self.audit_probe_error = None
+            return  # real traffic committed recently: that is the proof
+        try:
+            await asyncio.wait_for(self.audit.probe(), timeout=self.config.audit_probe_timeout)
+            self.audit_probe_error = None
+        except TimeoutError:
+            self.audit_probe_error = f"audit store did not commit within {self.config.audit_probe_timeout:g} s"
+        except Exception as exc:
+            self.audit_probe_error = f"audit store refuses writes ({_describe(exc)})"
+        if self.audit_probe_error:
+            log.error("readiness: %s", self.audit_probe_error)
+
+    async def probe_clusters(self) -> None:
+        await asyncio.gather(*(self._probe_cluster(name, client) for name, client in self.clusters.items()))
+
+    async def _probe_cluster(self, name: str, client: PveApiClient) -> None:
+        st = self.cluster_states.setdefault(name, ClusterState())
+        started = time.perf_counter()
+        detail: str | None
+        try:
+            status = await asyncio.wait_for(client.ping(), timeout=client.cluster.timeout + 1)
+        except (TimeoutError, httpx.TimeoutException):
+            state, detail = "unreachable", "no answer in time"
+        except Exception as exc:  # connection refused, TLS or pin mismatch, DNS
+            state, detail = "unreachable", _describe(exc)
+        else:
+            if 200 <= status < 300:
+                state, detail = "ok", None
+            elif status == 401:
+                state, detail = "unauthorized", "Proxmox rejected the gateway's API token"
+            elif status == 403:
+                state, detail = "unauthorized", "the gateway's API token may not read /version"
+            else:
+                state, detail = "error", f"Proxmox answered HTTP {status}"
+        now = time.monotonic()
+        if state != st.state and st.state != "unknown":
+            log.warning("cluster %s: %s -> %s%s", name, st.state, state, f" ({detail})" if detail else "")
+        st.state, st.detail, st.checked_at = state, detail, now
+        st.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        if state == "ok":
+            st.ok_at = now
+        self.metrics.cluster_probes_total.labels(name, state).inc()
+
+    # --- verdict -----------------------------------------------------------------------
+
+    def checks(self) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        cfg = self.config
+        opa_age = _age(self.opa_ok_at, now)
+        opa_fresh = opa_age is not None and opa_age <= cfg.opa_max_age
+        if self.opa_error is not None:
+            opa_detail: str | None = self.opa_error
+        elif not opa_fresh:
+            opa_detail = f"no decision from OPA for {opa_age:.1f} s (probe stalled)" if opa_age else "not probed yet"
+        else:
+            opa_detail = None
+        opa = {
+            "ok": opa_detail is None,
+            "detail": opa_detail,
+            "last_decision_age_seconds": opa_age,
+            "latency_ms": self.opa_latency_ms,
+        }
+        policy = {
+            "ok": self.revision is not None,
+            "detail": None
+            if self.revision is not None
+            else "OPA reports no bundle revision (an external OPA must serve a bundle)"
+            if self.opa_ok_at is not None
+            else "unknown until OPA answers",
+            "revision": self.revision,
+            "source": self.revision_source,
+            "since": _iso(self.revision_since),
+        }
+        commit_age = _age(self.audit.last_commit_at, now)
+        if self.audit.last_error:
+            audit_detail: str | None = f"audit store refuses writes ({self.audit.last_error})"
+        elif self.audit_probe_error:
+            audit_detail = self.audit_probe_error
+        elif commit_age is None or commit_age > cfg.audit_max_age:
+            audit_detail = "no audit commit recently (probe stalled)" if commit_age else "not probed yet"
+        elif self.audit_free_bytes is not None and self.audit_free_bytes < cfg.audit_min_free_bytes:
+            audit_detail = (
+                f"{self.audit_free_bytes} bytes free on the audit store's file system "
+                f"(floor {cfg.audit_min_free_bytes})"
+            )
+        else:
+            audit_detail = None
+        audit = {
+            "ok": audit_detail is None,
+            "detail": audit_detail,
+            "last_commit_age_seconds": commit_age,
+            "free_bytes": self.audit_free_bytes,
+        }
+        draining = {"ok": not self.draining, "detail": "shutting down" if self.draining else None}
+        return {"opa": opa, "policy": policy, "audit": audit, "draining": draining}
+
+    def clusters_view(self) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        return {
+            name: {
+                "state": st.state,
+                "detail": st.detail,
+                "checked_age_seconds": _age(st.checked_at, now),
+                "latency_ms": st.latency_ms,
+            }
+            for name, st in self.cluster_states.items()
+        }
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        checks = self.checks()
+        reasons = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["ok"]]
+        ready = not reasons
+        doc = {
+            "status": "ready" if ready else "unready",
+            "reasons": reasons,
+            "checks": checks,
+            "clusters": self.clusters_view(),
+        }
+        return ready, doc
+
+    def collect(self) -> Iterator[Metric]:
+        """Scrape-time gauges: readiness, each check, the policy revision, cluster reachability."""
+        checks = self.checks()
+        ready = GaugeMetricFamily("pvegate_ready", "1 when /readyz is green (every check ok).")
+        ready.add_metric([], int(all(c["ok"] for c in checks.values())))
+        yield ready
+        check = GaugeMetricFamily(
+            "pvegate_health_check_ok", "Each readiness check (1 ok, 0 failing).", labels=["check"]
+        )
+        for name, c in checks.items():
+            check.add_metric([name], int(c["ok"]))
+        yield check
+        if self.opa_ok_at is not None:
+            age = GaugeMetricFamily(
+                "pvegate_opa_last_decision_age_seconds", "Seconds since the readiness probe got a valid decision."
+            )
+            age.add_metric([], time.monotonic() - self.opa_ok_at)
+            yield age
+        if self.revision is not None:
+            info = GaugeMetricFamily(
+                "pvegate_opa_policy_revision_info",
+                "The active policy revision (bundle or files).",
+                labels=["revision", "source"],
+            )
+            info.add_metric([self.revision, self.revision_source or ""], 1)
+            yield info
+            since = GaugeMetricFamily(
+                "pvegate_opa_policy_activated_timestamp_seconds",
+                "Unix time this gateway first saw OPA decide with the active revision.",
+            )
+            since.add_metric([], self.revision_since or 0)
+            yield since
+        if self.audit_free_bytes is not None:
+            free = GaugeMetricFamily("pvegate_audit_free_bytes", "Free bytes on the audit store's file system.")
+            free.add_metric([], self.audit_free_bytes)
+            yield free
+        up = GaugeMetricFamily(
+            "pvegate_cluster_up",
+            "1 when the cluster's API answered the last probe with the gateway's token.",
+            labels=["cluster"],
+        )
+        state = GaugeMetricFamily(
+            "pvegate_cluster_state",
+            "The cluster's last probe state (1 for the current one).",
+            labels=["cluster", "state"],
+        )
+        for name, st in self.cluster_states.items():
+            up.add_metric([name], int(st.state == "ok"))
+            for s in ("unknown", "ok", "unreachable", "unauthorized", "error"):
+                state.add_metric([name, s], int(st.state == s))
+        yield up
+        yield state
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as an operator reads it, never with a secret: our own messages, or the type."""
+    from gateway.store.audit import AuditClosed
+    from gateway.tools.runtimes.base import ToolError
+
+    if isinstance(exc, ToolError | AuditClosed):
+        return str(exc)
+    if isinstance(exc, OSError | httpx.HTTPError):
+        return type(exc).__name__
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text and len(text) < 200 else type(exc).__name__
