@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from gateway.core.config import Config
 from gateway.policy.opa_sidecar import free_port
 from gateway.server import uvicorn_config
 
-__all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "free_port"]
+__all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "database_bytes", "free_port"]
 
 # A decision document inside the contract (decision.schema.json): an allowed low-risk read.
 ALLOWING_DECISION: dict[str, Any] = {
@@ -86,3 +87,16 @@ def audit_rows(db: Path, request_id: str | None = None) -> list[dict[str, Any]]:
         return [dict(r) for r in con.execute(sql, (request_id,) if request_id else ())]
     finally:
         con.close()
+
+
+def database_bytes(db: Path) -> bytes:
+    """The raw bytes of a SQLite database and its -wal/-shm files, read by another process.
+
+    Never open() a live database's files in this process: closing any descriptor of a file drops
+    every POSIX lock the process holds on it, the gateway's SQLite locks included (sqlite.org,
+    "How To Corrupt An SQLite Database File", 2.2). The next connection another process closes
+    then takes itself for the last one, checkpoints and deletes the -wal and -shm the gateway
+    still writes to, and every new connection here fails with "disk I/O error".
+    """
+    files = sorted(str(f) for f in db.parent.glob(db.name + "*"))
+    return subprocess.run(["cat", *files], capture_output=True, check=True, timeout=60).stdout

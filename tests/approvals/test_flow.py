@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.store import audit as auditlib
 from tests.approvals.conftest import Api, outcome, text
-from tests.support import audit_rows
+from tests.support import audit_rows, database_bytes
 
 _timeouts = itertools.count(11)
 
@@ -72,7 +72,7 @@ async def test_pending_approve_retry_runs_exactly_once(api: Api, asim: Any) -> N
     assert [(r["kind"], r["outcome"]) for r in refusal] == [("refusal", "approval_refused")]
 
     # the token itself is nowhere in the database; only its hash
-    raw = b"".join(p.read_bytes() for p in api.env.config.audit_path.parent.glob("audit.db*"))
+    raw = database_bytes(api.env.config.audit_path)
     assert token.encode() not in raw
 
 

@@ -24,7 +24,7 @@ import yaml
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.approvals.conftest import APPROVAL_RULES, Api, outcome
-from tests.support import GatewayThread, audit_rows, free_port
+from tests.support import GatewayThread, audit_rows, database_bytes, free_port
 
 PASSWORD = "Zq9!x"  # 5 characters: below the value scrubber's minimum
 PIN = 9081726354  # not a string at all
@@ -99,8 +99,7 @@ def sgw(senv: DevEnv) -> Iterator[GatewayThread]:
 
 
 def raw_database(env: DevEnv) -> bytes:
-    db = env.config.audit_path
-    return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
+    return database_bytes(env.config.audit_path)
 
 
 def assert_no_secret(env: DevEnv) -> None:

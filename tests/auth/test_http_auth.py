@@ -17,7 +17,7 @@ import pytest
 from gateway.core.config import AuthConfig, SecretRef
 from gateway.dev.devenv import DevEnv
 from tests.auth.keys import AUDIENCE, ISSUER, IdP, alg_none, claims_for
-from tests.support import GatewayThread, audit_rows, free_port
+from tests.support import GatewayThread, audit_rows, database_bytes, free_port
 
 LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
 HEADERS = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
@@ -133,8 +133,7 @@ def test_auth_failure_status_header_and_audit(idp_gw: IdpGateway, case: str) -> 
     if token:
         assert token not in rows[0]["body"]  # the credential itself is never recorded
         signature = token.split(".")[-1]
-        files = [idp_gw.audit, idp_gw.audit.with_name(idp_gw.audit.name + "-wal")]
-        raw = b"".join(f.read_bytes() for f in files if f.exists()).decode(errors="ignore")
+        raw = database_bytes(idp_gw.audit).decode(errors="ignore")
         assert not signature or signature not in raw
 
 

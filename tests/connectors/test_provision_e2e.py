@@ -19,7 +19,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
-from tests.support import GatewayThread, audit_rows
+from tests.support import GatewayThread, audit_rows, database_bytes
 
 CI_PASSWORD = "Sup3r-Secret-CI-Pw-7d1c"
 CI_PASSWORD_2 = "Another-Secret-CI-Pw-e4a0"
@@ -294,8 +294,7 @@ async def test_provisioner_agent_quota(gateway: GatewayThread, env: DevEnv, sim:
 def test_cloudinit_secrets_never_reach_audit_or_results(gateway: GatewayThread, env: DevEnv) -> None:
     """The cloud-init and root passwords sent above: not in the audit database, its WAL, or
     the policy inputs the decision records keep (compressed: searched unpacked)."""
-    files = sorted(env.config.audit_path.parent.glob(env.config.audit_path.name + "*"))
-    raw = b"".join(f.read_bytes() for f in files)
+    raw = database_bytes(env.config.audit_path)
     rows = audit_rows(env.config.audit_path)
     raw += b"".join(json.dumps(auditlib.unpack_input(json.loads(r["body"]))).encode() for r in rows if r["body"])
     for secret in (CI_PASSWORD, CI_PASSWORD_2, CT_PASSWORD):

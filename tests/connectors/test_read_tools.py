@@ -8,7 +8,6 @@ online or a disabled storage run a second simulator on a scenario derived from `
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.sim.harness import start_simulator
 from gateway.sim.scenario import scenario_path
-from tests.support import GatewayThread, audit_rows, free_port
+from tests.support import GatewayThread, audit_rows, database_bytes, free_port
 
 
 async def call(env: DevEnv, name: str, args: dict[str, Any], sub: str = "read-auditor") -> Any:
@@ -262,4 +261,4 @@ async def test_refusal_names_the_argument_and_rule_never_the_value(
     (refusal,) = [r for r in audit_rows(env.config.audit_path, rid) if r["kind"] == "refusal"]
     assert refusal["outcome"] == "invalid" and rule in refusal["body"]
     assert secret not in refusal["body"]
-    assert secret.encode() not in Path(env.config.audit_path).read_bytes()
+    assert secret.encode() not in database_bytes(env.config.audit_path)

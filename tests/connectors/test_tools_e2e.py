@@ -18,7 +18,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.tools.runtimes.base import CallContext, ToolOutput
 from tests.connectors.test_provision_e2e import PROVISION_TOOLS
-from tests.support import GatewayThread, audit_rows
+from tests.support import GatewayThread, audit_rows, database_bytes
 
 Check = Callable[[dict[str, Any]], bool]
 PLANTED = "SimPlantedSecret"
@@ -340,7 +340,7 @@ async def test_unknown_cluster_is_refused_and_cluster_reaches_policy(gateway: Ga
 
 
 def test_no_secret_reaches_the_audit_log(gateway: GatewayThread, env: DevEnv, sim: Any) -> None:
-    raw = env.config.audit_path.read_bytes()
+    raw = database_bytes(env.config.audit_path)
     for secret in sim.tokens.values():
         assert secret.split("=", 1)[1].encode() not in raw
     assert PLANTED.encode() not in raw
