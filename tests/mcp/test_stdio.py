@@ -6,6 +6,7 @@ policy, the simulator, the audit on disk, approvals handed off by URL (and appro
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -46,8 +47,12 @@ def stdio_env(sim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
 
 
 def params(env: DevEnv, principal: str) -> StdioServerParameters:
+    # the SDK passes a child only a few variables: keep ours (PYTHONDONTWRITEBYTECODE among them,
+    # or the child writes __pycache__ into gateway/schemas/, which `opa check --schema` then reads)
     return StdioServerParameters(
-        command=str(PVEGATE), args=["stdio", "--config", str(env.config_path), "--principal", principal]
+        command=str(PVEGATE),
+        args=["stdio", "--config", str(env.config_path), "--principal", principal],
+        env=dict(os.environ),
     )
 
 
