@@ -140,6 +140,7 @@ async def _build_with(
     usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
     usage.load(await audit.allowed_since(time.time() - 86400))
     api_token = opa_api_token(config, sidecar)
+    policy_status = PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token)
     decisions = DecisionClient(url, config.opa.timeout_ms, token=api_token)
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     targets = TargetResolver(clients, config.target_cache_seconds)
@@ -160,9 +161,9 @@ async def _build_with(
         usage=usage,
         listings=ListingCache(ttl=config.tools_list_cache_seconds),
         sidecar=sidecar,
-        policy_status=PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token),
+        policy_status=policy_status,
         metrics=metrics,
-        health=HealthMonitor(config.health, decisions, audit, metrics, sidecar, clients),
+        health=HealthMonitor(config.health, decisions, audit, metrics, sidecar, clients, policy_status=policy_status),
     )
     metrics.attach(components)
     return components

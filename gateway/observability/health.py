@@ -43,6 +43,7 @@ from gateway.core.config import HealthConfig
 
 if TYPE_CHECKING:
     from gateway.observability.metrics import Metrics
+    from gateway.policy.bundle_status import PolicyStatus
     from gateway.policy.decisions import DecisionClient
     from gateway.policy.opa_sidecar import OPASidecar
     from gateway.store.audit import AuditLog
@@ -141,6 +142,8 @@ class HealthMonitor:
     metrics: Metrics
     sidecar: OPASidecar | None = None
     clusters: dict[str, PveApiClient] = field(default_factory=dict)
+    # OPA's bundle plugin status (policy/bundle_status.py): a refused bundle and the last error
+    policy_status: PolicyStatus | None = None
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
     # OPA probe
     opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
@@ -297,7 +300,7 @@ class HealthMonitor:
             "last_decision_age_seconds": opa_age,
             "latency_ms": self.opa_latency_ms,
         }
-        policy = {
+        policy: dict[str, Any] = {
             "ok": self.revision is not None,
             "detail": None
             if self.revision is not None
@@ -308,6 +311,11 @@ class HealthMonitor:
             "source": self.revision_source,
             "since": _iso(self.revision_since),
         }
+        if self.policy_status is not None and self.policy_status.bundles:
+            # a refused bundle leaves the previous revision deciding: still ready, but it shows here
+            st = self.policy_status
+            policy["bundle_error"] = st.bundle_error
+            policy["bundles"] = [b.as_dict() for _, b in sorted(st.bundles.items())]
         commit_age = _age(self.audit.last_commit_at, now)
         if self.audit.last_error:
             audit_detail: str | None = f"audit store refuses writes ({self.audit.last_error})"
@@ -387,6 +395,15 @@ class HealthMonitor:
             )
             since.add_metric([], self.revision_since or 0)
             yield since
+        if self.policy_status is not None and self.policy_status.bundles:
+            err = GaugeMetricFamily(
+                "pvegate_opa_bundle_error",
+                "1 while OPA refuses the latest download or activation of the bundle (the previous one stays active).",
+                labels=["name"],
+            )
+            for name, b in sorted(self.policy_status.bundles.items()):
+                err.add_metric([name], int(bool(b.error)))
+            yield err
         if self.audit_free_bytes is not None:
             free = GaugeMetricFamily("pvegate_audit_free_bytes", "Free bytes on the audit store's file system.")
             free.add_metric([], self.audit_free_bytes)

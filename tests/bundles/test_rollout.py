@@ -176,6 +176,10 @@ def _admin(env: DevEnv, path: str) -> httpx.Response:
     )
 
 
+def _ctx(env: DevEnv) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(env.ca_file))
+
+
 def _wait(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -228,6 +232,10 @@ def test_new_revision_activates_and_a_tampered_one_is_refused(
     assert f'pvegate_policy_bundle_info{{name="pvegate",revision="{rev2}"}} 1' in metrics
     denied, rid = asyncio.run(_call(gw, "list_nodes", {}))
     assert denied and _revision_of(gw, rid) == f"pvegate@{rev2}"
+    # readiness: still ready (revision 2 decides), the refusal shown beside it
+    ready = httpx.get(f"https://127.0.0.1:{gw.config.port}/readyz", verify=_ctx(gw)).json()
+    assert ready["checks"]["policy"]["bundle_error"] and ready["checks"]["policy"]["ok"]
+    assert 'pvegate_opa_bundle_error{name="pvegate"} 1.0' in _admin(gw, "/metrics").text
 
     # the good file back: the error clears, the last one stays on record
     shutil.copy(bundles["dir"] / "rev1.tar.gz", service.root / "pvegate.tar.gz")
