@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.sim import handlers_provision, handlers_read, handlers_write  # noqa: F401  (register routes)
+from gateway.sim import handlers_backup, handlers_provision, handlers_read, handlers_write  # noqa: F401  (register routes)
 from gateway.sim.auth import authenticate
 from gateway.sim.errors import ApiError, perm_denied
 from gateway.sim.faults import FAULT_MESSAGES

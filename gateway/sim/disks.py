@@ -122,7 +122,7 @@ def set_key(cl: Cluster, g: Guest, key: str, value: Any) -> None:
     value = str(value) if not isinstance(value, int) else value
     if isinstance(value, str):
         if key.startswith("net") and key[3:].isdigit():
-            value = _with_mac(g, key, value)
+            value = with_mac(g, key, value)
         elif is_disk(g.type, key) or key.startswith("ide"):
             check_media(cl, value)
             if key in g.config and NEW_VOLUME.match(value):
@@ -134,7 +134,7 @@ def set_key(cl: Cluster, g: Guest, key: str, value: Any) -> None:
     g.config[key] = value
 
 
-def _with_mac(g: Guest, key: str, value: str) -> str:
+def with_mac(g: Guest, key: str, value: str) -> str:
     """A VM NIC given as `virtio,bridge=...` gets a MAC: the interface's old one if any."""
     model, _, rest = value.partition(",")
     if g.type == "lxc" or "=" in model:  # a container's name=eth0, or already model=MAC

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gateway.sim import disks
+from gateway.sim import disks, handlers_backup
 from gateway.sim.errors import ApiError
 from gateway.sim.handlers_write import _set_running, _start_task, _word, check_lock, sync_from_config
 from gateway.sim.routes import Ctx, both, kind_of, route
@@ -56,6 +56,8 @@ def _new_guest(ctx: Ctx, kind: str) -> tuple[Guest, dict[str, Any]]:
 
 
 def _create(ctx: Ctx, kind: str) -> Any:
+    if ctx.params.get("archive" if kind == "qemu" else "restore"):
+        return handlers_backup.restore(ctx, kind)
     cl = ctx.rt.cluster
     g, fields = _new_guest(ctx, kind)
     if kind == "lxc":

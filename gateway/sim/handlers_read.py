@@ -724,18 +724,6 @@ def get_node_ceph(ctx: Ctx) -> Any:
     return _ceph(ctx)
 
 
-@route("GET", "/cluster/backup")
-def get_backup_jobs(ctx: Ctx) -> Any:
-    now = int(time.time())
-    out = []
-    for j in ctx.rt.cluster.backup_jobs:
-        d = dict(j)
-        if d.get("enabled", 1):
-            d["next-run"] = now - now % 86400 + 86400 + 7200
-        out.append(d)
-    return out
-
-
 @route("GET", "/access/permissions")
 def get_permissions(ctx: Ctx) -> Any:
     userid = ctx.params.get("userid")

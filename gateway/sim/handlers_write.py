@@ -557,6 +557,7 @@ def post_vzdump(ctx: Ctx) -> Any:
             )
             vol.notes = notes
             vol.protected = protected
+            vol.config = dict(g.config)
             cl.volumes.append(vol)
             lines.append(f"INFO: Starting Backup of VM {g.vmid} ({g.type})")
             lines.append(f"INFO: creating vzdump archive '{vol.volid}'")

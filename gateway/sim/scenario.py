@@ -377,6 +377,7 @@ def _backup_volume(cl: Cluster, b: dict[str, Any], now: float) -> Volume:
         notes=b.get("notes", g.name if g else None),
         protected=bool(b.get("protected", False)),
         subtype=kind,
+        config=dict(g.config) if g else None,
     )
 
 

@@ -133,6 +133,7 @@ class Volume:
     protected: bool = False
     subtype: str | None = None
     used: int | None = None
+    config: dict[str, Any] | None = None  # a backup: the guest configuration it holds
 
 
 @dataclass
