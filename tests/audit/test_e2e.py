@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.dev.devenv import DevEnv, make_env
+from gateway.policy.decisions import FAIL_CLOSED_CODE
 from gateway.store import audit as auditlib
 from tests.support import GatewayThread, audit_rows, database_bytes, free_port
 
@@ -365,14 +366,20 @@ async def test_lone_surrogates_from_one_client_never_fail_another(xgw: GatewayTh
     failures = [doc for status, doc in honest_results if status != 200 or "error" in doc]
     assert failures == []
     db = xenv.config.audit_path
+    # On a loaded machine OPA may miss its timeout for a few calls: those fail closed before any
+    # result, with their received and decision records. Nothing else may go wrong for them.
+    served = 0
     for _, doc in honest_results:
         rows = audit_rows(db, rid(doc))
-        assert [(r["kind"], r["principal"]) for r in rows] == [
-            ("received", honest),
-            ("decision", honest),
-            ("result", honest),
-        ]
-        assert rows[1]["outcome"] == "allow" and rows[2]["outcome"] == "ok"
+        trail = [(r["kind"], r["principal"], r["outcome"]) for r in rows]
+        if doc["result"]["isError"]:
+            assert doc["result"]["structuredContent"]["codes"] == [FAIL_CLOSED_CODE], doc
+            assert trail == [("received", honest, None), ("decision", honest, "deny")]
+            assert json.loads(rows[1]["body"])["failed_closed"] is True
+            continue
+        assert trail == [("received", honest, None), ("decision", honest, "allow"), ("result", honest, "ok")]
+        served += 1
+    assert served > 0  # the ordinary calls' records were committed alongside the poisoned ones
     # the poisoning client's own calls are on record too, its text kept in escaped form
     con = sqlite3.connect(db)
     try:
