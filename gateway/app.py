@@ -34,9 +34,10 @@ from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
+from gateway.store.reconcile import Reconciler, reconcile_loop
 from gateway.store.usage import UsageCounters
 from gateway.tools.catalog import Catalog
-from gateway.tools.runtimes.base import Runtime
+from gateway.tools.runtimes.base import TEST_FAULT_ENV, Runtime, test_fault
 from gateway.tools.runtimes.composite import CompositeRuntime
 from gateway.tools.runtimes.pve_api import PveApiClient, PveApiRuntime
 from gateway.tools.runtimes.ssh import AllowList, SshRuntime
@@ -164,6 +165,7 @@ async def _build_with(
         policy_status=policy_status,
         metrics=metrics,
         health=HealthMonitor(config.health, decisions, audit, metrics, sidecar, clients, policy_status=policy_status),
+        clients=clients,
     )
     metrics.attach(components)
     return components
@@ -193,6 +195,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        started_at = time.time()  # calls decided before this are earlier runs' to reconcile
         built = components or await build_components(config)
         app.state.components = built
         app.state.authenticator = authenticator or Authenticator(config.auth)
@@ -206,11 +209,17 @@ def create_app(
             watcher = asyncio.create_task(built.policy_status.run())
         if built.health is not None:
             await built.health.start()  # readiness is known before the first request
+        built.outcomes.start()
+        # what earlier runs left open (killed, cut off): settled from Proxmox's answers, in the background
+        reconciler = Reconciler(config, built.catalog, built.outcomes, built.clients)
+        reconciling = asyncio.create_task(reconcile_loop(reconciler, started_at), name="reconcile")
+        if test_fault("kill-after-dispatch-response"):
+            log.warning("test fault %s is set: this gateway kills itself after a mutation", TEST_FAULT_ENV)
         log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
         try:
             yield
         finally:
-            for task in (supervisor, watcher):
+            for task in (supervisor, watcher, reconciling):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -15,9 +15,11 @@ from gateway.policy.listings import ListingCache
 from gateway.policy.opa_sidecar import OPASidecar
 from gateway.store.approvals import Approvals
 from gateway.store.audit import AuditLog
+from gateway.store.outcomes import Outcomes
 from gateway.store.usage import UsageCounters
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import Runtime
+from gateway.tools.runtimes.pve_api import PveApiClient
 from gateway.tools.targets import TargetResolver
 from gateway.tools.tool import ArgumentError, Tool
 
@@ -38,6 +40,17 @@ class Components:
     policy_status: PolicyStatus | None = None
     metrics: Metrics = field(default_factory=Metrics)
     health: HealthMonitor | None = None  # built with the components; probes run while serving
+    clients: dict[str, PveApiClient] = field(default_factory=dict)  # one Proxmox API client per cluster
+    outcomes: Outcomes = field(init=False)  # store checks, calls in flight, drain, outbox
+
+    def __post_init__(self) -> None:
+        grace = self.config.shutdown_grace_seconds
+        self.outcomes = Outcomes(
+            self.audit,
+            grace_seconds=default_grace(self.catalog) if grace is None else grace,
+            min_free_bytes=int(self.config.audit_min_free_mb * 1024 * 1024),
+        )
+        self.outcomes.on_reconciled = self.metrics.reconciled  # pvegate_calls_reconciled_total{result}
 
     def runtime(self, tool: Tool) -> Runtime:
         return self.runtimes[tool.connector]
@@ -54,6 +67,7 @@ class Components:
         return json.dumps(structured, indent=1, sort_keys=False, default=str)
 
     async def close(self) -> None:
+        await self.outcomes.stop()  # kept records: one last try before the audit closes
         if self.health is not None:
             await self.health.stop()
         for rt in self.runtimes.values():
@@ -63,3 +77,12 @@ class Components:
         await self.audit.close()
         if self.sidecar is not None:
             self.sidecar.stop()
+
+
+GRACE_MARGIN_SECONDS = 15.0
+
+
+def default_grace(catalog: Catalog) -> float:
+    """Long enough for the longest task any tool waits on, plus a margin for the last records."""
+    waits = [float(t.spec.get("task_timeout", 60)) for t in catalog if t.spec.get("task") == "wait"]
+    return max(waits, default=60.0) + GRACE_MARGIN_SECONDS

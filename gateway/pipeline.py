@@ -16,7 +16,16 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
-from gateway.tools.runtimes.base import CallContext, Refused, ToolError, UpstreamError
+from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, Flight, Interrupted
+from gateway.tools.runtimes.base import (
+    AnswerLost,
+    CallContext,
+    OnDispatch,
+    Refused,
+    TaskFailed,
+    ToolError,
+    UpstreamError,
+)
 from gateway.tools.shaping import shape
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
 
@@ -41,7 +50,20 @@ def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any
 
 
 async def call_tool(c: Components, req: CallRequest) -> CallResult:
-    """resolve → validate → enrich → decide (one OPA query) → audit → enforce → dispatch."""
+    """resolve → validate → enrich → decide (one OPA query) → audit → enforce → dispatch.
+
+    Tracked while it runs (a drain waits for it); a failed audit write anywhere before
+    dispatch becomes AuditUnavailable: a clear refusal, and nothing reaches Proxmox."""
+    c.outcomes.check_store()  # nothing is asked or sent while the audit cannot take the records
+    with c.outcomes.flight(req.request_id) as flight:
+        try:
+            return await _call_tool(c, req, flight)
+        except STORE_ERRORS as exc:
+            c.outcomes.store_failed(exc)
+            raise AuditUnavailable(f"the audit store cannot take writes ({c.outcomes.last_store_error})") from exc
+
+
+async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallResult:
     started = time.perf_counter()
     tool = c.catalog.get(req.tool)
     if tool is None:
@@ -93,8 +115,31 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
             "denials": list(decision.deny_reasons),
         }
         return CallResult("denied", "Denied by policy: " + "; ".join(reasons), structured=denial, is_error=True)
-    ctx = CallContext(cluster, dry_run=dry_run or bool(decision.obligations.get("dry_run")), request_id=req.request_id)
-    return await dispatch(c, req, tool, args, target, ctx, decision, started)
+    ctx = CallContext(
+        cluster,
+        dry_run=dry_run or bool(decision.obligations.get("dry_run")),
+        request_id=req.request_id,
+        on_dispatch=_dispatch_recorder(c, req, tool, target, flight),
+    )
+    if tool.effect != "read" and not ctx.dry_run:
+        c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
+    return await dispatch(c, req, tool, args, target, ctx, decision, started, flight)
+
+
+def _dispatch_recorder(
+    c: Components, req: CallRequest, tool: Tool, target: dict[str, Any], flight: Flight
+) -> OnDispatch:
+    async def record(info: dict[str, Any]) -> None:
+        """Proxmox accepted the mutation (its UPID) or the SSH command started: durable before the wait.
+        If the store cannot take it now, it is kept and written later (reconciliation covers a crash)."""
+        flight.dispatched = True
+        flight.task_id = info.get("task_id")
+        outcome = "accepted" if "task_id" in info else "started"
+        rec = AuditRecord(req.request_id, "dispatch", req.principal.sub, tool.name, _tkey(target), outcome, info)
+        await c.outcomes.settle(rec)
+        c.outcomes.counters.dispatch_records += 1
+
+    return record
 
 
 def policy_input(
@@ -132,26 +177,51 @@ async def dispatch(
     ctx: CallContext,
     decision: Decision,
     started: float,
+    flight: Flight | None = None,
 ) -> CallResult:
-    """Run an allowed call through its connector, shape the output, audit the result."""
+    """Run an allowed call through its connector, shape the output, audit the result.
+
+    After the connector ran, Proxmox may have acted: result records go through
+    `outcomes.settle`, which keeps them for a later write if the store is full, and
+    the client still learns the outcome."""
     m = c.metrics
     t = time.perf_counter()
+    flight = flight or Flight(req.request_id)
     try:
-        output = await c.runtime(tool).call(tool, args, ctx)
+        output = await c.outcomes.run(flight, c.runtime(tool).call(tool, args, ctx))
     except Refused as exc:  # nothing was sent: a refusal, not a failure
         m.observe("dispatch", t)
         await _refuse(c, req, tool.name, target, "refused", str(exc))
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
+    except Interrupted as exc:
+        return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
     except ToolError as exc:
         t = m.observe("dispatch", t)
         m.upstream_error(ctx.cluster, tool.connector, exc)
+        if flight.task_id and not isinstance(exc, TaskFailed):  # accepted, then contact lost: outcome unknown
+            return await _interrupted(
+                c, req, tool, target, ctx, started, flight, f"lost contact with Proxmox while waiting ({exc})"
+            )
+        if isinstance(exc, AnswerLost) and tool.effect != "read" and not ctx.dry_run:  # sent; did it run?
+            flight.dispatched = True
+            return await _interrupted(
+                c, req, tool, target, ctx, started, flight, f"the request was sent but its answer was lost ({exc})"
+            )
         outcome = "upstream_error" if isinstance(exc, UpstreamError) else "failed"
-        await _audit_result(c, req, tool, target, outcome, started, {"error": str(exc)})
+        kept = await _audit_result(
+            c, req, tool, target, outcome, started, {"error": str(exc), "task_id": flight.task_id}
+        )
         m.observe("audit", t)
-        return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True)
+        return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True, meta=_kept_meta(kept))
     except Exception as exc:  # a bug after the decision: the request may have reached Proxmox, so say so
         await _audit_result(
-            c, req, tool, target, "failed", started, {"error": f"internal error ({type(exc).__name__})"}
+            c,
+            req,
+            tool,
+            target,
+            "failed",
+            started,
+            {"error": f"internal error ({type(exc).__name__})", "task_id": flight.task_id},
         )
         raise
     m.observe("dispatch", t)
@@ -160,9 +230,47 @@ async def dispatch(
         structured["warnings"] = output.warnings + warnings
     body = {"task_id": output.task_id, "warnings": structured.get("warnings")}
     t = time.perf_counter()
-    await _audit_result(c, req, tool, target, "ok", started, body)
+    kept = await _audit_result(c, req, tool, target, "ok", started, body)
     m.observe("audit", t)
-    return CallResult("allowed", c.render(tool, structured), structured=structured)
+    return CallResult("allowed", c.render(tool, structured), structured=structured, meta=_kept_meta(kept))
+
+
+def _kept_meta(kept: bool) -> dict[str, Any]:
+    if not kept:
+        return {}
+    return {"pvegate/audit": "kept: the audit store could not take this result yet; it is written as soon as it can"}
+
+
+async def _interrupted(
+    c: Components,
+    req: CallRequest,
+    tool: Tool,
+    target: dict[str, Any],
+    ctx: CallContext,
+    started: float,
+    flight: Flight,
+    reason: str,
+) -> CallResult:
+    """Cut off, or the outcome unknown: say what is known (the UPID) and leave it to reconciliation."""
+    mutation = tool.effect != "read" and not ctx.dry_run
+    body = {"reason": reason, "task_id": flight.task_id, "dispatched": flight.dispatched, "pending_reconcile": mutation}
+    c.outcomes.counters.interrupted += 1
+    c.metrics.interrupted()
+    await _audit_result(c, req, tool, target, "interrupted", started, body)
+    if mutation:
+        c.outcomes.unsettled.add(req.request_id)  # settled from Proxmox by the reconciliation loop
+    if mutation and flight.task_id:
+        text = (
+            f"{tool.name} interrupted: {reason}. Proxmox accepted it as task {flight.task_id}, which may still be "
+            "running; poll get_task_status with that upid. The gateway records its outcome from Proxmox."
+        )
+    elif mutation and flight.dispatched:
+        text = f"{tool.name} interrupted: {reason}. The request was sent; its outcome is recorded from Proxmox."
+    elif mutation:
+        text = f"{tool.name} interrupted: {reason}. It may or may not have reached Proxmox; recorded from Proxmox."
+    else:
+        text = f"{tool.name} interrupted: {reason}. A read: nothing changed."
+    return CallResult("interrupted", text, structured={"interrupted": True, "task_id": flight.task_id}, is_error=True)
 
 
 async def _refuse(
@@ -185,7 +293,13 @@ async def _audit_decision(
     """received + decision, committed together before anything reaches Proxmox."""
     who, tkey = req.principal.sub, _tkey(target)
     kept_args = audit_arguments(tool, args, decision.obligations.get("redact"))
-    received = {"arguments": kept_args, "target": target, "protocol": req.protocol_version}
+    received = {
+        "arguments": kept_args,
+        "target": target,
+        "protocol": req.protocol_version,
+        "effect": tool.effect,  # reconciliation: a read changed nothing
+        "dry_run": bool(input_doc["dry_run"] or decision.obligations.get("dry_run")),
+    }
     outcome = _outcome(decision)
     body = _decision_body(decision, input_doc)
     # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
@@ -236,8 +350,8 @@ async def _audit_result(
     outcome: str,
     started: float,
     body: dict[str, Any],
-) -> None:
+) -> bool:
+    """Write the result record (or keep it for later); True if it had to be kept."""
     body["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    await c.audit.append(
-        AuditRecord(req.request_id, "result", req.principal.sub, tool.name, _tkey(target), outcome, body)
-    )
+    rec = AuditRecord(req.request_id, "result", req.principal.sub, tool.name, _tkey(target), outcome, body)
+    return not await c.outcomes.settle(rec)

@@ -19,6 +19,7 @@ import sqlite3
 import ssl
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
@@ -31,6 +32,7 @@ from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
 from gateway.store.backend import refuse_unshared
+from gateway.store.outcomes import Outcomes
 from gateway.tools.catalog import CatalogError
 
 log = logging.getLogger("pvegate")
@@ -194,6 +196,7 @@ def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Conf
         access_log=False,
         server_header=False,
         lifespan="on",
+        # after the drain (DrainingServer) only idle keep-alive connections are left to close
         timeout_graceful_shutdown=5,
         # json: uvicorn's own loggers reach the root handler (one JSON object per line), not its formatter
         log_config=None if config.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
@@ -203,6 +206,47 @@ def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Conf
         forwarded_allow_ips=list(config.trusted_proxies) or None,
         **tls,  # type: ignore[arg-type]
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain on SIGTERM/SIGINT before its own shutdown.
+
+    First signal: `draining` is set at once (new calls get 503 with Retry-After, readiness
+    is red), calls in flight get `shutdown_grace_seconds` to finish, the rest are cut off and
+    recorded as `interrupted`; then uvicorn shuts down. A second signal cuts off at once.
+    """
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _drain: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        app = self.config.app
+        components = getattr(app.state, "components", None) if isinstance(app, Starlette) else None
+        if components is None or self._loop is None or self.should_exit:
+            super().handle_exit(sig, frame)  # not serving yet, or already shutting down: uvicorn's way
+            return
+        self._captured_signals.append(sig)  # re-raised by uvicorn once it has shut down, as it does
+        outcomes = components.outcomes
+        if outcomes.draining:  # a second signal: stop waiting
+            self._loop.call_soon_threadsafe(outcomes.cut)
+            return
+        outcomes.draining = True  # set in the handler itself: no request slips in before the task runs
+        if components.health is not None:
+            components.health.draining = True  # /readyz red at once: the balancer moves away
+        self._loop.call_soon_threadsafe(self._start_drain, outcomes)
+
+    def _start_drain(self, outcomes: Outcomes) -> None:
+        async def drain() -> None:
+            try:
+                await outcomes.drain()
+            finally:
+                self.should_exit = True
+
+        self._drain = asyncio.create_task(drain(), name="drain")
 
 
 def serve_stdio_for(config: Config, principal: str) -> None:
@@ -268,7 +312,7 @@ async def _serve(config: Config, sock: socket.socket) -> None:
         raise StartupError(describe(exc)) from exc  # the CLI logs the traceback at debug level
     app = create_app(config, components, authenticator)
     try:
-        await uvicorn.Server(uvicorn_config(config, app)).serve(sockets=[sock])
+        await DrainingServer(uvicorn_config(config, app)).serve(sockets=[sock])
     finally:
         if not hasattr(app.state, "components"):  # the lifespan, which closes them, never ran
             await components.close()

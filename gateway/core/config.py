@@ -210,6 +210,10 @@ class Config:
     # HMAC key authenticating the audit chain's head; generated at first start if missing
     audit_head_key_file: Path | None = None  # default: audit-head.key next to the audit database
     local_principals: dict[str, LocalPrincipal] = field(default_factory=dict)  # for `pvegate stdio`
+    # free space (MiB) the audit store must have before a call is run (room for its dispatch and result records)
+    audit_min_free_mb: float = 16
+    # SIGTERM: how long calls in flight may finish before they are cut off (None: the longest task_timeout + 15 s)
+    shutdown_grace_seconds: float | None = None
 
     @property
     def default_cluster(self) -> str:
@@ -407,6 +411,10 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 )
                 for name, lp in (raw.get("local_principals") or {}).items()
             },
+            audit_min_free_mb=float(raw.get("audit", {}).get("min_free_mb", 16)),
+            shutdown_grace_seconds=(
+                float(raw["shutdown_grace_seconds"]) if raw.get("shutdown_grace_seconds") is not None else None
+            ),
         )
     except ConfigError:
         raise

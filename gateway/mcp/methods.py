@@ -25,6 +25,7 @@ from gateway.pipeline import UnknownTool, call_tool, request_facts
 from gateway.policy.decisions import CONTRACT_VERSION
 from gateway.policy.listings import listing_key
 from gateway.store.audit import AuditRecord
+from gateway.store.outcomes import AuditUnavailable
 from gateway.tools.tool import arguments_digest
 
 log = logging.getLogger("pvegate.mcp")
@@ -104,6 +105,9 @@ async def _run(x: Exchange, req: CallRequest) -> CallResult:
     except UnknownTool as exc:
         outcome = "unknown_tool"
         raise RpcFault(INVALID_PARAMS, f"Unknown tool: {req.tool}", audited=True) from exc
+    except AuditUnavailable:
+        outcome = "audit_unavailable"
+        raise  # a clear refusal (transport.py), not an internal error
     except Exception as exc:  # never a stack trace on the wire; the id finds it in the log
         log.exception("internal error in tools/call %s (request %s)", req.tool, req.request_id)
         raise RpcFault(INTERNAL_ERROR, f"Internal error (request {req.request_id})") from exc

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.core.config import Config
 from gateway.mcp.jsonrpc import INVALID_REQUEST, error_response
 from gateway.store.audit import AuditRecord
+from gateway.store.outcomes import STORE_ERRORS
 
 log = logging.getLogger("pvegate.security")
 
@@ -134,14 +135,17 @@ class TransportGuard:
         app = scope.get("app")
         components = getattr(getattr(app, "state", None), "components", None)
         if components is not None:
-            await components.audit.append(
-                AuditRecord(
-                    uuid.uuid4().hex,
-                    "refusal",
-                    outcome=outcome,
-                    body={"reason": message, "source_ip": source_ip, "path": scope.get("path")},
+            try:
+                await components.audit.append(
+                    AuditRecord(
+                        uuid.uuid4().hex,
+                        "refusal",
+                        outcome=outcome,
+                        body={"reason": message, "source_ip": source_ip, "path": scope.get("path")},
+                    )
                 )
-            )
+            except STORE_ERRORS as exc:  # still refused (nothing ran); the health signal learns of the store
+                components.outcomes.store_failed(exc)
         await error_response(None, INVALID_REQUEST, message, status=status)(scope, receive, send)
 
 

@@ -10,6 +10,7 @@ measurement); its pure helpers and wire types are used to get the format right.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -36,6 +37,7 @@ from gateway.mcp.jsonrpc import (
 from gateway.mcp.request_state import RequestStates, Sessions
 from gateway.mcp.wellknown import metadata_url
 from gateway.store.audit import AuditRecord
+from gateway.store.outcomes import AUDIT_UNAVAILABLE, RETRY_AFTER_SECONDS, SHUTTING_DOWN, STORE_ERRORS, AuditUnavailable
 
 log = logging.getLogger("pvegate.transport")
 
@@ -101,6 +103,35 @@ def _accepts_json(accept: str | None) -> bool:
 
 async def handle_mcp(request: Request) -> Response:
     c: Components = request.app.state.components
+    if c.outcomes.draining:  # SIGTERM: calls in flight finish, new ones go elsewhere
+        c.outcomes.counters.refused_draining += 1
+        return await _unavailable(
+            request, SHUTTING_DOWN, "pvegate is shutting down and takes no new calls; retry shortly"
+        )
+    try:
+        return await _handle_mcp(c, request)
+    except (AuditUnavailable, *STORE_ERRORS) as exc:  # fail closed, and say why: never a bare 500
+        if not isinstance(exc, AuditUnavailable):
+            c.outcomes.store_failed(exc)
+        return await _unavailable(
+            request,
+            AUDIT_UNAVAILABLE,
+            "the audit store cannot take writes, so no call is run; nothing was sent to Proxmox. "
+            f"Retry later ({exc if isinstance(exc, AuditUnavailable) else c.outcomes.last_store_error})",
+        )
+
+
+async def _unavailable(request: Request, code: int, message: str) -> Response:
+    """503 with Retry-After and a JSON-RPC error (the request's id when it can be read)."""
+    id_: Any = None
+    with contextlib.suppress(Exception):
+        id_ = parse_message(await request.body()).id
+    response = error_response(id_, code, message, status=503)
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+async def _handle_mcp(c: Components, request: Request) -> Response:
     if request.method != "POST":
         # No server-initiated SSE stream and no server-held session to delete.
         return Response(status_code=405, headers={"Allow": "POST"})

@@ -129,6 +129,9 @@ class ApiApp:
         self.rt.requests.append(entry)
         response = await self.handle(request, entry)
         entry["status"] = response.status_code
+        delay = self.rt.faults.answer_delay_for(scope["path"][len(PREFIX) :].rstrip("/") or "/")
+        if delay:  # the request was carried out; its answer is late (a client may give up first)
+            await asyncio.sleep(delay)
         if entry.get("dropped"):
             await send(
                 {

@@ -19,6 +19,9 @@ class Faults:
     drop_path: str | None = None
     offline_nodes: list[str] = field(default_factory=list)  # forced offline at runtime
     task_seconds: float | None = None  # overrides the scenario's task duration ("slow task")
+    # delay the answer AFTER the request was carried out (a mutation runs; its answer comes late or never)
+    answer_delay_ms: float = 0.0
+    answer_delay_path: str | None = None
     ssh_latency_ms: float = 0.0
     seed: int | None = None
     _rng: random.Random = field(default_factory=random.Random, repr=False)
@@ -28,7 +31,7 @@ class Faults:
             if k.startswith("_") or not hasattr(self, k):
                 raise ValueError(f"unknown fault '{k}'")
             setattr(self, k, v)
-        for pat in (self.latency_path, self.error_path, self.drop_path):
+        for pat in (self.latency_path, self.error_path, self.drop_path, self.answer_delay_path):
             if pat:
                 re.compile(pat)
         if self.seed is not None:
@@ -43,6 +46,9 @@ class Faults:
 
     def latency_for(self, path: str) -> float:
         return self.latency_ms / 1000 if self.latency_ms and self._hit(self.latency_path, path) else 0.0
+
+    def answer_delay_for(self, path: str) -> float:
+        return self.answer_delay_ms / 1000 if self.answer_delay_ms and self._hit(self.answer_delay_path, path) else 0.0
 
     def error_for(self, path: str) -> int | None:
         if self.error_rate and self._hit(self.error_path, path) and self._rng.random() < self.error_rate:

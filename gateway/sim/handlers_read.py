@@ -542,7 +542,7 @@ def get_node_tasks(ctx: Ctx) -> Any:
             continue
         if p.get("typefilter") and t.type != p["typefilter"]:
             continue
-        if p.get("userfilter") and p["userfilter"] not in t.user:
+        if p.get("userfilter") and str(p["userfilter"]).lower() not in t.user.lower():  # PVE: m/\Q..\E/i
             continue
         if p.get("errors") and t.exitstatus in (None, "OK"):
             continue

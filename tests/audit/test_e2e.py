@@ -55,8 +55,11 @@ async def test_records_in_order_with_decision_facts(xgw: GatewayThread, xenv: De
     status, doc = await mcp.call(xenv.token("demo-agent", ["operator"]), "vm_start", {"vmid": 102})
     assert status == 200 and doc["result"]["_meta"]["pvegate/outcome"] in ("allowed", "failed"), doc
     rows = audit_rows(xenv.config.audit_path, rid(doc))
-    assert [r["kind"] for r in rows] == ["received", "decision", "result"]
-    received, decision, result = (json.loads(r["body"]) for r in rows)
+    # the dispatch record (the UPID) is written before the gateway waits on the task
+    assert [r["kind"] for r in rows] == ["received", "decision", "dispatch", "result"]
+    received, decision, dispatched, result = (json.loads(r["body"]) for r in rows)
+    assert rows[2]["outcome"] == "accepted" and dispatched["task_id"] == result["task_id"]
+    rows = [rows[0], rows[1], rows[3]]
     assert received["arguments"] == {"vmid": 102} and received["target"]["vmid"] == 102
     assert rows[0]["principal"] == "demo-agent" and rows[0]["tool"] == "vm_start"
     assert rows[0]["target"] == "default/qemu/102"

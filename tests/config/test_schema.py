@@ -219,6 +219,7 @@ _ATTRS = {
     "audit.retention_days": "audit_retention_days",
     "audit.archive_dir": "audit_archive_dir",
     "audit.head_key_file": "audit_head_key_file",
+    "audit.min_free_mb": "audit_min_free_mb",
 }
 
 

@@ -115,7 +115,7 @@ async def held_then_approved(api: Api, sim: Any, token: str, tool: str, args: di
 
 async def retry_runs(api: Api, sim: Any, token: str, tool: str, args: dict[str, Any], aid: str, approval: str) -> Any:
     """The retry with the token runs; its audit trail is consumed approval, received,
-    an allow decision that names the approval, and the result."""
+    an allow decision that names the approval, the dispatch (its UPID) and the result."""
     sim.clear_logs()
     res = await api.call(token, tool, args, approval=approval)
     assert outcome(res) == "allowed", res
@@ -125,6 +125,7 @@ async def retry_runs(api: Api, sim: Any, token: str, tool: str, args: dict[str, 
         ("approval", "consumed"),
         ("received", None),
         ("decision", "allow"),
+        ("dispatch", "accepted"),
         ("result", "ok"),
     ], rows
     decision = json.loads(rows[2]["body"])
@@ -132,6 +133,7 @@ async def retry_runs(api: Api, sim: Any, token: str, tool: str, args: dict[str, 
     assert decision["approval"]["required"] is True and decision["approval"]["satisfied"] is True
     assert decision["approval"]["approver_groups"] == ["sre-leads"]
     assert json.loads(rows[3]["body"])["task_id"] == res["structuredContent"]["upid"]
+    assert json.loads(rows[4]["body"])["task_id"] == res["structuredContent"]["upid"]
     assert all(r["tool"] == tool for r in rows)
     return res
 

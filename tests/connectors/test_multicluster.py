@@ -155,7 +155,7 @@ async def test_a_mutation_reaches_only_its_cluster_and_the_audit_names_it(mc: Ap
     assert sims["beta"].state()["guests"]["102"]["status"] == "running"
 
     rows = audit_rows(mc.env.config.audit_path, res["_meta"]["pvegate/request_id"])
-    assert [r["kind"] for r in rows] == ["received", "decision", "result"]
+    assert [r["kind"] for r in rows] == ["received", "decision", "dispatch", "result"]
     assert {r["target"] for r in rows} == {"beta/qemu/102"}
     received = json.loads(rows[0]["body"])
     assert received["target"]["cluster"] == "beta" and received["target"]["node"] == "edge3"

@@ -103,6 +103,10 @@ def _line(row: dict[str, Any]) -> str:
         detail += f" {body['error']}" if body.get("error") else ""
     elif row["kind"] == "approval":
         detail = str(body.get("approval_id") or "")
+    elif row["kind"] == "dispatch":
+        detail = f"task {body['task_id']}" if body.get("task_id") else f"node {body.get('node')}"
+    if row["kind"] == "result" and body.get("proxmox"):  # reconciled: what Proxmox says happened
+        detail += f" proxmox {body['proxmox']}" + (f" ({body['exitstatus']})" if body.get("exitstatus") else "")
     cols = [
         str(row["seq"]),
         when,
@@ -222,6 +226,47 @@ def _archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reconcile(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.components import default_grace
+    from gateway.core.config import load
+    from gateway.store.audit import AuditLog, known_secrets
+    from gateway.store.outcomes import Outcomes
+    from gateway.store.reconcile import Reconciler, summary
+    from gateway.tools.catalog import Catalog
+    from gateway.tools.runtimes.pve_api import PveApiClient
+
+    cfg = load(args.config)
+    catalog = Catalog.load(cfg.connectors_dir)
+    grace = cfg.shutdown_grace_seconds if cfg.shutdown_grace_seconds is not None else default_grace(catalog)
+    # calls younger than the grace period may still be in flight in a running gateway: not touched by default
+    min_age = args.min_age if args.min_age is not None else grace
+
+    async def run() -> list[Any]:
+        audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
+        await audit.open()
+        clients = {name: PveApiClient(cl) for name, cl in cfg.clusters.items()}
+        try:
+            outcomes = Outcomes(audit, grace_seconds=grace, min_free_bytes=0)
+            reconciler = Reconciler(cfg, catalog, outcomes, clients)
+            return await reconciler.run_once(time.time() - min_age, since=args.since)
+        finally:
+            for c in clients.values():
+                await c.close()
+            await audit.close()
+
+    settled = asyncio.run(run())
+    if args.json:
+        print(json.dumps([s.as_dict() for s in settled], indent=1))
+    else:
+        for s in settled:
+            extra = " ".join(x for x in (s.proxmox, s.task_id, s.detail) if x)
+            print(f"{s.request_id}  {s.tool or '-'}  {s.action}  {extra}".rstrip())
+        print(summary(settled), file=sys.stderr)
+    return 1 if any(s.action == "open" for s in settled) else 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
@@ -298,3 +343,17 @@ def register(sub: Any) -> None:
     r.add_argument("--out-dir", type=Path, help="default: audit.archive_dir, or audit-archive/ next to the database")
     _key(r)
     r.set_defaults(func=_archive)
+
+    rc = asub.add_parser(
+        "reconcile", help="settle allowed calls without a result (killed, cut off) from Proxmox's task records"
+    )
+    rc.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the gateway's configuration")
+    rc.add_argument(
+        "--min-age",
+        type=parse_age,
+        help="only calls decided at least this long ago (default: the shutdown grace period; 0s when the "
+        "gateway is stopped)",
+    )
+    rc.add_argument("--since", type=parse_time, help="oldest decision to look at (default: 7d)")
+    rc.add_argument("--json", action="store_true", help="print what was settled (or left open) as JSON")
+    rc.set_defaults(func=_reconcile)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +28,15 @@ class Refused(ToolError):
     """The runtime refused the request before anything left the gateway (e.g. an SSH allow-list miss)."""
 
 
+class AnswerLost(ToolError):
+    """The request was sent but its answer never came (a read timeout, a cut connection): for a
+    mutation, Proxmox may have carried it out. Its outcome is looked up, never assumed."""
+
+
+class TaskFailed(ToolError):
+    """The Proxmox task ran and ended with an error: its outcome is known (unlike a lost poll)."""
+
+
 class CommandFailed(ToolError):
     """The command ran and exited with a status the tool does not accept."""
 
@@ -41,11 +52,26 @@ class ToolOutput:
     warnings: list[str] = field(default_factory=list)
 
 
+TEST_FAULT_ENV = "PVEGATE_TEST_FAULT"
+
+
+def test_fault(name: str) -> bool:
+    """A fault the tests inject into a real gateway process (docs/audit.md: test only)."""
+    return os.environ.get(TEST_FAULT_ENV) == name
+
+
+# Called with what was dispatched ({"task_id": UPID, "node": ...} or the SSH node and argv) the
+# moment Proxmox accepted a mutation or an SSH command started, before the runtime waits on it:
+# the pipeline makes that fact durable in the audit.
+OnDispatch = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class CallContext:
     cluster: str
     dry_run: bool = False
     request_id: str = ""
+    on_dispatch: OnDispatch | None = field(default=None, compare=False)
 
 
 class Runtime(Protocol):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
+import signal
 import ssl
 import time
 from datetime import UTC, datetime
@@ -20,7 +22,16 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from gateway.core.config import ClusterConfig
-from gateway.tools.runtimes.base import CallContext, GuestLocator, ToolError, ToolOutput, UpstreamError
+from gateway.tools.runtimes.base import (
+    AnswerLost,
+    CallContext,
+    GuestLocator,
+    TaskFailed,
+    ToolError,
+    ToolOutput,
+    UpstreamError,
+    test_fault,
+)
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
 from gateway.tools.tool import PLACEHOLDER, Tool
@@ -177,9 +188,9 @@ class PveApiClient:
                 if failure is not None:  # never connected: nothing was sent
                     last = failure
                 elif isinstance(exc, httpx.TimeoutException):
-                    last = ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time")
+                    last = AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time")
                 else:
-                    last = ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})")
+                    last = AnswerLost(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})")
                 self.breaker.last_error = str(last)
                 if attempt + 1 < attempts and (failure is None or failure.cause != "tls"):  # TLS won't heal
                     await asyncio.sleep(0.1 * (attempt + 1))
@@ -189,8 +200,8 @@ class PveApiClient:
                 failure = _connect_failure(exc, self.cluster)
                 self.breaker.last_error = str(failure)
                 raise failure from exc
-            except httpx.TimeoutException as exc:
-                raise ToolError(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
+            except httpx.TimeoutException as exc:  # sent (a connect timeout is handled above)
+                raise AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
             except httpx.HTTPError as exc:
                 raise ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})") from exc
         if r.status_code == 401:
@@ -373,6 +384,8 @@ class PveApiRuntime:
             return ToolOutput(data=self._dry_run(tool, values, path, query, body))
         data = await client.request(spec["method"], path, params=query or None, data=body or None)
         if tool.effect != "read":
+            if test_fault("kill-after-dispatch-response"):  # tests only: die before the dispatch record
+                os.kill(os.getpid(), signal.SIGKILL)
             self.resolver.invalidate(ctx.cluster)  # a mutation may move or change the guest
         if spec.get("fan_out") and isinstance(data, list):  # same row shape as the all-nodes answer
             data = [{**r, "node": r.get("node", values["node"])} if isinstance(r, dict) else r for r in data]
@@ -383,6 +396,8 @@ class PveApiRuntime:
         if spec.get("task") and isinstance(data, str) and data.startswith("UPID:"):
             task_id = data
             if spec["task"] == "wait":
+                if ctx.on_dispatch is not None:  # Proxmox accepted it: durable before we wait on the task
+                    await ctx.on_dispatch({"task_id": data, "node": upid_node(data)})
                 data = await self.wait_task(client, data, float(spec.get("task_timeout", 60)), warnings)
             else:
                 data = {"upid": data, "status": "running"}
@@ -447,7 +462,7 @@ class PveApiRuntime:
             if st.get("status") == "stopped":
                 exit_status = str(st.get("exitstatus", ""))
                 if exit_status != "OK" and not exit_status.startswith("WARNINGS"):
-                    raise ToolError(f"task {upid} failed: {exit_status[:300]}")
+                    raise TaskFailed(f"task {upid} failed: {exit_status[:300]}")
                 return {"upid": upid, "node": node, "status": "stopped", "exitstatus": exit_status}
             if time.monotonic() + delay > deadline:
                 warnings.append(f"task still running after {limit_s:.0f}s; poll get_task_status with the upid")

@@ -290,6 +290,8 @@ class SshRuntime:
             async with asyncio.timeout(ssh.command_timeout):
                 proc = await conn.create_process(command, encoding=None, stdin=asyncssh.DEVNULL)
                 try:
+                    if ctx.on_dispatch is not None:  # the command runs on the node: durable before we wait
+                        await ctx.on_dispatch({"node": node, "argv": argv})
                     stdout, stderr = await asyncio.gather(
                         _read_capped(proc.stdout, ssh.max_output_bytes), _read_capped(proc.stderr, 65536)
                     )

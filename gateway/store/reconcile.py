@@ -1,0 +1,332 @@
+"""Reconciliation: settle every allowed call whose outcome the audit does not hold.
+
+A call is *open* when it has an `allow` decision and no settling record: no `result`
+with outcome `ok`, `failed` or `reconciled`, no `interrupted` result that needs no
+follow-up, no post-decision `refusal`. That happens when the gateway died (SIGKILL, a
+crash, power) or was cut off by a drain while it waited on Proxmox.
+
+For each open call, oldest first:
+- a read, or a dry run: nothing changed in Proxmox; it gets an `interrupted` result
+  saying so (`pending_reconcile: false`).
+- a mutation with a recorded UPID (its `dispatch` or `interrupted` record): the task's
+  status on its node. Finished: a `reconciled` result with what Proxmox says (`ok`, or
+  `failed` and its exit status). Still running: left open for the next pass.
+- a mutation without a UPID (the gateway died between Proxmox's answer and the dispatch
+  record, or before sending): the node's task list for the gateway's token user, for
+  that guest, from the decision time on, minus the UPIDs other records already claim.
+  Found: as above (`found_by: task_list`). Nothing: `reconciled` with `proxmox:
+  not_found` (the request never reached Proxmox, or Proxmox refused it before starting
+  a task; a tool without a task leaves nothing to find: `synchronous: true`).
+If Proxmox cannot be asked, the call stays open and is tried again later.
+
+The gateway runs this at start-up for calls decided before it started (then again,
+with back-off, while some are left open); `pvegate audit reconcile` runs it by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from gateway.core.config import Config, ConfigError
+from gateway.store import audit as auditlib
+from gateway.store.audit import AuditRecord
+from gateway.store.outcomes import AuditUnavailable, Outcomes
+from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.base import ToolError
+from gateway.tools.runtimes.pve_api import PveApiClient, upid_node
+
+log = logging.getLogger("pvegate.reconcile")
+
+LOOKBACK_SECONDS = 7 * 86400  # Proxmox keeps its task history about this long by default
+TASK_LIST_LIMIT = 500
+
+# Allowed calls without a settling record (the decision's seq orders them).
+OPEN_CALLS_SQL = """
+SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
+WHERE d.kind = 'decision' AND d.outcome = 'allow' AND d.ts >= ? AND d.ts < ?
+AND NOT EXISTS (
+    SELECT 1 FROM audit r WHERE r.request_id = d.request_id AND r.seq > d.seq AND (
+        r.kind = 'refusal'
+        OR (r.kind = 'result' AND (
+            r.outcome IN ('ok', 'failed', 'reconciled')
+            OR (r.outcome = 'interrupted' AND json_extract(r.body, '$.pending_reconcile') = 0)))))
+ORDER BY d.seq
+"""
+CLAIMED_SQL = """
+SELECT DISTINCT json_extract(body, '$.task_id') FROM audit
+WHERE ts >= ? AND kind IN ('dispatch', 'result') AND json_extract(body, '$.task_id') IS NOT NULL
+"""
+
+
+@dataclass
+class OpenCall:
+    request_id: str
+    ts: float
+    principal: str | None
+    tool: str | None
+    target_key: str | None
+    target: dict[str, Any] = field(default_factory=dict)
+    effect: str | None = None
+    dry_run: bool = False
+    task_id: str | None = None
+    dispatched: bool = False
+
+
+@dataclass
+class Settled:
+    request_id: str
+    tool: str | None
+    action: str  # reconciled | interrupted | open
+    proxmox: str | None = None  # ok | failed | not_found | running | unreachable
+    task_id: str | None = None
+    detail: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def open_calls(path: Path, since: float, before: float, only: set[str] | None = None) -> list[OpenCall]:
+    """The open calls, oldest first, read on a connection of their own (never the writer's:
+    a long look-back must not hold up the calls being audited meanwhile)."""
+    con = auditlib.connect(path, readonly=True)
+    try:
+        calls: list[OpenCall] = []
+        for d in con.execute(OPEN_CALLS_SQL, (since, before)).fetchall():
+            if only is not None and d["request_id"] not in only:
+                continue
+            call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
+            related = con.execute("SELECT kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,))
+            for r in related.fetchall():
+                kind, body = r["kind"], json.loads(r["body"])
+                if kind == "received":
+                    call.target = body.get("target") or {}
+                    call.effect = body.get("effect")
+                    call.dry_run = bool(body.get("dry_run"))
+                elif kind == "decision" and (body.get("obligations") or {}).get("dry_run"):
+                    call.dry_run = True
+                elif kind == "dispatch":
+                    call.dispatched = True
+                if kind in ("dispatch", "result") and body.get("task_id"):
+                    call.task_id = str(body["task_id"])
+            calls.append(call)
+        return calls
+    finally:
+        con.close()
+
+
+def claimed_tasks(path: Path, since: float) -> set[str]:
+    """UPIDs some record already names: never matched to another call."""
+    con = auditlib.connect(path, readonly=True)
+    try:
+        return {str(r[0]) for r in con.execute(CLAIMED_SQL, (since,)).fetchall()}
+    finally:
+        con.close()
+
+
+class Reconciler:
+    def __init__(self, config: Config, catalog: Catalog, outcomes: Outcomes, clients: dict[str, PveApiClient]) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.outcomes = outcomes
+        self.clients = clients
+        self._users: dict[str, str | None] = {}
+
+    def token_user(self, cluster: str) -> str | None:
+        """The user Proxmox records on the gateway's tasks: the token id, without its secret."""
+        if cluster not in self._users:
+            try:
+                self._users[cluster] = self.config.clusters[cluster].token.read().split("=", 1)[0]
+            except (ConfigError, OSError, KeyError):
+                self._users[cluster] = None
+        return self._users[cluster]
+
+    async def run_once(self, before: float, since: float | None = None, only: set[str] | None = None) -> list[Settled]:
+        since = before - LOOKBACK_SECONDS if since is None else since
+        path = self.outcomes.audit.path
+        calls = await asyncio.to_thread(open_calls, path, since, before, only)
+        if not calls:
+            return []
+        claimed = await asyncio.to_thread(claimed_tasks, path, since)
+        out: list[Settled] = []
+        for call in calls:
+            try:
+                settled = await self.settle(call, claimed, before)
+            except AuditUnavailable as exc:  # the store is down: try again on the next pass
+                out.append(Settled(call.request_id, call.tool, "open", detail=str(exc)))
+                break
+            out.append(settled)
+        return out
+
+    def _is_read(self, call: OpenCall) -> bool:
+        effect = call.effect
+        if effect is None and call.tool:  # records written before the effect was recorded
+            tool = self.catalog.get(call.tool)
+            effect = tool.effect if tool is not None else None
+        return effect == "read"
+
+    async def settle(self, call: OpenCall, claimed: set[str], before: float | None = None) -> Settled:
+        if self._is_read(call) or call.dry_run:
+            what = "a dry run: nothing was sent to Proxmox" if call.dry_run else "a read: nothing changed in Proxmox"
+            await self._write(
+                call,
+                "interrupted",
+                {"reconciled": True, "pending_reconcile": False, "finding": what, "task_id": call.task_id},
+            )
+            self.outcomes.counters.reconciled_reads += 1
+            return Settled(call.request_id, call.tool, "interrupted", detail=what)
+        cluster = str(call.target.get("cluster") or self.config.default_cluster)
+        client = self.clients.get(cluster)
+        if client is None:
+            return Settled(call.request_id, call.tool, "open", detail=f"cluster {cluster} is not configured")
+        found_by = "upid"
+        task_id = call.task_id
+        try:
+            if task_id is None:
+                found_by = "task_list"
+                task_id = await self._search(client, cluster, call, claimed, before)
+            if task_id is None:
+                tool = self.catalog.get(call.tool or "")
+                body: dict[str, Any] = {
+                    "proxmox": "not_found",
+                    "task_id": None,
+                    "found_by": None,
+                    "decided_at": call.ts,
+                    "note": "no task of the gateway's token for this target after the decision: the request "
+                    "did not reach Proxmox, or Proxmox refused it before starting a task",
+                }
+                if tool is not None and not tool.spec.get("task"):
+                    body["synchronous"] = True  # such a call leaves no task: its outcome cannot be looked up
+                await self._write(call, "reconciled", body)
+                return Settled(call.request_id, call.tool, "reconciled", "not_found")
+            claimed.add(task_id)
+            status = await self._status(client, task_id)
+        except ToolError as exc:
+            return Settled(call.request_id, call.tool, "open", "unreachable", task_id, str(exc))
+        if status is None:
+            await self._write(
+                call,
+                "reconciled",
+                {"proxmox": "not_found", "task_id": task_id, "found_by": found_by, "decided_at": call.ts},
+            )
+            return Settled(call.request_id, call.tool, "reconciled", "not_found", task_id)
+        if status.get("status") != "stopped":
+            return Settled(call.request_id, call.tool, "open", "running", task_id, "the task is still running")
+        exit_status = str(status.get("exitstatus", ""))
+        ok = exit_status == "OK" or exit_status.startswith("WARNINGS")
+        verdict = "ok" if ok else "failed"
+        await self._write(
+            call,
+            "reconciled",
+            {
+                "proxmox": verdict,
+                "exitstatus": exit_status[:300],
+                "task_id": task_id,
+                "found_by": found_by,
+                "decided_at": call.ts,
+            },
+        )
+        return Settled(call.request_id, call.tool, "reconciled", verdict, task_id, exit_status[:300])
+
+    async def _status(self, client: PveApiClient, upid: str) -> dict[str, Any] | None:
+        node = upid_node(upid)
+        path = f"/nodes/{quote(node, safe='')}/tasks/{quote(upid, safe='')}/status"
+        try:
+            st = await client.request("GET", path)
+        except ToolError as exc:
+            if "no such task" in str(exc):
+                return None
+            raise
+        return st if isinstance(st, dict) else None
+
+    async def _search(
+        self, client: PveApiClient, cluster: str, call: OpenCall, claimed: set[str], before: float | None
+    ) -> str | None:
+        """The gateway's task for this call in the nodes' task lists, as PVE filters them. Tasks
+        started at or after `before` (this gateway's start) belong to calls of this process."""
+        user = self.token_user(cluster)
+        if user is None:
+            raise ToolError(f"cannot read the token of cluster {cluster} to search its tasks")
+        node = call.target.get("node")
+        if node:
+            nodes = [str(node)]
+        else:
+            rows = await client.request("GET", "/nodes") or []
+            nodes = sorted(str(r["node"]) for r in rows if isinstance(r, dict) and r.get("status") == "online")
+        window = int(2 * self.config.clusters[cluster].timeout) + 10  # locate + send, at most
+        params: dict[str, Any] = {
+            "source": "all",
+            "userfilter": user,
+            "since": int(call.ts) - 1,
+            "until": min(int(call.ts) + window, int(before) - 1 if before is not None else int(call.ts) + window),
+            "limit": TASK_LIST_LIMIT,
+        }
+        if call.target.get("vmid") is not None:
+            params["vmid"] = int(call.target["vmid"])
+        candidates: list[dict[str, Any]] = []
+        for n in nodes:
+            rows = await client.request("GET", f"/nodes/{quote(n, safe='')}/tasks", params=params) or []
+            candidates += [r for r in rows if isinstance(r, dict) and r.get("upid") and r["upid"] not in claimed]
+        if not candidates:
+            return None
+        first = min(candidates, key=lambda r: (int(r.get("starttime", 0)), str(r["upid"])))
+        return str(first["upid"])
+
+    async def _write(self, call: OpenCall, outcome: str, body: dict[str, Any]) -> None:
+        body["reconciled_at"] = time.time()
+        rec = AuditRecord(call.request_id, "result", call.principal, call.tool, call.target_key, outcome, body)
+        await self.outcomes.append(rec)
+        if outcome == "reconciled":
+            self.outcomes.counters.reconciled += 1
+            if self.outcomes.on_reconciled is not None:
+                self.outcomes.on_reconciled(str(body.get("proxmox")))
+
+
+def summary(settled: list[Settled]) -> str:
+    counts: dict[str, int] = {}
+    for s in settled:
+        key = f"{s.action}:{s.proxmox}" if s.proxmox else s.action
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to reconcile"
+
+
+async def reconcile_loop(reconciler: Reconciler, before: float, interval: float = 10.0) -> None:
+    """At start-up: settle what earlier runs left open (decided before `before`, this process's
+    start); retry, with back-off, what is still running or unreachable. Then, every `interval`,
+    settle the calls this process itself left `interrupted` (contact with Proxmox lost while
+    waiting): only those, by request id, never a call still in flight."""
+    delay = 2.0
+    while True:
+        try:
+            settled = await reconciler.run_once(before)
+        except Exception:  # never take the gateway down; say so and try again
+            log.exception("reconciliation pass failed")
+            settled = [Settled("", None, "open")]
+        if settled:
+            log.warning("reconciliation: %s", summary(settled))
+        if not any(s.action == "open" for s in settled):
+            break
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 60.0)
+    outcomes = reconciler.outcomes
+    while True:
+        await asyncio.sleep(interval)
+        mine = set(outcomes.unsettled)
+        if not mine:
+            continue
+        try:
+            settled = await reconciler.run_once(time.time(), since=before, only=mine)
+        except Exception:
+            log.exception("reconciliation pass failed")
+            continue
+        if settled:
+            log.warning("reconciliation: %s", summary(settled))
+        outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
+        # ids no longer open (settled elsewhere, e.g. by hand) leave the set too
+        outcomes.unsettled -= mine - {s.request_id for s in settled}
