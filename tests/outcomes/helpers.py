@@ -242,20 +242,14 @@ def tmpfs(path: Path, size: str = "24m") -> Iterator[Path]:
 
 
 def fill(path: Path) -> Path:
-    """Write a ballast file until the filesystem is full."""
+    """Write a ballast file until the filesystem is full (unbuffered: no data left over to flush)."""
     ballast = path / "ballast"
-    chunk = b"\0" * 65536
-    ballast.touch()  # a new file needs no data block; ENOSPC here would mean the store filled it alone
-    with ballast.open("wb") as fh:
-        try:
-            while True:
-                fh.write(chunk)
-                fh.flush()
-        except OSError:
-            pass
-    with contextlib.suppress(OSError):  # the last partial chunk too
-        with ballast.open("ab") as fh:
-            while True:
-                fh.write(b"\0" * 4096)
-                fh.flush()
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 65536, 4096, 512, 1):  # big steps, then the last bytes
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
     return ballast
