@@ -269,6 +269,7 @@ async def _stdio(config: Config, local: LocalPrincipal) -> None:
     except Exception as exc:
         raise StartupError(describe(exc)) from exc
     supervisor = asyncio.create_task(components.sidecar.supervise()) if components.sidecar else None
+    components.outcomes.start()  # records kept while the audit store was full are written when it takes them
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the client stopping us: close OPA and the audit cleanly
