@@ -35,7 +35,7 @@ from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
 from gateway.store.reconcile import Reconciler, reconcile_loop
-from gateway.store.usage import UsageCounters
+from gateway.store.usage import build_quotas
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import TEST_FAULT_ENV, Runtime, test_fault
 from gateway.tools.runtimes.composite import CompositeRuntime
@@ -138,8 +138,7 @@ async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASide
 async def _build_with(
     config: Config, catalog: Catalog, url: str, sidecar: OPASidecar | None, audit: AuditLog
 ) -> Components:
-    usage = UsageCounters()  # quotas survive a restart: the last 24h of executed calls
-    usage.load(await audit.allowed_since(time.time() - 86400))
+    usage = await build_quotas(config, audit)
     api_token = opa_api_token(config, sidecar)
     policy_status = PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token)
     decisions = DecisionClient(url, config.opa.timeout_ms, token=api_token)

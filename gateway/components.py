@@ -16,7 +16,7 @@ from gateway.policy.opa_sidecar import OPASidecar
 from gateway.store.approvals import Approvals
 from gateway.store.audit import AuditLog
 from gateway.store.outcomes import Outcomes
-from gateway.store.usage import UsageCounters
+from gateway.store.usage import MemoryQuotas, Quotas
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import Runtime
 from gateway.tools.runtimes.pve_api import PveApiClient
@@ -33,7 +33,7 @@ class Components:
     targets: TargetResolver
     approvals: Approvals
     runtimes: dict[str, Runtime]
-    usage: UsageCounters = field(default_factory=UsageCounters)
+    usage: Quotas = field(default_factory=MemoryQuotas)
     listings: ListingCache = field(default_factory=lambda: ListingCache(ttl=0))
     sidecar: OPASidecar | None = None
     # the active policy revision and the last bundle error, refreshed from OPA (readiness, admin API)
@@ -73,6 +73,7 @@ class Components:
         for rt in self.runtimes.values():
             await rt.close()
         await self.approvals.close()
+        await self.usage.close()
         await self.decisions.close()
         await self.audit.close()
         if self.sidecar is not None:

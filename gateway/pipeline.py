@@ -90,7 +90,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
     if refusal:
         await _refuse(c, req, tool.name, target, "approval_refused", refusal)
         return CallResult("denied", refusal, is_error=True)
-    usage, slot = c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
+    usage, slot = await c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
     input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
     if tool.allocates:  # creates, attaches, grows: the requested resources and the pool's usage
         input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
@@ -105,7 +105,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
     if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
         return await c.approvals.pending_result(req, tool, args, digest, target, decision)
     if not decision.allow:
-        c.usage.release(req.principal.sub, tool.name, slot)
+        await c.usage.release(req.principal.sub, tool.name, slot)
         reasons = list(decision.deny)
         # the sentences for the model and humans; the codes and rules for clients that key on them
         denial = {

@@ -12,14 +12,13 @@ UPDATE bound to requester, tool, arguments digest, target and expiry, and hands
 the approval's facts to OPA, which makes the final decision.
 
 The store lives in the audit database file (tables approval_requests and
-approval_votes), so one file holds the whole record; every state change is
-also written to the audit chain.
+approval_votes), so one file holds the whole record, or in PostgreSQL when
+storage.url says so (store/db.py); every state change is also written to the
+audit chain.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import secrets
@@ -31,14 +30,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import canonical_json
 from gateway.core.config import Config
 from gateway.core.principal import Principal
 from gateway.policy.decisions import CONTRACT_VERSION, Decision, DecisionClient
 from gateway.store.audit import AuditLog, AuditRecord, audit_arguments
+from gateway.store.db import Database, SqliteDatabase, database
+from gateway.store.migrations import check
 from gateway.tools.tool import Tool
 
 APPROVAL_META_KEY = "pvegate/approval"  # the one-time token an agent presents on its retry
@@ -50,7 +49,9 @@ APPROVAL_URL_META = "pvegate/approval_url"
 TOKEN_BYTES = 32  # 256 bits
 STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
 
-SCHEMA = """
+# Version 1 of the SQLite schema is the one every earlier release created (IF NOT EXISTS: it
+# applies cleanly to such a database); store/migrations.py records the version.
+SQLITE_V1 = """
 CREATE TABLE IF NOT EXISTS approval_requests (
     id               TEXT PRIMARY KEY,
     created_at       REAL NOT NULL,
@@ -92,6 +93,51 @@ CREATE TABLE IF NOT EXISTS approval_votes (
     PRIMARY KEY (request_id, approver)
 );
 """
+
+POSTGRES_V1 = """
+CREATE TABLE IF NOT EXISTS approval_requests (
+    id               TEXT PRIMARY KEY,
+    created_at       DOUBLE PRECISION NOT NULL,
+    request_id       TEXT NOT NULL,
+    requester        TEXT NOT NULL,
+    requester_facts  TEXT NOT NULL,
+    tool             TEXT NOT NULL,
+    tool_facts       TEXT NOT NULL,
+    arguments_digest TEXT NOT NULL,
+    arguments        TEXT NOT NULL,
+    target_key       TEXT NOT NULL,
+    target           TEXT NOT NULL,
+    risk             TEXT NOT NULL,
+    reason           TEXT NOT NULL,
+    approver_groups  TEXT NOT NULL,
+    min_approvals    INTEGER NOT NULL,
+    ttl_seconds      INTEGER NOT NULL,
+    expires_at       DOUBLE PRECISION NOT NULL,
+    state            TEXT NOT NULL,
+    decided_at       DOUBLE PRECISION,
+    decided_by       TEXT,
+    note             TEXT,
+    token_hash       TEXT UNIQUE,
+    token_expires_at DOUBLE PRECISION,
+    used_at          DOUBLE PRECISION,
+    used_by_request  TEXT
+);
+CREATE INDEX IF NOT EXISTS approval_lookup
+    ON approval_requests(requester, tool, arguments_digest, target_key, state);
+CREATE INDEX IF NOT EXISTS approval_state ON approval_requests(state, expires_at);
+CREATE TABLE IF NOT EXISTS approval_votes (
+    request_id      TEXT NOT NULL REFERENCES approval_requests(id),
+    approver        TEXT NOT NULL,
+    approver_facts  TEXT NOT NULL,
+    verdict         TEXT NOT NULL,
+    at              DOUBLE PRECISION NOT NULL,
+    opa_decision_id TEXT,
+    note            TEXT,
+    PRIMARY KEY (request_id, approver)
+);
+"""
+
+MIGRATIONS: dict[str, Sequence[str]] = {"sqlite": [SQLITE_V1], "postgresql": [POSTGRES_V1]}
 
 
 def rfc3339(ts: float) -> str:
@@ -221,88 +267,62 @@ def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
 
 
 class ApprovalStore:
-    """The approval tables, on their own connection to the audit database file."""
+    """The approval tables, on SQLite (in the audit database file, as before) or PostgreSQL.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._db: aiosqlite.Connection | None = None
-        self._lock = asyncio.Lock()  # one multi-statement transaction at a time on this connection
+    Every rule that must hold across replicas is one statement or one locked transaction in the
+    database: a token is consumed by one conditional UPDATE (a concurrent one waits for the row
+    and then no longer matches), votes lock their request's row, and identical pending requests
+    are created under a lock on what makes them identical.
+    """
+
+    def __init__(self, where: Path | Database) -> None:
+        self.database: Database = SqliteDatabase(where) if isinstance(where, Path) else where
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = await aiosqlite.connect(self.path, isolation_level=None)
-        self._db.row_factory = aiosqlite.Row
-        try:  # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
-            await self._db.execute("PRAGMA busy_timeout=10000")
-            await self._db.execute("PRAGMA journal_mode=WAL")
-            await self._db.execute("PRAGMA synchronous=FULL")
-            await self._db.executescript(SCHEMA)
+        await self.database.open()
+        try:
+            await check(self.database, "approvals", MIGRATIONS)
         except BaseException:
-            await self.close()
+            await self.database.close()
             raise
 
     async def close(self) -> None:
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
-
-    @property
-    def db(self) -> aiosqlite.Connection:
-        if self._db is None:
-            raise RuntimeError("approval store is not open")
-        return self._db
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> Any:
-        async with self._lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.db
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self.db.execute("ROLLBACK")
-                raise
-            await self.db.execute("COMMIT")
+        await self.database.close()
 
     async def expire_due(self, now: float | None = None) -> list[str]:
         """Mark pending requests and unused tokens past their expiry as expired (rows are kept)."""
         now = time.time() if now is None else now
-        async with self.transaction() as db:
-            async with db.execute(
+        async with self.database.transaction() as tx:
+            rows = await tx.fetch(
                 "SELECT id FROM approval_requests WHERE (state = 'pending' AND expires_at <= ?) "
                 "OR (state = 'approved' AND token_expires_at <= ?)",
-                (now, now),
-            ) as cur:
-                ids = [str(r[0]) async for r in cur]
-            if ids:
-                await db.executemany(
+                now,
+                now,
+            )
+            ids = [str(r["id"]) for r in rows]
+            for i in ids:
+                await tx.execute(
                     "UPDATE approval_requests SET state = 'expired', decided_at = COALESCE(decided_at, ?) "
                     "WHERE id = ? AND state IN ('pending', 'approved')",
-                    [(now, i) for i in ids],
+                    now,
+                    i,
                 )
         return ids
 
-    async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
-        """A read under the connection lock, fully fetched: no statement stays open across an
-        await (an open read would pin an old snapshot and make the next write fail as busy)."""
-        async with self._lock:
-            async with self.db.execute(sql, args) as cur:
-                return [dict(r) for r in await cur.fetchall()]
-
     async def get(self, request_id: str) -> ApprovalRequest:
-        rows = await self._rows("SELECT * FROM approval_requests WHERE id = ?", (request_id,))
+        rows = await self.database.fetch("SELECT * FROM approval_requests WHERE id = ?", request_id)
         if not rows:
             raise NotFound(request_id)
         req = ApprovalRequest.from_row(rows[0])
-        req.votes = await self._rows(
+        req.votes = await self.database.fetch(
             "SELECT approver, approver_facts, verdict, at, note, opa_decision_id FROM approval_votes "
             "WHERE request_id = ? ORDER BY at",
-            (request_id,),
+            request_id,
         )
         return req
 
     async def state_counts(self) -> dict[str, int]:
-        rows = await self._rows("SELECT state, COUNT(*) AS n FROM approval_requests GROUP BY state", ())
+        rows = await self.database.fetch("SELECT state, COUNT(*) AS n FROM approval_requests GROUP BY state")
         return {str(r["state"]): int(r["n"]) for r in rows}
 
     async def list(self, state: str | None = "pending", limit: int = 200) -> list[ApprovalRequest]:
@@ -312,47 +332,49 @@ class ApprovalStore:
             sql += " WHERE state = ?"
             args = (state,)
         sql += " ORDER BY created_at DESC LIMIT ?"
-        ids = [str(r["id"]) for r in await self._rows(sql, (*args, limit))]
+        ids = [str(r["id"]) for r in await self.database.fetch(sql, *args, limit)]
         return [await self.get(i) for i in ids]
 
     async def find_or_create(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
         """The identical live pending request if there is one, else `req` inserted. (request, created)."""
-        async with self.transaction() as db:
-            async with db.execute(
+        async with self.database.transaction() as tx:
+            await tx.lock(f"approval:{req.requester}|{req.tool}|{req.arguments_digest}|{req.target_key}")
+            rows = await tx.fetch(
                 "SELECT id FROM approval_requests WHERE requester = ? AND tool = ? AND arguments_digest = ? "
                 "AND target_key = ? AND state = 'pending' AND expires_at > ? ORDER BY created_at LIMIT 1",
-                (req.requester, req.tool, req.arguments_digest, req.target_key, time.time()),
-            ) as cur:
-                row = await cur.fetchone()
-            if row is None:
-                await db.execute(
+                req.requester,
+                req.tool,
+                req.arguments_digest,
+                req.target_key,
+                time.time(),
+            )
+            if not rows:
+                await tx.execute(
                     "INSERT INTO approval_requests (id, created_at, request_id, requester, requester_facts, tool, "
                     "tool_facts, arguments_digest, arguments, target_key, target, risk, reason, approver_groups, "
                     "min_approvals, ttl_seconds, expires_at, state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        req.id,
-                        req.created_at,
-                        req.request_id,
-                        req.requester,
-                        canonical_json(req.requester_facts),
-                        req.tool,
-                        canonical_json(req.tool_facts),
-                        req.arguments_digest,
-                        canonical_json(req.arguments),
-                        req.target_key,
-                        canonical_json(req.target),
-                        canonical_json(req.risk),
-                        req.reason,
-                        canonical_json(req.approver_groups),
-                        req.min_approvals,
-                        req.ttl_seconds,
-                        req.expires_at,
-                        "pending",
-                    ),
+                    req.id,
+                    req.created_at,
+                    req.request_id,
+                    req.requester,
+                    canonical_json(req.requester_facts),
+                    req.tool,
+                    canonical_json(req.tool_facts),
+                    req.arguments_digest,
+                    canonical_json(req.arguments),
+                    req.target_key,
+                    canonical_json(req.target),
+                    canonical_json(req.risk),
+                    req.reason,
+                    canonical_json(req.approver_groups),
+                    req.min_approvals,
+                    req.ttl_seconds,
+                    req.expires_at,
+                    "pending",
                 )
-        if row is None:
+        if not rows:
             return await self.get(req.id), True
-        return await self.get(str(row[0])), False
+        return await self.get(str(rows[0]["id"])), False
 
     async def vote(
         self,
@@ -366,51 +388,56 @@ class ApprovalStore:
         """Record an OPA-approved vote; completes the request when enough approvals are in."""
         now = time.time()
         token: str | None = None
-        async with self.transaction() as db:
-            async with db.execute(
-                "SELECT state, expires_at, min_approvals, ttl_seconds FROM approval_requests WHERE id = ?",
-                (request_id,),
-            ) as cur:
-                row = await cur.fetchone()
-            if row is None:
+        async with self.database.transaction() as tx:
+            # FOR UPDATE on PostgreSQL: concurrent votes on this request take turns, each sees the ones before
+            sql = "SELECT state, expires_at, min_approvals, ttl_seconds FROM approval_requests WHERE id = ?"
+            rows = await tx.fetch(sql + tx.for_update, request_id)
+            if not rows:
                 raise NotFound(request_id)
-            state, expires_at, needed, ttl = str(row[0]), float(row[1]), int(row[2]), int(row[3])
+            row = rows[0]
+            state, expires_at = str(row["state"]), float(row["expires_at"])
+            needed, ttl = int(row["min_approvals"]), int(row["ttl_seconds"])
             if state != "pending" or expires_at <= now:
                 return VoteOutcome(False, state, reasons=[f"request {request_id} is {_state_word(state, expires_at)}"])
-            try:
-                await db.execute(
-                    "INSERT INTO approval_votes VALUES (?,?,?,?,?,?,?)",
-                    (
-                        request_id,
-                        approver.sub,
-                        canonical_json({**approver.as_input(), "qualified_groups": list(qualified_groups)}),
-                        verdict,
-                        now,
-                        decision_id,
-                        note,
-                    ),
-                )
-            except aiosqlite.IntegrityError:
+            added = await tx.execute(
+                "INSERT INTO approval_votes (request_id, approver, approver_facts, verdict, at, opa_decision_id, "
+                "note) VALUES (?,?,?,?,?,?,?) ON CONFLICT (request_id, approver) DO NOTHING",
+                request_id,
+                approver.sub,
+                canonical_json({**approver.as_input(), "qualified_groups": list(qualified_groups)}),
+                verdict,
+                now,
+                decision_id,
+                note,
+            )
+            if added != 1:
                 return VoteOutcome(False, state, reasons=[f"{approver.sub} has already voted on {request_id}"])
-            async with db.execute(
-                "SELECT COUNT(*) FROM approval_votes WHERE request_id = ? AND verdict = 'approve'", (request_id,)
-            ) as cur:
-                count_row = await cur.fetchone()
-            approvals = int(count_row[0]) if count_row else 0
+            counted = await tx.fetch(
+                "SELECT COUNT(*) AS n FROM approval_votes WHERE request_id = ? AND verdict = 'approve'", request_id
+            )
+            approvals = int(counted[0]["n"]) if counted else 0
             if verdict == "deny":
                 state = "denied"
-                await db.execute(
+                await tx.execute(
                     "UPDATE approval_requests SET state = 'denied', decided_at = ?, decided_by = ?, note = ? "
                     "WHERE id = ?",
-                    (now, approver.sub, note, request_id),
+                    now,
+                    approver.sub,
+                    note,
+                    request_id,
                 )
             elif approvals >= needed:
                 state = "approved"
                 token = secrets.token_urlsafe(TOKEN_BYTES)
-                await db.execute(
+                await tx.execute(
                     "UPDATE approval_requests SET state = 'approved', decided_at = ?, decided_by = ?, note = ?, "
                     "token_hash = ?, token_expires_at = ? WHERE id = ?",
-                    (now, approver.sub, note, token_hash(token), now + ttl, request_id),
+                    now,
+                    approver.sub,
+                    note,
+                    token_hash(token),
+                    now + ttl,
+                    request_id,
                 )
         return VoteOutcome(
             True, state, token, approvals=approvals, needed=needed, token_expires_at=now + ttl if token else None
@@ -418,14 +445,15 @@ class ApprovalStore:
 
     async def withdraw(self, request_id: str, by: str, note: str | None) -> VoteOutcome:
         now = time.time()
-        async with self.transaction() as db:
-            cur = await db.execute(
+        async with self.database.transaction() as tx:
+            changed = await tx.execute(
                 "UPDATE approval_requests SET state = 'withdrawn', decided_at = ?, decided_by = ?, note = ? "
                 "WHERE id = ? AND state IN ('pending', 'approved')",
-                (now, by, note, request_id),
+                now,
+                by,
+                note,
+                request_id,
             )
-            changed = cur.rowcount
-            await cur.close()
         if changed != 1:
             req = await self.get(request_id)
             return VoteOutcome(False, req.state, reasons=[f"request {request_id} is {req.state}; nothing to withdraw"])
@@ -440,20 +468,24 @@ class ApprovalStore:
         if column not in ("token_hash", "id"):
             raise ValueError(column)
         now = time.time()
-        async with self.transaction() as db:  # the conditional UPDATE is the whole consumption
-            cur = await db.execute(
+        async with self.database.transaction() as tx:  # the conditional UPDATE is the whole consumption
+            changed = await tx.execute(
                 "UPDATE approval_requests SET state = 'used', used_at = ?, used_by_request = ? "  # noqa: S608
                 f"WHERE {column} = ? AND state = 'approved' AND used_at IS NULL AND token_expires_at > ? "
                 "AND requester = ? AND tool = ? AND arguments_digest = ? AND target_key = ?",
-                (now, used_by, key, now, principal, tool, digest, tkey),
+                now,
+                used_by,
+                key,
+                now,
+                principal,
+                tool,
+                digest,
+                tkey,
             )
-            changed = cur.rowcount
-            await cur.close()
-            async with db.execute(f"SELECT id FROM approval_requests WHERE {column} = ?", (key,)) as c2:  # noqa: S608
-                row = await c2.fetchone()
-        if row is None:
+            rows = await tx.fetch(f"SELECT id FROM approval_requests WHERE {column} = ?", key)  # noqa: S608
+        if not rows:
             return None, "the approval token is not known to this gateway (mistyped, or never issued)"
-        req = await self.get(str(row[0]))
+        req = await self.get(str(rows[0]["id"]))
         if changed == 1:
             return req, None
         return None, _why_not(req, principal, tool, digest, tkey, now)
@@ -756,8 +788,9 @@ def approve_input(
 
 
 async def build_approvals(config: Config, audit: AuditLog, decisions: DecisionClient) -> Approvals:
-    """The gateway's approvals: the store in the audit database file, the page under public_url."""
-    store = ApprovalStore(config.audit_path)
+    """The gateway's approvals: the store storage.url selects (SQLite: the audit database file),
+    the page under public_url."""
+    store = ApprovalStore(database(config))
     await store.open()
     try:
         await store.expire_due()

@@ -12,10 +12,9 @@ from __future__ import annotations
 from gateway.core.config import Config, ConfigError
 
 # What must be shared across replicas and still lives per process or in a local SQLite file.
+# Ported (store/db.py): approvals (store/approvals.py) and quota counters (store/usage.py).
 NOT_YET_SHARED: tuple[str, ...] = (
     "the audit log",
-    "approvals",
-    "quota counters",
     "the request-state and session signing keys",
 )
 

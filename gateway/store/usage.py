@@ -1,6 +1,8 @@
 """Usage counters for quotas: how often a principal called a tool in recent windows.
 
-The counters are facts for the policy; the limits themselves live in Rego data.
+The counters are facts for the policy; the limits themselves live in Rego data. On SQLite
+they are this process's (`MemoryQuotas`, as before); on PostgreSQL they are rows every replica
+counts (`SqlQuotas`), so a limit of 10 lets 10 calls through whichever replicas they reach.
 """
 
 from __future__ import annotations
@@ -9,6 +11,13 @@ import bisect
 import time
 from array import array
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gateway.core.config import Config
+from gateway.store.audit import AuditLog
+from gateway.store.db import Database, database
+from gateway.store.migrations import check
 
 WINDOWS = {"1m": 60.0, "1h": 3600.0, "24h": 86400.0}
 
@@ -58,3 +67,120 @@ class UsageCounters:
         """Seed the counters with (time, principal, tool) of calls executed before a restart."""
         for when, principal, tool in sorted(calls):
             self.record(principal, tool, when)
+
+
+Counts = dict[str, dict[str, int]]
+
+
+class Quotas(Protocol):
+    """Where the pipeline takes a quota slot before asking OPA and gives it back on a deny.
+
+    `reserve` reads the counts and takes a slot in one step: concurrent calls, on this process
+    or (PostgreSQL) any replica, each see every call before them, so a limit cannot be raced past.
+    """
+
+    async def reserve(self, principal: str, tool: str) -> tuple[Counts, float]: ...
+    async def release(self, principal: str, tool: str, slot: float) -> None: ...
+    async def close(self) -> None: ...
+
+
+class MemoryQuotas:
+    """One process's counters (the SQLite backend: one gateway process per database file),
+    re-read at start from the audit's last 24 hours of executed calls."""
+
+    def __init__(self, counters: UsageCounters | None = None) -> None:
+        self.counters = counters or UsageCounters()
+
+    async def reserve(self, principal: str, tool: str) -> tuple[Counts, float]:
+        return self.counters.reserve(principal, tool)  # no await inside: atomic on the event loop
+
+    async def release(self, principal: str, tool: str, slot: float) -> None:
+        self.counters.release(principal, tool, slot)
+
+    async def close(self) -> None:
+        return None
+
+
+SQLITE_V1 = """
+CREATE TABLE IF NOT EXISTS usage_events (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    principal TEXT NOT NULL,
+    tool      TEXT NOT NULL,
+    at        REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_by_principal ON usage_events(principal, at)
+"""
+POSTGRES_V1 = """
+CREATE TABLE IF NOT EXISTS usage_events (
+    id        BIGSERIAL PRIMARY KEY,
+    principal TEXT NOT NULL,
+    tool      TEXT NOT NULL,
+    at        DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_by_principal ON usage_events(principal, at)
+"""
+MIGRATIONS: dict[str, Sequence[str]] = {"sqlite": [SQLITE_V1], "postgresql": [POSTGRES_V1]}
+
+_COUNTS = ", ".join(
+    f"COALESCE(SUM(CASE WHEN tool = ? AND at >= ? THEN 1 ELSE 0 END), 0) AS tool_{name}, "
+    f"COALESCE(SUM(CASE WHEN at >= ? THEN 1 ELSE 0 END), 0) AS all_{name}"
+    for name in WINDOWS
+)
+
+
+class SqlQuotas:
+    """Counters shared through the database: one row per reserved call, kept 24 hours.
+
+    A reservation is one transaction holding a lock on the principal (an advisory lock on
+    PostgreSQL, the database write lock on SQLite): count, then insert. The database's clock
+    is the one time every replica agrees on.
+    """
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    async def open(self) -> None:
+        await self.database.open()
+        try:
+            await check(self.database, "usage", MIGRATIONS)
+        except BaseException:
+            await self.database.close()
+            raise
+
+    async def close(self) -> None:
+        await self.database.close()
+
+    async def reserve(self, principal: str, tool: str) -> tuple[Counts, float]:
+        async with self.database.transaction() as tx:
+            await tx.lock(f"usage:{principal}")
+            now = await tx.now()
+            horizon = now - WINDOWS["24h"]
+            await tx.execute("DELETE FROM usage_events WHERE principal = ? AND at < ?", principal, horizon)
+            args: list[Any] = []
+            for span in WINDOWS.values():
+                args += [tool, now - span, now - span]
+            rows = await tx.fetch(f"SELECT {_COUNTS} FROM usage_events WHERE principal = ?", *args, principal)  # noqa: S608
+            row = rows[0]
+            counts = {scope: {name: int(row[f"{scope}_{name}"]) for name in WINDOWS} for scope in ("tool", "all")}
+            ids = await tx.fetch(
+                "INSERT INTO usage_events (principal, tool, at) VALUES (?, ?, ?) RETURNING id", principal, tool, now
+            )
+        return counts, float(ids[0]["id"])
+
+    async def release(self, principal: str, tool: str, slot: float) -> None:
+        async with self.database.transaction() as tx:
+            await tx.execute(
+                "DELETE FROM usage_events WHERE id = ? AND principal = ? AND tool = ?", int(slot), principal, tool
+            )
+
+
+async def build_quotas(config: Config, audit: AuditLog) -> Quotas:
+    """The counters storage.url selects: shared rows on PostgreSQL; on SQLite this process's,
+    re-read from the audit so that quotas survive a restart (the last 24 h of executed calls)."""
+    if config.storage.postgresql:
+        quotas = SqlQuotas(database(config))
+        await quotas.open()
+        return quotas
+    counters = UsageCounters()
+    counters.load(await audit.allowed_since(time.time() - WINDOWS["24h"]))
+    return MemoryQuotas(counters)

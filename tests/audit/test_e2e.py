@@ -22,6 +22,7 @@ import httpx
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.decisions import FAIL_CLOSED_CODE
 from gateway.store import audit as auditlib
+from gateway.store.usage import MemoryQuotas
 from tests.support import GatewayThread, audit_rows, database_bytes, free_port
 
 
@@ -174,7 +175,9 @@ async def test_usage_counters_survive_a_restart(xgw: GatewayThread, xenv: DevEnv
     cfg = dataclasses.replace(xenv.config, port=free_port())  # a fresh gateway on the same audit DB
     gw = GatewayThread(cfg).start()
     try:
-        counts = gw.components.usage.counts(who, "list_nodes")
+        usage = gw.components.usage  # on SQLite: this process's counters, re-read from the audit
+        assert isinstance(usage, MemoryQuotas)
+        counts = usage.counters.counts(who, "list_nodes")
     finally:
         gw.stop()
     assert counts["tool"]["1h"] == 3 and counts["all"]["24h"] == 3

@@ -27,6 +27,7 @@ from gateway.policy.opa_sidecar import client_token
 from gateway.store.approvals import Approvals, ApprovalStore, NotFound, VoteOutcome
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
+from gateway.store.db import database
 
 TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 
@@ -36,7 +37,7 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
 
     refuse_unshared(cfg)  # the gateway would not run on this storage.url: neither do its tools
     audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
-    store = ApprovalStore(cfg.audit_path)
+    store = ApprovalStore(database(cfg))
     sidecar = None
     decisions = None
     await audit.open()

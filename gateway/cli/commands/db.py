@@ -1,0 +1,71 @@
+"""`pvegate db upgrade | status`: the stores' schema versions in the database storage.url names."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.core.config import load
+from gateway.store.db import Database, database
+from gateway.store.migrations import VERSIONS_TABLE, SchemaError, version
+from gateway.store.schema import COMPONENTS, upgrade_all
+
+
+def _where(db: Database) -> str:
+    return "PostgreSQL" if db.kind == "postgresql" else f"SQLite {getattr(db, 'path', '')}"
+
+
+async def _upgrade(db: Database) -> int:
+    await db.open()
+    try:
+        for name, before, after in await upgrade_all(db):
+            print(f"{name}: version {before} -> {after}" if before != after else f"{name}: version {after}, up to date")
+    finally:
+        await db.close()
+    return 0
+
+
+async def _status(db: Database) -> int:
+    await db.open()
+    try:
+        async with db.transaction() as tx:
+            await tx.execute(VERSIONS_TABLE)
+            for name, migrations in COMPONENTS[db.kind].items():
+                found, known = await version(tx, name), len(migrations[db.kind])
+                state = (
+                    "up to date"
+                    if found == known
+                    else ("NEWER than this pvegate" if found > known else "upgrade needed")
+                )
+                print(f"{name}: version {found} (this pvegate: {known}): {state}")
+    finally:
+        await db.close()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    db = database(load(args.config))
+    print(f"database: {_where(db)}")
+    try:
+        return asyncio.run(_upgrade(db) if args.db_command == "upgrade" else _status(db))
+    except SchemaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the server is not reachable, the file cannot be created
+        print(f"error: cannot open the database: {exc}", file=sys.stderr)
+        return 1
+
+
+def register(sub: Any) -> None:
+    d = sub.add_parser("db", help="the database's schema: upgrade it, show its versions")
+    dsub = d.add_subparsers(dest="db_command", required=True)
+    for name, text in (
+        ("upgrade", "apply the missing schema migrations (once per database; every replica checks at start)"),
+        ("status", "show each store's schema version and whether it needs an upgrade"),
+    ):
+        p = dsub.add_parser(name, help=text)
+        p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the gateway's pvegate.yaml")
+        p.set_defaults(func=_run)

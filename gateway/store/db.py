@@ -1,0 +1,229 @@
+"""One small SQL interface over the two storage backends: SQLite (aiosqlite) and PostgreSQL (asyncpg).
+
+The stores (approvals, quota usage) write their SQL once, with `?` placeholders and portable
+types; the backend translates placeholders, maps a unique-key violation to `Conflict`, and
+provides the two things that differ in how concurrent writers are kept apart:
+
+- SQLite: one writer at a time (`BEGIN IMMEDIATE`), so a transaction sees no concurrent write;
+  `lock()` and `for_update` are not needed.
+- PostgreSQL (READ COMMITTED, several replicas): `lock(key)` takes a transaction-scoped advisory
+  lock, and `for_update` makes a read of a row wait for, and then see, a concurrent writer of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiosqlite
+
+from gateway.core.config import Config, SecretRef
+
+
+class Conflict(Exception):
+    """A unique key (or primary key) is already taken."""
+
+
+class Tx(Protocol):
+    for_update: str  # appended to a SELECT of rows the transaction will change
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]: ...
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Run a statement; the number of rows it changed."""
+        ...
+
+    async def lock(self, key: str) -> None:
+        """Hold `key` until the transaction ends (writers of the same key queue up)."""
+        ...
+
+    async def now(self) -> float:
+        """The database's clock (epoch seconds): one clock for every replica."""
+        ...
+
+
+class Database(Protocol):
+    kind: str  # "sqlite" | "postgresql"
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        """A read outside any transaction, fully fetched."""
+        ...
+
+
+class _SqliteTx:
+    for_update = ""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        async with self._db.execute(sql, args) as cur:
+            return [dict(r) for r in await cur.fetchall()]
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        try:
+            cur = await self._db.execute(sql, args)
+        except aiosqlite.IntegrityError as exc:
+            if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+                raise Conflict(str(exc)) from exc
+            raise
+        changed = cur.rowcount
+        await cur.close()
+        return int(changed)
+
+    async def lock(self, key: str) -> None:
+        return None  # BEGIN IMMEDIATE already excludes every other writer of the file
+
+    async def now(self) -> float:
+        import time
+
+        return time.time()
+
+
+class SqliteDatabase:
+    """One connection to the database file; transactions are serialised on it (and across
+    processes on the file by SQLite's write lock, waited for up to busy_timeout)."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: Path, synchronous: str = "FULL") -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()  # one multi-statement transaction at a time on this connection
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = await aiosqlite.connect(self.path, isolation_level=None)
+        self._db.row_factory = aiosqlite.Row
+        try:  # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
+            await self._db.execute("PRAGMA busy_timeout=10000")
+            await self._db.execute("PRAGMA journal_mode=WAL")
+            await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError(f"database {self.path} is not open")
+        return self._db
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self._lock:
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield _SqliteTx(self.db)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.db.execute("ROLLBACK")
+                raise
+            await self.db.execute("COMMIT")
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        # under the lock and fully fetched: an open read would pin an old snapshot and make
+        # the next write on this connection fail as busy
+        async with self._lock:
+            return await _SqliteTx(self.db).fetch(sql, *args)
+
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+def pg_sql(sql: str) -> str:
+    """`?` placeholders as PostgreSQL's `$1, $2, ...` (the stores' SQL has no literal `?`)."""
+    n = 0
+
+    def number(_: re.Match[str]) -> str:
+        nonlocal n
+        n += 1
+        return f"${n}"
+
+    return _PLACEHOLDER.sub(number, sql)
+
+
+class _PostgresTx:
+    for_update = " FOR UPDATE"
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._conn.fetch(pg_sql(sql), *args)]
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        import asyncpg
+
+        try:
+            status = await self._conn.execute(pg_sql(sql), *args)
+        except asyncpg.UniqueViolationError as exc:
+            raise Conflict(str(exc)) from exc
+        tail = str(status).rsplit(" ", 1)[-1]  # "UPDATE 1", "INSERT 0 1", "DELETE 3"
+        return int(tail) if tail.isdigit() else 0
+
+    async def lock(self, key: str) -> None:
+        await self._conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+
+    async def now(self) -> float:
+        return float(await self._conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8"))
+
+
+class PostgresDatabase:
+    """An asyncpg pool; each transaction on a connection of its own."""
+
+    kind = "postgresql"
+
+    def __init__(self, dsn: str, password: SecretRef | None = None, max_size: int = 10) -> None:
+        self.dsn = dsn
+        self.password = password
+        self.max_size = max_size
+        self._pool: Any = None
+
+    async def open(self) -> None:
+        import asyncpg
+
+        password = self.password.read() if self.password is not None else None
+        self._pool = await asyncpg.create_pool(
+            self.dsn, password=password, min_size=1, max_size=self.max_size, command_timeout=30
+        )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            raise RuntimeError("the PostgreSQL pool is not open")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            yield _PostgresTx(conn)
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        async with self.pool.acquire() as conn:
+            return await _PostgresTx(conn).fetch(sql, *args)
+
+
+def database(config: Config, sqlite_path: Path | None = None) -> Database:
+    """The backend storage.url selects (not yet open); SQLite in the audit database file by default."""
+    if config.storage.postgresql:
+        assert config.storage.url is not None
+        return PostgresDatabase(config.storage.url, config.storage.password, config.storage.pool_max_size)
+    return SqliteDatabase(sqlite_path or config.audit_path)

@@ -1,0 +1,83 @@
+"""Versioned schema migrations of the stores, per backend, recorded in table `pvegate_schema`.
+
+Each component (a store) has a list of migrations per backend; version N is the first N
+applied. `pvegate db upgrade` applies what is missing. At start-up a store checks its version:
+newer than this pvegate knows is refused (an older binary must not write a schema it does not
+understand); older is applied on SQLite (one process owns the file, as before this table existed:
+its version-1 SQL is the old `CREATE ... IF NOT EXISTS`) but refused on PostgreSQL, where several
+replicas share the database and the operator upgrades it once, on purpose.
+
+The audit log keeps its own schema handling in store/audit.py for now (issue #15).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.store.db import Database, Tx
+
+VERSIONS_TABLE = "CREATE TABLE IF NOT EXISTS pvegate_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+
+
+class SchemaError(Exception):
+    """The database's schema is not the one this pvegate can use (one line: what to do)."""
+
+
+def statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _known(migrations: dict[str, Sequence[str]], db: Database) -> Sequence[str]:
+    return migrations[db.kind]
+
+
+async def version(tx: Tx, component: str) -> int:
+    rows = await tx.fetch("SELECT version FROM pvegate_schema WHERE component = ?", component)
+    return int(rows[0]["version"]) if rows else 0
+
+
+async def upgrade(db: Database, component: str, migrations: dict[str, Sequence[str]]) -> tuple[int, int]:
+    """Apply the missing migrations in one transaction; (version before, version after)."""
+    known = _known(migrations, db)
+    async with db.transaction() as tx:
+        await tx.lock("pvegate_schema")  # replicas upgrading at once take turns
+        await tx.execute(VERSIONS_TABLE)
+        before = await version(tx, component)
+        if before > len(known):
+            raise SchemaError(_newer(component, before, len(known)))
+        for script in known[before:]:
+            for stmt in statements(script):
+                await tx.execute(stmt)
+        if before < len(known):
+            await tx.execute(
+                "INSERT INTO pvegate_schema (component, version) VALUES (?, ?) "
+                "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                component,
+                len(known),
+            )
+    return before, len(known)
+
+
+def _newer(component: str, found: int, known: int) -> str:
+    return (
+        f"the {component} schema in the database is version {found}, newer than this pvegate knows ({known}): "
+        "run the pvegate version that upgraded it"
+    )
+
+
+async def check(db: Database, component: str, migrations: dict[str, Sequence[str]]) -> int:
+    """At start: refuse an unknown (newer) schema; SQLite applies an older one, PostgreSQL refuses it."""
+    known = len(_known(migrations, db))
+    if db.kind == "sqlite":
+        return (await upgrade(db, component, migrations))[1]
+    async with db.transaction() as tx:
+        exists = await tx.fetch("SELECT to_regclass('pvegate_schema') IS NOT NULL AS present")
+        found = await version(tx, component) if exists and exists[0]["present"] else 0
+    if found > known:
+        raise SchemaError(_newer(component, found, known))
+    if found < known:
+        raise SchemaError(
+            f"the {component} schema in the database is version {found}, this pvegate needs {known}: "
+            "run `pvegate db upgrade --config FILE` once (with every replica stopped or on the old version)"
+        )
+    return found

@@ -1,0 +1,141 @@
+"""Versioned schemas: `pvegate db upgrade` applies them, a store refuses a schema it does not know."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway.store import approvals, usage
+from gateway.store.approvals import ApprovalStore
+from gateway.store.db import Database, PostgresDatabase
+from gateway.store.migrations import SchemaError
+from gateway.store.schema import upgrade_all
+from gateway.store.usage import SqlQuotas
+from tests.config.conftest import minimal, run_pvegate, write
+from tests.pgserver import PostgresServer
+
+
+async def fresh_pg(server: PostgresServer) -> str:
+    name = "m_" + uuid.uuid4().hex[:16]
+    admin = await asyncpg.connect(server.dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return server.dsn.rsplit("/", 1)[0] + "/" + name
+
+
+async def test_upgrade_is_versioned_and_idempotent(make_database: Callable[[], Database], backend: str) -> None:
+    db = make_database()
+    await db.open()
+    try:
+        first = await upgrade_all(db)
+        again = await upgrade_all(db)
+    finally:
+        await db.close()
+    # the PostgreSQL fixture has upgraded already (as an operator would); SQLite starts empty
+    expected_first = [("approvals", 0, 1)] if backend == "sqlite" else [("approvals", 1, 1), ("usage", 1, 1)]
+    assert first == expected_first
+    assert all(before == after == 1 for _, before, after in again)
+
+
+async def test_a_newer_schema_is_refused(make_database: Callable[[], Database]) -> None:
+    """An older pvegate must not write a schema a newer one made: refused at open and at upgrade."""
+    store = ApprovalStore(make_database())
+    await store.open()
+    async with store.database.transaction() as tx:
+        await tx.execute("UPDATE pvegate_schema SET version = 99 WHERE component = 'approvals'")
+    await store.close()
+    with pytest.raises(SchemaError, match="approvals schema in the database is version 99, newer than this pvegate"):
+        await ApprovalStore(make_database()).open()
+    db = make_database()
+    await db.open()
+    try:
+        with pytest.raises(SchemaError, match="newer"):
+            await upgrade_all(db)
+    finally:
+        await db.close()
+
+
+async def test_postgresql_refuses_a_database_not_yet_upgraded(postgres: PostgresServer) -> None:
+    dsn = await fresh_pg(postgres)
+    with pytest.raises(SchemaError, match=r"version 0, this pvegate needs 1: run `pvegate db upgrade"):
+        await ApprovalStore(PostgresDatabase(dsn)).open()
+    with pytest.raises(SchemaError, match="usage schema"):
+        await SqlQuotas(PostgresDatabase(dsn)).open()
+    db = PostgresDatabase(dsn)
+    await db.open()
+    try:
+        assert await upgrade_all(db) == [("approvals", 0, 1), ("usage", 0, 1)]
+    finally:
+        await db.close()
+    store = ApprovalStore(PostgresDatabase(dsn))
+    await store.open()  # now it starts
+    await store.close()
+
+
+async def test_a_sqlite_file_from_before_versioning_is_taken_over(tmp_path: Path) -> None:
+    """Existing users: the tables the old CREATE IF NOT EXISTS made, with a row, become version 1."""
+    path = tmp_path / "audit.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(approvals.SQLITE_V1)
+        old.execute(
+            "INSERT INTO approval_requests (id, created_at, request_id, requester, requester_facts, tool, tool_facts, "
+            "arguments_digest, arguments, target_key, target, risk, reason, approver_groups, min_approvals, "
+            "ttl_seconds, expires_at, state) VALUES ('apr-old', ?, 'r', 'agent', '{}', 't', '{}', 'd', '{}', 'k', "
+            "'{}', '{}', 'why', '[]', 1, 60, ?, 'pending')",
+            (time.time(), time.time() + 60),
+        )
+    store = ApprovalStore(path)
+    await store.open()
+    try:
+        assert (await store.get("apr-old")).state == "pending"
+        rows = await store.database.fetch("SELECT component, version FROM pvegate_schema")
+        assert rows == [{"component": "approvals", "version": 1}]
+    finally:
+        await store.close()
+
+
+def _config(tmp_path: Path, storage: dict[str, Any] | None) -> Path:
+    raw = minimal(tmp_path)
+    if storage:
+        raw["storage"] = storage
+    return write(tmp_path, raw)
+
+
+async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path: Path) -> None:
+    path = _config(tmp_path, {"url": await fresh_pg(postgres)})
+    r = run_pvegate("db", "status", "--config", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
+    r = run_pvegate("db", "upgrade", "--config", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["database: PostgreSQL", "approvals: version 0 -> 1", "usage: version 0 -> 1"]
+    r = run_pvegate("db", "upgrade", "--config", str(path))
+    assert r.stdout.splitlines()[1:] == ["approvals: version 1, up to date", "usage: version 1, up to date"]
+
+    sqlite_cfg = _config(tmp_path / "s", None)  # the default: the audit database file
+    r = run_pvegate("db", "upgrade", "--config", str(sqlite_cfg))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1:] == ["approvals: version 0 -> 1"]
+    assert (tmp_path / "s" / "state" / "audit.db").exists()
+
+
+def test_db_upgrade_says_why_it_cannot_reach_the_server(tmp_path: Path) -> None:
+    path = _config(tmp_path, {"url": "postgresql://pvegate@127.0.0.1:9/nowhere"})
+    r = run_pvegate("db", "upgrade", "--config", str(path))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: cannot open the database:"), r.stderr
+
+
+def test_usage_and_approvals_migrations_cover_both_backends() -> None:
+    for migrations in (approvals.MIGRATIONS, usage.MIGRATIONS):
+        assert set(migrations) == {"sqlite", "postgresql"}
+        assert len(migrations["sqlite"]) == len(migrations["postgresql"])

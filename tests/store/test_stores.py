@@ -1,0 +1,240 @@
+"""The stores replicas share, on both backends: approvals (votes, expiry, one-time redemption) and quotas.
+
+Each test runs on SQLite and on a real PostgreSQL (tests/store/conftest.py); "two replicas"
+are two separate Database objects (two pools, or two connections to one SQLite file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from gateway.core.principal import Principal
+from gateway.store.approvals import ApprovalRequest, ApprovalStore, target_key, token_hash
+from gateway.store.db import Database
+from gateway.store.usage import SqlQuotas
+
+TARGET = {"cluster": "default", "node": "pve1", "vmid": 100}
+DIGEST = "sha256:" + "1" * 64
+
+
+def person(sub: str) -> Principal:
+    return Principal(sub, "test", (), ("sre-leads",), (), None, "human")
+
+
+def request(min_approvals: int = 1, expires_in: float = 60, digest: str = DIGEST) -> ApprovalRequest:
+    now = time.time()
+    return ApprovalRequest(
+        id="apr-" + uuid.uuid4().hex,
+        created_at=now,
+        request_id=uuid.uuid4().hex,
+        requester="agent",
+        requester_facts={},
+        tool="vm_shutdown",
+        tool_facts={},
+        arguments_digest=digest,
+        arguments={"vmid": 100},
+        target_key=target_key(TARGET),
+        target=TARGET,
+        risk={},
+        reason="test",
+        approver_groups=["sre-leads"],
+        min_approvals=min_approvals,
+        ttl_seconds=60,
+        expires_at=now + expires_in,
+        state="pending",
+    )
+
+
+@pytest.fixture
+async def two(make_database: Callable[[], Database]) -> AsyncIterator[tuple[ApprovalStore, ApprovalStore]]:
+    """Two approval stores on one database: two replicas."""
+    a, b = ApprovalStore(make_database()), ApprovalStore(make_database())
+    await a.open()
+    await b.open()
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def approved(store: ApprovalStore) -> tuple[str, str]:
+    req, created = await store.find_or_create(request())
+    assert created
+    out = await store.vote(req.id, person("alice"), "approve", None, None, ["sre-leads"])
+    assert out.ok and out.state == "approved" and out.token
+    return req.id, out.token
+
+
+async def consume(store: ApprovalStore, token: str, used_by: str) -> tuple[ApprovalRequest | None, str | None]:
+    return await store.consume(
+        token_hash(token), "token_hash", "agent", "vm_shutdown", DIGEST, target_key(TARGET), used_by
+    )
+
+
+async def test_a_token_is_redeemed_exactly_once_under_50_concurrent_attempts_on_two_replicas(
+    two: tuple[ApprovalStore, ApprovalStore],
+) -> None:
+    a, b = two
+    rid, token = await approved(a)
+    results = await asyncio.gather(*(consume((a, b)[i % 2], token, f"call-{i}") for i in range(50)))
+    used = [req for req, _ in results if req is not None]
+    refusals = [why for req, why in results if req is None]
+    assert len(used) == 1 and used[0].id == rid
+    assert len(refusals) == 49 and all(w and "already used" in w for w in refusals), refusals[:3]
+    final = await b.get(rid)
+    assert final.state == "used" and final.used_by_request in {f"call-{i}" for i in range(50)}
+
+
+async def test_a_token_binds_the_call(two: tuple[ApprovalStore, ApprovalStore]) -> None:
+    a, b = two
+    _, token = await approved(a)
+    tkey, other_digest = target_key(TARGET), "sha256:" + "2" * 64
+    req, why = await b.consume(token_hash(token), "token_hash", "agent", "vm_shutdown", other_digest, tkey, "x")
+    assert req is None and why and "other arguments" in why
+    req, why = await b.consume(
+        token_hash(token), "token_hash", "mallory", "vm_shutdown", DIGEST, target_key(TARGET), "x"
+    )
+    assert req is None and why and "another principal" in why
+    req, why = await consume(b, "not-a-token-ever-issued", "x")
+    assert req is None and why and "not known" in why
+    assert (await consume(b, token, "ok"))[0] is not None  # still unused after the refusals above
+
+
+async def test_votes_count_once_per_approver_and_a_deny_ends_the_request(
+    two: tuple[ApprovalStore, ApprovalStore],
+) -> None:
+    a, b = two
+    req, _ = await a.find_or_create(request(min_approvals=2))
+    first = await a.vote(req.id, person("alice"), "approve", "d1", None, ["sre-leads"])
+    assert first.ok and first.state == "pending" and first.token is None and (first.approvals, first.needed) == (1, 2)
+    again = await b.vote(req.id, person("alice"), "approve", "d2", None, ["sre-leads"])
+    assert not again.ok and "already voted" in again.reasons[0]
+    second = await b.vote(req.id, person("bob"), "approve", "d3", "ok", ["sre-leads"])
+    assert second.ok and second.state == "approved" and second.token and second.approvals == 2
+    late = await a.vote(req.id, person("carol"), "approve", "d4", None, ["sre-leads"])
+    assert not late.ok and "is approved" in late.reasons[0]
+    stored = await a.get(req.id)
+    assert [v["approver"] for v in stored.approvals] == ["alice", "bob"]
+
+    other, _ = await a.find_or_create(request(min_approvals=2, digest="sha256:" + "3" * 64))
+    denied = await b.vote(other.id, person("dave"), "deny", "d5", "no", ["sre-leads"])
+    assert denied.ok and denied.state == "denied" and denied.token is None
+    assert (await a.get(other.id)).state == "denied"
+
+
+async def test_concurrent_approvals_on_two_replicas_mint_exactly_one_token(
+    two: tuple[ApprovalStore, ApprovalStore],
+) -> None:
+    """min_approvals 2, six approvers voting at once on two replicas: the request completes once."""
+    a, b = two
+    req, _ = await a.find_or_create(request(min_approvals=2))
+    outs = await asyncio.gather(
+        *((a, b)[i % 2].vote(req.id, person(f"approver-{i}"), "approve", None, None, ["sre-leads"]) for i in range(6))
+    )
+    tokens = [o.token for o in outs if o.token]
+    assert len(tokens) == 1, outs
+    assert sum(o.ok for o in outs) == 2  # the rest found the request already approved
+    assert (await consume(b, tokens[0], "call"))[0] is not None
+
+
+async def test_identical_pending_requests_on_two_replicas_are_one(two: tuple[ApprovalStore, ApprovalStore]) -> None:
+    a, b = two
+    results = await asyncio.gather(*((a, b)[i % 2].find_or_create(request()) for i in range(20)))
+    assert len({r.id for r, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+
+
+async def test_expiry_is_enforced_by_the_store(two: tuple[ApprovalStore, ApprovalStore]) -> None:
+    """No sweep runs: the vote and the redemption themselves refuse what has expired."""
+    a, b = two
+    stale, _ = await a.find_or_create(request(expires_in=-1))
+    out = await b.vote(stale.id, person("alice"), "approve", None, None, ["sre-leads"])
+    assert not out.ok and out.token is None and "expired" in out.reasons[0]
+
+    rid, token = await approved(a)
+    async with a.database.transaction() as tx:  # the token's lifetime ran out
+        await tx.execute("UPDATE approval_requests SET token_expires_at = ? WHERE id = ?", time.time() - 1, rid)
+    req, why = await consume(b, token, "late")
+    assert req is None and why and "expired" in why
+    assert set(await b.expire_due()) == {stale.id, rid}
+    assert (await a.get(rid)).state == "expired" and (await a.get(stale.id)).state == "expired"
+
+
+async def test_withdraw(two: tuple[ApprovalStore, ApprovalStore]) -> None:
+    a, b = two
+    rid, token = await approved(a)
+    assert (await b.withdraw(rid, "operator", "changed my mind")).ok
+    req, why = await consume(a, token, "after")
+    assert req is None and why and "withdrawn" in why
+    assert not (await a.withdraw(rid, "operator", None)).ok
+
+
+# --- quotas ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def quotas(make_database: Callable[[], Database]) -> AsyncIterator[tuple[SqlQuotas, SqlQuotas]]:
+    a, b = SqlQuotas(make_database()), SqlQuotas(make_database())
+    await a.open()
+    await b.open()
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_a_limit_of_10_lets_exactly_10_of_30_concurrent_calls_through_two_replicas(
+    quotas: tuple[SqlQuotas, SqlQuotas],
+) -> None:
+    """What the pipeline does: reserve, let the policy (here: count < 10) decide, give back on a deny."""
+    a, b = quotas
+
+    async def call(i: int) -> bool:
+        store = (a, b)[i % 2]
+        counts, slot = await store.reserve("racer", "vm_reboot")
+        await asyncio.sleep(0.005)  # the OPA query and the audit write happen here
+        if counts["tool"]["1m"] >= 10:
+            await store.release("racer", "vm_reboot", slot)
+            return False
+        return True
+
+    allowed = await asyncio.gather(*(call(i) for i in range(30)))
+    assert sum(allowed) == 10
+    counts, _ = await a.reserve("racer", "vm_reboot")
+    assert counts["tool"] == {"1m": 10, "1h": 10, "24h": 10}  # the 20 denied slots were given back
+
+
+async def test_each_concurrent_reservation_sees_every_one_before_it(quotas: tuple[SqlQuotas, SqlQuotas]) -> None:
+    a, b = quotas
+    seen = await asyncio.gather(*((a, b)[i % 2].reserve("agent", "vm_start") for i in range(30)))
+    assert sorted(c["tool"]["1m"] for c, _ in seen) == list(range(30))
+
+
+async def test_counts_per_tool_and_for_all_tools(quotas: tuple[SqlQuotas, SqlQuotas]) -> None:
+    a, b = quotas
+    await a.reserve("agent", "vm_start")
+    _, slot = await b.reserve("agent", "vm_stop")
+    await a.reserve("someone-else", "vm_start")
+    counts, _ = await b.reserve("agent", "vm_start")
+    assert counts == {"tool": {"1m": 1, "1h": 1, "24h": 1}, "all": {"1m": 2, "1h": 2, "24h": 2}}
+    await a.release("agent", "vm_stop", slot)
+    counts, _ = await a.reserve("agent", "vm_status")
+    assert counts["tool"]["24h"] == 0 and counts["all"]["24h"] == 2
+
+
+async def test_old_reservations_leave_the_windows(quotas: tuple[SqlQuotas, SqlQuotas]) -> None:
+    a, _ = quotas
+    now = time.time()
+    async with a.database.transaction() as tx:
+        for age in (30, 120, 7200, 90000):  # in 1m; 1h; 24h; past 24 h (pruned)
+            await tx.execute("INSERT INTO usage_events (principal, tool, at) VALUES (?, ?, ?)", "p", "t", now - age)
+    counts, _ = await a.reserve("p", "t")
+    assert counts["tool"] == {"1m": 1, "1h": 2, "24h": 3}
+    rows: list[dict[str, Any]] = await a.database.fetch(
+        "SELECT COUNT(*) AS n FROM usage_events WHERE principal = ?", "p"
+    )
+    assert int(rows[0]["n"]) == 4  # the one past 24 h was deleted, the new one added
