@@ -97,6 +97,10 @@ class MemoryQuotas:
     async def release(self, principal: str, tool: str, slot: float) -> None:
         self.counters.release(principal, tool, slot)
 
+    def counts(self, principal: str, tool: str) -> Counts:
+        """The current counts, without taking a slot (operators and tests look)."""
+        return self.counters.counts(principal, tool)
+
     async def close(self) -> None:
         return None
 
