@@ -74,6 +74,13 @@ def test_demo_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
 
 
 def test_make_demo_passes_the_port_on() -> None:
-    done = subprocess.run(["make", "-n", "demo", "PORT=9443"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    # run as `make test` runs it too: a nested make (MAKELEVEL > 0) prints "Leaving directory" lines
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "demo", "PORT=9443"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].split()[-3:] == ["demo", "--port", "9443"]
