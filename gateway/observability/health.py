@@ -40,6 +40,7 @@ import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.config import HealthConfig
+from gateway.tools.targets import unknown_target
 
 if TYPE_CHECKING:
     from gateway.observability.metrics import Metrics
@@ -96,19 +97,7 @@ def probe_input(now_ns: int | None = None) -> dict[str, Any]:
         },
         "arguments": {},
         "arguments_digest": "sha256:" + "0" * 64,
-        "target": {
-            "cluster": None,
-            "node": None,
-            "vmid": None,
-            "type": None,
-            "name": None,
-            "tags": [],
-            "pool": None,
-            "status": None,
-            "ha_state": None,
-            "storage": None,
-            "known": False,
-        },
+        "target": unknown_target(None),  # the same unknown target a live call would send
         "approval": None,
         "usage": {"tool": dict(counters), "all": dict(counters)},
         "dry_run": False,

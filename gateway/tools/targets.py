@@ -15,7 +15,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def unknown_target(cluster: str) -> dict[str, Any]:
+def unknown_target(cluster: str | None) -> dict[str, Any]:
     return {
         "cluster": cluster,
         "node": None,
