@@ -163,7 +163,16 @@ async def _build_with(
         sidecar=sidecar,
         policy_status=policy_status,
         metrics=metrics,
-        health=HealthMonitor(config.health, decisions, audit, metrics, sidecar, clients, policy_status=policy_status),
+        health=HealthMonitor(
+            config.health,
+            decisions,
+            audit,
+            metrics,
+            sidecar,
+            clients,
+            policy_status=policy_status,
+            audit_min_free_bytes=int(config.audit_min_free_mb * 1024 * 1024),
+        ),
         clients=clients,
     )
     metrics.attach(components)

@@ -167,7 +167,6 @@ class HealthConfig:
     opa_probe_interval: float = 2.0  # seconds between decision probes
     audit_probe_interval: float = 5.0  # a probe commit when nothing committed for this long
     audit_probe_timeout: float = 5.0
-    audit_min_free_bytes: int = 16 * 1024 * 1024  # unready below this much free space
     cluster_probe_interval: float = 15.0  # 0: no cluster probes
 
     @property
@@ -296,7 +295,7 @@ def _health(raw: dict[str, Any] | None) -> HealthConfig:
     """Types and ranges are the schema's (schemas/config.schema.json)."""
     raw = raw or {}
     return HealthConfig(
-        **{k: (int(v) if k == "audit_min_free_bytes" else float(v)) for k, v in raw.items()}  # type: ignore[arg-type]
+        **{k: float(v) for k, v in raw.items()}  # type: ignore[arg-type]
     )
 
 

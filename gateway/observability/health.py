@@ -133,6 +133,9 @@ class HealthMonitor:
     clusters: dict[str, PveApiClient] = field(default_factory=dict)
     # OPA's bundle plugin status (policy/bundle_status.py): a refused bundle and the last error
     policy_status: PolicyStatus | None = None
+    # the same floor below which calls are refused (audit.min_free_mb): one number, so a gateway
+    # never reports ready while it refuses every call, nor unready while it serves them
+    audit_min_free_bytes: int = 16 * 1024 * 1024
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
     # OPA probe
     opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
@@ -312,10 +315,10 @@ class HealthMonitor:
             audit_detail = self.audit_probe_error
         elif commit_age is None or commit_age > cfg.audit_max_age:
             audit_detail = "no audit commit recently (probe stalled)" if commit_age else "not probed yet"
-        elif self.audit_free_bytes is not None and self.audit_free_bytes < cfg.audit_min_free_bytes:
+        elif self.audit_free_bytes is not None and self.audit_free_bytes < self.audit_min_free_bytes:
             audit_detail = (
                 f"{self.audit_free_bytes} bytes free on the audit store's file system "
-                f"(floor {cfg.audit_min_free_bytes})"
+                f"(floor {self.audit_min_free_bytes}, audit.min_free_mb)"
             )
         else:
             audit_detail = None

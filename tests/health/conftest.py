@@ -51,7 +51,9 @@ def health_env(workdir: Path, sim: Any, **extra: Any) -> DevEnv:
     for c in raw["clusters"]:
         c["timeout"] = 1.5
     raw["health"] = {**FAST_HEALTH, **extra.pop("health", {})}
-    raw.update(extra)
+    for key, value in extra.items():  # a mapping merges into the section make_env wrote
+        old = raw.get(key)
+        raw[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
     env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return dataclasses.replace(env, config=load(env.config_path))
 

@@ -163,9 +163,7 @@ async def test_full_audit_disk_is_red_and_recovers(hsim: Any, tmp_path: Path) ->
     _mount_tmpfs(disk, "2m")
     try:
         # no free-space floor: what turns readiness red here is a commit the store refused
-        env = health_env(
-            tmp_path / "gw", hsim, audit={"path": str(disk / "audit.db")}, health={"audit_min_free_bytes": 0}
-        )
+        env = health_env(tmp_path / "gw", hsim, audit={"path": str(disk / "audit.db"), "min_free_mb": 0})
         gw = GatewayThread(env.config).start()
         base = base_url(env.config)
         try:
@@ -187,7 +185,8 @@ async def test_full_audit_disk_is_red_and_recovers(hsim: Any, tmp_path: Path) ->
 
 
 async def test_audit_disk_below_the_free_space_floor_is_red(hsim: Any, tmp_path: Path) -> None:
-    env = health_env(tmp_path, hsim, health={"audit_min_free_bytes": 2**62})
+    # the floor readiness uses is the one calls are refused below: audit.min_free_mb
+    env = health_env(tmp_path, hsim, audit={"min_free_mb": 2**40})
     gw = GatewayThread(env.config).start()
     try:
         async with http_client(env) as http:
@@ -258,7 +257,7 @@ def test_health_settings_are_checked(tmp_path: Path, hsim: Any) -> None:
             "health.opa_probe_intervall: unknown setting; did you mean health.opa_probe_interval",
         ),
         ({"opa_probe_interval": 0}, "health.opa_probe_interval"),
-        ({"audit_min_free_bytes": -1}, "health.audit_min_free_bytes"),
+        ({"audit_min_free_bytes": 0}, "health.audit_min_free_bytes: unknown setting"),
         ({"cluster_probe_interval": "often"}, "health.cluster_probe_interval"),
     ):
         raw["health"] = bad
