@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -30,6 +29,7 @@ from gateway.observability.metrics import Metrics
 from gateway.policy.bundle_status import PolicyStatus
 from gateway.policy.decisions import DecisionClient
 from gateway.policy.listings import ListingCache
+from gateway.policy.opa_guard import opa_is_open, open_access_message
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
@@ -65,16 +65,11 @@ def external_opa_token(config: Config) -> str:
 
 def refuse_open_opa(url: str) -> None:
     """An external OPA that answers without a token serves policy and data to anyone who reaches it."""
-    try:
-        r = httpx.get(f"{url.rstrip('/')}/v1/data/system/authz", timeout=2.0)
-    except httpx.HTTPError as exc:
-        log.warning("OPA at %s not reachable at start (%s): calls are refused until it is", url, type(exc).__name__)
-        return
-    if r.status_code == 200:
-        raise ConfigError(
-            f"the OPA at {url} answers without a token: run it with --authentication=token "
-            "--authorization=basic and a bundle from `pvegate bundle build` (docs/deployment.md)"
-        )
+    is_open = opa_is_open(url)
+    if is_open is None:
+        log.warning("OPA at %s not reachable at start: calls are refused until it is", url)
+    elif is_open:
+        raise ConfigError(open_access_message(url))
 
 
 def opa_api_token(config: Config, sidecar: OPASidecar | None) -> str:
@@ -172,6 +167,7 @@ async def _build_with(
             clients,
             policy_status=policy_status,
             audit_min_free_bytes=int(config.audit_min_free_mb * 1024 * 1024),
+            external_opa_url=config.opa.url if config.opa.mode == "external" else None,
         ),
         clients=clients,
     )

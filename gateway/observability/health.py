@@ -40,6 +40,7 @@ import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.config import HealthConfig
+from gateway.policy.opa_guard import opa_is_open_async, open_access_message
 from gateway.tools.targets import unknown_target
 
 if TYPE_CHECKING:
@@ -136,6 +137,8 @@ class HealthMonitor:
     # the same floor below which calls are refused (audit.min_free_mb): one number, so a gateway
     # never reports ready while it refuses every call, nor unready while it serves them
     audit_min_free_bytes: int = 16 * 1024 * 1024
+    # opa.mode external: asked each OPA probe whether it answers without a token (policy/opa_guard.py)
+    external_opa_url: str | None = None
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
     # OPA probe
     opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
@@ -190,6 +193,8 @@ class HealthMonitor:
     # --- probes ------------------------------------------------------------------------
 
     async def probe_opa(self) -> None:
+        if self.external_opa_url is not None:
+            await self.guard_external_opa(self.external_opa_url)
         started = time.perf_counter()
         decision = await self.decisions.decide(probe_input())
         took = time.perf_counter() - started
@@ -215,6 +220,19 @@ class HealthMonitor:
             if self.revision is not None:
                 log.warning("policy revision changed: %s -> %s", self.revision, revision)
             self.revision, self.revision_source, self.revision_since = revision, source, time.time()
+
+    async def guard_external_opa(self, url: str) -> None:
+        """Refuse every decision while the external OPA answers without a token (checked at start too)."""
+        is_open = await opa_is_open_async(url)
+        if is_open is None:
+            return  # unreachable: the decision probe below reports that, and calls fail closed anyway
+        refusal = open_access_message(url) if is_open else None
+        if refusal != self.decisions.refusal:
+            if refusal:
+                log.error("refusing every call: %s", refusal)
+            else:
+                log.warning("the OPA at %s requires a token again: calls are decided again", url)
+            self.decisions.refusal = refusal
 
     async def probe_audit(self) -> None:
         """A committed write when nothing else committed lately; the free space of the store's file system."""

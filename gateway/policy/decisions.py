@@ -128,6 +128,9 @@ class DecisionClient:
         )
         self._session_lock = asyncio.Lock()
         self._open = False
+        # set while OPA is found unfit to trust (an external OPA open to anyone: policy/opa_guard.py);
+        # every query then fails closed with this reason
+        self.refusal: str | None = None
         schema = _load_schema("decision.schema.json")
         # Every answer is checked by code compiled from the schema (fastjsonschema: ~30 µs where
         # jsonschema takes ~400 µs, on the hot path). jsonschema only words the reason of a refusal;
@@ -151,6 +154,8 @@ class DecisionClient:
 
     async def query(self, path: str, input_doc: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """POST one query; returns (result, envelope). Raises PolicyError on any doubt."""
+        if self.refusal is not None:
+            raise PolicyError(self.refusal)
         package, _, rule = path.rpartition("/")
         try:
             await self._ensure_open()

@@ -6,7 +6,9 @@ same command line the compose file gives the OPA container.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -118,3 +120,75 @@ def test_an_external_opa_open_to_anyone_is_refused(env: DevEnv, tmp_path: Path) 
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _plain_opa(port: int) -> subprocess.Popen[bytes]:
+    """The repository's policy served with no authentication at all: an OPA open to anyone."""
+    proc = subprocess.Popen(
+        [str(find_opa()), "run", "--server", "--addr", f"127.0.0.1:{port}", "--skip-version-check",
+         str(REPO_ROOT / "policies")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(200):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("plain OPA did not start")
+
+
+async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_open(
+    env: DevEnv, tmp_path: Path
+) -> None:
+    """The start-up check is not enough: an OPA restarted without --authentication behind a running
+    gateway must stop being trusted within a probe interval, and be trusted again once it is fixed."""
+    guarded = OPASidecar(policies=(REPO_ROOT / "policies",), decision_logs=False)
+    guarded.start()
+    port, token = guarded.port, guarded.token
+    secret = tmp_path / "opa-token"
+    secret.write_text(token + "\n")
+    cfg = _external(env, guarded, SecretRef(file=secret), "reopened")
+    gw = GatewayThread(cfg).start()  # type: ignore[arg-type]
+    plain: subprocess.Popen[bytes] | None = None
+    url = f"https://127.0.0.1:{gw.config.port}/mcp"
+    agent = env.token("demo-agent", ["operator"])
+
+    async def outcome() -> str:
+        async with mcp_client(url, agent, env.ca_file) as client:
+            res = await client.call_tool("list_nodes", {})
+        return " ".join(c.text for c in res.content) if res.is_error else "ok"
+
+    async def until(pred: object, timeout: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = await outcome()
+            if pred(got) or time.monotonic() > deadline:  # type: ignore[operator]
+                return got
+            await asyncio.sleep(0.3)
+
+    try:
+        assert await outcome() == "ok"
+        guarded.stop()
+        plain = _plain_opa(port)  # same address, same policy, no token asked
+        refused = await until(lambda t: "answers without a token" in t)
+        assert "policy decision unavailable" in refused and "answers without a token" in refused, refused
+        ready = httpx.get(
+            f"https://127.0.0.1:{gw.config.port}/readyz",
+            verify=ssl.create_default_context(cafile=str(env.ca_file)),
+            timeout=5,
+        )
+        assert ready.status_code == 503 and "answers without a token" in ready.text, ready.text
+        plain.terminate()
+        plain.wait(timeout=10)
+        plain = None
+        guarded = OPASidecar(policies=(REPO_ROOT / "policies",), decision_logs=False, port=port, token=token)
+        guarded.start()
+        assert await until(lambda t: t == "ok") == "ok"
+    finally:
+        gw.stop()
+        if plain is not None:
+            plain.kill()
+            plain.wait(timeout=10)
+        guarded.stop()
