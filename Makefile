@@ -25,6 +25,7 @@ tools:
 	@bash scripts/provision-inspector.sh
 	@bash scripts/provision-compose.sh
 	@bash scripts/provision-postgres.sh
+	@bash scripts/provision-keycloak.sh
 
 demo: venv tools
 	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),)

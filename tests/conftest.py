@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.dev.devenv import DevEnv, make_env
+from tests.kcserver import KeycloakServer, provision_realm, start_keycloak
 from tests.pgserver import PostgresServer, start_postgres
 from tests.support import GatewayThread, free_port
 
@@ -42,5 +43,20 @@ def audit_db(env: DevEnv) -> Path:
 def postgres() -> Iterator[PostgresServer]:
     """A real PostgreSQL on 127.0.0.1 for the whole session (tests/pgserver.py: ~1.5 s to start)."""
     server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def keycloak() -> Iterator[KeycloakServer]:
+    """A real Keycloak (tests/kcserver.py) on 127.0.0.1 with realm `pvegate` provisioned: users alice
+    (approver, group sre-leads) and bob (viewer), agent client pvegate-agent (client credentials),
+    public console client pvegate-console (code + PKCE). About 10-20 s to start, once per session."""
+    server = start_keycloak()
+    try:
+        provision_realm(server)
+    except BaseException:
+        server.stop()
+        raise
     yield server
     server.stop()
