@@ -136,7 +136,11 @@ async def _build_with(
     usage = await build_quotas(config, audit)
     api_token = opa_api_token(config, sidecar)
     policy_status = PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token)
-    decisions = DecisionClient(url, config.opa.timeout_ms, token=api_token)
+    local_revision = None
+    if sidecar is not None and sidecar.bundle is None and not sidecar.bundles:
+        # a policy directory: OPA's provenance names no revision; each (re)start may load new files
+        local_revision = sidecar.revision_key
+    decisions = DecisionClient(url, config.opa.timeout_ms, token=api_token, local_revision=local_revision)
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     targets = TargetResolver(clients, config.target_cache_seconds)
     runtimes: dict[str, Runtime] = {

@@ -40,6 +40,7 @@ import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.config import HealthConfig
+from gateway.policy.decisions import PolicyError
 from gateway.policy.opa_guard import opa_is_open_async, open_access_message
 from gateway.tools.targets import unknown_target
 
@@ -147,6 +148,7 @@ class HealthMonitor:
     revision: str | None = None
     revision_source: str | None = None  # bundle | files
     revision_since: float | None = None  # wall time this gateway first saw the current revision
+    data_check_error: str | None = None  # the last data check got no usable answer
     # audit probe
     audit_probe_error: str | None = None
     audit_free_bytes: int | None = None
@@ -216,6 +218,13 @@ class HealthMonitor:
         revision, source = decision.revision, "bundle"
         if revision is None and self.sidecar is not None and self.sidecar.bundle is None:
             revision, source = self.sidecar.policy_revision, "files"
+        # the data check again (decisions ask it once per revision): data changed without a new
+        # revision (an external OPA's data API) shows here within one probe interval
+        try:
+            await self.decisions.check_data(self.decisions.revision_key(decision.revision), force=True)
+            self.data_check_error = None
+        except PolicyError as exc:
+            self.data_check_error = f"policy data check unavailable: {exc}"
         if revision != self.revision:
             if self.revision is not None:
                 log.warning("policy revision changed: %s -> %s", self.revision, revision)
@@ -310,16 +319,27 @@ class HealthMonitor:
             "last_decision_age_seconds": opa_age,
             "latency_ms": self.opa_latency_ms,
         }
+        data = self.decisions.data_check
+        policy_detail: str | None
+        if self.revision is None:
+            policy_detail = (
+                "OPA reports no bundle revision (an external OPA must serve a bundle)"
+                if self.opa_ok_at is not None
+                else "unknown until OPA answers"
+            )
+        elif self.data_check_error is not None:
+            policy_detail = self.data_check_error
+        elif data is not None and not data.valid:
+            policy_detail = "policy data invalid, every call is refused: " + "; ".join(data.problems)
+        else:
+            policy_detail = None
         policy: dict[str, Any] = {
-            "ok": self.revision is not None,
-            "detail": None
-            if self.revision is not None
-            else "OPA reports no bundle revision (an external OPA must serve a bundle)"
-            if self.opa_ok_at is not None
-            else "unknown until OPA answers",
+            "ok": policy_detail is None,
+            "detail": policy_detail,
             "revision": self.revision,
             "source": self.revision_source,
             "since": _iso(self.revision_since),
+            "data_valid": None if data is None else data.valid,
         }
         if self.policy_status is not None and self.policy_status.bundles:
             # a refused bundle leaves the previous revision deciding: still ready, but it shows here

@@ -125,7 +125,7 @@ def check_data(policies: Path, data_file: Path | None = None) -> DataReport:
 # Each fact is a comprehension, so a rule that is undefined for this input shows as [] instead
 # of making the whole answer undefined.
 EXPLAIN_QUERY = """{
-  "decision": [d | d := data.pvegate.decision][0],
+  "decision": [d | d := data.pvegate.checked_decision][0],
   "input_problems": [p | some p in data.pvegate.call_problems],
   "data_problems": [p | some p in data.pvegate.config.problems],
   "bindings_of_principal": sort([b.name | some b in data.pvegate.rbac.bindings_for(input.principal)]),
@@ -139,7 +139,7 @@ EXPLAIN_QUERY = """{
   "deny_rules_matching": sort([r.name | some r in data.pvegate.config.deny_rules;
     data.pvegate.lib.call_matches(r, input.principal, input.tool, input.target)]),
   "approval_rules_matching": sort([r.name | some r in data.pvegate.approval.matching_rules]),
-  "denials": sort([r | some r in data.pvegate.denials]),
+  "denials": sort({r | some r in data.pvegate.denials} | {r | some r in data.pvegate.data_denials}),
   "approval_requirements": sort([r | some r in data.pvegate.approval.requirements])
 }"""
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
@@ -24,10 +27,15 @@ from opa_client.opa_async import AsyncOpaClient
 
 CONTRACT_VERSION = 1
 DECISION_PATH = "pvegate/decision"
+# the policy data's check, asked once per policy revision (not on every call: docs/policy-contract.md)
+DATA_CHECK_PATH = "pvegate/data_check"
 VISIBLE_TOOLS_PATH = "pvegate/visible_tools"
 APPROVER_PATH = "pvegate/approver/decision"
 # the code of a deny the gateway makes when OPA gave no usable answer
 FAIL_CLOSED_CODE = "policy.unavailable"
+
+
+log = logging.getLogger("pvegate.policy")
 
 
 def _load_schema(name: str) -> dict[str, Any]:
@@ -99,6 +107,17 @@ class Decision:
         return cls(allow=False, deny=(message,), deny_reasons=(coded,), failed_closed=True)
 
 
+@dataclass(frozen=True)
+class DataCheck:
+    """The policy data's verdict for one policy revision (`data.pvegate.data_check`)."""
+
+    revision: str | None
+    valid: bool
+    problems: tuple[str, ...] = ()
+    refusal: Decision | None = None  # the answer to every call while the data is invalid
+    checked_at: float = 0.0  # time.monotonic()
+
+
 class ApproverVerdict(NamedTuple):
     allowed: bool
     reasons: list[str]
@@ -114,8 +133,19 @@ class PolicyError(Exception):
 class DecisionClient:
     """Asks a running OPA server; all answers pass schema validation first."""
 
-    def __init__(self, url: str, timeout_ms: int = 500, token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_ms: int = 500,
+        token: str | None = None,
+        local_revision: Callable[[], str | None] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
+        # what identifies the loaded policy when OPA's provenance names no bundle (the managed
+        # sidecar's policy directory: its files and restart count); a change re-checks the data
+        self._local_revision = local_revision
+        self.data_check: DataCheck | None = None
+        self._data_check_lock = asyncio.Lock()
         self.timeout = timeout_ms / 1000.0
         parts = urlsplit(self.url)
         self._opa = AsyncOpaClient(
@@ -182,6 +212,11 @@ class DecisionClient:
         revs = [f"{name}@{b.get('revision', '')}" for name, b in sorted(bundles.items())]
         return ",".join(revs) or None
 
+    def revision_key(self, provenance: str | None) -> str | None:
+        if provenance is not None:
+            return provenance
+        return self._local_revision() if self._local_revision is not None else None
+
     async def decide(self, input_doc: dict[str, Any]) -> Decision:
         try:
             result, envelope = await self.query(DECISION_PATH, input_doc)
@@ -190,7 +225,64 @@ class DecisionClient:
         problem = self.contract_problem(result)
         if problem is not None:
             return Decision.fail_closed(problem)
-        return Decision.from_result(result, envelope, self._provenance(envelope))
+        revision = self._provenance(envelope)
+        # the data behind this answer must have passed its check: once per revision, so a new
+        # bundle with broken data is caught at its first decision, not at the next probe
+        check = self.data_check
+        key = self.revision_key(revision)
+        if check is None or check.revision != key:
+            try:
+                check = await self.check_data(key)
+            except PolicyError as exc:
+                return Decision.fail_closed(f"policy data check unavailable: {exc}")
+        if not check.valid:
+            assert check.refusal is not None
+            return check.refusal
+        return Decision.from_result(result, envelope, revision)
+
+    async def check_data(self, key: str | None = None, force: bool = False) -> DataCheck:
+        """Ask OPA whether the policy data is valid; kept until the revision changes (or `force`).
+
+        Raises PolicyError when OPA gives no usable answer (the caller fails closed)."""
+        async with self._data_check_lock:
+            current = self.data_check
+            if not force and current is not None and current.revision == key:
+                return current  # another call checked this revision meanwhile
+            try:
+                result, envelope = await self.query(DATA_CHECK_PATH, {})
+            except PolicyError as exc:
+                if "undefined" not in str(exc):
+                    raise
+                # a policy from before the check moved out of the decision: it checks its data in
+                # every decision itself (data.invalid), so there is nothing to ask apart
+                if current is None or current.revision != key:
+                    log.warning("the policy has no data.pvegate.data_check; its decisions check the data")
+                check = DataCheck(key, True, checked_at=time.monotonic())
+                self.data_check = check
+                return check
+            check = self._read_data_check(result, envelope, key)
+            if not check.valid and (current is None or current.valid or current.problems != check.problems):
+                log.error(
+                    "policy data invalid (every call is refused until it is fixed): %s", "; ".join(check.problems)
+                )
+            elif check.valid and current is not None and not current.valid:
+                log.warning("policy data valid again")
+            self.data_check = check
+            return check
+
+    def _read_data_check(self, result: Any, envelope: dict[str, Any], key: str | None) -> DataCheck:
+        if not isinstance(result, dict) or not isinstance(result.get("valid"), bool):
+            raise PolicyError("data check does not match the contract")
+        problems = result.get("problems")
+        if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
+            raise PolicyError("data check does not match the contract")
+        if result["valid"]:
+            return DataCheck(key, True, checked_at=time.monotonic())
+        refusal = result.get("refusal")
+        if self.contract_problem(refusal) is not None or not isinstance(refusal, dict) or refusal.get("allow"):
+            raise PolicyError("data check refusal does not match the contract")
+        decision = Decision.from_result(refusal, envelope, self._provenance(envelope))
+        return DataCheck(key, False, tuple(problems), decision, time.monotonic())
 
     def contract_problem(self, result: Any) -> str | None:
         """Why a decision document breaks the contract (decision.schema.json), or None."""

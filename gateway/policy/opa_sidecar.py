@@ -140,6 +140,7 @@ class OPASidecar:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    generation: int = 0  # starts so far, counted as each begins
     # with a policy directory: what "revision" means is the content digest of the policy files
     # this OPA loaded at its last (re)start (with a bundle, OPA reports the bundle's revision)
     policy_revision: str | None = None
@@ -305,7 +306,12 @@ class OPASidecar:
         if record is not None and self.process is not None and record == (self.process.pid, os.getpid()):
             self.pid_file.unlink(missing_ok=True)  # type: ignore[union-attr]
 
+    def revision_key(self) -> str:
+        """Identifies what this OPA loaded: the policy files' revision and which start loaded them."""
+        return f"{self.policy_revision}#{self.generation}"
+
     def start(self, timeout: float = 20.0) -> None:
+        self.generation += 1  # before OPA answers: a decision of the new process never passes for the old
         if self.bundle is not None and not bundle_has_authz(self.bundle):
             raise OPAUnavailable(
                 f"bundle {self.bundle} has no system.authz policy, so OPA would refuse every request: "
@@ -315,9 +321,9 @@ class OPASidecar:
         if self.port == 0:
             self.port = free_port()
         self._write_config()
-        cmd = self.command()
         if self.bundle is None:
             self.policy_revision = files_revision(self.policies)
+        cmd = self.command()
         out: int | object = subprocess.DEVNULL
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)

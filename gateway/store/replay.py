@@ -41,7 +41,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "approval-waived": ("approval-to-allow", "approval-to-deny"),
 }
 # all candidate decisions of one batch in one query: keyed by position, so an undefined one shows as missing
-BATCH_QUERY = "x := {i: d | some i, doc in input; d := data.pvegate.decision with input as doc}"
+# the data check once per batch (it depends on data only); its refusal stands for every decision
+# while the candidate's data is invalid, as the gateway answers then ([]: a policy from before the
+# check moved out of the decision, which checks its data itself)
+BATCH_QUERY = (
+    "c := [v | v := data.pvegate.data_check]; "
+    "x := {i: d | some i, doc in input; d := data.pvegate.decision with input as doc}"
+)
 _RECORDED = {"allow": "allow", "pending": "approval", "deny": "deny"}
 
 
@@ -206,6 +212,11 @@ def _batch_results(result: Any, n: int) -> list[Any]:
     x = result.get("x") if isinstance(result, dict) else None
     if not isinstance(x, dict):
         return [None] * n
+    checks = result.get("c") or []
+    check = checks[0] if isinstance(checks, list) and checks else {"valid": True}
+    if not isinstance(check, dict) or check.get("valid") is not True:
+        refusal = check.get("refusal") if isinstance(check, dict) else None
+        return [refusal] * n  # None (an unusable check) is an answer outside the contract: a deny
     return [x.get(str(i)) for i in range(n)]
 
 

@@ -102,11 +102,6 @@ usage_ok if is_object(input.usage)
 # --- the decision ------------------------------------------------------------------
 
 # denials: every reason to deny the call, each {code, rule, message}
-denials contains lib.reason("data.invalid", "pvegate.config.problems", msg) if {
-	some problem in config.problems
-	msg := sprintf("policy data error: %s; denied until the data is fixed", [problem])
-}
-
 denials contains r if some r in rbac.denials
 
 denials contains r if some r in guardrails.denials
@@ -141,6 +136,43 @@ allow if {
 	approval.required
 	approval.satisfied
 }
+
+# --- the policy data ----------------------------------------------------------------
+# The data is checked once per policy revision, not on every call: it depends on
+# data only, and OPA keeps no rule results across queries, so a check inside the
+# decision costs every call (the JSON Schema validation alone is most of a
+# decision). The gateway asks data_check when it first sees a revision, and in its
+# readiness probe; while the data is invalid it answers every call with the
+# refusal below and is not ready (docs/policy-contract.md).
+
+# data_denials: one reason per problem of the data
+data_denials contains lib.reason("data.invalid", "pvegate.config.problems", msg) if {
+	some problem in config.problems
+	msg := sprintf("policy data error: %s; denied until the data is fixed", [problem])
+}
+
+# METADATA
+# title: Policy data check
+# description: |
+#   Whether the policy data is usable, its problems, and the decision that
+#   stands for every call while it is not (null when valid).
+# entrypoint: true
+data_check := {
+	"valid": count(config.problems) == 0,
+	"problems": sort(config.problems),
+	"refusal": data_refusal,
+}
+
+default data_refusal := null
+
+data_refusal := fallback(data_denials) if count(data_denials) > 0
+
+# checked_decision: what the gateway answers, in one query (for tools that
+# evaluate a policy tree once: explain, tests): the data's refusal while the data
+# is invalid, else the decision
+checked_decision := data_refusal if {
+	count(data_denials) > 0
+} else := decision
 
 # returned when the input cannot be decided at all
 fallback(reasons) := {

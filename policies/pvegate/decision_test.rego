@@ -109,11 +109,27 @@ test_request_time_fallbacks if {
 	not "off_hours" in {f.name | some f in d.risk.factors}
 }
 
+# The data is checked apart from the decision (data_check, once per revision);
+# while it is invalid every call gets its refusal (checked_decision is what the
+# gateway answers).
 test_data_error_denies if {
-	d := pvegate.decision with input as fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
-		with data.data.quotas as [{"name": "weekly", "window": "7d", "limit": 5}]
-	d.allow == false
-	fx.has_reason(d.deny, "policy data error: quota weekly needs")
+	inp := fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+	bad := [{"name": "weekly", "window": "7d", "limit": 5}]
+	c := pvegate.data_check with data.data.quotas as bad
+	c.valid == false
+	c.refusal.allow == false
+	fx.has_reason(c.refusal.deny, "policy data error: quota weekly needs")
+	d := pvegate.checked_decision with input as inp with data.data.quotas as bad
+	d == c.refusal
+}
+
+test_valid_data_checks_clean if {
+	c := pvegate.data_check
+	c == {"valid": true, "problems": [], "refusal": null}
+	inp := fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+	d := pvegate.checked_decision with input as inp
+	d == pvegate.decision with input as inp
+	d.allow == true
 }
 
 # A misspelled data key (protected_tag) must not leave a guest deletable after one
@@ -125,9 +141,10 @@ test_data_errors_deny_every_call_naming_the_path if {
 		"maintenance_windows": [{"name": "nights", "weekdays": ["Wed"], "from_hour": "00", "to_hour": "05"}],
 	})})
 	inp := fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
-	d := pvegate.decision with input as inp with data.data as bad
+	d := pvegate.checked_decision with input as inp with data.data as bad
 	d.allow == false
-	"data.invalid" in {r.code | some r in d.deny_reasons}
+	d.risk.level == "critical"
+	{r.code | some r in d.deny_reasons} == {"data.invalid"}
 	some m in d.deny
 	contains(m, "guardrails.protected_tag: unknown key")
 	some n in d.deny
@@ -137,7 +154,7 @@ test_data_errors_deny_every_call_naming_the_path if {
 	}
 
 	# with the data fixed the same call only needs an approval (the denial is the data's doing)
-	ok := pvegate.decision with input as inp
+	ok := pvegate.checked_decision with input as inp
 	ok.deny == []
 	ok.approval.required == true
 }

@@ -5,6 +5,7 @@ shows per cluster. Everything here is a real gateway, a real OPA and the simulat
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from gateway.core.config import ConfigError, load
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.policy.revision import files_revision
 from tests.health.conftest import base_url, health_env, http_client, stop_process, wait_for, with_port
-from tests.support import GatewayThread, free_port
+from tests.support import GatewayThread, audit_rows, free_port
 
 
 def _ready(r: Any) -> bool:
@@ -50,6 +51,7 @@ async def test_ready_gateway_says_why_it_is_ready(hsim: Any, tmp_path: Path) -> 
                 "revision": files_revision((REPO_ROOT / "policies",)),
                 "source": "files",
                 "since": doc["checks"]["policy"]["since"],
+                "data_valid": True,
             }
             assert doc["checks"]["opa"]["last_decision_age_seconds"] < 3
             r, _ = await wait_for(
@@ -98,6 +100,47 @@ async def test_sigstopped_opa_turns_readiness_red_then_green(hsim: Any, tmp_path
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+        gw.stop()
+
+
+async def test_invalid_policy_data_is_unready_and_refuses_calls(hsim: Any, tmp_path: Path) -> None:
+    """Data checked at activation (not per call): broken data makes the gateway unready with the
+    problem named, and every call is refused with it (code data.invalid), never run."""
+    tree = tmp_path / "policies"
+    shutil.copytree(REPO_ROOT / "policies", tree, ignore=shutil.ignore_patterns("golden", "*_test.rego"))
+    data = tree / "data" / "data.yaml"
+    data.write_text(data.read_text().replace("  protected_tags:", "  protected_tag:", 1))
+    env = health_env(tmp_path / "gw", hsim, opa={"mode": "managed", "policies": [str(tree)]})
+    gw = GatewayThread(env.config).start()
+    try:
+        async with http_client(env) as http:
+            r, _ = await wait_for(http, base_url(env.config) + "/readyz", _unready)
+            policy = r.json()["checks"]["policy"]
+            assert policy["ok"] is False and policy["data_valid"] is False, policy
+            assert "guardrails.protected_tag: unknown key" in policy["detail"], policy
+            assert any(x.startswith("policy: policy data invalid") for x in r.json()["reasons"])
+            call = await http.post(
+                env.url,
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "tools/call",
+                    "params": {"name": "list_nodes", "arguments": {}},
+                },
+                headers={
+                    "Authorization": f"Bearer {env.token('data-check-op', ['operator'])}",
+                    "MCP-Protocol-Version": "2025-06-18",
+                    "Accept": "application/json, text/event-stream",
+                },
+            )
+            assert call.status_code == 200, call.text
+            result = call.json()["result"]
+            assert result["isError"] is True
+            assert "policy data error: guardrails.protected_tag: unknown key" in json.dumps(result)
+        rows = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "decision"]
+        assert rows and all(r["outcome"] == "deny" for r in rows)
+        assert not [r for r in audit_rows(env.config.audit_path) if r["kind"] == "result"]
+    finally:
         gw.stop()
 
 

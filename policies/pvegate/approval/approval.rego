@@ -78,9 +78,12 @@ approver_groups := sort({g | some g in cfg.default_approver_groups}) if count(ru
 
 level_min_approvals := object.get(cfg.min_approvals_by_level, risk.level, cfg.default_min_approvals)
 
-rule_min_approvals contains r.min_approvals if {
+# (object.get, not r.min_approvals: partially evaluated with the data known
+# (opa build -O=1), a ref to a key that some rules lack fails the type check)
+rule_min_approvals contains n if {
 	some r in matching_rules
-	is_number(r.min_approvals)
+	n := object.get(r, "min_approvals", null)
+	is_number(n)
 }
 
 # the strictest of the level's and the matching rules' minimums
@@ -88,9 +91,10 @@ min_approvals := max(rule_min_approvals | {level_min_approvals})
 
 level_ttl_seconds := object.get(cfg.ttl_seconds_by_level, risk.level, cfg.default_ttl_seconds)
 
-rule_ttl_seconds contains r.ttl_seconds if {
+rule_ttl_seconds contains n if {
 	some r in matching_rules
-	is_number(r.ttl_seconds)
+	n := object.get(r, "ttl_seconds", null)
+	is_number(n)
 }
 
 # the shortest of the level's and the matching rules' ttls

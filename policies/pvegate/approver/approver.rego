@@ -125,8 +125,9 @@ allow if count(deny) == 0
 # title: Approver decision
 # description: |
 #   {"allow": bool, "deny": [sentences], "deny_reasons": [{code, rule, message}],
-#   "groups": [qualified groups]} for input kind "approve"
-# entrypoint: true
+#   "groups": [qualified groups]} for input kind "approve". Not an optimiser
+#   entrypoint: it is asked once per vote, and OPA 1.22's `opa build -O=1`
+#   gives support rules of two entrypoints the same names (gateway/policy/optimized.py).
 # schemas:
 #   - input: schema["approve_input.schema"]
 decision := {

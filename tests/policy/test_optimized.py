@@ -1,0 +1,133 @@
+"""The optimised policy (`opa build -O=1`, what the managed sidecar loads) answers as the plain one.
+
+Built by the sidecar's own code (gateway/policy/optimized.py) from policies/, then both are
+asked the same questions with the real OPA: every golden case's decision, the data check,
+tools/list over the real catalog for the fixture principals, and approver votes. Then the
+same with broken data: the data check's refusal must survive the optimisation too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.policy import optimized
+from gateway.policy.opa_sidecar import find_opa
+from gateway.tools.catalog import Catalog
+
+REPO = Path(__file__).resolve().parents[2]
+POLICIES = REPO / "policies"
+
+PRINCIPALS = ["agent", "viewer", "alice", "bob", "breakglass", "admin", "web_dev", "planner", "auditor", "nobody"]
+PRINCIPALS += ["contractor"]
+
+# every question in one query per policy: decisions, listings, approver votes, the data check
+QUERY = """x := {
+  "decisions": {k: d | some k, doc in input.decisions; d := data.pvegate.decision with input as doc},
+  "listings": {k: sort(v) | some k, doc in input.listings; v := data.pvegate.visible_tools with input as doc},
+  "approvers": {k: d | some k, doc in input.approvers; d := data.pvegate.approver.decision with input as doc},
+  "data_check": data.pvegate.data_check,
+}"""
+
+
+def _opa() -> Path:
+    try:
+        return find_opa()
+    except Exception:
+        pytest.skip("no OPA binary (make tools)")
+
+
+def _eval(opa: Path, args: list[str], query: str, input_doc: Any = None, tmp: Path | None = None) -> Any:
+    cmd = [str(opa), "eval", "--format", "json", *args]
+    if input_doc is not None:
+        assert tmp is not None
+        f = tmp / "input.json"
+        f.write_text(json.dumps(input_doc))
+        cmd += ["--input", str(f)]
+    done = subprocess.run([*cmd, query], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)["result"][0]
+    return out["bindings"]["x"] if "bindings" in out else out["expressions"][0]["value"]
+
+
+def _plain(policies: Path) -> list[str]:
+    args = []
+    for pattern in optimized.IGNORED:
+        args += ["--ignore", pattern]
+    return [*args, "--data", str(policies)]
+
+
+def _questions(opa: Path, tmp: Path) -> dict[str, Any]:
+    decisions = {}
+    for f in sorted((POLICIES / "golden").glob("*.json")):
+        for name, case in json.loads(f.read_text()).items():
+            decisions[name] = case["input"]
+    catalog = Catalog.load(REPO / "connectors").policy_views
+    fx = "data.pvegate.fixtures_test"
+    groups = ["sre-leads"]
+    q = f"""x := {{
+      "listings": {{p: {fx}.listing_input({fx}[p], input.catalog) | some p in input.principals}},
+      "approvers": {{
+        concat("/", [a, r, concat(",", g)]): {fx}.approve_input({fx}[a], r, g, [])
+        | some a in input.principals; some r in ["demo-agent", "alice"]; some g in [[], {json.dumps(groups)}]
+      }},
+    }}"""
+    generated = _eval(opa, ["--data", str(POLICIES)], q, {"catalog": catalog, "principals": PRINCIPALS}, tmp)
+    assert len(generated["listings"]) == len(PRINCIPALS) and len(decisions) >= 30
+    return {"decisions": decisions, **generated}
+
+
+def _compare(opa: Path, policies: Path, tmp: Path, questions: dict[str, Any]) -> dict[str, Any]:
+    built = optimized.build(opa, (policies,), tmp / "optimized")
+    plain = _eval(opa, _plain(policies), QUERY, questions, tmp)
+    fast = _eval(opa, _plain(built), QUERY, questions, tmp)
+    for part in ("decisions", "listings", "approvers"):
+        assert plain[part].keys() == fast[part].keys()
+        differ = [k for k in plain[part] if plain[part][k] != fast[part][k]]
+        assert not differ, f"{part}: the optimised policy answers differently for {differ}"
+    assert plain["data_check"] == fast["data_check"]
+    return plain
+
+
+def test_optimized_policy_answers_as_the_plain_one(tmp_path: Path) -> None:
+    opa = _opa()
+    questions = _questions(opa, tmp_path)
+    plain = _compare(opa, POLICIES, tmp_path, questions)
+    # the comparison covers real variety: allowed, denied and pending calls; visible tools
+    allowed = {k for k, d in plain["decisions"].items() if d["allow"]}
+    assert 0 < len(allowed) < len(plain["decisions"])
+    assert any(d["approval"]["required"] for d in plain["decisions"].values())
+    assert any(plain["listings"].values()) and not all(plain["listings"].values())
+    assert any(d["allow"] for d in plain["approvers"].values())
+    assert plain["data_check"]["valid"] is True
+
+
+def test_optimized_policy_keeps_the_data_refusal(tmp_path: Path) -> None:
+    opa = _opa()
+    tree = tmp_path / "policies"
+    shutil.copytree(POLICIES, tree)
+    data_file = tree / "data" / "data.yaml"
+    data = yaml.safe_load(data_file.read_text())
+    data["guardrails"]["protected_tag"] = ["crown-jewel"]  # a misspelled key
+    data_file.write_text(yaml.safe_dump(data))
+    questions = _questions(opa, tmp_path)
+    plain = _compare(opa, tree, tmp_path, questions)
+    check = plain["data_check"]
+    assert check["valid"] is False
+    assert check["refusal"]["allow"] is False
+    assert any("guardrails.protected_tag: unknown key" in p for p in check["problems"])
+
+
+def test_build_failure_is_reported(tmp_path: Path) -> None:
+    opa = _opa()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "p.rego").write_text("package pvegate\n\ndecision := {\n")
+    with pytest.raises(optimized.OptimizeError, match="opa build -O=1 failed"):
+        optimized.build(opa, (broken,), tmp_path / "out")
