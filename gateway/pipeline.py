@@ -77,6 +77,12 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         await _refuse(c, req, tool.name, None, "invalid", str(exc))
         return CallResult("invalid", str(exc), is_error=True)
 
+    version = await c.targets.version_refusal(tool, cluster)  # a 9.x-only tool on an 8.x cluster, ...
+    if version is not None:
+        outcome, why = version
+        await _refuse(c, req, tool.name, None, outcome, why)
+        return CallResult("invalid" if outcome == "unsupported_version" else "failed", why, is_error=True)
+
     dry_run = bool(req.meta.get("dry_run", False))
     digest = arguments_digest(tool.name, args, dry_run=dry_run)
     try:

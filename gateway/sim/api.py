@@ -11,13 +11,19 @@ import json
 import logging
 import re
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.sim import handlers_backup, handlers_provision, handlers_read, handlers_write  # noqa: F401  (register routes)
+from gateway.sim import (  # noqa: F401  (register routes)
+    handlers_backup,
+    handlers_firewall,
+    handlers_provision,
+    handlers_read,
+    handlers_write,
+)
 from gateway.sim.auth import authenticate
 from gateway.sim.errors import ApiError, perm_denied
 from gateway.sim.faults import FAULT_MESSAGES
@@ -172,6 +178,10 @@ class ApiApp:
             raw.update(await _body_params(request))
         entry["body"] = {k: v for k, v in raw.items()} if method in ("POST", "PUT") else None
         ep, path_params, _ = rt.schema.match(method, path)
+        raw_path = (request.scope.get("raw_path") or b"").decode("latin-1")
+        if ep is None and "%2f" in raw_path.lower():  # a CIDR path segment, e.g. /ipset/x/10.0.0.0%2F24
+            ep, path_params, _ = rt.schema.match(method, raw_path.split("?", 1)[0][len(PREFIX) :].rstrip("/"))
+            path_params = {k: unquote(v) for k, v in path_params.items()}
         handler = ROUTES.get((method, ep.path)) if ep else None
         try:
             if ep is not None and not ep.info.get("allowtoken", 1):

@@ -206,6 +206,9 @@ class Cluster:
     firewall_rules: list[dict[str, Any]] = field(default_factory=list)
     guest_firewall_rules: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     ha_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    firewall: dict[str, Any] = field(default_factory=dict)  # aliases, IP sets, groups, node rules, options
+    sdn: dict[str, Any] = field(default_factory=dict)  # zones, vnets, subnets: running and pending
+    ha_rules: dict[str, dict[str, Any]] = field(default_factory=dict)  # PVE 9: HA rules (groups migrated)
     ceph: dict[str, Any] | None = None
     tasks: dict[str, Task] = field(default_factory=dict)
     task_seconds: float = 0.3

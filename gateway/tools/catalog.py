@@ -19,7 +19,7 @@ import jsonschema
 import yaml
 
 from gateway.tools.runtimes.reducers import COMPOSITES, TRANSFORMS
-from gateway.tools.tool import PLACEHOLDER, Tool, _short
+from gateway.tools.tool import PLACEHOLDER, Tool, _short, parse_release
 
 EFFECTS = ("read", "write", "destroy", "exec")
 CONNECTORS = ("pve_api", "ssh", "composite")
@@ -127,6 +127,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         target=target,
         sensitive=tuple(raw.get("sensitive", [])),
         allocates=dict(raw.get("allocates") or {}),
+        pve_versions={k: str(v) for k, v in (raw.get("pve_versions") or {}).items()},
         spec=dict(raw[connector]),
         output=dict(raw.get("output", {})),
         dry_run=(" ".join(raw["dry_run"].split()) if raw.get("dry_run") else None),
@@ -134,7 +135,16 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         _validator=jsonschema.Draft202012Validator(params, format_checker=jsonschema.FormatChecker()),
     )
     _check_placeholders(tool, where)
+    _check_versions(tool, where)
     return tool
+
+
+def _check_versions(tool: Tool, where: str) -> None:
+    low, high = tool.pve_versions.get("min"), tool.pve_versions.get("max")
+    if tool.pve_versions and tool.connector != "pve_api":
+        raise CatalogError(f"{where}: pve_versions applies to pve_api tools only")
+    if low and high and parse_release(low) > parse_release(high)[: len(parse_release(low))]:
+        raise CatalogError(f"{where}: pve_versions min {low} is above max {high}")
 
 
 def _check_placeholders(tool: Tool, where: str) -> None:

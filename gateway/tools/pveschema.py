@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway.pve_schema import load_tree
 from gateway.tools.catalog import Catalog
-from gateway.tools.tool import Tool
+from gateway.tools.tool import Tool, parse_release
 
 GUEST_TYPES = ("qemu", "lxc")
 
@@ -29,9 +29,16 @@ class Privilege:
         return f"{joined} on {self.path}"
 
 
+SCHEMA_RELEASE = re.compile(r"pve-([0-9]{1,3}[.][0-9]{1,3})-apidata")
+
+
 class PveSchema:
-    def __init__(self, tree: list[dict[str, Any]], source: str) -> None:
+    def __init__(self, tree: list[dict[str, Any]], source: str, release: str | None = None) -> None:
         self.source = source
+        # the PVE release the schema describes ("8.4"), from its file name; None: unknown
+        # (a node's apidoc.js), and every tool is checked against it
+        m = SCHEMA_RELEASE.search(Path(source).name)
+        self.release = release or (m.group(1) if m else None)
         self.endpoints: dict[tuple[str, str], dict[str, Any]] = {}
         stack = list(tree)
         while stack:
@@ -83,8 +90,23 @@ def check_tool(tool: Tool, schema: PveSchema) -> list[str]:
     return problems
 
 
+def applies(tool: Tool, schema: PveSchema) -> bool:
+    """A tool is checked against the schemas of the PVE releases it declares (all when it declares none)."""
+    return schema.release is None or tool.supports(parse_release(schema.release))
+
+
 def check_catalog(catalog: Catalog, schema: PveSchema) -> list[str]:
-    return [p for t in catalog if t.connector == "pve_api" for p in check_tool(t, schema)]
+    return [p for t in catalog if t.connector == "pve_api" and applies(t, schema) for p in check_tool(t, schema)]
+
+
+def unmatched_versions(catalog: Catalog, schemas: list[PveSchema]) -> list[str]:
+    """Tools whose declared PVE releases no given schema describes: checked against nothing."""
+    return [
+        f"{t.name}: declares {t.versions_text()}, but no schema checked describes such a release "
+        f"({', '.join(s.release or 'unknown' for s in schemas)})"
+        for t in catalog
+        if t.pve_versions and schemas and not any(applies(t, s) for s in schemas)
+    ]
 
 
 def _flatten(check: Any) -> list[Privilege]:
@@ -119,13 +141,20 @@ def privileges(tool: Tool, schema: PveSchema) -> tuple[list[Privilege], list[str
     return privs, notes
 
 
-def least_privilege(catalog: Catalog, schema: PveSchema, effects: tuple[str, ...]) -> dict[str, list[str]]:
-    """Privilege name -> tools needing it, over pve_api tools with the given effects."""
+def least_privilege(
+    catalog: Catalog, schema: PveSchema | list[PveSchema], effects: tuple[str, ...]
+) -> dict[str, list[str]]:
+    """Privilege name -> tools needing it, over pve_api tools with the given effects. Each tool's
+    privileges come from the last schema given that describes a release it works on."""
+    schemas = schema if isinstance(schema, list) else [schema]
     need: dict[str, list[str]] = {}
     for tool in catalog:
         if tool.connector != "pve_api" or tool.effect not in effects:
             continue
-        privs, notes = privileges(tool, schema)
+        chosen = next((s for s in reversed(schemas) if applies(tool, s)), None)
+        if chosen is None:
+            continue
+        privs, notes = privileges(tool, chosen)
         names = {n for p in privs for n in p.privs[: 1 if p.any_of else None]}
         # vzdump is user:all in the schema; its description names the real privileges
         for note in notes:  # first sentence only: the rest names options the connectors never send

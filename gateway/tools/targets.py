@@ -7,9 +7,9 @@ import asyncio
 import time
 from typing import Any
 
-from gateway.tools.runtimes.base import UpstreamError
+from gateway.tools.runtimes.base import ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
-from gateway.tools.tool import Tool
+from gateway.tools.tool import Tool, parse_release
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -32,11 +32,50 @@ def unknown_target(cluster: str | None) -> dict[str, Any]:
 
 
 class TargetResolver:
-    def __init__(self, clients: dict[str, PveApiClient], ttl: float = 5.0) -> None:
+    def __init__(self, clients: dict[str, PveApiClient], ttl: float = 5.0, version_ttl: float = 300.0) -> None:
         self.clients = clients
         self.ttl = ttl
+        self.version_ttl = version_ttl  # a cluster changes release only by an upgrade
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._releases: dict[str, tuple[float, tuple[int, ...]]] = {}
+
+    async def pve_release(self, cluster: str) -> tuple[tuple[int, ...] | None, str]:
+        """The cluster's PVE release (major, minor) from GET /version, cached for `version_ttl`;
+        (None, why) when it cannot be learned (a failure is not cached: the next call asks again)."""
+        hit = self._releases.get(cluster)
+        if hit and time.monotonic() - hit[0] < self.version_ttl:
+            return hit[1], ""
+        client = self.clients.get(cluster)
+        if client is None:
+            return None, f"unknown cluster {cluster}"
+        try:
+            info = await client.request("GET", "/version")
+            release = parse_release(str((info or {}).get("release") or (info or {}).get("version") or ""))
+        except ToolError as exc:
+            return None, str(exc)
+        except (ValueError, AttributeError):
+            return None, "its /version answer names no release"
+        self._releases[cluster] = (time.monotonic(), release)
+        return release, ""
+
+    async def version_refusal(self, tool: Tool, cluster: str) -> tuple[str, str] | None:
+        """(outcome, reason) when a tool that declares its PVE releases may not run on this
+        cluster: another release ("unsupported_version"), or one not known ("version_unknown")."""
+        if not tool.pve_versions:
+            return None
+        release, why = await self.pve_release(cluster)
+        if release is None:
+            return "version_unknown", (
+                f"{tool.name} works on {tool.versions_text()} only, and the Proxmox VE version of cluster "
+                f"{cluster} is not known ({why}); refusing rather than guessing"
+            )
+        if not tool.supports(release):
+            have = ".".join(str(n) for n in release)
+            return "unsupported_version", (
+                f"{tool.name} works on {tool.versions_text()} only; cluster {cluster} runs PVE {have}"
+            )
+        return None
 
     async def _index(self, cluster: str, fresh: bool = False) -> dict[str, Any]:
         now = time.monotonic()

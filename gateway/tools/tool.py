@@ -13,6 +13,17 @@ PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
 
 
+RELEASE = re.compile(r"^([0-9]{1,3})(?:[.]([0-9]{1,3}))?")
+
+
+def parse_release(text: str) -> tuple[int, ...]:
+    """ "8.4.1" -> (8, 4), "9" -> (9,); ValueError when the text does not start with a release."""
+    m = RELEASE.match(text.strip())
+    if m is None:
+        raise ValueError(f"not a Proxmox VE release: {text[:40]!r}")
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
 class ArgumentError(Exception):
     """A tool call's arguments do not match the tool's declared parameters."""
 
@@ -37,6 +48,7 @@ class Tool:
     source: str = ""
     uses: tuple[dict[str, Any], ...] = ()  # a composite's leaf tools, as the policy sees them
     allocates: dict[str, Any] = field(default_factory=dict)  # requested resources (create, attach, grow)
+    pve_versions: dict[str, str] = field(default_factory=dict)  # {min, max}: the PVE releases it works on
     _validator: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -77,6 +89,20 @@ class Tool:
         if self.output_schema is not None:
             view["outputSchema"] = self.output_schema
         return view
+
+    def supports(self, release: tuple[int, ...]) -> bool:
+        """Whether a cluster on this PVE release (major, minor) has the tool's endpoints.
+        A bound names a release ("9.0") or a whole major version ("8")."""
+        low, high = self.pve_versions.get("min"), self.pve_versions.get("max")
+        if low is not None and release[: len(parse_release(low))] < parse_release(low):
+            return False
+        return high is None or release[: len(parse_release(high))] <= parse_release(high)
+
+    def versions_text(self) -> str:
+        low, high = self.pve_versions.get("min"), self.pve_versions.get("max")
+        if low and high:
+            return f"PVE {low} to {high}"
+        return f"PVE {low} and later" if low else f"PVE {high} and earlier"
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         if arguments is None:

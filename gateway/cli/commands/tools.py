@@ -19,7 +19,15 @@ from typing import Any
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.pve_schema import ENV_DIR, VERSIONS, SchemaNotFound, schema_file
 from gateway.tools.catalog import Catalog, CatalogError
-from gateway.tools.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
+from gateway.tools.pveschema import (
+    PveSchema,
+    applies,
+    check_catalog,
+    expansions,
+    least_privilege,
+    privileges,
+    unmatched_versions,
+)
 from gateway.tools.tool import Tool
 
 DEFAULT_CONNECTORS = REPO_ROOT / "connectors"
@@ -78,7 +86,7 @@ def _check(args: argparse.Namespace) -> int:
               "(a node's /pve-docs/api-viewer/apidoc.js), or --no-pve-schema to check the format only",
               file=sys.stderr)  # fmt: skip
         return 1
-    problems = [p for s in schemas for p in check_catalog(catalog, s)]
+    problems = [p for s in schemas for p in check_catalog(catalog, s)] + unmatched_versions(catalog, schemas)
     counts: dict[str, int] = {}
     for t in catalog:
         counts[t.connector] = counts.get(t.connector, 0) + 1
@@ -132,6 +140,8 @@ def _show(args: argparse.Namespace) -> int:
         return 1
     print(f"{tool.name}: {tool.title}\n  {tool.description}")
     print(f"effect {tool.effect}, domain {tool.domain}, scope {tool.scope}, connector {tool.connector}")
+    if tool.pve_versions:
+        print(f"works on: {tool.versions_text()} (refused on a cluster of another version)")
     print("annotations: " + json.dumps(tool.annotations))
     print("sends:")
     for line in _request_lines(tool):
@@ -139,8 +149,9 @@ def _show(args: argparse.Namespace) -> int:
     if tool.dry_run:
         print(f"dry run: {tool.dry_run}")
     schemas = _schemas(args.pve_schema) or []
-    if tool.connector == "pve_api" and schemas:
-        s = schemas[-1]
+    fitting = [s for s in schemas if applies(tool, s)]
+    if tool.connector == "pve_api" and fitting:
+        s = fitting[-1]
         privs, notes = privileges(tool, s)
         print(f"Proxmox privileges (from {s.source}):")
         for p in privs:
@@ -160,7 +171,7 @@ def _least(args: argparse.Namespace) -> int:
         print("error: need the catalog and a PVE schema (--pve-schema)", file=sys.stderr)
         return 1
     effects = tuple(e.strip() for e in args.effects.split(",") if e.strip())
-    need = least_privilege(catalog, schemas[-1], effects)
+    need = least_privilege(catalog, schemas, effects)
     for priv, tools in need.items():
         print(f"# {priv}: {', '.join(sorted(tools))}")
     privs = " ".join(need)
@@ -200,7 +211,12 @@ def register(sub: Any) -> None:
     sh.set_defaults(func=_show)
     lp = tsub.add_parser("least-privilege", help="print a Proxmox role with only the privileges the tools need")
     lp.add_argument("--connectors", type=Path, default=DEFAULT_CONNECTORS, help="the connector directory")
-    lp.add_argument("--pve-schema", type=Path, action="append", help="apidata JSON or apidoc.js (the last one is used)")
+    lp.add_argument(
+        "--pve-schema",
+        type=Path,
+        action="append",
+        help="apidata JSON or apidoc.js (each tool uses the last one describing a release it works on)",
+    )
     lp.add_argument("--effects", default="read,write,destroy", help="comma list of effects to cover")
     lp.add_argument("--role", default="PVEGate", help="the Proxmox role name to create")
     lp.add_argument(

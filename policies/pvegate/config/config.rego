@@ -89,6 +89,7 @@ default_risk := {
 	"effect_points": {"read": 0, "write": 20, "exec": 35, "destroy": 45},
 	"target_tag_points": {"prod": 20},
 	"tool_tag_points": {},
+	"critical_calls": [],
 	"scope_points": {"guest": 0, "storage": 10, "node": 20, "cluster": 30},
 	"ha_points": 10,
 	"off_hours_points": 10,

@@ -5,7 +5,10 @@
 #   effect, the target's tags (e.g. prod), the blast radius of node- and
 #   cluster-scope tools, HA-managed guests, time outside business hours, an
 #   unresolved target, and a discount for dry runs. Everything but the effect
-#   counts for mutations only. Points and thresholds come from data.data.risk.
+#   counts for mutations only. Points and thresholds come from data.data.risk;
+#   its critical_calls name mutations that are critical whatever else they
+#   score (turning a firewall off, applying SDN), which the approval thresholds
+#   then send to two approvers.
 # schemas:
 #   - input: schema["decision_input.schema"]
 package pvegate.risk
@@ -48,6 +51,27 @@ factors contains factor if {
 		"name": sprintf("tool_tag:%s", [tag]),
 		"points": points,
 		"why": sprintf("tool %q is tagged %q", [input.tool.name, tag]),
+	}
+}
+
+# a call the data names critical (selector plus argument values, e.g. enable: false) is
+# worth the critical threshold on its own; a dry run changes nothing and is scored as usual
+factors contains factor if {
+	mutation
+	not obligations.dry_run
+	some rule in cfg.critical_calls
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+	arguments_match(rule)
+	factor := {
+		"name": sprintf("critical_call:%s", [rule.name]),
+		"points": cfg.level_thresholds.critical,
+		"why": rule.reason,
+	}
+}
+
+arguments_match(rule) if {
+	every name, values in object.get(rule, "arguments", {}) {
+		input.arguments[name] in values
 	}
 }
 
