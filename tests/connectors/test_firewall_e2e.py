@@ -11,6 +11,7 @@ small scenario is left as it was found (other modules count its cluster rules).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -19,6 +20,42 @@ from gateway.tools.runtimes.base import CallContext
 from tests.connectors.test_provision_e2e import admin, call, read, run, sent, text
 from tests.support import GatewayThread
 
+FIREWALL_TOOLS = {
+    "firewall_alias_create",
+    "firewall_alias_delete",
+    "firewall_alias_update",
+    "firewall_aliases",
+    "firewall_cluster_options",
+    "firewall_cluster_options_set",
+    "firewall_cluster_rule_create",
+    "firewall_cluster_rule_delete",
+    "firewall_cluster_rule_update",
+    "firewall_group_create",
+    "firewall_group_delete",
+    "firewall_group_rule_create",
+    "firewall_group_rule_delete",
+    "firewall_group_rules",
+    "firewall_groups",
+    "firewall_guest_log",
+    "firewall_guest_options",
+    "firewall_guest_options_set",
+    "firewall_guest_rule_create",
+    "firewall_guest_rule_delete",
+    "firewall_guest_rule_update",
+    "firewall_ipset_add",
+    "firewall_ipset_create",
+    "firewall_ipset_delete",
+    "firewall_ipset_entries",
+    "firewall_ipset_remove",
+    "firewall_ipsets",
+    "firewall_node_log",
+    "firewall_node_options",
+    "firewall_node_options_set",
+    "firewall_node_rule_create",
+    "firewall_node_rule_delete",
+    "firewall_node_rule_update",
+    "firewall_node_rules",
+}
 API = "/api2/json"
 FW = f"{API}/cluster/firewall"
 
@@ -289,3 +326,9 @@ async def direct(gw: GatewayThread, name: str, args: dict[str, Any]) -> str:
     except Exception as exc:  # the connector's ToolError with PVE's message
         return str(exc)
     raise AssertionError(f"{name} did not fail")
+
+
+def test_every_firewall_tool_is_called_here() -> None:
+    """FIREWALL_TOOLS (counted by test_tools_e2e) names only tools this module runs."""
+    source = Path(__file__).read_text().split("FIREWALL_TOOLS = {", 1)[1].split("}", 1)[1]
+    assert all(f'"{name}"' in source for name in FIREWALL_TOOLS)
