@@ -69,12 +69,6 @@ factors contains factor if {
 	}
 }
 
-arguments_match(rule) if {
-	every name, values in object.get(rule, "arguments", {}) {
-		input.arguments[name] in values
-	}
-}
-
 factors contains factor if {
 	mutation
 	points := cfg.scope_points[input.tool.scope]
@@ -154,4 +148,11 @@ result := {
 	"score": score,
 	"level": level,
 	"factors": [f | some f in factors],
+}
+
+# every argument the rule names has one of the listed values
+arguments_match(rule) if {
+	every name, values in object.get(rule, "arguments", {}) {
+		input.arguments[name] in values
+	}
 }
