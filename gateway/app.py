@@ -35,6 +35,7 @@ from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
 from gateway.store.reconcile import Reconciler, reconcile_loop
+from gateway.store.shared_keys import state_key
 from gateway.store.usage import build_quotas
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import TEST_FAULT_ENV, Runtime, test_fault
@@ -207,7 +208,8 @@ def create_app(
         built = components or await build_components(config)
         app.state.components = built
         app.state.authenticator = authenticator or Authenticator(config.auth)
-        sealer = Sealer()  # per-process key: request states and session ids are short-lived
+        # one key for every replica (state_key or the database): a retry may reach any of them
+        sealer = Sealer(await state_key(config))
         app.state.request_states = RequestStates(sealer)
         app.state.sessions = Sessions(sealer)
         supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None

@@ -32,7 +32,9 @@ from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
 from gateway.store.backend import refuse_unshared
+from gateway.store.db import DatabaseUnavailable
 from gateway.store.outcomes import Outcomes
+from gateway.store.shared_keys import configured_key
 from gateway.tools.catalog import CatalogError
 
 log = logging.getLogger("pvegate")
@@ -71,6 +73,10 @@ def check_secrets(config: Config) -> None:
                 raise StartupError(f"{ref.setting}: the secret is empty")
         except ConfigError as exc:
             raise StartupError(str(exc)) from exc
+    try:
+        configured_key(config)  # present and long enough (the database's key is read at start)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def check_opa(config: Config) -> None:
@@ -160,6 +166,8 @@ def describe(exc: BaseException) -> str:
         return f"connectors: {exc}"
     if isinstance(exc, sqlite3.Error | AuditIntegrityError):
         return f"audit database: {exc}"
+    if isinstance(exc, DatabaseUnavailable):
+        return f"storage.url: {exc}"
     if isinstance(exc, AuditKeyError):
         return f"audit.head_key_file: {exc}"
     if isinstance(exc, ConfigError):

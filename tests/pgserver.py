@@ -86,14 +86,29 @@ class PostgresServer:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{DATABASE}"
 
     def stop(self) -> None:
+        self.halt()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def halt(self) -> None:
+        """Fast shutdown (clients are disconnected), keeping the cluster for `resume()`."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # fast shutdown: disconnect clients, exit
+            self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
-        shutil.rmtree(self.root, ignore_errors=True)
+
+    def resume(self, timeout: float = 60.0) -> None:
+        """Start the halted cluster again on the same port (a database restart, as clients see it)."""
+        if self.proc.poll() is None:
+            return
+        self.proc = _spawn(self.root, self.port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None and not _ready(self.root / "data"):
+            time.sleep(0.02)
+        if self.proc.poll() is not None or not _ready(self.root / "data"):
+            raise PostgresUnavailable(f"postgres did not start again within {timeout:.0f}s:\n{self.log()[-2000:]}")
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
@@ -108,6 +123,34 @@ def _ready(data: Path) -> bool:
     except OSError:
         return False
     return len(lines) >= 8 and lines[7].strip() == "ready"
+
+
+def _spawn(root: Path, port: int) -> subprocess.Popen[bytes]:
+    """The postmaster of the cluster in root/data, on 127.0.0.1:port, as the cluster's owner."""
+    owner = _owner()
+    uid = gid = None
+    groups: list[int] | None = None
+    if owner is not None:
+        uid, gid, groups = owner.pw_uid, owner.pw_gid, []
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
+    argv = [str(bin_dir() / "postgres"), "-D", str(root / "data"), "-h", "127.0.0.1", "-p", str(port)]
+    argv += ["-k", str(root)]  # the Unix socket stays in the temp folder
+    # fsync off: a throw-away cluster, durability is not what is tested here
+    for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200"):
+        argv += ["-c", setting]
+    with open(root / "server.log", "ab") as log:  # the server keeps its own copy of the descriptor
+        return subprocess.Popen(
+            argv,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent,  # only a prctl between fork and exec
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
 
 
 def start_postgres(timeout: float = 60.0) -> PostgresServer:
@@ -141,25 +184,7 @@ def start_postgres(timeout: float = 60.0) -> PostgresServer:
         raise PostgresUnavailable(f"initdb failed: {exc.stderr.decode(errors='replace').strip()}") from exc
     for _attempt in range(5):  # another process may take the free port before the server binds it
         port = _free_port()
-        # fsync off: a throw-away cluster, durability is not what is tested here
-        argv = [str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port)]
-        argv += ["-k", str(root)]  # the Unix socket stays in the temp folder
-        for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200"):
-            argv += ["-c", setting]
-        log = open(root / "server.log", "ab")  # the server's; our copy is closed below
-        proc = subprocess.Popen(
-            argv,
-            cwd=root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            preexec_fn=_die_with_parent,  # only a prctl between fork and exec
-            user=uid,
-            group=gid,
-            extra_groups=groups,
-        )
-        log.close()
+        proc = _spawn(root, port)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None and not _ready(data):
             time.sleep(0.02)

@@ -192,6 +192,7 @@ class Config:
     state_dir: Path
     admin: AdminConfig = field(default_factory=AdminConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    state_key: SecretRef | None = None  # seals requestStates and session ids; None: kept in the database
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     log_format: str = "text"  # text | json (one JSON object per line, with the request id)
@@ -381,6 +382,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 token=_secret(raw["admin"]["token"], base, "admin.token") if raw.get("admin", {}).get("token") else None
             ),
             storage=storage,
+            state_key=_secret(raw["state_key"], base, "state_key") if raw.get("state_key") else None,
             metrics=MetricsConfig(
                 token=_secret(raw["metrics"]["token"], base, "metrics.token")
                 if (raw.get("metrics") or {}).get("token")

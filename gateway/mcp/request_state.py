@@ -7,8 +7,9 @@ Two uses, one mechanism (HMAC-SHA256 over a purpose-tagged JSON payload):
 - the legacy-era `Mcp-Session-Id`: remembers what the client declared at
   `initialize` (e.g. URL elicitation) without server-side session storage.
 
-The key is random per process unless configured: these tokens live for minutes
-and single-use bookkeeping is per-process anyway.
+The key is the same in every replica (`state_key`, or one created in the database:
+store/shared_keys.py), so a retry may reach any of them; `Sealer()` without a key
+(stdio: one process) makes a random one.
 """
 
 from __future__ import annotations

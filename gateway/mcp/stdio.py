@@ -65,7 +65,7 @@ class StdioSession:
         self.principal = principal
         self.version: str | None = None
         self.url_elicitation = False  # declared at initialize (capabilities.elicitation.url)
-        self.states = RequestStates(Sealer())  # per-process key, as over HTTP
+        self.states = RequestStates(Sealer())  # one process, one client: a key of its own
 
     def _exchange(self, version: str, modern_era: bool, url_elicitation: bool) -> methods.Exchange:
         return methods.Exchange(self.c, self.principal, version, modern_era, None, url_elicitation, self.states)

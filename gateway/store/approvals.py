@@ -290,9 +290,10 @@ class ApprovalStore:
         await self.database.close()
 
     async def expire_due(self, now: float | None = None) -> list[str]:
-        """Mark pending requests and unused tokens past their expiry as expired (rows are kept)."""
-        now = time.time() if now is None else now
+        """Mark pending requests and unused tokens past their expiry as expired (rows are kept).
+        `now`: the database's clock unless given (tests)."""
         async with self.database.transaction() as tx:
+            now = await tx.now() if now is None else now
             rows = await tx.fetch(
                 "SELECT id FROM approval_requests WHERE (state = 'pending' AND expires_at <= ?) "
                 "OR (state = 'approved' AND token_expires_at <= ?)",
@@ -336,9 +337,12 @@ class ApprovalStore:
         return [await self.get(i) for i in ids]
 
     async def find_or_create(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
-        """The identical live pending request if there is one, else `req` inserted. (request, created)."""
+        """The identical live pending request if there is one, else `req` inserted. (request, created).
+        Its created_at and expires_at are set on the database's clock, as every expiry check is."""
         async with self.database.transaction() as tx:
             await tx.lock(f"approval:{req.requester}|{req.tool}|{req.arguments_digest}|{req.target_key}")
+            now = await tx.now()
+            req.created_at, req.expires_at = now, now + req.ttl_seconds
             rows = await tx.fetch(
                 "SELECT id FROM approval_requests WHERE requester = ? AND tool = ? AND arguments_digest = ? "
                 "AND target_key = ? AND state = 'pending' AND expires_at > ? ORDER BY created_at LIMIT 1",
@@ -346,7 +350,7 @@ class ApprovalStore:
                 req.tool,
                 req.arguments_digest,
                 req.target_key,
-                time.time(),
+                now,
             )
             if not rows:
                 await tx.execute(
@@ -386,9 +390,9 @@ class ApprovalStore:
         qualified_groups: Sequence[str] = (),
     ) -> VoteOutcome:
         """Record an OPA-approved vote; completes the request when enough approvals are in."""
-        now = time.time()
         token: str | None = None
         async with self.database.transaction() as tx:
+            now = await tx.now()  # one clock for every replica: the database's
             # FOR UPDATE on PostgreSQL: concurrent votes on this request take turns, each sees the ones before
             sql = "SELECT state, expires_at, min_approvals, ttl_seconds FROM approval_requests WHERE id = ?"
             rows = await tx.fetch(sql + tx.for_update, request_id)
@@ -398,7 +402,8 @@ class ApprovalStore:
             state, expires_at = str(row["state"]), float(row["expires_at"])
             needed, ttl = int(row["min_approvals"]), int(row["ttl_seconds"])
             if state != "pending" or expires_at <= now:
-                return VoteOutcome(False, state, reasons=[f"request {request_id} is {_state_word(state, expires_at)}"])
+                word = "expired" if state == "pending" else state
+                return VoteOutcome(False, state, reasons=[f"request {request_id} is {word}"])
             added = await tx.execute(
                 "INSERT INTO approval_votes (request_id, approver, approver_facts, verdict, at, opa_decision_id, "
                 "note) VALUES (?,?,?,?,?,?,?) ON CONFLICT (request_id, approver) DO NOTHING",
@@ -444,8 +449,8 @@ class ApprovalStore:
         )
 
     async def withdraw(self, request_id: str, by: str, note: str | None) -> VoteOutcome:
-        now = time.time()
         async with self.database.transaction() as tx:
+            now = await tx.now()
             changed = await tx.execute(
                 "UPDATE approval_requests SET state = 'withdrawn', decided_at = ?, decided_by = ?, note = ? "
                 "WHERE id = ? AND state IN ('pending', 'approved')",
@@ -467,8 +472,8 @@ class ApprovalStore:
         requester, tool, arguments and target. (request, None) or (None, why not)."""
         if column not in ("token_hash", "id"):
             raise ValueError(column)
-        now = time.time()
         async with self.database.transaction() as tx:  # the conditional UPDATE is the whole consumption
+            now = await tx.now()  # expiry on the database's clock: replicas with skewed clocks agree
             changed = await tx.execute(
                 "UPDATE approval_requests SET state = 'used', used_at = ?, used_by_request = ? "  # noqa: S608
                 f"WHERE {column} = ? AND state = 'approved' AND used_at IS NULL AND token_expires_at > ? "
@@ -489,12 +494,6 @@ class ApprovalStore:
         if changed == 1:
             return req, None
         return None, _why_not(req, principal, tool, digest, tkey, now)
-
-
-def _state_word(state: str, expires_at: float) -> str:
-    if state == "pending" and expires_at <= time.time():
-        return "expired"
-    return state
 
 
 def _audit_target(target: dict[str, Any] | None) -> str | None:

@@ -12,11 +12,9 @@ from __future__ import annotations
 from gateway.core.config import Config, ConfigError
 
 # What must be shared across replicas and still lives per process or in a local SQLite file.
-# Ported (store/db.py): approvals (store/approvals.py) and quota counters (store/usage.py).
-NOT_YET_SHARED: tuple[str, ...] = (
-    "the audit log",
-    "the request-state and session signing keys",
-)
+# Ported (store/db.py): approvals (store/approvals.py), quota counters (store/usage.py), and the
+# request-state and session signing key (store/shared_keys.py).
+NOT_YET_SHARED: tuple[str, ...] = ("the audit log",)
 
 
 def refuse_unshared(config: Config) -> None:

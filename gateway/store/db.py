@@ -28,6 +28,25 @@ class Conflict(Exception):
     """A unique key (or primary key) is already taken."""
 
 
+class DatabaseUnavailable(Exception):
+    """PostgreSQL cannot be reached (down, restarting, the connection cut): the statement did not
+    run, or its transaction was rolled back. Callers refuse the call; the next one tries again
+    (the pool replaces broken connections), so a restarted server is used without a gateway restart."""
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    import asyncpg
+
+    return (
+        OSError,  # refused, reset, unreachable
+        TimeoutError,
+        asyncpg.PostgresConnectionError,  # the connection is gone or was never made
+        asyncpg.InterfaceError,  # "connection is closed" on a connection the server dropped
+        asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up, crash recovery
+        asyncpg.exceptions.TooManyConnectionsError,
+    )
+
+
 class Tx(Protocol):
     for_update: str  # appended to a SELECT of rows the transaction will change
 
@@ -92,13 +111,21 @@ class SqliteDatabase:
 
     kind = "sqlite"
 
-    def __init__(self, path: Path, synchronous: str = "FULL") -> None:
+    def __init__(self, path: Path, synchronous: str = "FULL", read_only: bool = False) -> None:
         self.path = path
         self.synchronous = synchronous
+        self.read_only = read_only  # `pvegate db status`: never creates the file nor writes to it
         self._db: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()  # one multi-statement transaction at a time on this connection
 
     async def open(self) -> None:
+        if self.read_only:
+            self._db = await aiosqlite.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
+            )
+            self._db.row_factory = aiosqlite.Row
+            await self._db.execute("PRAGMA busy_timeout=10000")
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = await aiosqlite.connect(self.path, isolation_level=None)
         self._db.row_factory = aiosqlite.Row
@@ -186,19 +213,31 @@ class PostgresDatabase:
 
     kind = "postgresql"
 
-    def __init__(self, dsn: str, password: SecretRef | None = None, max_size: int = 10) -> None:
+    def __init__(
+        self, dsn: str, password: SecretRef | None = None, max_size: int = 10, read_only: bool = False
+    ) -> None:
         self.dsn = dsn
         self.password = password
         self.max_size = max_size
+        self.read_only = read_only  # the server refuses any write on these connections
         self._pool: Any = None
 
     async def open(self) -> None:
         import asyncpg
 
         password = self.password.read() if self.password is not None else None
-        self._pool = await asyncpg.create_pool(
-            self.dsn, password=password, min_size=1, max_size=self.max_size, command_timeout=30
-        )
+        settings = {"default_transaction_read_only": "on"} if self.read_only else {}
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.dsn,
+                password=password,
+                min_size=1,
+                max_size=self.max_size,
+                command_timeout=30,
+                server_settings=settings,
+            )
+        except _connection_errors() as exc:
+            raise DatabaseUnavailable(f"PostgreSQL cannot be reached: {_why(exc)}") from exc
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -213,17 +252,31 @@ class PostgresDatabase:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        async with self.pool.acquire() as conn, conn.transaction():
-            yield _PostgresTx(conn)
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield _PostgresTx(conn)
+        except _connection_errors() as exc:
+            raise DatabaseUnavailable(f"PostgreSQL cannot be reached: {_why(exc)}") from exc
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        async with self.pool.acquire() as conn:
-            return await _PostgresTx(conn).fetch(sql, *args)
+        try:
+            async with self.pool.acquire() as conn:
+                return await _PostgresTx(conn).fetch(sql, *args)
+        except _connection_errors() as exc:
+            raise DatabaseUnavailable(f"PostgreSQL cannot be reached: {_why(exc)}") from exc
 
 
-def database(config: Config, sqlite_path: Path | None = None) -> Database:
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def database(config: Config, sqlite_path: Path | None = None, read_only: bool = False) -> Database:
     """The backend storage.url selects (not yet open); SQLite in the audit database file by default."""
     if config.storage.postgresql:
         assert config.storage.url is not None
-        return PostgresDatabase(config.storage.url, config.storage.password, config.storage.pool_max_size)
-    return SqliteDatabase(sqlite_path or config.audit_path)
+        return PostgresDatabase(
+            config.storage.url, config.storage.password, config.storage.pool_max_size, read_only=read_only
+        )
+    return SqliteDatabase(sqlite_path or config.audit_path, read_only=read_only)

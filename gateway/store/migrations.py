@@ -36,6 +36,19 @@ async def version(tx: Tx, component: str) -> int:
     return int(rows[0]["version"]) if rows else 0
 
 
+async def versions(db: Database) -> dict[str, int]:
+    """Each component's recorded version, read without writing anything (`pvegate db status`)."""
+    if db.kind == "sqlite":
+        sql = "SELECT 1 AS present FROM sqlite_master WHERE type = 'table' AND name = 'pvegate_schema'"
+    else:
+        sql = "SELECT 1 AS present WHERE to_regclass('pvegate_schema') IS NOT NULL"
+    if not await db.fetch(sql):
+        return {}
+    return {
+        str(r["component"]): int(r["version"]) for r in await db.fetch("SELECT component, version FROM pvegate_schema")
+    }
+
+
 async def upgrade(db: Database, component: str, migrations: dict[str, Sequence[str]]) -> tuple[int, int]:
     """Apply the missing migrations in one transaction; (version before, version after)."""
     known = _known(migrations, db)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.store.audit import CALL_SECRETS, AuditClosed, AuditIntegrityError, AuditLog, AuditRecord
+from gateway.store.db import DatabaseUnavailable
 
 log = logging.getLogger("pvegate.outcomes")
 
@@ -40,7 +41,8 @@ SHUTTING_DOWN = -32011
 RETRY_AFTER_SECONDS = 5
 # what a failed audit write raises when the store itself is unwell (full, I/O, locked, no authenticated head)
 # (a record of its own that cannot be written is the caller's problem, never a reason to refuse others)
-STORE_ERRORS = (sqlite3.OperationalError, AuditClosed, AuditIntegrityError)
+# DatabaseUnavailable: PostgreSQL (approvals, quotas) cannot be reached; the call is refused the same way
+STORE_ERRORS = (sqlite3.OperationalError, AuditClosed, AuditIntegrityError, DatabaseUnavailable)
 STORE_ERROR_HOLD_SECONDS = 2.0  # after a failed write, refuse for this long unless a write succeeds
 
 

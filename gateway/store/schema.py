@@ -1,20 +1,21 @@
 """`pvegate db upgrade`: every store's migrations for the backend storage.url selects.
 
 On SQLite the gateway keeps quota counters in the process (store/usage.py), so only the
-approval tables live in the file; on PostgreSQL both are shared by the replicas.
+approval tables and the request-state key (store/shared_keys.py) live in the file; on
+PostgreSQL all three are shared by the replicas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.store import approvals, usage
+from gateway.store import approvals, shared_keys, usage
 from gateway.store.db import Database
 from gateway.store.migrations import upgrade
 
 COMPONENTS: dict[str, dict[str, dict[str, Sequence[str]]]] = {
-    "sqlite": {"approvals": approvals.MIGRATIONS},
-    "postgresql": {"approvals": approvals.MIGRATIONS, "usage": usage.MIGRATIONS},
+    "sqlite": {"approvals": approvals.MIGRATIONS, "keys": shared_keys.MIGRATIONS},
+    "postgresql": {"approvals": approvals.MIGRATIONS, "usage": usage.MIGRATIONS, "keys": shared_keys.MIGRATIONS},
 }
 
 

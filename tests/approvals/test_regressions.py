@@ -73,7 +73,7 @@ def _request(expires_at: float) -> ApprovalRequest:
         reason="test",
         approver_groups=["sre-leads"],
         min_approvals=1,
-        ttl_seconds=60,
+        ttl_seconds=round(expires_at - now),  # the store sets expires_at = its clock + ttl
         expires_at=expires_at,
         state="pending",
     )

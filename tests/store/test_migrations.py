@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 import uuid
@@ -12,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import approvals, usage
+from gateway.store import approvals, shared_keys, usage
 from gateway.store.approvals import ApprovalStore
 from gateway.store.db import Database, PostgresDatabase
 from gateway.store.migrations import SchemaError
@@ -41,7 +42,11 @@ async def test_upgrade_is_versioned_and_idempotent(make_database: Callable[[], D
     finally:
         await db.close()
     # the PostgreSQL fixture has upgraded already (as an operator would); SQLite starts empty
-    expected_first = [("approvals", 0, 1)] if backend == "sqlite" else [("approvals", 1, 1), ("usage", 1, 1)]
+    expected_first = (
+        [("approvals", 0, 1), ("keys", 0, 1)]
+        if backend == "sqlite"
+        else [("approvals", 1, 1), ("usage", 1, 1), ("keys", 1, 1)]
+    )
     assert first == expected_first
     assert all(before == after == 1 for _, before, after in again)
 
@@ -73,7 +78,7 @@ async def test_postgresql_refuses_a_database_not_yet_upgraded(postgres: Postgres
     db = PostgresDatabase(dsn)
     await db.open()
     try:
-        assert await upgrade_all(db) == [("approvals", 0, 1), ("usage", 0, 1)]
+        assert await upgrade_all(db) == [("approvals", 0, 1), ("usage", 0, 1), ("keys", 0, 1)]
     finally:
         await db.close()
     store = ApprovalStore(PostgresDatabase(dsn))
@@ -117,15 +122,64 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
     assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
     r = run_pvegate("db", "upgrade", "--config", str(path))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["database: PostgreSQL", "approvals: version 0 -> 1", "usage: version 0 -> 1"]
+    assert r.stdout.splitlines() == [
+        "database: PostgreSQL",
+        "approvals: version 0 -> 1",
+        "usage: version 0 -> 1",
+        "keys: version 0 -> 1",
+    ]
     r = run_pvegate("db", "upgrade", "--config", str(path))
-    assert r.stdout.splitlines()[1:] == ["approvals: version 1, up to date", "usage: version 1, up to date"]
+    assert r.stdout.splitlines()[1:] == [
+        "approvals: version 1, up to date",
+        "usage: version 1, up to date",
+        "keys: version 1, up to date",
+    ]
+    r = run_pvegate("db", "status", "--config", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "approvals: version 1 (this pvegate: 1): up to date" in r.stdout
 
     sqlite_cfg = _config(tmp_path / "s", None)  # the default: the audit database file
     r = run_pvegate("db", "upgrade", "--config", str(sqlite_cfg))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1:] == ["approvals: version 0 -> 1"]
+    assert r.stdout.splitlines()[1:] == ["approvals: version 0 -> 1", "keys: version 0 -> 1"]
     assert (tmp_path / "s" / "state" / "audit.db").exists()
+    r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1:] == [
+        "approvals: version 1 (this pvegate: 1): up to date",
+        "keys: version 1 (this pvegate: 1): up to date",
+    ]
+
+
+async def test_db_status_is_read_only(postgres: PostgresServer, tmp_path: Path) -> None:
+    """A status command writes nothing: not the versions table, not a new SQLite file."""
+    dsn = await fresh_pg(postgres)
+    r = run_pvegate("db", "status", "--config", str(_config(tmp_path, {"url": dsn})))
+    assert r.returncode == 0, r.stderr
+    assert "keys: version 0 (this pvegate: 1): upgrade needed" in r.stdout
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('pvegate_schema')") is None
+    finally:
+        await conn.close()
+
+    sqlite_cfg = _config(tmp_path / "s", None)
+    audit_db = tmp_path / "s" / "state" / "audit.db"
+    r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
+    assert r.returncode == 0, r.stderr
+    assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
+    assert not audit_db.exists() and not audit_db.parent.exists()
+    audit_db.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(audit_db)) as db:  # a file from before versioning
+        db.execute("CREATE TABLE approval_requests (id TEXT PRIMARY KEY)")
+        db.commit()
+    before = audit_db.read_bytes()
+    r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
+    assert r.returncode == 0, r.stderr
+    assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
+    assert audit_db.read_bytes() == before
+    with contextlib.closing(sqlite3.connect(audit_db)) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'pvegate_schema'").fetchall() == []
 
 
 def test_db_upgrade_says_why_it_cannot_reach_the_server(tmp_path: Path) -> None:
@@ -136,6 +190,6 @@ def test_db_upgrade_says_why_it_cannot_reach_the_server(tmp_path: Path) -> None:
 
 
 def test_usage_and_approvals_migrations_cover_both_backends() -> None:
-    for migrations in (approvals.MIGRATIONS, usage.MIGRATIONS):
+    for migrations in (approvals.MIGRATIONS, usage.MIGRATIONS, shared_keys.MIGRATIONS):
         assert set(migrations) == {"sqlite", "postgresql"}
         assert len(migrations["sqlite"]) == len(migrations["postgresql"])

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from gateway.core.config import ConfigError, SecretRef
 from gateway.core.principal import Principal
 from gateway.store.approvals import ApprovalRequest, ApprovalStore, target_key, token_hash
 from gateway.store.db import Database
+from gateway.store.shared_keys import configured_key, shared_key
 from gateway.store.usage import SqlQuotas
 
 TARGET = {"cluster": "default", "node": "pve1", "vmid": 100}
@@ -45,7 +47,7 @@ def request(min_approvals: int = 1, expires_in: float = 60, digest: str = DIGEST
         reason="test",
         approver_groups=["sre-leads"],
         min_approvals=min_approvals,
-        ttl_seconds=60,
+        ttl_seconds=int(expires_in),  # the store sets expires_at = created_at + ttl on its clock
         expires_at=now + expires_in,
         state="pending",
     )
@@ -238,3 +240,116 @@ async def test_old_reservations_leave_the_windows(quotas: tuple[SqlQuotas, SqlQu
         "SELECT COUNT(*) AS n FROM usage_events WHERE principal = ?", "p"
     )
     assert int(rows[0]["n"]) == 4  # the one past 24 h was deleted, the new one added
+
+
+async def test_expiry_is_on_the_database_clock(
+    two: tuple[ApprovalStore, ApprovalStore], backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose clock runs an hour ahead still agrees with the others on PostgreSQL: every
+    created_at, expiry and redemption is on the server's clock. (SQLite: one host, one clock.)"""
+    if backend != "postgresql":
+        pytest.skip("SQLite replicas share one host's clock")
+    a, b = two
+    import gateway.store.approvals as approvals_module
+
+    class Ahead:
+        @staticmethod
+        def time() -> float:
+            return time.time() + 3600
+
+    rid, token = await approved(a)
+    monkeypatch.setattr(approvals_module, "time", Ahead)  # replica b's clock is skewed
+    assert await b.expire_due() == []  # its own clock would expire the fresh token
+    req, why = await consume(b, token, "skewed")
+    assert why is None and req is not None and req.id == rid
+    created, _ = await b.find_or_create(request())  # created now by the server's clock, not an hour ahead
+    assert abs(created.created_at - time.time()) < 60 and created.expires_at - created.created_at == 60
+
+
+async def test_the_shared_key_is_created_once_by_concurrent_first_starts(
+    make_database: Callable[[], Database],
+) -> None:
+    dbs = [make_database() for _ in range(4)]
+    for db in dbs:
+        await db.open()
+    try:
+        from gateway.store.migrations import check
+        from gateway.store.shared_keys import MIGRATIONS
+
+        await check(dbs[0], "keys", MIGRATIONS)
+        keys = await asyncio.gather(*(shared_key(dbs[i % 4]) for i in range(12)))
+        assert len(set(keys)) == 1 and len(keys[0]) == 64
+        assert await shared_key(dbs[1]) == keys[0]  # and stays that key
+    finally:
+        for db in dbs:
+            await db.close()
+
+
+def test_a_configured_state_key_is_validated(tmp_path: Any) -> None:
+    from dataclasses import replace
+
+    from gateway.core.config import load
+    from tests.config.conftest import minimal, write
+
+    cfg = load(write(tmp_path, minimal(tmp_path)))
+    assert configured_key(cfg) is None  # not configured: the database holds it
+    short, good = tmp_path / "short", tmp_path / "good"
+    short.write_text("abc\n")
+    good.write_text("a" * 64 + "\n")
+    with pytest.raises(ConfigError, match="at least 32"):
+        configured_key(replace(cfg, state_key=SecretRef(file=short, setting="state_key")))
+    with pytest.raises(ConfigError, match="cannot read secret file"):
+        configured_key(replace(cfg, state_key=SecretRef(file=tmp_path / "absent", setting="state_key")))
+    assert configured_key(replace(cfg, state_key=SecretRef(file=good, setting="state_key"))) == b"a" * 64
+
+
+async def test_a_database_restart_is_a_clear_refusal_then_served_again_without_reopening() -> None:
+    """While PostgreSQL is down every store call raises DatabaseUnavailable (the pipeline refuses
+    the call with it); when it is back the same open pool serves again, no restart needed."""
+    from gateway.store.db import DatabaseUnavailable, PostgresDatabase
+    from gateway.store.schema import upgrade_all
+    from tests.pgserver import start_postgres
+
+    server = start_postgres()
+    try:
+        db = PostgresDatabase(server.dsn, max_size=4)
+        await db.open()
+        await upgrade_all(db)
+        store, quotas = ApprovalStore(db), SqlQuotas(PostgresDatabase(server.dsn, max_size=4))
+        await quotas.open()
+        await store.find_or_create(request())
+        server.halt()
+        for attempt in (store.expire_due(), store.find_or_create(request()), quotas.reserve("p", "vm_start")):
+            with pytest.raises(DatabaseUnavailable, match="PostgreSQL cannot be reached"):
+                await attempt
+        server.resume()
+        created, fresh = await store.find_or_create(request(digest="sha256:" + "2" * 64))
+        assert fresh and (await store.get(created.id)).state == "pending"
+        counts, _slot = await quotas.reserve("p", "vm_start")
+        assert counts["tool"]["1m"] == 0
+        await quotas.close()
+        await db.close()
+    finally:
+        server.stop()
+
+
+async def test_every_process_on_one_database_seals_with_the_same_key(tmp_path: Any) -> None:
+    """What the gateway does at start (app.py): a request state sealed by one process (replica)
+    is accepted by another on the same database; a configured state_key takes precedence."""
+    from dataclasses import replace
+
+    from gateway.core.config import load
+    from gateway.mcp.request_state import RequestStates, Sealer
+    from gateway.store.shared_keys import state_key
+    from tests.config.conftest import minimal, write
+
+    cfg = load(write(tmp_path, minimal(tmp_path)))
+    first, second = await asyncio.gather(state_key(cfg), state_key(cfg))
+    assert first == second == await state_key(cfg)
+    agent = person("agent")
+    token = RequestStates(Sealer(first)).mint(agent, DIGEST, "apr-1")
+    assert RequestStates(Sealer(second)).redeem(token, agent, DIGEST).approval_id == "apr-1"
+    keyfile = tmp_path / "state-key"
+    keyfile.write_text("k" * 40)
+    configured = replace(cfg, state_key=SecretRef(file=keyfile, setting="state_key"))
+    assert await state_key(configured) == b"k" * 40 != first

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.config import load
-from gateway.store.db import Database, database
-from gateway.store.migrations import VERSIONS_TABLE, SchemaError, version
+from gateway.store.db import Database, DatabaseUnavailable, SqliteDatabase, database
+from gateway.store.migrations import SchemaError, versions
 from gateway.store.schema import COMPONENTS, upgrade_all
 
 
@@ -29,32 +29,32 @@ async def _upgrade(db: Database) -> int:
 
 
 async def _status(db: Database) -> int:
-    await db.open()
-    try:
-        async with db.transaction() as tx:
-            await tx.execute(VERSIONS_TABLE)
-            for name, migrations in COMPONENTS[db.kind].items():
-                found, known = await version(tx, name), len(migrations[db.kind])
-                state = (
-                    "up to date"
-                    if found == known
-                    else ("NEWER than this pvegate" if found > known else "upgrade needed")
-                )
-                print(f"{name}: version {found} (this pvegate: {known}): {state}")
-    finally:
-        await db.close()
+    """Read-only: the connection cannot write (SQLite mode=ro, PostgreSQL read-only transactions)."""
+    found: dict[str, int] = {}
+    if isinstance(db, SqliteDatabase) and not db.path.exists():
+        print(f"(no database file at {db.path} yet)")
+    else:
+        await db.open()
+        try:
+            found = await versions(db)
+        finally:
+            await db.close()
+    for name, migrations in COMPONENTS[db.kind].items():
+        have, known = found.get(name, 0), len(migrations[db.kind])
+        state = "up to date" if have == known else ("NEWER than this pvegate" if have > known else "upgrade needed")
+        print(f"{name}: version {have} (this pvegate: {known}): {state}")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    db = database(load(args.config))
+    db = database(load(args.config), read_only=args.db_command == "status")
     print(f"database: {_where(db)}")
     try:
         return asyncio.run(_upgrade(db) if args.db_command == "upgrade" else _status(db))
     except SchemaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # the server is not reachable, the file cannot be created
+    except (OSError, DatabaseUnavailable) as exc:  # the server is not reachable, the file cannot be created
         print(f"error: cannot open the database: {exc}", file=sys.stderr)
         return 1
 
