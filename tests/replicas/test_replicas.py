@@ -1,0 +1,269 @@
+"""Three replicas, one PostgreSQL: an approval token runs its call once whichever replicas the
+retries reach, a quota is exact across replicas, an approval moves between replicas, a replica
+killed under load loses nothing, and a database restart is a clear refusal then served again.
+
+The witness of what ran is the simulator's request log (what Proxmox heard), not the gateway's
+answers. Cases share one cluster (tests/replicas/conftest.py) and run in file order: the fault
+cases come last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import httpx
+
+from gateway.policy.decisions import FAIL_CLOSED_CODE
+from tests.replicas.harness import QUOTA_LIMIT, Answer, Cluster, pvegate
+
+_timeouts = itertools.count(21)
+RAN = ("allowed", "failed")  # the call reached Proxmox (a failure is Proxmox's answer)
+
+
+def shutdown_args() -> dict[str, Any]:
+    return {"vmid": 100, "timeout": next(_timeouts)}  # a unique timeout: this call, in the simulator's log
+
+
+async def pending(cluster: Cluster, http: httpx.AsyncClient, args: dict[str, Any], replica: int) -> str:
+    a = await cluster.call(http, cluster.agent("demo-agent"), "vm_shutdown", args, replica=replica)
+    assert a.outcome == "pending_approval", a.text
+    return str(a.result["structuredContent"]["approval"]["id"])
+
+
+async def vote(cluster: Cluster, http: httpx.AsyncClient, aid: str, replica: int) -> str:
+    r = await cluster.admin(
+        http, replica, "POST", f"/admin/approvals/{aid}/approve", cluster.human("alice", ["sre-leads"]), {"note": "ok"}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "approved", r.json()
+    return str(r.json()["token"])
+
+
+async def test_an_approval_requested_on_one_replica_voted_on_another_is_redeemed_on_a_third(cluster: Cluster) -> None:
+    args = shutdown_args()
+    async with cluster.http() as http:
+        aid = await pending(cluster, http, args, replica=0)
+        again = await pending(cluster, http, args, replica=2)  # the identical request, pending, seen by every replica
+        assert again == aid
+        view = await cluster.admin(http, 2, "GET", f"/admin/approvals/{aid}", cluster.human("alice", ["sre-leads"]))
+        assert view.status_code == 200 and view.json()["state"] == "pending", view.text
+        token = await vote(cluster, http, aid, replica=1)
+        assert cluster.sim_posts("/status/shutdown", timeout=args["timeout"]) == []
+        done = await cluster.call(
+            http, cluster.agent("demo-agent"), "vm_shutdown", args, replica=2, meta={"pvegate/approval": token}
+        )
+        assert done.outcome in RAN, done.text
+        assert len(cluster.sim_posts("/status/shutdown", timeout=args["timeout"])) == 1
+        replay = await cluster.call(
+            http, cluster.agent("demo-agent"), "vm_shutdown", args, replica=0, meta={"pvegate/approval": token}
+        )
+        assert replay.outcome == "denied" and "already used" in replay.words, replay.text
+    assert len(cluster.sim_posts("/status/shutdown", timeout=args["timeout"])) == 1
+
+
+async def test_50_concurrent_redemptions_of_one_token_over_three_replicas_run_the_call_once(cluster: Cluster) -> None:
+    args = shutdown_args()
+    async with cluster.http() as http:
+        aid = await pending(cluster, http, args, replica=1)
+        token = await vote(cluster, http, aid, replica=2)
+        agent = cluster.agent("demo-agent")
+        answers = await asyncio.gather(
+            *(
+                cluster.call(http, agent, "vm_shutdown", args, replica=i % 3, meta={"pvegate/approval": token})
+                for i in range(50)
+            )
+        )
+    ran = [a for a in answers if a.outcome in RAN]
+    refused = [a for a in answers if a.outcome == "denied" and "already used" in a.words]
+    assert len(ran) == 1, [(a.replica, a.outcome, a.words[:80]) for a in answers]
+    assert len(refused) == 49, [a.text[:200] for a in answers if a not in refused and a not in ran][:3]
+    assert {a.replica for a in refused} == {0, 1, 2}  # every replica refused some: the race was across them
+    assert len(cluster.sim_posts("/status/shutdown", timeout=args["timeout"])) == 1  # Proxmox heard it once
+
+
+async def test_a_quota_of_10_lets_exactly_10_of_30_concurrent_calls_through_three_replicas(cluster: Cluster) -> None:
+    """agent-writes-per-minute (10 per tool) with dry runs of a reboot (nothing reaches Proxmox).
+    On a loaded machine a few calls may fail closed (OPA too slow): they give their slot back,
+    and the quota is then reached exactly by the calls made after the burst (tests/e2e/test_quota_race.py)."""
+    sub = f"racer-{time.monotonic_ns()}"
+    token = cluster.agent(sub)
+
+    async def one(http: httpx.AsyncClient, replica: int | None = None) -> str:
+        a = await cluster.call(http, token, "vm_reboot", {"vmid": 103}, replica=replica, meta={"dry_run": True})
+        assert a.outcome in ("allowed", "denied"), a.text
+        if a.outcome == "allowed":
+            return "allowed"
+        codes = a.result["structuredContent"]["codes"]
+        assert codes in (["quota.exceeded"], [FAIL_CLOSED_CODE]), a.text
+        return str(codes[0])
+
+    async with cluster.http() as http:
+        burst = await asyncio.gather(*(one(http, i % 3) for i in range(30)))
+        allowed, failed_closed = burst.count("allowed"), burst.count(FAIL_CLOSED_CODE)
+        assert allowed <= QUOTA_LIMIT, burst
+        assert allowed >= QUOTA_LIMIT - failed_closed, burst
+        after: list[str] = []
+        while len(after) < 30 and "quota.exceeded" not in after:
+            after.append(await one(http))
+    assert after[-1] == "quota.exceeded", after
+    assert allowed + after.count("allowed") == QUOTA_LIMIT, (burst, after)
+    conn = await asyncpg.connect(cluster.dsn)  # the shared counter holds the allowed calls alone
+    try:
+        held = await conn.fetchval("SELECT COUNT(*) FROM usage_events WHERE principal = $1", sub)
+    finally:
+        await conn.close()
+    assert held == QUOTA_LIMIT
+
+
+# --- faults under load -------------------------------------------------------------------
+
+MUTATIONS = [
+    ("vm_start", {"vmid": 102}),
+    ("vm_stop", {"vmid": 102}),
+    ("vm_start", {"vmid": 103}),
+    ("vm_stop", {"vmid": 103}),
+    ("lxc_start", {"vmid": 202}),
+    ("lxc_stop", {"vmid": 202}),
+]
+READS = [("list_nodes", {}), ("list_guests", {})]
+
+
+@dataclass
+class Seen:
+    replica: int
+    started: float
+    ended: float
+    answer: Answer | None  # None: no HTTP answer (the replica is down)
+
+
+@dataclass
+class Load:
+    """Workers spreading calls over the replicas; a transport error moves on to the next replica,
+    as a load balancer's retry would."""
+
+    cluster: Cluster
+    seen: list[Seen] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def worker(self, http: httpx.AsyncClient, token: str, plan: list[tuple[str, dict[str, Any]]]) -> None:
+        for tool, args in itertools.cycle(plan):
+            if self.stop.is_set():
+                return
+            n = self.cluster.next_replica()
+            t0 = time.monotonic()
+            try:
+                a: Answer | None = await self.cluster.call(http, token, tool, args, replica=n)
+            except (httpx.HTTPError, OSError):
+                a = None
+            self.seen.append(Seen(n, t0, time.monotonic(), a))
+            if a is None or a.status >= 500:
+                await asyncio.sleep(0.1)
+
+    def run(self, http: httpx.AsyncClient) -> list[asyncio.Task[None]]:
+        principals = {
+            "load-a": (["operator"], MUTATIONS[:2] + READS),
+            "load-b": (["operator"], MUTATIONS[2:4] + READS),
+            "load-c": (["operator"], MUTATIONS[4:] + READS),
+            "load-r": (["viewer"], READS),
+        }
+        return [
+            asyncio.create_task(self.worker(http, self.cluster.base.token(sub, roles), plan))
+            for sub, (roles, plan) in principals.items()
+            for _ in range(2)
+        ]
+
+    async def finish(self, tasks: list[asyncio.Task[None]]) -> None:
+        self.stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 90)
+
+    def served(self, replica: int, after: float, before: float = float("inf")) -> list[Seen]:
+        return [
+            s
+            for s in self.seen
+            if s.replica == replica and after <= s.started and s.ended <= before and s.answer and s.answer.status == 200
+        ]
+
+
+async def wait_until(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await pred() if asyncio.iscoroutinefunction(pred) else pred()
+        if got:
+            return got
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def unsettled(records: list[dict[str, Any]]) -> list[str]:
+    """Allowed calls whose outcome the chain does not hold (no result, reconciled or not)."""
+    decided = {r["request_id"] for r in records if r["kind"] == "decision" and r["outcome"] == "allow"}
+    settled = {r["request_id"] for r in records if r["kind"] == "result"}
+    return sorted(decided - settled)
+
+
+async def test_a_replica_killed_under_load_loses_nothing(cluster: Cluster) -> None:
+    cluster.sim.set_faults(task_seconds=0.4)
+    load = Load(cluster)
+    async with cluster.http(timeout=30) as http:
+        tasks = load.run(http)
+        try:
+            await asyncio.sleep(3)
+            killed = time.monotonic()
+            cluster.replicas[1].gw.kill()  # SIGKILL mid-load (and its orphaned OPA)
+            await asyncio.sleep(3)
+            for n in (0, 2):  # the others kept serving
+                assert load.served(n, killed + 0.5), f"replica {n} served nothing after replica 1 was killed"
+            await cluster.restart(1)
+            back = time.monotonic()
+            await asyncio.sleep(2)
+        finally:
+            await load.finish(tasks)
+    assert load.served(1, back), "the restarted replica served nothing"
+    cluster.sim.set_faults(task_seconds=0.0)
+
+    answered = {s.answer.request_id for s in load.seen if s.answer and s.answer.request_id}
+    records = await wait_until(
+        lambda: (lambda rs: rs if not unsettled(rs) else None)(cluster.audit()),
+        60,
+        "every allowed call to be settled (result or reconciled)",
+    )
+    decided = {r["request_id"] for r in records if r["kind"] in ("decision", "refusal")}
+    assert answered <= decided, sorted(answered - decided)[:5]  # no decision record missing
+    v = pvegate(cluster.replicas[0].env, "audit", "verify")
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+async def test_a_database_restart_under_load_is_refused_clearly_then_served_without_restarts(
+    cluster: Cluster,
+) -> None:
+    pids = [r.pid for r in cluster.replicas]
+    load = Load(cluster)
+    async with cluster.http(timeout=30) as http:
+        tasks = load.run(http)
+        try:
+            await asyncio.sleep(2)
+            await asyncio.to_thread(cluster.pg.halt)
+            await asyncio.sleep(1)  # calls decided just before the halt may still be dispatching
+            down, heard = time.monotonic(), len(cluster.sim.requests_log())
+            await asyncio.sleep(3)
+            up, heard_down = time.monotonic(), cluster.sim.requests_log()[heard:]
+            await asyncio.to_thread(cluster.pg.resume)
+            for n in range(3):
+                await wait_until(lambda n=n: load.served(n, time.monotonic() - 1), 30, f"replica {n} serving again")
+        finally:
+            await load.finish(tasks)
+    assert [r.pid for r in cluster.replicas] == pids  # no gateway was restarted
+
+    during = [s for s in load.seen if down <= s.started and s.ended <= up]
+    assert during, "no call was made while the database was down"
+    for s in during:
+        assert s.answer is not None, "a replica stopped answering while the database was down"
+        a = s.answer
+        assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
+        assert "PostgreSQL cannot be reached" in a.error["message"] or "audit" in a.error["message"], a.text
+    assert [r for r in heard_down if r["method"] == "POST"] == []  # nothing ran unaudited
