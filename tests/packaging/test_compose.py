@@ -233,3 +233,63 @@ def test_the_health_probe_answers_for_the_gateway(gateway: GatewayThread) -> Non
     # the image's default is the readiness path on the port the example configuration listens on
     src = HEALTHCHECK.read_text()
     assert 'READY_PATH = "/readyz"' in src and "https://127.0.0.1:8443{READY_PATH}" in src
+
+
+def test_the_postgresql_profile_runs_two_replicas_on_one_database(deployment: Deployment) -> None:
+    """Two replicas, each with its own OPA (reached as `opa` on a network of its own), one
+    PostgreSQL, one schema upgrade before either starts, and one configuration naming the shared
+    database, its password and the shared request-state key, all of which make compose-config made."""
+    services = deployment.compose["services"]
+    profile = {name for name, svc in services.items() if "postgresql" in (svc.get("profiles") or [])}
+    assert profile == {"postgres", "db-upgrade", "opa-a", "opa-b", "pvegate-a", "pvegate-b"}
+    assert not (services["opa"].get("profiles") or services["pvegate"].get("profiles"))  # the default is unchanged
+    for side in ("a", "b"):
+        gw, opa = deployment.service(f"pvegate-{side}"), deployment.service(f"opa-{side}")
+        assert gw["command"] == ["serve", "--config", "/etc/pvegate/pvegate-pg.yaml"]
+        assert gw["depends_on"] == {
+            f"opa-{side}": {"condition": "service_healthy"},
+            "db-upgrade": {"condition": "service_completed_successfully"},
+        }
+        assert opa["networks"] == {f"policy-{side}": {"aliases": ["opa"]}}
+        assert opa["command"] == deployment.service("opa")["command"]  # the same signed bundle, verified
+        assert f"policy-{side}" in gw["networks"] and "state" in gw["networks"] and "policy" not in gw["networks"]
+        assert deployment.compose["networks"][f"policy-{side}"]["internal"] is True
+        for source, target in _bind_mounts(gw):
+            assert deployment.host_path(source).exists(), (side, source, target)
+    assert deployment.service("pvegate-a")["ports"] != deployment.service("pvegate-b")["ports"]
+    pg = deployment.service("postgres")
+    assert "synchronous_commit=on" in pg["command"] and pg["networks"] == ["state"]
+    assert deployment.compose["networks"]["state"]["internal"] is True
+    assert deployment.service("db-upgrade")["command"][:2] == ["db", "upgrade"]
+
+    config_dir = deployment.docker / "config"
+    cfg = load(config_dir / "pvegate-pg.yaml")
+    assert cfg.storage.postgresql and cfg.storage.url == "postgresql://pvegate@postgres:5432/pvegate"
+    assert cfg.opa.url == "http://opa:8181"
+    max_connections = int(next(a for a in pg["command"] if a.startswith("max_connections=")).split("=")[1])
+    assert max_connections > 2 * cfg.storage.pool_max_size + 10
+    secrets_made = {"pg-password", "state-key"}
+    for ref in (cfg.storage.password, cfg.state_key):
+        assert ref is not None and ref.file is not None and ref.file.name in secrets_made
+        made = config_dir / ref.file.relative_to("/etc/pvegate")
+        assert made.stat().st_mode & 0o077 == 0 and len(made.read_text().strip()) >= 32
+    env = _env_file(deployment.host_path(pg["env_file"]))
+    assert env["POSTGRES_PASSWORD"] == (config_dir / "secrets" / "pg-password").read_text().strip()
+    assert env["POSTGRES_USER"] == "pvegate" == env["POSTGRES_DB"]
+
+
+def test_docker_compose_accepts_the_postgresql_profile(deployment: Deployment) -> None:
+    """`docker-compose config` renders the profile (there is no Docker daemon here: nothing is run)."""
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose not installed (test_docker_compose_accepts_the_file says why)")
+    cmd = ["docker-compose", "-f", str(deployment.docker / "compose.yaml"), "--profile", "postgresql", "config"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=deployment.docker)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rendered = yaml.safe_load(r.stdout)["services"]
+    assert {"postgres", "pvegate-a", "pvegate-b", "opa-a", "opa-b", "db-upgrade"} <= set(rendered)
+    (deployment.docker / "config" / "postgres.env").rename(deployment.docker / "pg.env.away")  # control
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=deployment.docker)
+        assert r.returncode != 0 and "postgres.env" in r.stderr
+    finally:
+        (deployment.docker / "pg.env.away").rename(deployment.docker / "config" / "postgres.env")
