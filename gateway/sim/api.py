@@ -22,6 +22,7 @@ from gateway.sim import (  # noqa: F401  (register routes)
     handlers_firewall,
     handlers_provision,
     handlers_read,
+    handlers_sdn,
     handlers_write,
 )
 from gateway.sim.auth import authenticate

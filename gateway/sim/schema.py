@@ -144,6 +144,11 @@ FORMATS = {
 }
 
 
+def _python_regex(pattern: str) -> str:
+    """Perl's serialised `(?^i:...)` (a qr// with flags) as Python's `(?i:...)`."""
+    return re.sub(r"\(\?\^([a-z]*):", lambda m: f"(?{m.group(1)}:" if m.group(1) else "(?:", pattern)
+
+
 def check_value(spec: dict[str, Any], raw: Any) -> Any:
     typ = spec.get("type", "string")
     sval = str(raw)
@@ -171,7 +176,7 @@ def check_value(spec: dict[str, Any], raw: Any) -> Any:
         value = sval
         if "enum" in spec and sval not in spec["enum"]:
             raise ValueError(f"value '{sval}' does not have a value in the enumeration '{', '.join(spec['enum'])}'")
-        if "pattern" in spec and not re.fullmatch(spec["pattern"], sval):
+        if "pattern" in spec and not re.fullmatch(_python_regex(spec["pattern"]), sval):
             raise ValueError("value does not match the regex pattern")
         if "maxLength" in spec and len(sval) > int(spec["maxLength"]):
             raise ValueError(f"value may only be {spec['maxLength']} characters long")

@@ -158,7 +158,8 @@ def least_privilege(
         names = {n for p in privs for n in p.privs[: 1 if p.any_of else None]}
         # vzdump is user:all in the schema; its description names the real privileges
         for note in notes:  # first sentence only: the rest names options the connectors never send
-            names.update(re.findall(r"'((?:VM|Datastore|Sys)\.[A-Za-z.]+)'", note.split(". ")[0]))
+            first = re.sub(r"'([A-Za-z.]+)' or '[A-Za-z.]+'", r"'\1'", note.split(". ")[0])  # either: the first
+            names.update(re.findall(r"'((?:VM|Datastore|Sys|SDN)\.[A-Za-z.]+)'", first))
         for n in names:
             need.setdefault(n, []).append(tool.name)
     return dict(sorted(need.items()))
