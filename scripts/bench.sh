@@ -4,6 +4,7 @@
 #   BENCH_ARGS="--seconds 5 --memory-calls 50000"  make bench   # a quick look: bench/results/quick-*.json, record untouched
 #   BENCH_ARGS="... --record" make bench                        # record a run with options
 #   BENCH_SKIP_SLOW=1 make bench                                # benchmark only
+#   BENCH_STORAGE_ARGS="--seconds 5" make bench                 # storage rows printed, not recorded
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,11 @@ fi
 
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
 .venv/bin/python bench/run.py ${BENCH_ARGS:-}
+
+# the storage rows, side by side in one run: the full path on SQLite against PostgreSQL, one
+# replica against two (bench/storage.py -> docs/performance.md, "Storage and replicas")
+# shellcheck disable=SC2086  # BENCH_STORAGE_ARGS is a list of options
+.venv/bin/python bench/storage.py ${BENCH_STORAGE_ARGS:---record}
 
 if [ -z "${BENCH_SKIP_SLOW:-}" ]; then
   echo ">> slow resilience tests (soak)"

@@ -80,6 +80,7 @@ class PostgresServer:
     port: int
     proc: subprocess.Popen[bytes]
     started_in: float  # seconds from initdb to accepting connections
+    durable: bool = False  # fsync and synchronous commit on, as in production (benchmarks)
 
     @property
     def dsn(self) -> str:
@@ -103,7 +104,7 @@ class PostgresServer:
         """Start the halted cluster again on the same port (a database restart, as clients see it)."""
         if self.proc.poll() is None:
             return
-        self.proc = _spawn(self.root, self.port)
+        self.proc = _spawn(self.root, self.port, self.durable)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None and not _ready(self.root / "data"):
             time.sleep(0.02)
@@ -125,7 +126,7 @@ def _ready(data: Path) -> bool:
     return len(lines) >= 8 and lines[7].strip() == "ready"
 
 
-def _spawn(root: Path, port: int) -> subprocess.Popen[bytes]:
+def _spawn(root: Path, port: int, durable: bool = False) -> subprocess.Popen[bytes]:
     """The postmaster of the cluster in root/data, on 127.0.0.1:port, as the cluster's owner."""
     owner = _owner()
     uid = gid = None
@@ -135,8 +136,12 @@ def _spawn(root: Path, port: int) -> subprocess.Popen[bytes]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
     argv = [str(bin_dir() / "postgres"), "-D", str(root / "data"), "-h", "127.0.0.1", "-p", str(port)]
     argv += ["-k", str(root)]  # the Unix socket stays in the temp folder
-    # fsync off: a throw-away cluster, durability is not what is tested here
-    for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200"):
+    # fsync off for tests: a throw-away cluster, durability is not what is tested there;
+    # a benchmark (durable) measures what production pays: fsync and synchronous_commit on
+    settings = ["max_connections=200"]
+    if not durable:
+        settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+    for setting in settings:
         argv += ["-c", setting]
     with open(root / "server.log", "ab") as log:  # the server keeps its own copy of the descriptor
         return subprocess.Popen(
@@ -153,7 +158,7 @@ def _spawn(root: Path, port: int) -> subprocess.Popen[bytes]:
         )
 
 
-def start_postgres(timeout: float = 60.0) -> PostgresServer:
+def start_postgres(timeout: float = 60.0, durable: bool = False) -> PostgresServer:
     """initdb a new cluster in a temp folder and start it on 127.0.0.1:<free port>."""
     t0 = time.monotonic()
     bindir = bin_dir()
@@ -184,11 +189,11 @@ def start_postgres(timeout: float = 60.0) -> PostgresServer:
         raise PostgresUnavailable(f"initdb failed: {exc.stderr.decode(errors='replace').strip()}") from exc
     for _attempt in range(5):  # another process may take the free port before the server binds it
         port = _free_port()
-        proc = _spawn(root, port)
+        proc = _spawn(root, port, durable)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None and not _ready(data):
             time.sleep(0.02)
-        server = PostgresServer(root, port, proc, time.monotonic() - t0)
+        server = PostgresServer(root, port, proc, time.monotonic() - t0, durable)
         if proc.poll() is None and _ready(data):
             return server
         text = server.log()

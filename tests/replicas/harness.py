@@ -25,6 +25,7 @@ import yaml
 from gateway.core.config import load
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.store.audit_seal import HeadKey
 from tests.outcomes.helpers import Gateway
 from tests.pgserver import PostgresServer
 from tests.support import free_port
@@ -76,7 +77,8 @@ def replica_env(base: DevEnv, n: int, dsn: str, policy: Path) -> DevEnv:
     raw["listen"]["port"] = port
     raw["public_url"] = f"https://127.0.0.1:{port}"
     raw["state_dir"] = str(base.workdir / f"state-{n}")
-    raw.pop("audit", None)  # storage.url names the one database
+    # storage.url names the one database; the key that authenticates the chain's head is shared
+    raw["audit"] = {"head_key_file": str(base.workdir / "audit-head.key")}
     raw["storage"] = {"url": dsn, "pool_max_size": 8}
     raw["opa"] = {
         "mode": "managed",
@@ -227,6 +229,7 @@ class Cluster:
 
 async def start_cluster(pg: PostgresServer, dsn: str, sim: Any, workdir: Path, count: int = 3) -> Cluster:
     base = make_env(workdir / "gw", {"default": sim}, port=free_port())
+    HeadKey.create(base.workdir / "audit-head.key")  # one key for the one chain, before any replica starts
     policy = write_policy_data(workdir / "policy")
     cluster = Cluster(pg, dsn, sim, base, policy, [], workdir)
     first = replica_env(base, 0, dsn, policy)
