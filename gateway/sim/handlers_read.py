@@ -10,6 +10,7 @@ from typing import Any
 from gateway.sim import views
 from gateway.sim.auth import Principal
 from gateway.sim.errors import ApiError
+from gateway.sim.nodeops import network_changes, ops
 from gateway.sim.routes import Ctx, RawBody, Reply, both, kind_of, route
 from gateway.sim.state import Guest, Storage, Task
 from gateway.sim.tasks import UPID_RE
@@ -117,13 +118,15 @@ def get_node_status(ctx: Ctx) -> Any:
 def get_node_network(ctx: Ctx) -> Any:
     node = ctx.params["node"]
     ctx.require(f"/nodes/{node}", "Sys.Audit")  # schema: user:all, Nodes.pm checks inside
-    items = ctx.rt.cluster.nodes[node].network
+    pending = ops(ctx.rt.cluster, node).network_pending  # PVE lists interfaces.new when it exists
+    items = pending if pending is not None else ctx.rt.cluster.nodes[node].network
+    changes = network_changes(ctx.rt.cluster, node)
     t = ctx.params.get("type")
     if t and t != "any_bridge":
         items = [i for i in items if i["type"] == t]
     elif t == "any_bridge":
         items = [i for i in items if i["type"] in ("bridge", "OVSBridge")]
-    return items
+    return Reply(items, {"changes": changes}) if changes else items
 
 
 # ---- guests ------------------------------------------------------------------
@@ -790,31 +793,10 @@ def get_node_dns(ctx: Ctx) -> Any:
     return {"search": "lab.internal", "dns1": gw, "dns2": "9.9.9.9"}
 
 
-SERVICES = [
-    ("pveproxy", "PVE API Proxy Server"),
-    ("pvedaemon", "PVE API Daemon"),
-    ("pvestatd", "PVE Status Daemon"),
-    ("pve-cluster", "The Proxmox VE cluster filesystem"),
-    ("corosync", "Corosync Cluster Engine"),
-    ("pve-firewall", "Proxmox VE firewall"),
-    ("pve-ha-crm", "PVE Cluster HA Resource Manager Daemon"),
-    ("pve-ha-lrm", "PVE Local HA Resource Manager Daemon"),
-    ("sshd", "OpenBSD Secure Shell server"),
-    ("chrony", "chrony, an NTP client/server"),
-    ("cron", "Regular background program processing daemon"),
-    ("postfix", "Postfix Mail Transport Agent (instance -)"),
-    ("spiceproxy", "PVE SPICE Proxy Server"),
-    ("systemd-journald", "Journal Service"),
-    ("syslog", "System Logging Service"),
-]
-
-
 @route("GET", "/nodes/{node}/services")
 def get_node_services(ctx: Ctx) -> Any:
-    return [
-        {"service": s, "name": s, "desc": d, "state": "running", "active-state": "active", "unit-state": "enabled"}
-        for s, d in SERVICES
-    ]
+    services = ops(ctx.rt.cluster, ctx.params["node"]).services  # the state restarts change
+    return [dict(v) for v in services.values()]
 
 
 @both("GET", "/nodes/{node}/{kind}/{vmid}/pending")

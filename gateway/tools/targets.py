@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.tools.runtimes.base import ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
@@ -29,6 +30,22 @@ def unknown_target(cluster: str | None) -> dict[str, Any]:
         "storage": None,
         "known": False,
     }
+
+
+def url_host(url: Any) -> str | None:
+    """The lower-case host name of an http(s) URL; None when there is none to trust (a
+    userinfo part such as http://allowed.example@evil.example is refused outright)."""
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        _ = parts.port  # a malformed port raises
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not host or "@" in parts.netloc:
+        return None
+    return host.rstrip(".").lower() or None
 
 
 class TargetResolver:
@@ -116,6 +133,9 @@ class TargetResolver:
         storage_param = tool.target.get("storage")
         if storage_param and storage_param in arguments:
             target["storage"] = arguments[storage_param]
+        url_param = tool.target.get("url")
+        if url_param:  # the policy allow-lists hosts: hand it the parsed host, never make Rego parse URLs
+            target["url_host"] = url_host(arguments.get(url_param))
         if not (vmid_param in arguments or node_param in arguments) or cluster not in self.clients:
             return target
         try:

@@ -169,7 +169,7 @@ def test_400_parameter_verification(simh: SimHandle) -> None:
 
 def test_501_and_unknown_paths(simh: SimHandle) -> None:
     a = api(simh)
-    r = a.get("/nodes/pve1/apt/update")  # in the schema, not simulated
+    r = a.get("/nodes/pve1/hardware/usb")  # in the schema, not simulated
     assert r.status_code == 501 and "not implemented by the simulator" in r.json()["message"]
     r = a.get("/nodes/pve1/foo")
     assert r.status_code == 501 and r.json()["message"] == "Method 'GET /nodes/pve1/foo' not implemented\n"

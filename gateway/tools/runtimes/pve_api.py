@@ -171,7 +171,9 @@ class PveApiClient:
         *,
         params: dict[str, Any] | None = None,
         data: dict[str, Any] | None = None,
+        envelope: tuple[str, ...] = (),
     ) -> Any:
+        """The answer's `data`; with `envelope`, {"data": ..., key: value or None} for those keys too."""
         http = await self._client()
         attempts = 1 + (READ_RETRIES if method == "GET" else 0)
         last: ToolError | None = None
@@ -216,7 +218,10 @@ class PveApiClient:
                 self.breaker.last_error = message
             raise ToolError(message)
         try:
-            return r.json().get("data")
+            doc = r.json()
+            if envelope:  # e.g. the network list's pending `changes`, which PVE sends beside data
+                return {"data": doc.get("data"), **{k: doc.get(k) for k in envelope}}
+            return doc.get("data")
         except (ValueError, AttributeError) as exc:
             raise ToolError("Proxmox answer was not the expected JSON envelope") from exc
 
@@ -382,7 +387,12 @@ class PveApiRuntime:
         path, query, body = self.request_parts(tool, arguments, values)
         if ctx.dry_run and tool.effect != "read":
             return ToolOutput(data=self._dry_run(tool, values, path, query, body))
-        data = await client.request(spec["method"], path, params=query or None, data=body or None)
+        envelope = tuple(spec.get("envelope") or ())
+        data = await client.request(spec["method"], path, params=query or None, data=body or None, envelope=envelope)
+        extra: dict[str, Any] = {}
+        if envelope and isinstance(data, dict):
+            extra = {k: data.get(k) for k in envelope}
+            data = data.get("data")
         if tool.effect != "read":
             if test_fault("kill-after-dispatch-response"):  # tests only: die before the dispatch record
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -401,7 +411,10 @@ class PveApiRuntime:
                 data = await self.wait_task(client, data, float(spec.get("task_timeout", 60)), warnings)
             else:
                 data = {"upid": data, "status": "running"}
-        return ToolOutput(data=self.finish(tool, data, arguments), task_id=task_id, warnings=warnings)
+        data = self.finish(tool, data, arguments)
+        if extra:
+            data = {**(data if isinstance(data, dict) else {"items": data}), **extra}
+        return ToolOutput(data=data, task_id=task_id, warnings=warnings)
 
     async def _per_row(
         self, client: PveApiClient, spec: dict[str, Any], rows: list[Any], warnings: list[str]

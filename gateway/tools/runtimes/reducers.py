@@ -704,3 +704,7 @@ COMPOSITES: dict[str, Composite] = {
     "inspect_compose_stack": inspect_compose_stack,
     "guest_health_summary": guest_health_summary,
 }
+
+from gateway.tools.runtimes.preflight import upgrade_preflight  # noqa: E402  (its own module: node operations)
+
+COMPOSITES["upgrade_preflight"] = upgrade_preflight

@@ -394,6 +394,7 @@ data_schema := {
 					"firewall",
 					"sdn",
 					"ha",
+					"certificate",
 					"*",
 				],
 			},
