@@ -26,6 +26,7 @@ tools:
 	@bash scripts/provision-compose.sh
 	@bash scripts/provision-postgres.sh
 	@bash scripts/provision-keycloak.sh
+	@bash scripts/provision-chromium.sh
 
 demo: venv tools
 	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),)

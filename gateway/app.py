@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin.api import admin_routes, scrape
+from gateway.admin.console.views import Console, console_routes
 from gateway.auth.tokens import Authenticator
 from gateway.components import Components
 from gateway.core.config import Config, ConfigError
@@ -208,6 +209,8 @@ def create_app(
         built = components or await build_components(config)
         app.state.components = built
         app.state.authenticator = authenticator or Authenticator(config.auth)
+        if config.console.enabled:  # the session key and client secret are read once, here
+            app.state.console = Console(built, app.state.authenticator)
         # one key for every replica (state_key or the database): a retry may reach any of them
         sealer = Sealer(await state_key(config))
         app.state.request_states = RequestStates(sealer)
@@ -243,6 +246,7 @@ def create_app(
         Route("/healthz", readyz, methods=["GET"]),  # kept for existing probes: readiness, not liveness
         Route(WELL_KNOWN, protected_resource, methods=["GET"]),
         Route(WELL_KNOWN + "/mcp", protected_resource, methods=["GET"]),
+        *(console_routes() if config.console.enabled else []),  # first: two URLs are shared, by Accept
         *admin_routes(config.admin.token is not None),
     ]
     if config.metrics.token is not None or config.admin.token is not None:

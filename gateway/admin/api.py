@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import jwt
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -120,6 +121,22 @@ async def approver(request: Request) -> Principal | JSONResponse:
         return await authn.authenticate(request.headers.get("authorization"))
     except AuthError as exc:
         return await _auth_failure(request, exc.status, exc.error, str(exc))
+
+
+def bearer_auth_time(token: str | None) -> float | None:
+    """When the holder of an already verified bearer token authenticated: its auth_time, else its iat
+    (a token minted at a login is that login). The approver policy's step-up compares it."""
+    if not token:
+        return None
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})  # verified by the Authenticator before
+    except jwt.PyJWTError:
+        return None
+    for claim in ("auth_time", "iat"):
+        value = claims.get(claim)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 async def _caller(request: Request) -> str | JSONResponse:
@@ -313,7 +330,9 @@ async def _vote(request: Request, verdict: str) -> Response:
     if isinstance(body, JSONResponse):
         return body
     try:
-        out = await _approvals(request).decide(request.path_params["id"], who, verdict, body.get("note"))
+        out = await _approvals(request).decide(
+            request.path_params["id"], who, verdict, body.get("note"), auth_time=bearer_auth_time(_bearer(request))
+        )
     except NotFound:
         return _err(404, "not_found", "no such approval request")
     return _vote_response(out)

@@ -130,6 +130,20 @@ class AdminConfig:
 
 
 @dataclass(frozen=True)
+class ConsoleConfig:
+    """The admin console (gateway/admin/console): OpenID Connect sign-in, signed session cookies."""
+
+    enabled: bool = False
+    issuer: str = ""
+    client_id: str = ""
+    client_secret: SecretRef | None = None
+    session_key: SecretRef | None = None  # shared by replicas: any of them reads any session
+    scopes: tuple[str, ...] = ("openid", "profile", "email")
+    idle_timeout_seconds: int = 900
+    max_session_seconds: int = 28800
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     """storage.url: SQLite (one file, the default) or PostgreSQL (state shared by replicas)."""
 
@@ -191,6 +205,7 @@ class Config:
     audit_path: Path
     state_dir: Path
     admin: AdminConfig = field(default_factory=AdminConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     state_key: SecretRef | None = None  # seals requestStates and session ids; None: kept in the database
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -300,6 +315,37 @@ def _health(raw: dict[str, Any] | None) -> HealthConfig:
     )
 
 
+def _console(raw: dict[str, Any] | None, base: Path, public_url: str | None) -> ConsoleConfig:
+    """Types and ranges are the schema's; an enabled console needs an issuer it may reach safely."""
+    if not raw:
+        return ConsoleConfig()
+    from urllib.parse import urlsplit
+
+    issuer = str(raw["issuer"]).rstrip("/")
+    parts = urlsplit(issuer)
+    if raw.get("enabled") and not (
+        parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1"))
+    ):
+        raise ConfigError("console.issuer: must be an https URL (plain http only on loopback)")
+    if raw.get("enabled") and not public_url:
+        raise ConfigError(
+            "console.enabled needs public_url: the sign-in's redirect URI (PUBLIC_URL/admin/callback) and the "
+            "origin the console's forms are posted from"
+        )
+    return ConsoleConfig(
+        enabled=bool(raw.get("enabled", False)),
+        issuer=issuer,
+        client_id=str(raw["client_id"]),
+        client_secret=_secret(raw["client_secret"], base, "console.client_secret")
+        if raw.get("client_secret")
+        else None,
+        session_key=_secret(raw["session_key"], base, "console.session_key"),
+        scopes=tuple(raw.get("scopes", ["openid", "profile", "email"])),
+        idle_timeout_seconds=int(raw.get("idle_timeout_seconds", 900)),
+        max_session_seconds=int(raw.get("max_session_seconds", 28800)),
+    )
+
+
 def parse(raw: dict[str, Any], base: Path) -> Config:
     """Build a Config from a parsed YAML mapping; relative paths resolve against `base`.
 
@@ -381,6 +427,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             admin=AdminConfig(
                 token=_secret(raw["admin"]["token"], base, "admin.token") if raw.get("admin", {}).get("token") else None
             ),
+            console=_console(raw.get("console"), base, raw.get("public_url")),
             storage=storage,
             state_key=_secret(raw["state_key"], base, "state_key") if raw.get("state_key") else None,
             metrics=MetricsConfig(

@@ -31,6 +31,7 @@ DECISION_PATH = "pvegate/decision"
 DATA_CHECK_PATH = "pvegate/data_check"
 VISIBLE_TOOLS_PATH = "pvegate/visible_tools"
 APPROVER_PATH = "pvegate/approver/decision"
+CONSOLE_PATH = "pvegate/console/sections"
 # the code of a deny the gateway makes when OPA gave no usable answer
 FAIL_CLOSED_CODE = "policy.unavailable"
 
@@ -124,6 +125,7 @@ class ApproverVerdict(NamedTuple):
     decision_id: str | None
     groups: list[str]  # the request's approver groups this approver qualified through
     codes: tuple[str, ...] = ()  # the stable codes of the reasons (docs/policy-contract.md)
+    step_up_max_age: int | None = None  # voting needs an authentication no older than this (seconds)
 
 
 class PolicyError(Exception):
@@ -307,6 +309,16 @@ class DecisionClient:
             return None
         return frozenset(result)
 
+    async def console_sections(self, input_doc: dict[str, Any]) -> frozenset[str] | None:
+        """The admin console's sections the principal may open, or None when OPA gave no usable answer."""
+        try:
+            result, _ = await self.query(CONSOLE_PATH, input_doc)
+        except PolicyError:
+            return None
+        if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
+            return None
+        return frozenset(result)
+
     async def may_approve(self, input_doc: dict[str, Any]) -> ApproverVerdict:
         """May an approver act on a pending request, and through which of its groups."""
         try:
@@ -321,6 +333,12 @@ class DecisionClient:
             )
         allowed = bool(result["allow"]) and not result["deny"]
         codes = tuple(sorted({r["code"] for r in result.get("deny_reasons", [])}))
+        step_up = result.get("step_up_max_age_seconds")
         return ApproverVerdict(
-            allowed, list(result["deny"]), envelope.get("decision_id"), list(result.get("groups", [])), codes
+            allowed,
+            list(result["deny"]),
+            envelope.get("decision_id"),
+            list(result.get("groups", [])),
+            codes,
+            step_up if isinstance(step_up, int) else None,
         )

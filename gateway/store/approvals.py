@@ -696,8 +696,19 @@ class Approvals:
 
     # --- the approver side --------------------------------------------------------------
 
-    async def decide(self, approval_id: str, approver: Principal, verdict: str, note: str | None = None) -> VoteOutcome:
-        """An approver approves or denies; OPA says whether this approver may, every time."""
+    async def decide(
+        self,
+        approval_id: str,
+        approver: Principal,
+        verdict: str,
+        note: str | None = None,
+        *,
+        auth_time: float | None = None,
+        via: str = "bearer",
+    ) -> VoteOutcome:
+        """An approver approves or denies; OPA says whether this approver may, every time.
+
+        `auth_time`: when the approver last authenticated (the policy's step-up compares it)."""
         if self.store is None or self.decisions is None:
             return VoteOutcome(False, reasons=["approvals are not enabled on this gateway"])
         if verdict not in ("approve", "deny"):
@@ -707,7 +718,9 @@ class Approvals:
         if req.state != "pending":
             out = VoteOutcome(False, req.state, reasons=[f"request {approval_id} is {req.state}"])
         else:
-            verdict_ = await self.decisions.may_approve(approve_input(req, approver, verdict))
+            verdict_ = await self.decisions.may_approve(
+                approve_input(req, approver, verdict, auth_time=auth_time, via=via)
+            )
             if not verdict_.allowed:
                 out = VoteOutcome(
                     False,
@@ -723,6 +736,7 @@ class Approvals:
             "ok": out.ok,
             "reasons": out.reasons,
             "codes": out.codes,
+            "via": via,
         }
         if out.ok:
             body.update(state=out.state, approvals=out.approvals, needed=out.needed, token_minted=out.token is not None)
@@ -765,13 +779,20 @@ class Approvals:
 
 
 def approve_input(
-    req: ApprovalRequest, approver: Principal, verdict: str, source_ip: str | None = None
+    req: ApprovalRequest,
+    approver: Principal,
+    verdict: str,
+    source_ip: str | None = None,
+    *,
+    auth_time: float | None = None,
+    via: str = "bearer",
 ) -> dict[str, Any]:
     now = time.time()
     return {
         "contract_version": CONTRACT_VERSION,
         "kind": "approve",
         "approver": approver.as_input(),
+        "authentication": {"auth_time": auth_time, "via": via},
         "pending": req.pending_input(),
         "request": {
             "id": "approve-" + uuid.uuid4().hex,
@@ -796,5 +817,5 @@ async def build_approvals(config: Config, audit: AuditLog, decisions: DecisionCl
     except BaseException:
         await store.close()
         raise
-    base = config.public_url if config.admin.token is not None else None
+    base = config.public_url if config.admin.token is not None or config.console.enabled else None
     return Approvals(store, audit, decisions, page_base=base)

@@ -166,7 +166,10 @@ def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
             except AuthError as exc:
                 print(f"error: approver token rejected: {exc}", file=sys.stderr)
                 return 2
-            return _outcome(await a.decide(args.id, who, verdict, args.note), verdict)
+            from gateway.admin.api import bearer_auth_time
+
+            out = await a.decide(args.id, who, verdict, args.note, auth_time=bearer_auth_time(token))
+            return _outcome(out, verdict)
 
         return _guard(lambda: asyncio.run(_run(args, cfg, True, go)))
 

@@ -94,6 +94,15 @@ denials contains lib.reason(
 }
 
 # a request without approver groups can be approved by any approver role
+denials contains lib.reason("approver.step_up_required", "data.approval.step_up_max_age_seconds_by_level", msg) if {
+	count(problems) == 0
+	not authenticated_within(step_up_max_age)
+	msg := sprintf(
+		"voting on a %v-risk request needs a sign-in within the last %v seconds; sign in again",
+		[pending.risk.level, step_up_max_age],
+	)
+}
+
 in_required_group if count(pending.approver_groups) == 0
 
 in_required_group if {
@@ -117,6 +126,21 @@ member(principal, group) if {
 	r in object.get(principal, "roles", [])
 }
 
+# Step-up: a request of a listed risk level may be voted on only by someone who authenticated
+# recently (input.authentication.auth_time: the console's sign-in, or a bearer token's auth_time,
+# else its iat). No auth_time at all is too old.
+step_up_max_age := config.approval.step_up_max_age_seconds_by_level[object.get(pending, ["risk", "level"], "")]
+
+authenticated_within(n) if {
+	t := input.authentication.auth_time
+	is_number(t)
+	(input.request.time_ns / 1000000000) - t <= n
+}
+
+default step_up := {}
+
+step_up := {"step_up_max_age_seconds": step_up_max_age}
+
 default allow := false
 
 allow if count(deny) == 0
@@ -125,14 +149,18 @@ allow if count(deny) == 0
 # title: Approver decision
 # description: |
 #   {"allow": bool, "deny": [sentences], "deny_reasons": [{code, rule, message}],
-#   "groups": [qualified groups]} for input kind "approve". Not an optimiser
-#   entrypoint: it is asked once per vote, and OPA 1.22's `opa build -O=1`
-#   gives support rules of two entrypoints the same names (gateway/policy/optimized.py).
+#   "groups": [qualified groups], "step_up_max_age_seconds"?: n} for input kind
+#   "approve". Not an optimiser entrypoint: it is asked once per vote, and OPA 1.22's
+#   `opa build -O=1` gives support rules of two entrypoints the same names
+#   (gateway/policy/optimized.py).
 # schemas:
 #   - input: schema["approve_input.schema"]
-decision := {
-	"allow": allow,
-	"deny": sort(deny),
-	"deny_reasons": sort(denials),
-	"groups": sort(qualified_groups),
-}
+decision := object.union(
+	{
+		"allow": allow,
+		"deny": sort(deny),
+		"deny_reasons": sort(denials),
+		"groups": sort(qualified_groups),
+	},
+	step_up,
+)

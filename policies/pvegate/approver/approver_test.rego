@@ -78,3 +78,43 @@ test_no_input if {
 	d.allow == false
 	fx.has_reason(d.deny, "no input document")
 }
+
+# --- step-up: approval.step_up_max_age_seconds_by_level -----------------------------------------
+
+critical_input(auth) := object.union_n([
+	fx.approve_input(fx.alice, "demo-agent", groups, []),
+	{"authentication": auth},
+	{"pending": {"risk": {"score": 90, "level": "critical", "factors": []}}},
+])
+
+# wed_1540 in seconds
+signed_in_at := 1795621200
+
+test_step_up_recent_sign_in_may_vote if {
+	d := approver.decision with input as critical_input({"auth_time": signed_in_at - 60, "via": "console"})
+		with data.data.approval.step_up_max_age_seconds_by_level as {"critical": 300}
+	d.allow
+	d.step_up_max_age_seconds == 300
+}
+
+test_step_up_old_sign_in_is_refused_with_its_code if {
+	d := approver.decision with input as critical_input({"auth_time": signed_in_at - 301, "via": "console"})
+		with data.data.approval.step_up_max_age_seconds_by_level as {"critical": 300}
+	not d.allow
+	fx.has_reason(d.deny, "within the last 300 seconds")
+	some r in d.deny_reasons
+	r.code == "approver.step_up_required"
+}
+
+test_step_up_without_auth_time_is_refused if {
+	d := approver.decision with input as critical_input({"auth_time": null})
+		with data.data.approval.step_up_max_age_seconds_by_level as {"critical": 300}
+	not d.allow
+}
+
+test_no_step_up_for_levels_not_listed if {
+	d := approver.decision with input as fx.approve_input(fx.alice, "demo-agent", groups, [])
+		with data.data.approval.step_up_max_age_seconds_by_level as {"critical": 300}
+	d.allow
+	not "step_up_max_age_seconds" in object.keys(d)
+}

@@ -115,6 +115,7 @@ default_approval := {
 	"default_approver_groups": [],
 	"min_approvals_by_level": {},
 	"ttl_seconds_by_level": {},
+	"step_up_max_age_seconds_by_level": {},
 	"default_min_approvals": 1,
 	"default_ttl_seconds": 900,
 	"rules": [],

@@ -149,6 +149,16 @@ data_schema := {
 						"critical": {"type": "integer", "minimum": 1},
 					},
 				},
+				"step_up_max_age_seconds_by_level": {
+					"type": "object",
+					"additionalProperties": false,
+					"properties": {
+						"low": {"type": "integer", "minimum": 0},
+						"medium": {"type": "integer", "minimum": 0},
+						"high": {"type": "integer", "minimum": 0},
+						"critical": {"type": "integer", "minimum": 0},
+					},
+				},
 				"ttl_seconds_by_level": {
 					"type": "object",
 					"additionalProperties": false,
@@ -331,6 +341,7 @@ data_schema := {
 				"plan_only": {"type": "boolean"},
 				"approve": {"type": "boolean"},
 				"break_glass": {"type": "boolean"},
+				"console": {"type": "array", "items": {"enum": ["approvals", "audit", "policy"]}},
 			},
 		},
 		"role_selector": {

@@ -1,0 +1,905 @@
+"""The console's pages: sign-in, approvals, audit, policy and health, tools, what-if.
+
+Server-rendered (Jinja2, autoescaped), no JavaScript: every page is an HTML document and
+every state change an HTML form with the session's CSRF token, so the CSP can forbid
+scripts altogether. Whether a person may vote is the approver policy's answer
+(data.pvegate.approver.decision), asked again on every vote; what a principal may see
+is the visible-tools entrypoint; a what-if is the decision entrypoint with an input built
+like a live call's, never dispatched. Each console action is written to the audit as a
+`console` record with the signed-in person's identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import jinja2
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.admin import api as adminapi
+from gateway.admin.console.oidc import Login, Provider, SignInError, pkce_pair
+from gateway.admin.console.session import Session, Sessions, csrf_ok, same_origin
+from gateway.auth.tokens import Authenticator, AuthError
+from gateway.components import Components
+from gateway.core.calls import CallRequest
+from gateway.core.config import ConfigError
+from gateway.core.principal import Principal
+from gateway.pipeline import policy_input
+from gateway.policy.decisions import CONTRACT_VERSION
+from gateway.store import audit as auditlib
+from gateway.store.approvals import STATES, ApprovalRequest, NotFound, approve_input, rfc3339
+from gateway.store.audit import AuditRecord
+from gateway.tools.runtimes.base import CallContext, ToolError
+from gateway.tools.tool import ArgumentError, Tool, arguments_digest
+
+log = logging.getLogger("pvegate.console")
+
+STEP_UP_CODE = "approver.step_up_required"
+MASK = "••••••"
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+}
+AUDIT_FILTERS = ("principal", "tool", "target", "outcome", "kind", "request_id")
+PAGE_SIZE = 100
+EXPORT_LIMIT = 50_000
+
+_env = jinja2.Environment(
+    loader=jinja2.PackageLoader("gateway.admin.console", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def _when(ts: Any) -> str:
+    return datetime.fromtimestamp(float(ts), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if ts else "-"
+
+
+def _ago(ts: Any) -> str:
+    if not ts:
+        return "-"
+    s = int(time.time() - float(ts))
+    sign, s = ("in ", -s) if s < 0 else ("", s)
+    text = f"{s}s" if s < 90 else f"{s // 60}m" if s < 5400 else f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{sign}{text}" if sign else f"{text} ago"
+
+
+_env.filters["when"] = _when
+_env.filters["ago"] = _ago
+_env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+class Console:
+    """The console's state in the application: the provider, the session codec, the authenticator."""
+
+    def __init__(self, components: Components, authenticator: Authenticator) -> None:
+        cfg = components.config.console
+        assert cfg.session_key is not None
+        self.c = components
+        self.cfg = cfg
+        self.authn = authenticator
+        self.provider = Provider(cfg)
+        # Secure cookies: a browser keeps them on https and on loopback http (a secure context)
+        try:
+            self.sessions = Sessions(cfg.session_key.read(), cfg.idle_timeout_seconds, cfg.max_session_seconds)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _console(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def _base(request: Request) -> str:
+    public = _console(request).c.config.public_url
+    if public:
+        return str(public).rstrip("/")
+    return f"{request.url.scheme}://{request.url.netloc}"
+
+
+def _redirect_uri(request: Request) -> str:
+    return _base(request) + "/admin/callback"
+
+
+def _local_path(value: str | None) -> str:
+    """Only a path under /admin/ on this site is a place to return to after sign-in (no open redirect)."""
+    if not value or not value.startswith("/admin/") or value.startswith("//") or "\\" in value:
+        return "/admin/"
+    parts = urlsplit(value)
+    return value if not parts.scheme and not parts.netloc else "/admin/"
+
+
+def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+    session: Session | None = getattr(request.state, "console_session", None)
+    body = _env.get_template(template).render(
+        session=session,
+        sections=getattr(request.state, "console_sections", frozenset()),
+        csrf=session.csrf if session else "",
+        path=request.url.path,
+        **ctx,
+    )
+    response = HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
+    if session is not None and getattr(request.state, "console_renew", False):
+        _console(request).sessions.write(response, session)
+    return response
+
+
+def _source_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+async def record(
+    request: Request,
+    action: str,
+    who: str | None,
+    outcome: str,
+    body: dict[str, Any] | None = None,
+    *,
+    tool: str | None = None,
+    target: str | None = None,
+    request_id: str | None = None,
+) -> None:
+    """A console action in the audit, with the signed-in person's identity (never a secret)."""
+    session: Session | None = getattr(request.state, "console_session", None)
+    doc = {"action": action, "surface": "console", "source_ip": _source_ip(request), **(body or {})}
+    if session is not None:
+        doc["session"] = session.sid
+        doc["auth_time"] = rfc3339(session.auth_time)
+    await _console(request).c.audit.append(
+        AuditRecord(request_id or uuid.uuid4().hex, "console", who, tool, target, outcome, doc)
+    )
+
+
+# --- sessions and sign-in ------------------------------------------------------------------
+
+
+def signed_in(request: Request) -> Session | None:
+    session, renew = _console(request).sessions.read(request)
+    request.state.console_session = session
+    request.state.console_renew = renew
+    return session
+
+
+SECTIONS = ("approvals", "audit", "policy")
+
+
+def _listing_input(c: Components, principal: Principal, request: Request, tools: bool = False) -> dict[str, Any]:
+    return {
+        "contract_version": CONTRACT_VERSION,
+        "kind": "list",
+        "principal": principal.as_input(),
+        "request": _request_facts(uuid.uuid4().hex, "tools/list", _source_ip(request)),
+        "tools": c.catalog.policy_views if tools else [],
+    }
+
+
+async def sections_of(request: Request, principal: Principal) -> frozenset[str]:
+    """Which console sections the policy opens to this person (data.pvegate.console.sections); none on doubt."""
+    c = _console(request).c
+    found = await c.decisions.console_sections(_listing_input(c, principal, request))
+    return found or frozenset()
+
+
+async def guard(request: Request, section: str) -> Session | Response:
+    """The signed-in session if the policy opens `section` to it; else the sign-in redirect or a refusal."""
+    session = signed_in(request)
+    if session is None:
+        return _to_login(request)
+    sections = await sections_of(request, session.principal)
+    request.state.console_sections = sections
+    if section not in sections:
+        return render(
+            request,
+            "message.html",
+            403,
+            title="Not open to you",
+            message=f"The policy does not open the console's {section} section to {session.name} "
+            f"(roles: {', '.join(session.roles) or 'none'}; groups: {', '.join(session.groups) or 'none'}).",
+        )
+    return session
+
+
+def _to_login(request: Request) -> Response:
+    nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/admin/login?{urlencode({'next': nxt})}", status_code=303, headers=SECURITY_HEADERS)
+
+
+async def login(request: Request) -> Response:
+    """Start a sign-in: state, nonce and PKCE verifier in a signed cookie, then off to the provider."""
+    console = _console(request)
+    nxt = _local_path(request.query_params.get("next"))
+    max_age: int | None = None
+    if (raw := request.query_params.get("max_age")) is not None:
+        try:
+            max_age = max(0, min(int(raw), 86400))
+        except ValueError:
+            return render(request, "message.html", 400, title="Sign-in", message="max_age must be a number of seconds")
+    verifier, challenge = pkce_pair()
+    attempt = Login(uuid.uuid4().hex + uuid.uuid4().hex, uuid.uuid4().hex, verifier, nxt, max_age)
+    try:
+        url = await console.provider.authorize_url(attempt, _redirect_uri(request), challenge)
+    except SignInError as exc:
+        return render(request, "message.html", 503, title="Sign-in unavailable", message=str(exc))
+    response = RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
+    console.sessions.write_login(response, attempt.__dict__)
+    return response
+
+
+async def callback(request: Request) -> Response:
+    console = _console(request)
+    stored = console.sessions.read_login(request)
+    p = request.query_params
+    try:
+        if stored is None:
+            raise SignInError("this sign-in has no attempt in progress in this browser (expired, or started elsewhere)")
+        attempt = Login(**stored)
+        if not p.get("state") or p.get("state") != attempt.state:
+            raise SignInError("the sign-in answer does not belong to this browser's attempt (state)")
+        if p.get("error"):
+            raise SignInError(f"the identity provider refused: {p.get('error')} {p.get('error_description') or ''}")
+        code = p.get("code")
+        if not code:
+            raise SignInError("the identity provider sent no code")
+        identity = await console.provider.exchange(code, attempt, _redirect_uri(request))
+        principal = await _principal(console, identity.id_claims, identity.access_token)
+        if not await sections_of(request, principal):
+            raise SignInError(
+                f"the policy opens no console section to you (roles: {', '.join(principal.roles) or 'none'}; "
+                f"groups: {', '.join(principal.groups) or 'none'})"
+            )
+    except (SignInError, TypeError) as exc:
+        reason = str(exc) if isinstance(exc, SignInError) else "the sign-in attempt is malformed"
+        await record(request, "sign_in", None, "refused", {"reason": reason})
+        response = render(request, "message.html", 400, title="Sign-in failed", message=reason, retry=True)
+        console.sessions.clear_login(response)
+        return response
+    claims = identity.id_claims
+    name = str(claims.get("preferred_username") or claims.get("email") or principal.sub)
+    session = Session.start(principal, name, identity.auth_time)
+    request.state.console_session = session
+    await record(
+        request,
+        "sign_in",
+        principal.sub,
+        "ok",
+        {"name": name, "kind": principal.kind, "roles": list(principal.roles), "groups": list(principal.groups)},
+    )
+    # a page, not a redirect: the session cookie is SameSite=Strict, and a redirect chain that began at the
+    # provider is cross-site, so the browser would not send it; this page's own navigation is same-site
+    response = render(request, "continue.html", title="Signed in", next=attempt.return_to)
+    console.sessions.write(response, session)
+    console.sessions.clear_login(response)
+    return response
+
+
+async def _principal(console: Console, id_claims: dict[str, Any], access_token: str | None) -> Principal:
+    """Who signed in, as the gateway sees principals: the provider's access token through the same
+    Authenticator as /mcp (same issuer, audience, claim mapping), bound to the ID token's subject."""
+    if access_token is None:
+        raise SignInError("the identity provider sent no access token")
+    try:
+        principal = await console.authn.authenticate(f"Bearer {access_token}")
+    except AuthError as exc:
+        raise SignInError(
+            f"the gateway does not accept your access token ({exc}); the console's client must issue tokens "
+            "for the gateway's audience (docs/console.md)"
+        ) from exc
+    if principal.sub != id_claims.get("sub"):
+        raise SignInError("the access token and the ID token name different people")
+    if principal.kind != "human":
+        raise SignInError(f"the console is for people; your token makes you a principal of kind {principal.kind}")
+    return principal
+
+
+async def logout(request: Request) -> Response:
+    session = signed_in(request)
+    if session is None:
+        return RedirectResponse("/admin/login", status_code=303, headers=SECURITY_HEADERS)
+    form = await request.form()
+    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+        return await _csrf_refused(request, session, "sign_out")
+    await record(request, "sign_out", session.sub, "ok")
+    end = await _console(request).provider.end_session_url()
+    request.state.console_session = None
+    response = render(request, "message.html", title="Signed out", message="You are signed out.", end_session=end)
+    _console(request).sessions.clear(response)
+    return response
+
+
+async def _csrf_refused(request: Request, session: Session, action: str) -> Response:
+    await record(request, action, session.sub, "csrf_refused", {"path": request.url.path})
+    return render(
+        request,
+        "message.html",
+        403,
+        title="Refused",
+        message="This form was not sent from a console page of this session (missing or wrong CSRF token). "
+        "Nothing was changed. Open the page again and repeat.",
+    )
+
+
+async def _form(request: Request) -> FormData | Response:
+    if int(request.headers.get("content-length") or 0) > adminapi.MAX_BODY:
+        return render(request, "message.html", 413, title="Too large", message="The form is too large.")
+    return await request.form(max_files=0, max_fields=50)
+
+
+# --- approvals -----------------------------------------------------------------------------
+
+
+def _wants_page(request: Request) -> bool:
+    return request.headers.get("authorization") is None and "text/html" in request.headers.get("accept", "")
+
+
+async def approvals_page(request: Request) -> Response:
+    if not _wants_page(request):  # the JSON admin API keeps its URL
+        return await adminapi.approvals_list(request) if _admin_enabled(request) else _not_found()
+    session = await guard(request, "approvals")
+    if isinstance(session, Response):
+        return session
+    store = _console(request).c.approvals.store
+    if store is None:
+        return render(request, "message.html", 404, title="Approvals", message="Approvals are not enabled.")
+    state = request.query_params.get("state", "open")
+    if state not in (*STATES, "all", "open"):
+        return render(request, "message.html", 400, title="Approvals", message=f"unknown state {state!r}")
+    await store.expire_due()
+    items = await store.list(None if state in ("all", "open") else state, limit=300)
+    if state == "open":
+        items = [r for r in items if r.state in ("pending", "approved")] + [
+            r for r in items if r.state not in ("pending", "approved")
+        ][:50]
+    items.sort(key=lambda r: (r.state != "pending", -r.created_at if r.state != "pending" else r.created_at))
+    return render(request, "approvals.html", title="Approvals", items=items, state=state, states=list(STATES))
+
+
+def _mask(tool: Tool | None, args: Any) -> Any:
+    """Arguments as shown: already redacted by the audit rules when stored; the tool's sensitive ones masked."""
+    if tool is None or not isinstance(args, dict):
+        return args
+    out = dict(args)
+    for path in tool.sensitive:
+        head = path.split(".", 1)[0]
+        if head in out:
+            out[head] = MASK
+    return out
+
+
+async def _preview(c: Components, tool: Tool | None, req: ApprovalRequest) -> dict[str, Any]:
+    """What the call would send: the connector's dry run (nothing is sent), or the tool's declared text."""
+    if tool is None:
+        return {"error": "the tool is no longer in the catalog"}
+    cluster = str(req.target.get("cluster") or "")
+    if tool.connector == "pve_api" and cluster in c.config.clusters:
+        try:
+            ctx = CallContext(cluster, dry_run=True, request_id="console-preview")
+            out = await asyncio.wait_for(c.runtime(tool).call(tool, dict(req.arguments), ctx), timeout=10)
+            if isinstance(out.data, dict) and out.data.get("dry_run"):
+                return out.data
+        except (ToolError, TimeoutError, KeyError, ValueError) as exc:
+            return {"error": f"no preview: {exc}", "expected_impact": tool.dry_run}
+    return {"expected_impact": tool.dry_run, "connector": tool.connector, "spec": _sends(tool)}
+
+
+def _sends(tool: Tool) -> str:
+    spec = tool.spec
+    if tool.connector == "pve_api":
+        return f"{spec.get('method')} {spec.get('path')}"
+    if tool.connector == "ssh":
+        return f"ssh: {spec.get('command') or spec.get('argv') or spec.get('script') or '(command)'}"
+    if tool.connector == "composite":
+        return "composite of " + ", ".join(str(u.get("name")) for u in tool.uses)
+    return tool.connector
+
+
+async def _approval_codes(c: Components, req: ApprovalRequest) -> list[str]:
+    rows = await asyncio.to_thread(
+        auditlib.search, c.audit.path, auditlib.Query(kind="approval", request_id=req.request_id, limit=20)
+    )
+    for row in rows:
+        body = json.loads(row["body"] or "{}")
+        if body.get("approval_id") == req.id and body.get("codes"):
+            return [str(x) for x in body["codes"]]
+    return []
+
+
+async def approval_page(request: Request) -> Response:
+    if not _wants_page(request):
+        return await adminapi.approval_get(request) if _admin_enabled(request) else _not_found()
+    session = await guard(request, "approvals")
+    if isinstance(session, Response):
+        return session
+    return await _approval_view(request, session)
+
+
+async def _approval_view(request: Request, session: Session, result: dict[str, Any] | None = None) -> Response:
+    c = _console(request).c
+    if c.approvals.store is None:
+        return render(request, "message.html", 404, title="Approvals", message="Approvals are not enabled.")
+    await c.approvals.store.expire_due()
+    try:
+        req = await c.approvals.store.get(request.path_params["id"])
+    except NotFound:
+        return render(request, "message.html", 404, title="Approval", message="No such approval request.")
+    tool = c.catalog.get(req.tool)
+    may: dict[str, Any] | None = None
+    if req.state == "pending" and c.decisions is not None:
+        # the same question a vote asks, without voting: may this person vote, and with which sign-in age
+        verdict = await c.decisions.may_approve(
+            approve_input(
+                req, session.principal, "approve", _source_ip(request), auth_time=session.auth_time, via="console"
+            )
+        )
+        may = {
+            "allowed": verdict.allowed,
+            "reasons": verdict.reasons,
+            "codes": list(verdict.codes),
+            "step_up": verdict.step_up_max_age,
+            "only_step_up": bool(verdict.codes) and set(verdict.codes) == {STEP_UP_CODE},
+        }
+    return render(
+        request,
+        "approval.html",
+        title=f"Approval {req.id}",
+        req=req,
+        tool=tool,
+        arguments=_mask(tool, req.arguments),
+        preview=await _preview(c, tool, req),
+        codes=await _approval_codes(c, req),
+        may=may,
+        result=result,
+        sends=_sends(tool) if tool else "-",
+        auth_age=int(time.time() - session.auth_time),
+    )
+
+
+async def approval_vote(request: Request) -> Response:
+    session = await guard(request, "approvals")
+    if isinstance(session, Response):
+        return session
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    aid = request.path_params["id"]
+    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+        return await _csrf_refused(request, session, "vote")
+    verdict = form.get("verdict")
+    note = form.get("note") or None
+    if verdict not in ("approve", "deny") or (note is not None and (not isinstance(note, str) or len(note) > 1000)):
+        return render(request, "message.html", 400, title="Vote", message="verdict approve|deny, note ≤ 1000 chars")
+    c = _console(request).c
+    try:
+        out = await c.approvals.decide(
+            aid, session.principal, str(verdict), note, auth_time=session.auth_time, via="console"
+        )
+    except NotFound:
+        return render(request, "message.html", 404, title="Vote", message="No such approval request.")
+    await record(
+        request,
+        "vote",
+        session.sub,
+        "ok" if out.ok else "refused",
+        {"approval_id": aid, "verdict": verdict, "state": out.state, "codes": out.codes},
+        request_id=aid,
+    )
+    result: dict[str, Any] = {
+        "ok": out.ok,
+        "verdict": verdict,
+        "state": out.state,
+        "reasons": out.reasons,
+        "codes": out.codes,
+        "approvals": out.approvals,
+        "needed": out.needed,
+        "token": out.token,  # shown once, to the approver who completed it
+        "token_expires_at": rfc3339(out.token_expires_at) if out.token_expires_at else None,
+        "step_up_url": None,
+    }
+    if STEP_UP_CODE in out.codes:
+        result["step_up_url"] = "/admin/login?" + urlencode(
+            {"next": f"/admin/approvals/{aid}", "max_age": str(_step_up_age(out.reasons))}
+        )
+    response = await _approval_view(request, session, result)
+    response.status_code = 200 if out.ok else 403
+    return response
+
+
+def _step_up_age(reasons: list[str]) -> int:
+    """max_age for the re-authentication; the policy names its limit in the reason ("within N seconds")."""
+    for r in reasons:
+        words = r.split()
+        for i, w in enumerate(words[:-1]):
+            if w.isdigit() and words[i + 1].startswith("second"):
+                return int(w)
+    return 0
+
+
+# --- audit ---------------------------------------------------------------------------------
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a time (Unix seconds or ISO 8601, e.g. 2026-11-30T14:00)") from exc
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def _audit_query(request: Request, limit: int | None) -> tuple[auditlib.Query, dict[str, str]]:
+    p = request.query_params
+    filters = {k: p[k].strip() for k in (*AUDIT_FILTERS, "since", "until") if p.get(k, "").strip()}
+    q = auditlib.Query(
+        principal=filters.get("principal"),
+        tool=filters.get("tool"),
+        target=filters.get("target"),
+        outcome=filters.get("outcome"),
+        kind=filters.get("kind"),
+        request_id=filters.get("request_id"),
+        since=_parse_time(filters.get("since")),
+        until=_parse_time(filters.get("until")),
+        limit=limit,
+        newest_first=True,
+    )
+    return q, filters
+
+
+async def audit_page(request: Request) -> Response:
+    session = await guard(request, "audit")
+    if isinstance(session, Response):
+        return session
+    c = _console(request).c
+    try:
+        q, filters = _audit_query(request, PAGE_SIZE)
+    except ValueError as exc:
+        return render(request, "message.html", 400, title="Audit", message=str(exc))
+    rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
+    rows.reverse()  # newest first on screen
+    verify = await asyncio.to_thread(auditlib.verify, c.audit.path, key=c.audit.key_path)
+    try:
+        checkpoint: dict[str, Any] | None = await asyncio.to_thread(
+            auditlib.checkpoint, c.audit.path, key=c.audit.key_path
+        )
+    except Exception as exc:  # the chain page still shows; the reason is what an operator needs
+        checkpoint = {"error": str(exc)[:300]}
+    await record(request, "audit_search", session.sub, "ok", {"filters": filters, "rows": len(rows)})
+    return render(
+        request,
+        "audit.html",
+        title="Audit",
+        rows=rows,
+        filters=filters,
+        fields=(*AUDIT_FILTERS, "since", "until"),
+        verify=verify.as_dict(),
+        checkpoint=checkpoint,
+        export_query=urlencode(filters),
+        page_size=PAGE_SIZE,
+    )
+
+
+async def audit_record(request: Request) -> Response:
+    session = await guard(request, "audit")
+    if isinstance(session, Response):
+        return session
+    c = _console(request).c
+    seq = request.path_params["seq"]
+    rows = await asyncio.to_thread(_row_by_seq, c, seq)
+    if rows is None:
+        return render(request, "message.html", 404, title="Audit", message=f"No audit record {seq}.")
+    related = await asyncio.to_thread(
+        auditlib.search, c.audit.path, auditlib.Query(request_id=rows["request_id"], limit=200)
+    )
+    body = json.loads(rows["body"] or "null")
+    if isinstance(body, dict):
+        body.pop(auditlib.INPUT_FIELD, None)  # the packed replay input: shown decoded below instead
+    return render(
+        request,
+        "audit_record.html",
+        title=f"Audit record {seq}",
+        row=rows,
+        body=body,
+        related=related,
+    )
+
+
+def _row_by_seq(c: Components, seq: int) -> dict[str, Any] | None:
+    con = auditlib.connect(c.audit.path, readonly=True)
+    try:
+        row = con.execute("SELECT * FROM audit WHERE seq = ?", (int(seq),)).fetchone()
+    finally:
+        con.close()
+    return dict(row) if row is not None else None
+
+
+async def audit_export(request: Request) -> Response:
+    session = await guard(request, "audit")
+    if isinstance(session, Response):
+        return session
+    c = _console(request).c
+    try:
+        q, filters = _audit_query(request, EXPORT_LIMIT)
+    except ValueError as exc:
+        return render(request, "message.html", 400, title="Audit export", message=str(exc))
+    q.newest_first = False
+    rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
+    await record(request, "audit_export", session.sub, "ok", {"filters": filters, "rows": len(rows)})
+    lines = "".join(auditlib.export_line(r) + "\n" for r in rows)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return StreamingResponse(
+        iter([lines]),
+        media_type="application/x-ndjson",
+        headers={
+            **SECURITY_HEADERS,
+            "Content-Disposition": f'attachment; filename="pvegate-audit-{stamp}.jsonl"',
+        },
+    )
+
+
+# --- policy and health --------------------------------------------------------------------
+
+
+async def _decision_rates(c: Components, minutes: int = 15) -> dict[str, Any]:
+    """Decisions per minute by outcome over the last minutes, and the failed-closed ones, from the audit."""
+    since = time.time() - minutes * 60
+    rows = await asyncio.to_thread(
+        auditlib.search, c.audit.path, auditlib.Query(kind="decision", since=since, limit=20_000)
+    )
+    buckets: dict[str, Counter[str]] = {}
+    totals: Counter[str] = Counter()
+    for row in rows:
+        minute = time.strftime("%H:%M", time.gmtime(row["ts"]))
+        body = json.loads(row["body"] or "{}")
+        outcome = "failed_closed" if body.get("failed_closed") else str(row["outcome"])
+        buckets.setdefault(minute, Counter())[outcome] += 1
+        totals[outcome] += 1
+    return {"minutes": minutes, "buckets": sorted(buckets.items()), "totals": dict(totals)}
+
+
+async def status_page(request: Request) -> Response:
+    session = await guard(request, "policy")
+    if isinstance(session, Response):
+        return session
+    c = _console(request).c
+    assert c.health is not None
+    ready, doc = c.health.readiness()
+    registry = c.metrics.registry
+    failed_closed = registry.get_sample_value("pvegate_decisions_total", {"outcome": "failed_closed"}) or 0
+    probe_failures = registry.get_sample_value("pvegate_opa_probe_failures_total") or 0
+    return render(
+        request,
+        "status.html",
+        title="Policy and health",
+        ready=ready,
+        health=doc,
+        policy=c.policy_status.as_dict() if c.policy_status is not None else None,
+        rates=await _decision_rates(c),
+        failed_closed=int(failed_closed),
+        probe_failures=int(probe_failures),
+        approvals=await c.approvals.store.state_counts() if c.approvals.store else {},
+    )
+
+
+# --- tools and what-if ----------------------------------------------------------------------
+
+
+def _words(value: Any) -> list[str]:
+    return [w for w in str(value or "").replace(",", " ").split() if w]
+
+
+def _chosen_principal(params: Any, session: Session, sub_default: str) -> Principal:
+    kind = str(params.get("kind") or "agent")
+    if kind not in ("agent", "human", "service"):
+        raise ValueError("kind is agent, human or service")
+    sub = str(params.get("sub") or sub_default).strip()[:128] or sub_default
+    return Principal(
+        sub=sub,
+        iss="pvegate-console-what-if",
+        roles=tuple(_words(params.get("roles"))[:32]),
+        groups=tuple(_words(params.get("groups"))[:32]),
+        scopes=(),
+        client_id=None,
+        kind=kind,
+    )
+
+
+def _request_facts(request_id: str, method: str, source_ip: str | None) -> dict[str, Any]:
+    from gateway.pipeline import request_facts
+
+    req = CallRequest(request_id, _dummy_principal(), "", None, "console", source_ip)
+    return request_facts(req, method)
+
+
+def _dummy_principal() -> Principal:
+    return Principal("what-if", "pvegate", (), (), (), None, "agent")
+
+
+async def tools_page(request: Request) -> Response:
+    session = await guard(request, "policy")
+    if isinstance(session, Response):
+        return session
+    c = _console(request).c
+    p = request.query_params
+    visible: frozenset[str] | None = None
+    chosen: Principal | None = None
+    error = None
+    if p.get("roles") or p.get("groups") or p.get("sub") or p.get("kind"):
+        try:
+            chosen = _chosen_principal(p, session, "what-if")
+        except ValueError as exc:
+            error = str(exc)
+        else:
+            visible = await c.decisions.visible_tools(_listing_input(c, chosen, request, tools=True))
+            if visible is None:
+                error = "OPA gave no usable answer: nothing would be visible (fail closed)"
+            await record(
+                request,
+                "visible_tools",
+                session.sub,
+                "ok" if visible is not None else "failed_closed",
+                {"as": chosen.as_input(), "visible": len(visible or ())},
+            )
+    tools = sorted(c.catalog, key=lambda t: (t.domain, t.name))
+    return render(
+        request,
+        "tools.html",
+        title="Tools",
+        tools=tools,
+        sends=_sends,
+        visible=visible,
+        chosen=chosen,
+        params=dict(p),
+        error=error,
+    )
+
+
+async def whatif_page(request: Request) -> Response:
+    session = await guard(request, "policy")
+    if isinstance(session, Response):
+        return session
+    c = _console(request).c
+    tools = sorted(t.name for t in c.catalog)
+    if request.method == "GET":
+        return render(
+            request, "whatif.html", title="What if", tools=tools, params={"kind": "agent"}, decision=None, error=None
+        )
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+        return await _csrf_refused(request, session, "what_if")
+    params = {k: str(v) for k, v in form.items() if k != "csrf" and isinstance(v, str)}
+    decision: dict[str, Any] | None = None
+    error: str | None = None
+    input_doc: dict[str, Any] | None = None
+    try:
+        principal = _chosen_principal(params, session, "what-if")
+        tool = c.catalog.get(params.get("tool", ""))
+        if tool is None:
+            raise ValueError(f"unknown tool {params.get('tool')!r}")
+        try:
+            raw_args = json.loads(params.get("arguments") or "{}")
+        except ValueError as exc:
+            raise ValueError("arguments must be a JSON object") from exc
+        args = tool.validate(raw_args)
+        cluster = c.cluster_for(tool, args)
+        dry_run = params.get("dry_run") == "on"
+        digest = arguments_digest(tool.name, args, dry_run=dry_run)
+        target = await c.targets.resolve(tool, args, cluster)  # reads, as a live call does; sends nothing
+        zero = {"1m": 0, "1h": 0, "24h": 0}
+        call = CallRequest("whatif-" + uuid.uuid4().hex, principal, tool.name, args, "console", _source_ip(request))
+        input_doc = policy_input(call, tool, args, digest, target, None, {"tool": zero, "all": dict(zero)}, dry_run)
+        if tool.allocates:
+            input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
+        d = await c.decisions.decide(input_doc)  # the decision entrypoint, like a live call; never dispatched
+        decision = {
+            "outcome": "allow" if d.allow else "approval required" if d.approval_required else "deny",
+            "allow": d.allow,
+            "deny": list(d.deny),
+            "deny_reasons": list(d.deny_reasons),
+            "risk": d.risk,
+            "approval": d.approval,
+            "obligations": d.obligations,
+            "decision_id": d.decision_id,
+            "revision": d.revision,
+            "failed_closed": d.failed_closed,
+        }
+    except (ValueError, ArgumentError, ToolError) as exc:
+        error = str(exc)
+    await record(
+        request,
+        "what_if",
+        session.sub,
+        decision["outcome"] if decision else "invalid",
+        {
+            "as": {k: params.get(k) for k in ("sub", "kind", "roles", "groups")},
+            "decision_id": decision["decision_id"] if decision else None,
+            "error": error,
+        },
+        tool=params.get("tool"),
+    )
+    return render(
+        request,
+        "whatif.html",
+        title="What if",
+        tools=tools,
+        params=params,
+        decision=decision,
+        error=error,
+        target=(input_doc or {}).get("target"),
+    )
+
+
+# --- assets and routes ----------------------------------------------------------------------
+
+
+_CSS: bytes | None = None
+
+
+async def stylesheet(request: Request) -> Response:
+    global _CSS
+    if _CSS is None:
+        _CSS = resources.files("gateway.admin.console").joinpath("static/console.css").read_bytes()
+    return Response(_CSS, media_type="text/css", headers={"Cache-Control": "max-age=300"})
+
+
+async def home(request: Request) -> Response:
+    session = signed_in(request)
+    if session is None:
+        return render(request, "welcome.html", title="pvegate console")
+    sections = await sections_of(request, session.principal)
+    first = next((s for s in SECTIONS if s in sections), "approvals")
+    target = {"approvals": "/admin/approvals", "audit": "/admin/audit", "policy": "/admin/status"}[first]
+    return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
+
+
+def _admin_enabled(request: Request) -> bool:
+    return _console(request).c.config.admin.token is not None
+
+
+def _not_found() -> Response:
+    return adminapi._err(404, "not_found", "the JSON admin API is not enabled (admin.token)")
+
+
+def console_routes() -> list[Route]:
+    """The console's routes; app.py puts them before the JSON admin API's (they share two URLs,
+    told apart by Accept and Authorization: a browser gets the page, an API client the JSON)."""
+    return [
+        Route("/admin/", home, methods=["GET"]),
+        Route("/admin/login", login, methods=["GET"]),
+        Route("/admin/callback", callback, methods=["GET"]),
+        Route("/admin/logout", logout, methods=["POST"]),
+        Route("/admin/static/console.css", stylesheet, methods=["GET"]),
+        Route("/admin/approvals", approvals_page, methods=["GET"]),
+        Route("/admin/approvals/{id}", approval_page, methods=["GET"]),
+        Route("/admin/approvals/{id}/vote", approval_vote, methods=["POST"]),
+        Route("/admin/audit", audit_page, methods=["GET"]),
+        Route("/admin/audit/export", audit_export, methods=["GET"]),
+        Route("/admin/audit/record/{seq:int}", audit_record, methods=["GET"]),
+        Route("/admin/status", status_page, methods=["GET"]),
+        Route("/admin/tools", tools_page, methods=["GET"]),
+        Route("/admin/whatif", whatif_page, methods=["GET", "POST"]),
+    ]

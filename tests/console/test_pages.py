@@ -1,0 +1,282 @@
+"""The console's pages and server logic against the real gateway, OPA and simulator (no IdP:
+the sessions are cookies signed with the configured key, as a sign-in would leave them)."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.admin.console.session import SESSION_COOKIE, Session
+from gateway.dev.devenv import DevEnv
+from tests.approvals.conftest import Api, outcome
+from tests.console.conftest import STEP_UP_SECONDS, Browser, cookie_value, human
+from tests.support import GatewayThread, audit_rows
+
+CAROL = human("carol", ["approver"], ["sre-leads"])  # an approver in the rule's group
+DAVE = human("dave", ["viewer"], [])  # sees the approvals, may not vote
+ERIN = human("erin", ["auditor"], [])  # every section, votes on nothing
+
+_timeouts = iter(range(200, 10_000))
+
+
+@pytest.fixture(scope="module")
+def api(cgw: GatewayThread, cenv: DevEnv) -> Api:
+    return Api(cenv)
+
+
+@pytest.fixture
+def carol(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
+    b = Browser(cenv, CAROL)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def erin(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
+    b = Browser(cenv, ERIN)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def dave(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
+    b = Browser(cenv, DAVE)
+    yield b
+    b.close()
+
+
+def pending(api: Api, vmid: int = 100) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    args = {"vmid": vmid, "timeout": next(_timeouts)}
+    res = asyncio.run(api.call(api.agent(), "vm_shutdown", args))
+    assert outcome(res) == "pending_approval", res
+    return str(res["structuredContent"]["approval"]["id"]), args, res
+
+
+def test_pages_need_a_session(cgw: GatewayThread, cenv: DevEnv) -> None:
+    anon = Browser(cenv, None)
+    for path in ("/admin/approvals", "/admin/audit", "/admin/status", "/admin/tools", "/admin/whatif"):
+        r = anon.get(path)
+        assert r.status_code == 303, (path, r.status_code)
+        assert r.headers["location"].startswith("/admin/login?next=%2Fadmin%2F"), r.headers["location"]
+    r = anon.get("/admin/")
+    assert r.status_code == 200 and 'href="/admin/login"' in r.text
+    anon.close()
+
+
+def test_sign_in_with_the_provider_down_says_so(cgw: GatewayThread, cenv: DevEnv) -> None:
+    anon = Browser(cenv, None)
+    r = anon.get("/admin/login?next=/admin/audit")
+    assert r.status_code == 503 and "discovery document is unavailable" in r.text
+    r = anon.get("/admin/callback?code=x&state=y")  # no attempt in progress in this browser
+    assert r.status_code == 400 and "no attempt in progress" in r.text
+    anon.close()
+
+
+def test_forged_expired_and_stale_sessions_are_refused(cgw: GatewayThread, cenv: DevEnv) -> None:
+    b = Browser(cenv, CAROL)
+    good = b.http.cookies.get(SESSION_COOKIE)
+    assert b.get("/admin/approvals").status_code == 200
+    b.http.cookies.set(SESSION_COOKIE, good[:-3] + "AAA", domain="127.0.0.1", path="/admin/")
+    assert b.get("/admin/approvals").status_code == 303  # bad signature
+    old = Session.start(CAROL, "carol", time.time())
+    old.started = time.time() - cenv.config.console.max_session_seconds - 1
+    b.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, old), domain="127.0.0.1", path="/admin/")
+    assert b.get("/admin/approvals").status_code == 303  # past the absolute lifetime
+    b.close()
+
+
+def test_security_headers_forbid_scripts(carol: Browser) -> None:
+    r = carol.get("/admin/approvals")
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src" not in csp and "frame-ancestors 'none'" in csp
+    assert "<script" not in r.text
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["cache-control"] == "no-store"
+    css = carol.get("/admin/static/console.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+
+
+def test_json_admin_api_keeps_the_shared_urls(api: Api, carol: Browser) -> None:
+    aid, _, _ = pending(api)
+    r = asyncio.run(api.admin("GET", "/admin/approvals", api.admin_token))
+    assert r.status_code == 200 and any(a["id"] == aid for a in r.json()["approvals"])
+    r = asyncio.run(api.admin("GET", f"/admin/approvals/{aid}", api.admin_token))
+    assert r.status_code == 200 and r.json()["id"] == aid
+    page = carol.get(f"/admin/approvals/{aid}")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+def test_approve_from_the_console_and_the_agent_retry_runs(api: Api, carol: Browser, cenv: DevEnv) -> None:
+    aid, args, res = pending(api)
+    assert res["structuredContent"]["approval"]["approve_url"] == f"{carol.base}/admin/approvals/{aid}"
+    queue = carol.get("/admin/approvals")
+    assert queue.status_code == 200 and f'data-id="{aid}"' in queue.text
+    page = carol.get(f"/admin/approvals/{aid}")
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    facts = ("vm_shutdown", "shutting down a prod guest needs an SRE lead", "approval.rule", '"vmid": 100', "ha_state")
+    for fact in facts:
+        assert fact in text, fact
+    assert "would_send" in text and "/status/shutdown" in text  # the dry run, nothing sent
+    assert 'id="may-not"' not in page.text
+    r = carol.post(f"/admin/approvals/{aid}/vote", {"csrf": carol.csrf, "verdict": "approve", "note": "ok by me"})
+    assert r.status_code == 200, r.text
+    assert "the request is <b>approved</b>" in r.text
+    token = r.text.split('<div class="token" id="token">', 1)[1].split("</div>", 1)[0]
+    done = asyncio.run(api.call(api.agent(), "vm_shutdown", args, approval=token))
+    assert outcome(done) in ("allowed", "failed"), done
+    votes = [
+        json.loads(row["body"])
+        for row in audit_rows(cenv.config.audit_path)
+        if row["kind"] == "console" and row["principal"] == "carol"
+    ]
+    assert any(v["action"] == "vote" and v["approval_id"] == aid and v["verdict"] == "approve" for v in votes)
+
+
+def test_a_vote_without_the_csrf_token_is_refused(api: Api, carol: Browser) -> None:
+    aid, _, _ = pending(api, vmid=100)
+    for form in ({"verdict": "approve"}, {"csrf": "wrong", "verdict": "approve"}):
+        r = carol.post(f"/admin/approvals/{aid}/vote", form)
+        assert r.status_code == 403 and "CSRF" in r.text
+    r = carol.post(
+        f"/admin/approvals/{aid}/vote",
+        {"csrf": carol.csrf, "verdict": "approve"},
+        headers={"origin": "https://evil.example"},
+    )
+    assert r.status_code == 403
+    state = asyncio.run(api.admin("GET", f"/admin/approvals/{aid}", api.admin_token)).json()["state"]
+    assert state == "pending"
+    r = carol.post(f"/admin/approvals/{aid}/vote", {"csrf": carol.csrf, "verdict": "deny", "note": "cleanup"})
+    assert r.status_code == 200 and "<b>denied</b>" in r.text
+
+
+def test_a_viewer_cannot_vote_and_sees_why(api: Api, dave: Browser) -> None:
+    aid, _, _ = pending(api)
+    page = dave.get(f"/admin/approvals/{aid}")
+    assert 'id="may-not"' in page.text and "dave is not in any of the approver groups" in page.text
+    r = dave.post(f"/admin/approvals/{aid}/vote", {"csrf": dave.csrf, "verdict": "approve"})
+    assert r.status_code == 403 and "Your vote was refused" in r.text
+    assert "dave is not in any of the approver groups" in r.text
+
+
+def test_step_up_when_the_sign_in_is_too_old(api: Api, cgw: GatewayThread, cenv: DevEnv) -> None:
+    aid, _, _ = pending(api)
+    stale = Browser(cenv, CAROL, auth_age=STEP_UP_SECONDS + 60)
+    page = stale.get(f"/admin/approvals/{aid}")
+    assert 'id="step-up-first"' in page.text and f"max_age={STEP_UP_SECONDS}" in page.text
+    r = stale.post(f"/admin/approvals/{aid}/vote", {"csrf": stale.csrf, "verdict": "approve"})
+    assert r.status_code == 403 and 'id="step-up"' in r.text
+    assert f"max_age={STEP_UP_SECONDS}" in r.text and "within the last 300 seconds" in r.text
+    stale.close()
+    fresh = Browser(cenv, CAROL, auth_age=1)
+    r = fresh.post(f"/admin/approvals/{aid}/vote", {"csrf": fresh.csrf, "verdict": "approve"})
+    assert r.status_code == 200 and "<b>approved</b>" in r.text
+    fresh.close()
+
+
+def test_audit_search_detail_export_and_chain(api: Api, carol: Browser, cenv: DevEnv) -> None:
+    aid, _, _ = pending(api)
+    rid = next(
+        row["request_id"]
+        for row in audit_rows(cenv.config.audit_path)
+        if row["kind"] == "approval" and json.loads(row["body"]).get("approval_id") == aid
+    )
+    r = carol.get("/admin/audit", params={"request_id": rid})
+    assert r.status_code == 200 and 'id="chain"' in r.text and "verified" in r.text
+    assert ">decision<" in r.text and ">pending<" in r.text
+    seq = int(r.text.split('href="/admin/audit/record/', 1)[1].split('"', 1)[0])
+    detail = carol.get(f"/admin/audit/record/{seq}")
+    assert detail.status_code == 200 and rid in detail.text
+    decision_seq = next(row["seq"] for row in audit_rows(cenv.config.audit_path, rid) if row["kind"] == "decision")
+    d = carol.get(f"/admin/audit/record/{decision_seq}")
+    assert "Bundle revision" in d.text and "Decision id" in d.text and "shutting down a prod guest" in d.text
+    assert carol.get("/admin/audit", params={"since": "yesterday"}).status_code == 400
+    export = carol.get("/admin/audit/export", params={"request_id": rid, "kind": "decision"})
+    assert export.status_code == 200 and "attachment" in export.headers["content-disposition"]
+    lines = [json.loads(x) for x in export.text.splitlines()]
+    assert len(lines) == 1 and lines[0]["kind"] == "decision" and lines[0]["request_id"] == rid
+    actions = [
+        json.loads(row["body"])
+        for row in audit_rows(cenv.config.audit_path)
+        if row["kind"] == "console" and row["principal"] == "carol"
+    ]
+    assert any(a["action"] == "audit_export" and a["filters"]["request_id"] == rid for a in actions)
+
+
+def test_status_shows_revision_health_and_rates(erin: Browser) -> None:
+    r = erin.get("/admin/status")
+    assert r.status_code == 200
+    assert 'id="revision">files:' in r.text and "ready" in r.text
+    assert 'id="rates"' in r.text and "Failed closed since start" in r.text
+
+
+def test_tools_visible_for_a_chosen_principal(erin: Browser) -> None:
+    carol = erin
+    r = carol.get("/admin/tools")
+    assert r.status_code == 200 and "vm_shutdown" in r.text and "POST /nodes/" in r.text
+    viewer = carol.get("/admin/tools", params={"kind": "agent", "roles": "viewer"})
+    assert 'id="visible-count"' in viewer.text
+    seen = int(viewer.text.split('id="visible-count"', 1)[1].split("<b>", 1)[1].split("</b>", 1)[0])
+    operator = carol.get("/admin/tools", params={"kind": "agent", "roles": "operator"})
+    seen_op = int(operator.text.split('id="visible-count"', 1)[1].split("<b>", 1)[1].split("</b>", 1)[0])
+    assert 0 < seen < seen_op  # a viewer sees fewer tools than an operator
+
+
+def test_what_if_decides_without_dispatching(erin: Browser, cenv: DevEnv, csim: Any) -> None:
+    carol = erin
+    before = len(csim.requests_log())
+    form = {
+        "csrf": carol.csrf,
+        "sub": "some-agent",
+        "kind": "agent",
+        "roles": "viewer",
+        "groups": "",
+        "tool": "vm_shutdown",
+        "arguments": json.dumps({"vmid": 100, "timeout": 7}),
+    }
+    r = carol.post("/admin/whatif", form)
+    assert r.status_code == 200 and 'id="decision"' in r.text and ">deny<" in r.text
+    assert "rbac.not_granted" in r.text
+    r = carol.post("/admin/whatif", {**form, "roles": "operator"})
+    assert "approval required" in r.text and "shutting down a prod guest needs an SRE lead" in r.text
+    sent = [x for x in csim.requests_log()[before:] if x["method"] != "GET"]
+    assert sent == []  # decided, never dispatched
+    rows = audit_rows(cenv.config.audit_path)
+    assert not any(row["principal"] == "some-agent" for row in rows)  # not recorded as a call
+    whatifs = [
+        json.loads(row["body"])
+        for row in rows
+        if row["kind"] == "console" and row["principal"] == "erin" and row["outcome"] == "approval required"
+    ]
+    assert whatifs and whatifs[-1]["action"] == "what_if" and whatifs[-1]["as"]["roles"] == "operator"
+    bad = carol.post("/admin/whatif", {**form, "arguments": "{not json"})
+    assert "arguments must be a JSON object" in bad.text
+    assert carol.post("/admin/whatif", {k: v for k, v in form.items() if k != "csrf"}).status_code == 403
+
+
+def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
+    b = Browser(cenv, CAROL)
+    assert b.post("/admin/logout", {"csrf": "wrong"}).status_code == 403
+    r = b.post("/admin/logout", {"csrf": b.csrf})
+    assert r.status_code == 200 and "signed out" in r.text
+    assert f'{SESSION_COOKIE}=""' in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
+    b.close()
+
+
+def test_sections_are_the_policys_to_open(dave: Browser, carol: Browser, erin: Browser) -> None:
+    r = dave.get("/admin/audit")
+    assert r.status_code == 403 and "does not open the console&#39;s audit section to dave" in r.text
+    assert dave.get("/admin/audit/export").status_code == 403
+    page = dave.get("/admin/approvals")
+    assert 'href="/admin/approvals"' in page.text and 'href="/admin/audit"' not in page.text
+    assert carol.get("/admin/audit").status_code == 200 and carol.get("/admin/whatif").status_code == 403
+    assert all(erin.get(p).status_code == 200 for p in ("/admin/audit", "/admin/status", "/admin/whatif"))
+    nobody = Browser(carol.env, human("mallory", ["unknown"], ["nobody"]))
+    assert nobody.get("/admin/approvals").status_code == 403
+    assert nobody.get("/admin/").headers["location"] == "/admin/approvals"
+    nobody.close()
