@@ -23,7 +23,7 @@ from gateway.core.config import Config, ConfigError
 from gateway.mcp.request_state import RequestStates, Sealer, Sessions
 from gateway.mcp.security import TransportGuard
 from gateway.mcp.transport import handle_mcp
-from gateway.mcp.wellknown import WELL_KNOWN, protected_resource
+from gateway.mcp.wellknown import WELL_KNOWN, protected_resource, resource_url
 from gateway.observability.health import HealthMonitor
 from gateway.observability.logs import ErrorBoundary
 from gateway.observability.metrics import Metrics
@@ -208,7 +208,7 @@ def create_app(
         started_at = time.time()  # calls decided before this are earlier runs' to reconcile
         built = components or await build_components(config)
         app.state.components = built
-        app.state.authenticator = authenticator or Authenticator(config.auth)
+        app.state.authenticator = authenticator or Authenticator(config.auth, resource=resource_url(config))
         if config.console.enabled:  # the session key and client secret are read once, here
             app.state.console = Console(built, app.state.authenticator)
         # one key for every replica (state_key or the database): a retry may reach any of them

@@ -28,6 +28,7 @@ from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef
 from gateway.mcp.stdio import local_principal, serve_stdio
+from gateway.mcp.wellknown import resource_url
 from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
@@ -315,7 +316,7 @@ def serve(config: Config) -> None:
 
 async def _serve(config: Config, sock: socket.socket) -> None:
     try:
-        authenticator = Authenticator(config.auth)
+        authenticator = Authenticator(config.auth, resource=resource_url(config))
         components = await build_components(config)
     except Exception as exc:
         raise StartupError(describe(exc)) from exc  # the CLI logs the traceback at debug level

@@ -11,6 +11,7 @@ from typing import Any
 
 import jwt
 
+from gateway.auth import identity
 from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
 from gateway.core.config import AuthConfig
 from gateway.core.principal import Principal
@@ -21,31 +22,20 @@ class AuthError(Exception):
     """Authentication failed; `error` is the RFC 6750 error code."""
 
     def __init__(
-        self, message: str, error: str = "invalid_token", status: int = 401, scope: tuple[str, ...] = ()
+        self,
+        message: str,
+        error: str = "invalid_token",
+        status: int = 401,
+        scope: tuple[str, ...] = (),
+        credentials: bool = True,
     ) -> None:
         super().__init__(message)
         self.error = error
         self.status = status
         self.scope = scope  # for insufficient_scope: what the resource requires
-
-
-def _claim(claims: dict[str, Any], path: str) -> Any:
-    value: Any = claims
-    for part in path.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
-
-
-def _strings(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(v for v in value.split() if v)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise AuthError("token claim has an unexpected type")
+        # False: the request carried no credentials at all; its challenge then names no error
+        # code (RFC 6750 §3.1), which is how a client learns it must go and get a token
+        self.credentials = credentials
 
 
 def _check_text(doc: dict[str, Any], part: str) -> None:
@@ -64,8 +54,11 @@ class Authenticator:
     confusion).
     """
 
-    def __init__(self, cfg: AuthConfig, jwks: JwksKeys | None = None) -> None:
+    def __init__(self, cfg: AuthConfig, jwks: JwksKeys | None = None, resource: str | None = None) -> None:
         self.cfg = cfg
+        # A client that asked its authorization server for a token for this resource (RFC 8707
+        # resource indicator) gets the resource URL as `aud`: accepted beside auth.audience.
+        self.audiences = [cfg.audience] + ([resource] if resource and resource != cfg.audience else [])
         self._hs_secret = cfg.hs256_secret.read() if cfg.hs256_secret else None
         if jwks is None and (cfg.jwks_url or cfg.jwks_file):
             jwks = JwksKeys(url=cfg.jwks_url, file=cfg.jwks_file)
@@ -97,7 +90,7 @@ class Authenticator:
 
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
-            raise AuthError("missing bearer token", error="invalid_request")
+            raise AuthError("missing bearer token", error="invalid_request", credentials=False)
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthError("authorization must be a bearer token", error="invalid_request")
@@ -108,7 +101,7 @@ class Authenticator:
                 token,
                 key=key,
                 algorithms=[alg],  # the one configured algorithm this key serves
-                audience=self.cfg.audience,
+                audience=self.audiences,
                 issuer=self.cfg.issuer,
                 leeway=self.cfg.leeway_seconds,
                 options={"require": ["exp", "iat", "sub", "iss", "aud"]},
@@ -133,7 +126,11 @@ class Authenticator:
         iat = claims.get("iat")
         if isinstance(iat, (int, float)) and iat > time.time() + self.cfg.leeway_seconds:
             raise AuthError("token not yet valid (nbf/iat in the future)")
-        scopes = _strings(_claim(claims, self.cfg.scopes_claim))
+        try:
+            scopes = identity.strings(identity.claim(claims, self.cfg.scopes_claim), self.cfg.scopes_claim)
+            principal = identity.principal(claims, self.cfg, scopes)
+        except identity.ClaimError as exc:
+            raise AuthError(str(exc)) from exc
         missing = [s for s in self.cfg.required_scopes if s not in scopes]
         if missing:
             raise AuthError(
@@ -142,18 +139,7 @@ class Authenticator:
                 status=403,
                 scope=self.cfg.required_scopes,
             )
-        sub = claims["sub"]
-        if not isinstance(sub, str) or not sub:
-            raise AuthError("token subject is missing")
-        return Principal(
-            sub=sub,
-            iss=str(claims["iss"]),
-            roles=_strings(_claim(claims, self.cfg.roles_claim)),
-            groups=_strings(_claim(claims, self.cfg.groups_claim)),
-            scopes=scopes,
-            client_id=claims.get("client_id") if isinstance(claims.get("client_id"), str) else None,
-            kind=str(claims.get("pvegate_kind", "agent")),
-        )
+        return principal
 
 
 def mint_hs256(

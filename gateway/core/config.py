@@ -79,6 +79,18 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class KindConfig:
+    """How a token's principal kind is decided (schema: auth.kind; tried in this field order)."""
+
+    agent_clients: tuple[str, ...] = ()
+    claim: str | None = "pvegate_kind"
+    values: dict[str, str] = field(default_factory=lambda: {"agent": "agent", "human": "human", "service": "service"})
+    human_clients: tuple[str, ...] = ()
+    human_when_claims: tuple[str, ...] = ("sid",)
+    default: str = "agent"
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     issuer: str
     audience: str
@@ -87,8 +99,14 @@ class AuthConfig:
     jwks_file: Path | None = None
     algorithms: tuple[str, ...] = ("HS256",)
     leeway_seconds: int = 30
-    roles_claim: str = "roles"
-    groups_claim: str = "groups"
+    # one dot path or several (their values are joined)
+    roles_claim: str | tuple[str, ...] = ("roles", "realm_access.roles")
+    groups_claim: str | tuple[str, ...] = ("groups",)
+    group_paths: str = "strip_slash"  # strip_slash | full | leaf
+    subject_claim: str = "sub"
+    client_id_claims: tuple[str, ...] = ("azp", "client_id")
+    kind: KindConfig = field(default_factory=KindConfig)
+    authorization_servers: tuple[str, ...] | None = None  # None: (issuer,) when it is a URL
     scopes_claim: str = "scope"
     required_scopes: tuple[str, ...] = ()
 
@@ -307,6 +325,23 @@ def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[
     return StorageConfig("postgresql", str(url), password, pool), None
 
 
+def _claim_paths(raw: str | list[str]) -> tuple[str, ...]:
+    return (raw,) if isinstance(raw, str) else tuple(raw)
+
+
+def _kind(raw: dict[str, Any]) -> KindConfig:
+    """Types and values are the schema's (auth.kind)."""
+    d = KindConfig()
+    return KindConfig(
+        agent_clients=tuple(raw.get("agent_clients", d.agent_clients)),
+        claim=raw.get("claim", d.claim),
+        values=dict(raw["values"]) if "values" in raw else d.values,
+        human_clients=tuple(raw.get("human_clients", d.human_clients)),
+        human_when_claims=tuple(raw.get("human_when_claims", d.human_when_claims)),
+        default=str(raw.get("default", d.default)),
+    )
+
+
 def _health(raw: dict[str, Any] | None) -> HealthConfig:
     """Types and ranges are the schema's (schemas/config.schema.json)."""
     raw = raw or {}
@@ -398,8 +433,15 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 jwks_file=_opt_path(auth_raw.get("jwks_file"), base),
                 algorithms=tuple(auth_raw.get("algorithms", ["HS256"])),
                 leeway_seconds=int(auth_raw.get("leeway_seconds", 30)),
-                roles_claim=str(auth_raw.get("roles_claim", "roles")),
-                groups_claim=str(auth_raw.get("groups_claim", "groups")),
+                roles_claim=_claim_paths(auth_raw.get("roles_claim", ["roles", "realm_access.roles"])),
+                groups_claim=_claim_paths(auth_raw.get("groups_claim", ["groups"])),
+                group_paths=str(auth_raw.get("group_paths", "strip_slash")),
+                subject_claim=str(auth_raw.get("subject_claim", "sub")),
+                client_id_claims=tuple(auth_raw.get("client_id_claims", ["azp", "client_id"])),
+                kind=_kind(auth_raw.get("kind") or {}),
+                authorization_servers=tuple(auth_raw["authorization_servers"])
+                if auth_raw.get("authorization_servers") is not None
+                else None,
                 scopes_claim=str(auth_raw.get("scopes_claim", "scope")),
                 required_scopes=tuple(auth_raw.get("required_scopes", [])),
             ),

@@ -48,7 +48,8 @@ SESSION_HEADER = "mcp-session-id"
 
 
 def www_authenticate(c: Components, err: AuthError) -> str:
-    parts = [f'error="{err.error}"', f'error_description="{_quote(str(err))}"']
+    # no credentials at all: the challenge names no error (RFC 6750 §3.1), only where to get a token
+    parts = [f'error="{err.error}"', f'error_description="{_quote(str(err))}"'] if err.credentials else []
     if err.scope:
         parts.append(f'scope="{" ".join(err.scope)}"')
     parts.append(f'resource_metadata="{metadata_url(c.config)}"')

@@ -31,10 +31,18 @@ def metadata_url(config: Config) -> str:
     return base_url(config) + WELL_KNOWN + MCP_PATH
 
 
+def authorization_servers(config: Config) -> list[str]:
+    """auth.authorization_servers, else the issuer when it is a URL (an AS's metadata is found
+    from its issuer URL, RFC 8414 / OpenID Connect Discovery)."""
+    if config.auth.authorization_servers is not None:
+        return list(config.auth.authorization_servers)
+    return [config.auth.issuer] if "://" in config.auth.issuer else []
+
+
 def metadata(config: Config) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "resource": resource_url(config),
-        "authorization_servers": [config.auth.issuer] if "://" in config.auth.issuer else [],
+        "authorization_servers": authorization_servers(config),
         "bearer_methods_supported": ["header"],
         "resource_name": "pvegate Proxmox VE gateway",
     }

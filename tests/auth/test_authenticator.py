@@ -217,3 +217,24 @@ def test_jwks_url_must_be_https_off_loopback() -> None:
 def test_configuring_alg_none_is_rejected(tmp_path: Path, idp: IdP) -> None:
     with pytest.raises(ValueError):
         Authenticator(AuthConfig(issuer=ISSUER, audience=AUDIENCE, algorithms=("none",)))
+
+
+def test_the_resource_url_is_an_accepted_audience_when_given(tmp_path: Path, idp: IdP) -> None:
+    """RFC 8707: a client that asked for a token for this resource gets the resource URL as `aud`."""
+    resource = "https://gw.example:8443/mcp"
+    cfg = make_auth(tmp_path, idp).cfg
+    with_resource = Authenticator(cfg, resource=resource)
+    p = run(with_resource, idp.token("rs256", aud=resource))
+    assert p.sub == "idp-agent"  # type: ignore[attr-defined]
+    assert run(with_resource, idp.token("rs256", aud=["account", resource]))
+    assert run(with_resource, idp.token("rs256"))  # auth.audience still works
+    assert "audience" in str(refused(Authenticator(cfg), idp.token("rs256", aud=resource)))
+    assert "audience" in str(refused(with_resource, idp.token("rs256", aud="https://gw.example:8443/other")))
+
+
+def test_a_missing_credential_is_marked_as_such(tmp_path: Path, idp: IdP) -> None:
+    auth = make_auth(tmp_path, idp)
+    with pytest.raises(AuthError) as info:
+        asyncio.run(auth.authenticate(None))
+    assert info.value.credentials is False and info.value.status == 401
+    assert refused(auth, "not-a-jwt").credentials is True

@@ -123,7 +123,10 @@ def test_auth_failure_status_header_and_audit(idp_gw: IdpGateway, case: str) -> 
     assert r.status_code == status, r.text
     challenge = r.headers["www-authenticate"]
     assert challenge.startswith("Bearer ")
-    assert f'error="{error}"' in challenge
+    if token is None:  # RFC 6750 §3.1: a request without credentials gets a challenge with no error code
+        assert "error" not in challenge
+    else:
+        assert f'error="{error}"' in challenge
     assert f'resource_metadata="{idp_gw.base}/.well-known/oauth-protected-resource/mcp"' in challenge
     if status == 403:
         assert 'scope="pvegate:tools"' in challenge

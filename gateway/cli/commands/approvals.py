@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.config import Config, load
+from gateway.mcp.wellknown import resource_url
 from gateway.policy.opa_sidecar import client_token
 from gateway.store.approvals import Approvals, ApprovalStore, NotFound, VoteOutcome
 from gateway.store.audit import AuditLog, known_secrets
@@ -162,7 +163,7 @@ def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
 
         async def go(a: Approvals) -> int:
             try:
-                who = await Authenticator(cfg.auth).authenticate(f"Bearer {token}")
+                who = await Authenticator(cfg.auth, resource=resource_url(cfg)).authenticate(f"Bearer {token}")
             except AuthError as exc:
                 print(f"error: approver token rejected: {exc}", file=sys.stderr)
                 return 2
