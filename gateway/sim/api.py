@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.sim import (  # noqa: F401  (register routes)
     handlers_backup,
     handlers_firewall,
+    handlers_ha,
     handlers_node,
     handlers_provision,
     handlers_read,

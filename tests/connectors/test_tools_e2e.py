@@ -19,6 +19,7 @@ from gateway.dev.devenv import DevEnv
 from gateway.tools.runtimes.base import CallContext, ToolOutput
 from tests.connectors.test_backup_e2e import BACKUP_TOOLS
 from tests.connectors.test_firewall_e2e import FIREWALL_TOOLS
+from tests.connectors.test_ha_e2e import HA_TOOLS
 from tests.connectors.test_node_ops_e2e import NODE_TOOLS
 from tests.connectors.test_provision_e2e import PROVISION_TOOLS
 from tests.connectors.test_sdn_e2e import SDN_TOOLS
@@ -359,6 +360,6 @@ EXERCISED_ELSEWHERE = {
 
 def test_every_tool_has_an_end_to_end_test(gateway: GatewayThread) -> None:
     covered = {r[0] for r in READS} | {d[0] for d in DESTROY} | EXERCISED_ELSEWHERE | PROVISION_TOOLS | BACKUP_TOOLS
-    covered |= FIREWALL_TOOLS | SDN_TOOLS
+    covered |= FIREWALL_TOOLS | SDN_TOOLS | HA_TOOLS
     covered |= NODE_TOOLS
     assert covered == set(gateway.components.catalog.tools)

@@ -83,3 +83,33 @@ def test_least_privilege_reads_each_tool_from_a_matching_schema() -> None:
         for name in tools:
             t = cat.get(name)
             assert t is not None and (not t.pve_versions or any(t.supports(v) for v in ((8, 4), (9, 1))))
+
+
+def test_network_and_ha_families_meet_their_floors() -> None:
+    """Issue #19's floors for the firewall, SDN and HA families, counted by domain as
+    `pvegate tools list` shows them; HA groups are 8.x tools, HA rules 9.x ones."""
+    cat = Catalog.load(CONNECTORS)
+    count: dict[str, int] = {}
+    for t in cat:
+        count[t.domain] = count.get(t.domain, 0) + 1
+    assert count["firewall"] >= 16 and count["sdn"] >= 10 and count["ha"] >= 9, count
+    for t in cat:
+        if t.domain == "ha" and ("group" in t.name or "rule" in t.name):
+            eight = "group" in t.name
+            assert t.supports((8, 4)) is eight and t.supports((9, 1)) is not eight, t.name
+        if t.effect != "read":
+            assert t.dry_run, t.name
+
+
+def test_least_privilege_covers_the_ha_groups_and_rules() -> None:
+    """Each version-bound tool gets its privilege from the schema of a release it works on."""
+    cat = Catalog.load(CONNECTORS)
+    s84 = PveSchema.load(schema_file("8.4", SHIPPED_DIR))
+    s91 = PveSchema.load(schema_file("9.1", SHIPPED_DIR))
+    need = least_privilege(cat, [s84, s91], ("read", "write", "destroy"))
+    assert {"ha_group_create", "ha_rule_create", "ha_migrate"} <= set(need["Sys.Console"])
+    assert {"sdn_apply", "sdn_zone_create", "sdn_vnet_create"} <= set(need["SDN.Allocate"])
+    assert "sdn_vnets" in need["SDN.Audit"] and "sdn_vnets" not in need["SDN.Allocate"]
+    assert "firewall_guest_rule_create" in need["VM.Config.Network"]
+    only91 = least_privilege(cat, s91, ("read", "write", "destroy"))
+    assert "ha_group_create" not in only91["Sys.Console"]  # 8.x only: not read from the 9.1 schema
