@@ -35,6 +35,9 @@ from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
+from gateway.store.handoffs import MIGRATIONS as HANDOFF_MIGRATIONS
+from gateway.store.handoffs import SharedStates
+from gateway.store.migrations import check
 from gateway.store.reconcile import Reconciler, reconcile_loop
 from gateway.store.shared_keys import state_key
 from gateway.store.usage import build_quotas
@@ -181,6 +184,16 @@ async def _build_with(
     return components
 
 
+async def shared_states(c: Components) -> SharedStates | None:
+    """Request-state nonces and legacy handoffs in the approvals' database (where every replica
+    finds them); None without an approval store (then nothing is handed off)."""
+    store = c.approvals.store
+    if store is None:
+        return None
+    await check(store.database, "handoffs", HANDOFF_MIGRATIONS)
+    return SharedStates(store.database)
+
+
 def _health_monitor(request: Request) -> HealthMonitor:
     c: Components = request.app.state.components
     assert c.health is not None
@@ -213,7 +226,7 @@ def create_app(
             app.state.console = Console(built, app.state.authenticator)
         # one key for every replica (state_key or the database): a retry may reach any of them
         sealer = Sealer(await state_key(config))
-        app.state.request_states = RequestStates(sealer)
+        app.state.request_states = RequestStates(sealer, shared=await shared_states(built))
         app.state.sessions = Sessions(sealer)
         supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None
         watcher = None

@@ -137,7 +137,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     retry = x.modern and params.get("requestState") is not None
     if retry:
         try:
-            state = x.states.redeem(params["requestState"], x.principal, request_digest(name, arguments))
+            state = await x.states.redeem(params["requestState"], x.principal, request_digest(name, arguments))
         except StateError as exc:
             await x.c.audit.append(
                 AuditRecord(
@@ -151,7 +151,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             ) from exc
         meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
     elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
-        recalled = x.states.recall(x.principal, request_digest(name, arguments))
+        recalled = await x.states.recall(x.principal, request_digest(name, arguments))
         if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
             meta[handoff.APPROVAL_REQUEST_META] = recalled
             retry = True
@@ -165,7 +165,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
             return out
         if x.version >= "2025-11-25":
-            x.states.remember(x.principal, request_digest(name, arguments), aid)
+            await x.states.remember(x.principal, request_digest(name, arguments), aid)
             raise RpcFault(
                 URL_ELICITATION_REQUIRED,
                 "This call needs a human approval: open the URL, then retry the call",

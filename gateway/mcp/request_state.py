@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.principal import Principal
+from gateway.store.handoffs import SharedStates
 
 
 class StateError(Exception):
@@ -79,13 +80,18 @@ class Sealer:
 
 
 class RequestStates:
-    """Mints and redeems single-use approval requestStates."""
+    """Mints and redeems single-use approval requestStates.
+
+    With `shared` (the gateway: the database storage.url names) a nonce is used once across
+    every replica and a legacy handoff is found by whichever replica the retry reaches;
+    without (`pvegate stdio`: one process) both are kept in this process."""
 
     PURPOSE = "pvegate/request-state/v1"
 
-    def __init__(self, sealer: Sealer, ttl_seconds: float = 600.0) -> None:
+    def __init__(self, sealer: Sealer, ttl_seconds: float = 600.0, shared: SharedStates | None = None) -> None:
         self.sealer = sealer
         self.ttl = ttl_seconds
+        self.shared = shared
         self._used: dict[str, float] = {}  # nonce -> expiry; pruned as they lapse
         self._handoffs: dict[tuple[str, str], tuple[str, float]] = {}  # legacy era, see remember()
 
@@ -101,7 +107,7 @@ class RequestStates:
             },
         )
 
-    def redeem(self, token: Any, principal: Principal, request_digest: str) -> ApprovalState:
+    async def redeem(self, token: Any, principal: Principal, request_digest: str) -> ApprovalState:
         """Verify and consume; any mismatch raises StateError (and the token stays unusable)."""
         payload = self.sealer.unseal(self.PURPOSE, token)
         now = time.time()
@@ -115,6 +121,10 @@ class RequestStates:
         nonce = payload.get("n")
         if not isinstance(nonce, str) or not isinstance(payload.get("a"), str):
             raise StateError("malformed")
+        if self.shared is not None:
+            if not await self.shared.use_once(nonce, float(exp)):
+                raise StateError("already used")
+            return ApprovalState(payload["a"], request_digest, nonce)
         self._prune(now)
         if nonce in self._used:
             raise StateError("already used")
@@ -129,14 +139,19 @@ class RequestStates:
     # 2025-11-25 has no requestState: the client retries the identical call after the URL
     # elicitation. The same binding (principal + request digest, short-lived, single-use)
     # is then held here instead of in the client's hands.
-    def remember(self, principal: Principal, request_digest: str, approval_id: str) -> None:
+    async def remember(self, principal: Principal, request_digest: str, approval_id: str) -> None:
+        if self.shared is not None:
+            await self.shared.remember(principal_key(principal), request_digest, approval_id, self.ttl)
+            return
         now = time.time()
         if len(self._handoffs) > 4096:
             for k in [k for k, (_, e) in self._handoffs.items() if e < now]:
                 del self._handoffs[k]
         self._handoffs[(principal_key(principal), request_digest)] = (approval_id, now + self.ttl)
 
-    def recall(self, principal: Principal, request_digest: str) -> str | None:
+    async def recall(self, principal: Principal, request_digest: str) -> str | None:
+        if self.shared is not None:
+            return await self.shared.recall(principal_key(principal), request_digest)
         entry = self._handoffs.pop((principal_key(principal), request_digest), None)
         if entry is None or entry[1] < time.time():
             return None

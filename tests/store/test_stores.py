@@ -18,6 +18,7 @@ from gateway.core.config import ConfigError, SecretRef
 from gateway.core.principal import Principal
 from gateway.store.approvals import ApprovalRequest, ApprovalStore, target_key, token_hash
 from gateway.store.db import Database
+from gateway.store.handoffs import SharedStates
 from gateway.store.shared_keys import configured_key, shared_key
 from gateway.store.usage import SqlQuotas
 
@@ -348,8 +349,50 @@ async def test_every_process_on_one_database_seals_with_the_same_key(tmp_path: A
     assert first == second == await state_key(cfg)
     agent = person("agent")
     token = RequestStates(Sealer(first)).mint(agent, DIGEST, "apr-1")
-    assert RequestStates(Sealer(second)).redeem(token, agent, DIGEST).approval_id == "apr-1"
+    assert (await RequestStates(Sealer(second)).redeem(token, agent, DIGEST)).approval_id == "apr-1"
     keyfile = tmp_path / "state-key"
     keyfile.write_text("k" * 40)
     configured = replace(cfg, state_key=SecretRef(file=keyfile, setting="state_key"))
     assert await state_key(configured) == b"k" * 40 != first
+
+
+@pytest.fixture
+async def shared(make_database: Callable[[], Database]) -> AsyncIterator[tuple[SharedStates, SharedStates]]:
+    """The retry state of two replicas on one database."""
+    from gateway.store.handoffs import MIGRATIONS
+    from gateway.store.migrations import check
+
+    a, b = make_database(), make_database()
+    await a.open()
+    await b.open()
+    await check(a, "handoffs", MIGRATIONS)
+    yield SharedStates(a), SharedStates(b)
+    await a.close()
+    await b.close()
+
+
+async def test_a_request_state_is_single_use_across_replicas(shared: tuple[SharedStates, SharedStates]) -> None:
+    from gateway.mcp.request_state import RequestStates, Sealer, StateError
+
+    a, b = shared
+    key = b"k" * 32
+    one, two = RequestStates(Sealer(key), shared=a), RequestStates(Sealer(key), shared=b)
+    agent = person("agent")
+    token = one.mint(agent, DIGEST, "apr-1")
+    outcomes = await asyncio.gather(
+        *((one, two)[i % 2].redeem(token, agent, DIGEST) for i in range(20)), return_exceptions=True
+    )
+    redeemed = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, StateError)]
+    assert len(redeemed) == 1 and redeemed[0].approval_id == "apr-1", outcomes
+    assert len(refused) == 19 and all(str(e) == "already used" for e in refused)
+
+
+async def test_a_legacy_handoff_is_found_by_another_replica_once(shared: tuple[SharedStates, SharedStates]) -> None:
+    a, b = shared
+    await a.remember("iss\x1fagent", DIGEST, "apr-1", 600)
+    assert await b.recall("iss\x1fother", DIGEST) is None  # bound to the principal
+    assert await b.recall("iss\x1fagent", DIGEST) == "apr-1"
+    assert await a.recall("iss\x1fagent", DIGEST) is None  # single-use
+    await b.remember("iss\x1fagent", DIGEST, "apr-2", -1)  # already lapsed
+    assert await a.recall("iss\x1fagent", DIGEST) is None

@@ -1,0 +1,76 @@
+"""What an approval retry needs, whichever replica it reaches.
+
+A `requestState` is sealed with the key every replica shares (store/shared_keys.py) and is
+single-use: its nonce is recorded here, so a replay is refused on every replica, not only on
+the one that saw it first. A 2025-11-25 client has no requestState: after the URL elicitation
+it retries the identical call, and the binding (principal + request digest -> approval id,
+short-lived, single-use) is kept here instead of in one process's memory. Expiry is on the
+database's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.store.db import Database
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS request_state_uses (nonce TEXT PRIMARY KEY, expires_at {real} NOT NULL);
+CREATE TABLE IF NOT EXISTS request_handoffs (
+    principal   TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    approval_id TEXT NOT NULL,
+    expires_at  {real} NOT NULL,
+    PRIMARY KEY (principal, digest)
+)
+"""
+MIGRATIONS: dict[str, Sequence[str]] = {
+    "sqlite": [_V1.format(real="REAL")],
+    "postgresql": [_V1.format(real="DOUBLE PRECISION")],
+}
+
+
+class SharedStates:
+    """Single-use requestState nonces and legacy-era handoffs, in the shared database."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    async def use_once(self, nonce: str, expires_at: float) -> bool:
+        """True the first time `nonce` is presented (on any replica), False ever after."""
+        async with self.database.transaction() as tx:
+            # lapsed nonces can go: their requestState is refused as expired before this is asked
+            await tx.execute("DELETE FROM request_state_uses WHERE expires_at < ?", await tx.now() - 60)
+            added = await tx.execute(
+                "INSERT INTO request_state_uses (nonce, expires_at) VALUES (?, ?) ON CONFLICT (nonce) DO NOTHING",
+                nonce,
+                expires_at,
+            )
+        return added == 1
+
+    async def remember(self, principal: str, digest: str, approval_id: str, ttl: float) -> None:
+        async with self.database.transaction() as tx:
+            now = await tx.now()
+            await tx.execute("DELETE FROM request_handoffs WHERE expires_at < ?", now)
+            await tx.execute(
+                "INSERT INTO request_handoffs (principal, digest, approval_id, expires_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (principal, digest) DO UPDATE SET approval_id = excluded.approval_id, "
+                "expires_at = excluded.expires_at",
+                principal,
+                digest,
+                approval_id,
+                now + ttl,
+            )
+
+    async def recall(self, principal: str, digest: str) -> str | None:
+        """The approval id remembered for this principal's identical call, taken (single-use)."""
+        async with self.database.transaction() as tx:
+            now = await tx.now()
+            rows = await tx.fetch(
+                "DELETE FROM request_handoffs WHERE principal = ? AND digest = ? RETURNING approval_id, expires_at",
+                principal,
+                digest,
+            )
+        if not rows or float(rows[0]["expires_at"]) < now:
+            return None
+        return str(rows[0]["approval_id"])
