@@ -348,6 +348,20 @@ def get_ipams(ctx: Ctx) -> Any:
     return [{**i, "digest": digest} for _, i in sorted(ipams.items()) if not want or i["type"] == want]
 
 
+@route("POST", "/cluster/sdn/ipams")
+def post_ipam(ctx: Ctx) -> Any:
+    """An external IPAM (netbox, phpipam) carries its API token in the SDN configuration."""
+    ipams = state(ctx.rt.cluster)["ipams"]
+    name = str(ctx.params["ipam"])
+    if name in ipams:
+        raise ApiError(500, f"{ctx.params['type']} sdn ipam object ID '{name}' already defined")
+    if ctx.params["type"] != "pve" and not (ctx.params.get("url") and ctx.params.get("token")):
+        raise _param_error("url", f"{ctx.params['type']} needs url and token")
+    ipams[name] = {"ipam": name, **{k: ctx.params[k] for k in ("type", "url", "token", "section") if k in ctx.params}}
+    ctx.rt.cluster.touch()
+    return None
+
+
 @route("GET", "/cluster/sdn/ipams/{ipam}/status")
 def get_ipam_status(ctx: Ctx) -> Any:
     """The built-in IPAM's allocations: each running subnet's gateway, and guests on its vnet."""

@@ -9,13 +9,17 @@ calls the policy holds are proved unsent, then run through the gateway's runtime
 
 from __future__ import annotations
 
+import json
+import ssl
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from gateway.dev.devenv import DevEnv
 from tests.connectors.test_firewall_e2e import call_dry, direct, network_admin
 from tests.connectors.test_provision_e2e import call, read, run, sent
-from tests.support import GatewayThread
+from tests.support import GatewayThread, database_bytes
 
 SDN_TOOLS = {
     "sdn_apply",
@@ -122,3 +126,26 @@ def test_every_sdn_tool_is_called_here() -> None:
     """SDN_TOOLS (counted by test_tools_e2e) names only tools this module runs."""
     source = Path(__file__).read_text().split("SDN_TOOLS = {", 1)[1].split("}", 1)[1]
     assert all(f'"{name}"' in source for name in SDN_TOOLS)
+
+
+async def test_an_ipam_token_never_leaves(gateway: GatewayThread, env: DevEnv, sim: Any) -> None:
+    """A netbox IPAM's API token sits in the SDN configuration Proxmox answers with; the
+    gateway's answer and its audit never carry it."""
+    token = "NetboxApiToken-planted-4c1d9e"
+    netbox = {"ipam": "netbox", "type": "netbox", "url": "https://netbox.example/api", "token": token}
+    tls = ssl.create_default_context(cafile=str(sim.ca_file))
+    async with httpx.AsyncClient(verify=tls, headers={"Authorization": f"PVEAPIToken={sim.tokens['admin']}"}) as h:
+        r = await h.post(f"{sim.api_url}/cluster/sdn/ipams", data=netbox)
+        assert r.status_code == 200, r.text
+        raw = (await h.get(f"{sim.api_url}/cluster/sdn/ipams")).text
+    assert token in raw  # Proxmox does answer with it
+    res = await call(env, network_admin(env), "sdn_ipams", {})
+    assert not res.is_error
+    assert {i["ipam"]: i.get("type") for i in (res.structured_content or {})["items"]} == {
+        "pve": "pve",
+        "netbox": "netbox",
+    }
+    assert token not in json.dumps(res.structured_content) and all(
+        token not in getattr(c, "text", "") for c in res.content
+    )
+    assert token.encode() not in database_bytes(env.config.audit_path)
