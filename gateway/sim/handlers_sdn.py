@@ -357,7 +357,9 @@ def post_ipam(ctx: Ctx) -> Any:
         raise ApiError(500, f"{ctx.params['type']} sdn ipam object ID '{name}' already defined")
     if ctx.params["type"] != "pve" and not (ctx.params.get("url") and ctx.params.get("token")):
         raise _param_error("url", f"{ctx.params['type']} needs url and token")
-    ipams[name] = {"ipam": name, **{k: ctx.params[k] for k in ("type", "url", "token", "section") if k in ctx.params}}
+    entry: dict[str, Any] = {"ipam": name}
+    entry.update({k: ctx.params[k] for k in ("type", "url", "token", "section") if k in ctx.params})
+    ipams[name] = entry
     ctx.rt.cluster.touch()
     return None
 
