@@ -25,6 +25,7 @@ from gateway.sim import (  # noqa: F401  (register routes)
     handlers_provision,
     handlers_read,
     handlers_sdn,
+    handlers_storage,
     handlers_write,
 )
 from gateway.sim.auth import authenticate

@@ -65,6 +65,14 @@ agent_no_mutation_scopes := s if {
 	is_array(s)
 }
 
+# hosts a call naming a URL may reach (downloads); none configured: none
+default download_hosts := []
+
+download_hosts := h if {
+	h := data.data.guardrails.download_hosts
+	is_array(h)
+}
+
 default deny_rules := []
 
 deny_rules := r if {

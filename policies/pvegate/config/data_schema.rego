@@ -40,6 +40,13 @@ data_schema := {
 					},
 				},
 				"agent_no_mutation_scopes": {"type": "array", "items": {"enum": ["guest", "node", "cluster", "storage"]}},
+				"download_hosts": {
+					"type": "array",
+					"items": {
+						"type": "string",
+						"pattern": "^([*][.])?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?([.][a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+$",
+					},
+				},
 				"deny_rules": {
 					"type": "array",
 					"items": {

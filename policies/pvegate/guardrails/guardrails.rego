@@ -8,6 +8,7 @@
 #   - agents never mutate node-scope (configurable) tools;
 #   - no mutation of a guest the gateway could not resolve;
 #   - no removal of the tags other rules depend on (protected, risk-bearing);
+#   - calls naming a URL reach only the hosts in guardrails.download_hosts;
 #   - the organisation's extra deny rules from data.
 # schemas:
 #   - input: schema["policy_input.schema"]
@@ -53,6 +54,17 @@ denials contains lib.reason("guardrail.agent_scope", "data.guardrails.agent_no_m
 	msg := sprintf(
 		"agents may not %s %s-level resources (tool %q); a human operator must do this",
 		[input.tool.effect, input.tool.scope, input.tool.name],
+	)
+}
+
+# a call naming a URL (a download, a URL lookup) reaches only allow-listed hosts; the
+# gateway parses the host (target.url_host), null when the URL has none to trust
+denials contains lib.reason("guardrail.download_host", "data.guardrails.download_hosts", msg) if {
+	"url_host" in object.keys(input.target)
+	not download_host_allowed
+	msg := sprintf(
+		"%s may only reach allow-listed hosts (%s); %s is not one of them",
+		[input.tool.name, concat(", ", allowed_hosts_text), download_host_text],
 	)
 }
 
@@ -186,3 +198,27 @@ lister_deny_rules contains lib.compile(rule) if {
 	not "target_tags" in object.keys(rule)
 	lib.principal_matches(rule, input.principal)
 }
+
+# --- download hosts: helpers of guardrail.download_host ---
+
+download_host_allowed if {
+	host := input.target.url_host
+	is_string(host)
+	some pattern in config.download_hosts
+	host_matches(lower(host), lower(pattern))
+}
+
+host_matches(host, pattern) if host == pattern
+
+host_matches(host, pattern) if {
+	startswith(pattern, "*.")
+	endswith(host, substring(pattern, 1, -1))
+}
+
+allowed_hosts_text := ["none"] if count(config.download_hosts) == 0
+
+allowed_hosts_text := config.download_hosts if count(config.download_hosts) > 0
+
+default download_host_text := "a URL without a trustworthy host"
+
+download_host_text := sprintf("host %q", [input.target.url_host]) if is_string(input.target.url_host)

@@ -139,3 +139,48 @@ test_config_update_without_tags_is_not_a_tag_change if {
 	inp := object.union(fx.call(fx.agent, config_update, fx.protected_guest), {"arguments": {"vmid": 102, "cores": 2}})
 	count(guardrails.deny) == 0 with input as inp
 }
+
+# --- download hosts ------------------------------------------------------------------
+
+download_tool := fx.tool("storage_download_url", "storage", "write", "storage", ["content", "download"])
+
+download_hosts := ["download.proxmox.com", "*.debian.org"]
+
+download_to(host) := object.union(fx.node_target, {"storage": "local", "url_host": host})
+
+test_download_from_listed_host_passes if {
+	inp := fx.call(fx.admin, download_tool, download_to("download.proxmox.com"))
+	count(guardrails.deny) == 0 with input as inp with data.data.guardrails.download_hosts as download_hosts
+}
+
+test_download_host_wildcard_matches_subdomains_only if {
+	ok := fx.call(fx.admin, download_tool, download_to("cdimage.debian.org"))
+	count(guardrails.deny) == 0 with input as ok with data.data.guardrails.download_hosts as download_hosts
+	bare := fx.call(fx.admin, download_tool, download_to("debian.org"))
+	count(guardrails.deny) == 1 with input as bare with data.data.guardrails.download_hosts as download_hosts
+	lookalike := fx.call(fx.admin, download_tool, download_to("evil-debian.org"))
+	count(guardrails.deny) == 1 with input as lookalike with data.data.guardrails.download_hosts as download_hosts
+}
+
+test_download_from_other_host_denied if {
+	inp := fx.call(fx.admin, download_tool, download_to("mirror.example.net"))
+	reasons := guardrails.deny with input as inp with data.data.guardrails.download_hosts as download_hosts
+	fx.has_reason(reasons, "storage_download_url may only reach allow-listed hosts (download.proxmox.com, *.debian.org)")
+	fx.has_reason(reasons, "host \"mirror.example.net\" is not one of them")
+}
+
+test_download_without_trustworthy_host_denied if {
+	inp := fx.call(fx.admin, download_tool, download_to(null))
+	reasons := guardrails.deny with input as inp with data.data.guardrails.download_hosts as download_hosts
+	fx.has_reason(reasons, "a URL without a trustworthy host is not one of them")
+}
+
+test_no_download_hosts_configured_denies_every_download if {
+	inp := fx.call(fx.admin, download_tool, download_to("download.proxmox.com"))
+	reasons := guardrails.deny with input as inp with data.data.guardrails.download_hosts as []
+	fx.has_reason(reasons, "allow-listed hosts (none)")
+}
+
+test_calls_without_a_url_target_are_not_concerned if {
+	count(guardrails.deny) == 0 with input as fx.call(fx.admin, fx.vm_stop, fx.lab_guest)
+}
