@@ -13,10 +13,11 @@ would (see docs/identity.md), with:
   clients pvegate-agent   confidential, client credentials only (service account, role operator)
           pvegate-console public, authorization code + PKCE (S256) only, loopback redirect URIs
           pvegate-tests   public, password grant only: for non-browser tests, never a recipe
-and on every client the two mappers a plain realm needs for pvegate: an audience mapper (the
-gateway's audience, or the resource URL) and the standard group-membership mapper (`groups`,
-full paths such as `/sre-leads`). Nothing else is custom: roles come from Keycloak's own
-`realm_access.roles`, the client id from `azp`, a human from the login session's `sid`.
+and the two mappers a plain realm needs for pvegate: an audience mapper (the gateway's audience)
+in client scope `pvegate:tools`, a default scope of every client, and on every client the
+standard group-membership mapper (`groups`, full paths such as `/sre-leads`). Nothing else is
+custom: roles come from Keycloak's own `realm_access.roles`, the client id from `azp`, a human
+from the login session's `sid`.
 
 No orphans: the JVM gets PR_SET_PDEATHSIG(SIGTERM) (kc.sh execs java, the setting survives
 exec), so a test process killed even by SIGKILL takes its Keycloak with it; `stop()` does the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import secrets
 import shutil
@@ -49,6 +51,7 @@ REALM = "pvegate"
 AGENT_CLIENT = "pvegate-agent"
 CONSOLE_CLIENT = "pvegate-console"
 TESTS_CLIENT = "pvegate-tests"
+SCOPE = "pvegate:tools"  # the client scope that puts the gateway's audience in tokens
 DEFAULT_AUDIENCE = "pvegate-mcp"  # gateway.dev.devenv.AUDIENCE: make_env gateways accept these tokens
 # Keycloak matches a redirect URI ending in `*` as a prefix: any loopback port and path.
 CONSOLE_REDIRECT_URIS = ("http://127.0.0.1:*", "https://127.0.0.1:*", "http://localhost:*", "https://localhost:*")
@@ -197,6 +200,45 @@ class KeycloakServer:
         r.raise_for_status()
         return str(r.json()[0]["id"])
 
+    def other_realm(self, realm: str) -> KeycloakServer:
+        """The same server seen through another realm (provision it with provision_realm): tests
+        that change a realm's keys or clients do it in their own, not in the session's."""
+        return dataclasses.replace(self, realm=realm, users={}, agent_secret="")
+
+    def signing_keys(self) -> list[dict[str, Any]]:
+        """The realm's RSA signing key providers (admin API components), highest priority first."""
+        with self.admin() as admin:
+            realm_id = admin.get("").json()["id"]
+            r = admin.get("/components", params={"type": "org.keycloak.keys.KeyProvider", "parent": realm_id})
+            r.raise_for_status()
+        keys = [c for c in r.json() if c.get("providerId") == "rsa-generated"]
+        return sorted(keys, key=lambda c: -int(c["config"].get("priority", ["0"])[0]))
+
+    def add_signing_key(self, name: str, priority: int) -> str:
+        """A new generated RS256 key; with the highest priority, the realm signs with it from now on."""
+        with self.admin() as admin:
+            realm_id = admin.get("").json()["id"]
+            component = {
+                "name": name,
+                "providerId": "rsa-generated",
+                "providerType": "org.keycloak.keys.KeyProvider",
+                "parentId": realm_id,
+                "config": {
+                    "priority": [str(priority)],
+                    "enabled": ["true"],
+                    "active": ["true"],
+                    "algorithm": ["RS256"],
+                    "keySize": ["2048"],
+                },
+            }
+            r = admin.post("/components", json=component)
+            r.raise_for_status()
+            return str(r.headers["location"].rsplit("/", 1)[-1])
+
+    def remove_signing_key(self, component_id: str) -> None:
+        with self.admin() as admin:
+            admin.delete(f"/components/{component_id}").raise_for_status()
+
     def set_redirect_uris(self, client_id: str, uris: list[str]) -> None:
         """Replace a client's allowed redirect URIs (e.g. the console's exact callback)."""
         with self.admin() as admin:
@@ -206,19 +248,22 @@ class KeycloakServer:
             admin.put(f"/clients/{cid}", json=rep).raise_for_status()
 
 
-def _mappers(audience: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": "pvegate-audience",
-            "protocol": "openid-connect",
-            "protocolMapper": "oidc-audience-mapper",
-            "config": {
-                "included.custom.audience": audience,
-                "access.token.claim": "true",
-                "id.token.claim": "false",
-                "introspection.token.claim": "true",
-            },
+def _audience_mapper(audience: str) -> dict[str, Any]:
+    return {
+        "name": "pvegate-audience",
+        "protocol": "openid-connect",
+        "protocolMapper": "oidc-audience-mapper",
+        "config": {
+            "included.custom.audience": audience,
+            "access.token.claim": "true",
+            "id.token.claim": "false",
+            "introspection.token.claim": "true",
         },
+    }
+
+
+def _mappers() -> list[dict[str, Any]]:
+    return [
         {
             "name": "groups",
             "protocol": "openid-connect",
@@ -236,12 +281,12 @@ def _mappers(audience: str) -> list[dict[str, Any]]:
 
 
 def realm_representation(
-    audience: str, agent_secret: str, users: dict[str, User], redirect_uris: tuple[str, ...]
+    audience: str, agent_secret: str, users: dict[str, User], redirect_uris: tuple[str, ...], realm: str = REALM
 ) -> dict[str, Any]:
     roles = sorted({r for u in users.values() for r in u.roles} | {"operator"})
     groups = sorted({g for u in users.values() for g in u.groups} | {"ops-approvers", "team-web"})
     return {
-        "realm": REALM,
+        "realm": realm,
         "enabled": True,
         "accessTokenLifespan": 600,
         "ssoSessionIdleTimeout": 1800,
@@ -256,7 +301,7 @@ def realm_representation(
                 "firstName": u.username.capitalize(),
                 "lastName": "Example",
                 "credentials": [{"type": "password", "value": u.password, "temporary": False}],
-                "realmRoles": [f"default-roles-{REALM}", *u.roles],
+                "realmRoles": [f"default-roles-{realm}", *u.roles],
                 "groups": [f"/{g}" for g in u.groups],
             }
             for u in users.values()
@@ -266,7 +311,7 @@ def realm_representation(
                 "username": f"service-account-{AGENT_CLIENT}",
                 "enabled": True,
                 "serviceAccountClientId": AGENT_CLIENT,
-                "realmRoles": [f"default-roles-{REALM}", "operator"],
+                "realmRoles": [f"default-roles-{realm}", "operator"],
             }
         ],
         "clients": [
@@ -280,7 +325,7 @@ def realm_representation(
                 "serviceAccountsEnabled": True,
                 "standardFlowEnabled": False,
                 "directAccessGrantsEnabled": False,
-                "protocolMappers": _mappers(audience),
+                "protocolMappers": _mappers(),
             },
             {
                 "clientId": CONSOLE_CLIENT,
@@ -292,7 +337,7 @@ def realm_representation(
                 "redirectUris": list(redirect_uris),
                 "webOrigins": ["+"],
                 "attributes": {"pkce.code.challenge.method": "S256", "post.logout.redirect.uris": "+"},
-                "protocolMappers": _mappers(audience),
+                "protocolMappers": _mappers(),
             },
             {
                 "clientId": TESTS_CLIENT,
@@ -301,7 +346,7 @@ def realm_representation(
                 "publicClient": True,
                 "standardFlowEnabled": False,
                 "directAccessGrantsEnabled": True,
-                "protocolMappers": _mappers(audience),
+                "protocolMappers": _mappers(),
             },
         ],
     }
@@ -320,12 +365,12 @@ def provision_realm(
     users: dict[str, User] | None = None,
     redirect_uris: tuple[str, ...] = CONSOLE_REDIRECT_URIS,
 ) -> None:
-    """Create realm `pvegate` through the admin REST API (one POST of the realm representation)."""
+    """Create realm `kc.realm` through the admin REST API (one POST of the realm representation)."""
     t0 = time.monotonic()
     kc.audience = audience
     kc.users = dict(users or DEFAULT_USERS)
     kc.agent_secret = secrets.token_urlsafe(24)
-    rep = realm_representation(audience, kc.agent_secret, kc.users, redirect_uris)
+    rep = realm_representation(audience, kc.agent_secret, kc.users, redirect_uris, kc.realm)
     r = httpx.post(
         f"{kc.base_url}/admin/realms",
         json=rep,
@@ -333,7 +378,22 @@ def provision_realm(
         timeout=60,
     )
     if r.status_code != 201:
-        raise KeycloakUnavailable(f"creating realm {REALM} failed ({r.status_code}): {r.text[:500]}")
+        raise KeycloakUnavailable(f"creating realm {kc.realm} failed ({r.status_code}): {r.text[:500]}")
+    # The gateway's scope, a default scope of every client: it carries the audience mapper, and an
+    # OAuth client that asks for what pvegate's metadata lists (scopes_supported) is granted it.
+    scope = {
+        "name": SCOPE,
+        "protocol": "openid-connect",
+        "attributes": {"include.in.token.scope": "true", "display.on.consent.screen": "false"},
+        "protocolMappers": [_audience_mapper(audience)],
+    }
+    with kc.admin() as admin:
+        created = admin.post("/client-scopes", json=scope)
+        created.raise_for_status()
+        scope_id = created.headers["location"].rsplit("/", 1)[-1]
+        for client in (AGENT_CLIENT, CONSOLE_CLIENT, TESTS_CLIENT):
+            cid = kc.client_uuid(admin, client)
+            admin.put(f"/clients/{cid}/default-client-scopes/{scope_id}").raise_for_status()
     kc.provisioned_in = time.monotonic() - t0
 
 
@@ -349,7 +409,7 @@ def _home(install: Path) -> Path:
     return root
 
 
-def start_keycloak(timeout: float = 120.0) -> KeycloakServer:
+def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
     """Start Keycloak on 127.0.0.1:<free port>; returns once its discovery document answers."""
     t0 = time.monotonic()
     install = install_dir()

@@ -61,7 +61,7 @@ class Authenticator:
         self.audiences = [cfg.audience] + ([resource] if resource and resource != cfg.audience else [])
         self._hs_secret = cfg.hs256_secret.read() if cfg.hs256_secret else None
         if jwks is None and (cfg.jwks_url or cfg.jwks_file):
-            jwks = JwksKeys(url=cfg.jwks_url, file=cfg.jwks_file)
+            jwks = JwksKeys(url=cfg.jwks_url, file=cfg.jwks_file, cache_seconds=float(cfg.jwks_cache_seconds))
         self.jwks = jwks
         unknown = [a for a in cfg.algorithms if a != "HS256" and a not in ALG_KEY_TYPES]
         if unknown or "none" in (a.lower() for a in cfg.algorithms):

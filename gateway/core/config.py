@@ -97,6 +97,7 @@ class AuthConfig:
     hs256_secret: SecretRef | None = None
     jwks_url: str | None = None
     jwks_file: Path | None = None
+    jwks_cache_seconds: int = 300
     algorithms: tuple[str, ...] = ("HS256",)
     leeway_seconds: int = 30
     # one dot path or several (their values are joined)
@@ -431,6 +432,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 else None,
                 jwks_url=auth_raw.get("jwks_url"),
                 jwks_file=_opt_path(auth_raw.get("jwks_file"), base),
+                jwks_cache_seconds=int(auth_raw.get("jwks_cache_seconds", 300)),
                 algorithms=tuple(auth_raw.get("algorithms", ["HS256"])),
                 leeway_seconds=int(auth_raw.get("leeway_seconds", 30)),
                 roles_claim=_claim_paths(auth_raw.get("roles_claim", ["roles", "realm_access.roles"])),
