@@ -469,14 +469,23 @@ def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
     raise KeycloakUnavailable("Keycloak could not bind a free loopback port in 3 attempts")
 
 
-def main() -> int:  # pragma: no cover - manual use (demo, browsing the login page by hand)
+def main() -> int:  # pragma: no cover - manual use (the demo against Keycloak, the login page by hand)
+    import yaml
+
     kc = start_keycloak()
     provision_realm(kc, audience=sys.argv[1] if len(sys.argv) > 1 else DEFAULT_AUDIENCE)
     print(f"Keycloak {KEYCLOAK_VERSION} up in {kc.started_in:.1f}s (+{kc.provisioned_in:.1f}s realm)")
-    print(f"  issuer:   {kc.issuer}\n  jwks_url: {kc.jwks_url}\n  admin:    admin / {kc.admin_password}")
-    print(f"  agent:    {AGENT_CLIENT} / {kc.agent_secret}\n  console:  {CONSOLE_CLIENT} (public, PKCE)")
+    print(f"  issuer:   {kc.issuer}\n  admin:    {kc.base_url}/admin/ admin / {kc.admin_password}")
+    print(f"  agent:    {AGENT_CLIENT} / {kc.agent_secret}  (client credentials)")
+    print(f"  console:  {CONSOLE_CLIENT} (public, code + PKCE S256, any loopback redirect URI)")
     for u in kc.users.values():
         print(f"  user:     {u.username} / {u.password}  roles={list(u.roles)} groups={list(u.groups)}")
+    auth = {**kc.auth_config(), "required_scopes": [SCOPE], "kind": {"agent_clients": [AGENT_CLIENT]}}
+    print("\nthe gateway's auth section for this realm:\n")
+    print(yaml.safe_dump({"auth": auth}, sort_keys=False))
+    print("Ctrl-C stops it.", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop() below removes its folder too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     try:
         signal.pause()
     except KeyboardInterrupt:

@@ -144,3 +144,20 @@ def test_mistyped_mapping_settings_are_refused(tmp_path: Path, setting: str, val
     raw["auth"][setting] = value
     found = problems(raw)
     assert any(p.startswith(expected) for p in found), found
+
+
+def test_the_recipes_in_docs_identity_are_valid_configuration(tmp_path: Path) -> None:
+    """Each ```yaml auth section of docs/identity.md (Keycloak, Entra ID) passes the schema."""
+    import re
+
+    import yaml
+
+    from gateway.policy.opa_sidecar import REPO_ROOT
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO_ROOT / "docs" / "identity.md").read_text(), re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        raw = copy.deepcopy(minimal(tmp_path))
+        raw["auth"] = yaml.safe_load(block)["auth"]
+        assert problems(raw) == [], block
+        parse(raw, tmp_path)
