@@ -883,4 +883,4 @@ def get_ha_groups(ctx: Ctx) -> Any:
 
 @route("GET", "/cluster/replication")
 def get_replication(ctx: Ctx) -> Any:
-    return []
+    return [dict(j) for j in ctx.rt.cluster.replication_jobs if ctx.can(f"/vms/{j['guest']}", "VM.Audit")]

@@ -211,6 +211,8 @@ class Cluster:
     ha_rules: dict[str, dict[str, Any]] = field(default_factory=dict)  # PVE 9: HA rules (groups migrated)
     ceph: dict[str, Any] | None = None
     tasks: dict[str, Task] = field(default_factory=dict)
+    replication_jobs: list[dict[str, Any]] = field(default_factory=list)  # storage replication (handlers_cluster)
+    metrics_servers: list[dict[str, Any]] | None = None  # None: the default set (handlers_cluster.py)
     node_ops: dict[str, Any] = field(default_factory=dict)  # per node: apt, services, logs (gateway/sim/nodeops.py)
     task_seconds: float = 0.3
     auth_failure_delay: float = 0.0
