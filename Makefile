@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 OPA     := .tools/bin/opa
 STAMP   := $(VENV)/.installed
 
-.PHONY: all demo test bench lint typecheck pytest policy-check policy-ci tools venv clean bundle compose-config
+.PHONY: all demo test bench lint typecheck pytest policy-check policy-ci tools venv clean bundle compose-config console-screenshots
 
 all: test
 
@@ -60,6 +60,11 @@ bundle: venv tools
 # docker/config/ from docker/config.example/, with fresh OPA and admin tokens; never overwrites
 compose-config:
 	@bash scripts/compose-config.sh
+
+# docs/console/*.png, the console's screenshots in docs/console.md: taken by its browser test
+# (Chromium + Keycloak, tests/console/test_browser.py), which otherwise writes them to a temp dir
+console-screenshots: venv tools
+	PVEGATE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(BIN)/pytest -q tests/console/test_browser.py
 
 clean:
 	rm -rf $(VENV) .state build *.egg-info

@@ -29,12 +29,16 @@ from tests.support import GatewayThread, free_port
 STEP_UP_SECONDS = 300
 
 
-def console_policy(root: Path) -> Path:
+def console_policy(root: Path, step_up: int = STEP_UP_SECONDS, approver_sections: str | None = None) -> Path:
+    """The approvals test data, a step-up limit on every risk level, and (approver_sections="all")
+    every console section open to approvers (the browser test's alice takes the screenshots)."""
     write_policy_data(root)
     path = root / "data" / "data.yaml"
     data = yaml.safe_load(path.read_text())
     levels = ("low", "medium", "high", "critical")
-    data["approval"]["step_up_max_age_seconds_by_level"] = dict.fromkeys(levels, STEP_UP_SECONDS)
+    data["approval"]["step_up_max_age_seconds_by_level"] = dict.fromkeys(levels, step_up)
+    if approver_sections == "all":
+        data["roles"]["approver"]["console"] = ["approvals", "audit", "policy"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return root
 

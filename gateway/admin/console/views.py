@@ -83,6 +83,8 @@ def _ago(ts: Any) -> str:
 
 
 _env.filters["when"] = _when
+_env.filters["day"] = lambda ts: datetime.fromtimestamp(float(ts), tz=UTC).strftime("%Y-%m-%d") if ts else ""
+_env.filters["clock"] = lambda ts: datetime.fromtimestamp(float(ts), tz=UTC).strftime("%H:%M:%S") if ts else "-"
 _env.filters["ago"] = _ago
 _env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
