@@ -219,6 +219,9 @@ def test_tools_visible_for_a_chosen_principal(erin: Browser) -> None:
     carol = erin
     r = carol.get("/admin/tools")
     assert r.status_code == 200 and "vm_shutdown" in r.text and "POST /nodes/" in r.text
+    row = r.text.split("<code>vm_shutdown</code>", 1)[1].split("</tr>", 1)[0]
+    granted = row.split('<td class="hide-narrow">')[2].split("</td>", 1)[0]  # the roles granting it
+    assert "operator" in granted and "admin" in granted and "viewer" not in granted
     viewer = carol.get("/admin/tools", params={"kind": "agent", "roles": "viewer"})
     assert 'id="visible-count"' in viewer.text
     seen = int(viewer.text.split('id="visible-count"', 1)[1].split("<b>", 1)[1].split("</b>", 1)[0])

@@ -37,7 +37,7 @@ from gateway.core.calls import CallRequest
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
 from gateway.pipeline import policy_input
-from gateway.policy.decisions import CONTRACT_VERSION
+from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
 from gateway.store import audit as auditlib
 from gateway.store.approvals import STATES, ApprovalRequest, NotFound, approve_input, rfc3339
 from gateway.store.audit import AuditRecord
@@ -407,7 +407,9 @@ def _sends(tool: Tool) -> str:
     if tool.connector == "pve_api":
         return f"{spec.get('method')} {spec.get('path')}"
     if tool.connector == "ssh":
-        return f"ssh: {spec.get('command') or spec.get('argv') or spec.get('script') or '(command)'}"
+        argv = spec.get("argv")
+        command = " ".join(str(a) for a in argv) if isinstance(argv, list) else spec.get("command") or "(command)"
+        return f"ssh {spec.get('node') or ''}: {command}"
     if tool.connector == "composite":
         return "composite of " + ", ".join(str(u.get("name")) for u in tool.uses)
     return tool.connector
@@ -739,6 +741,19 @@ def _dummy_principal() -> Principal:
     return Principal("what-if", "pvegate", (), (), (), None, "agent")
 
 
+async def _tool_roles(c: Components, session: Session, request: Request) -> dict[str, list[str]]:
+    """Tool name -> the roles that grant it (data.pvegate.console.tool_roles, one query); {} on doubt."""
+    try:
+        result, _ = await c.decisions.query(
+            "pvegate/console/tool_roles", _listing_input(c, session.principal, request, tools=True)
+        )
+    except PolicyError:
+        return {}
+    if not isinstance(result, dict):
+        return {}
+    return {str(k): sorted(str(r) for r in v) for k, v in result.items() if isinstance(v, list)}
+
+
 async def tools_page(request: Request) -> Response:
     session = await guard(request, "policy")
     if isinstance(session, Response):
@@ -768,6 +783,7 @@ async def tools_page(request: Request) -> Response:
     return render(
         request,
         "tools.html",
+        granted=await _tool_roles(c, session, request),
         title="Tools",
         tools=tools,
         sends=_sends,

@@ -22,3 +22,20 @@ sections contains s if {
 	some r in bound_roles
 	some s in object.get(config.roles, [r, "console"], [])
 }
+
+# METADATA
+# title: Roles granting each tool
+# description: |
+#   Tool name -> the roles whose allow selectors match the tool and whose deny selectors
+#   do not (binding scopes and guard rails aside): the console's tool catalog column. What
+#   one principal sees is data.pvegate.visible_tools. Asked with a listing input.
+# schemas:
+#   - input: schema["list_input.schema"]
+tool_roles[tool.name] := roles if {
+	some tool in input.tools
+	roles := {name |
+		some name, _ in config.roles
+		rbac.role_grants(name, tool)
+		not rbac.role_denies(name, tool)
+	}
+}

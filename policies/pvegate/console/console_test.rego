@@ -28,3 +28,12 @@ test_nothing_bound_nothing_open if {
 test_roles_without_a_console_list_open_nothing if {
 	count(console.sections) == 0 with input as listing(person("kc-5", ["operator"], []))
 }
+
+vm_stop := {"name": "vm_stop", "connector": "pve_api", "domain": "guest", "effect": "write", "tags": [], "scope": "guest"}
+
+test_tool_roles_names_the_roles_granting_a_tool if {
+	roles := console.tool_roles.vm_stop with input as object.union(listing(person("x", [], [])), {"tools": [vm_stop]})
+	"operator" in roles
+	"admin" in roles
+	not "viewer" in roles
+}
