@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.sim import (  # noqa: F401  (register routes)
     handlers_backup,
+    handlers_certs,
     handlers_cluster,
     handlers_firewall,
     handlers_ha,

@@ -37,6 +37,8 @@ class TaskManager:
         self.duration = duration
         self._pids = itertools.count(0x000F0000 + int(time.time()) % 0x10000)
         self._running: set[asyncio.Task[None]] = set()
+        self._workers: dict[str, asyncio.Task[None]] = {}  # upid -> its worker, for stop()
+        self._finishers: dict[str, Callable[[bool], None] | None] = {}
 
     def start(
         self,
@@ -76,8 +78,29 @@ class TaskManager:
         dur = self.duration() if seconds is None else seconds
         t = asyncio.get_running_loop().create_task(self._run(task, work, dur, on_finish))
         self._running.add(t)
+        self._workers[upid] = t
         t.add_done_callback(self._running.discard)
+        t.add_done_callback(lambda _t: self._workers.pop(upid, None))
+        self._finishers[upid] = on_finish
         return task
+
+    def stop(self, upid: str) -> bool:
+        """Interrupt a running worker as PVE's task stop does (SIGTERM): what it did stays
+        done, the task ends with an error. False when it is not running."""
+        worker = self._workers.pop(upid, None)
+        task = self.cluster.tasks.get(upid)
+        if worker is None or task is None or task.status != "running":
+            return False
+        worker.cancel()
+        task.status = "stopped"
+        task.exitstatus = "interrupted by signal"
+        task.endtime = int(time.time())
+        task.log += ["received interrupt", "TASK ERROR: interrupted by signal"]
+        finish = self._finishers.pop(upid, None)
+        if finish is not None:
+            finish(False)
+        self.cluster.touch()
+        return True
 
     async def _run(self, task: Task, work: Work, seconds: float, on_finish: Callable[[bool], None] | None) -> None:
         await asyncio.sleep(seconds)
@@ -98,6 +121,7 @@ class TaskManager:
             task.log.append(f"TASK ERROR: {task.exitstatus}")
         task.status = "stopped"
         task.endtime = int(time.time())
+        self._finishers.pop(task.upid, None)
         if on_finish:
             on_finish(ok)
         self.cluster.touch()

@@ -25,6 +25,7 @@ from tests.connectors.test_node_ops_e2e import NODE_TOOLS
 from tests.connectors.test_provision_e2e import PROVISION_TOOLS
 from tests.connectors.test_sdn_e2e import SDN_TOOLS
 from tests.connectors.test_storage_content_e2e import STORAGE_TOOLS
+from tests.connectors.test_tasks_certs_e2e import CERT_TOOLS, TASK_TOOLS
 from tests.support import GatewayThread, audit_rows, database_bytes
 
 Check = Callable[[dict[str, Any]], bool]
@@ -363,5 +364,5 @@ EXERCISED_ELSEWHERE = {
 def test_every_tool_has_an_end_to_end_test(gateway: GatewayThread) -> None:
     covered = {r[0] for r in READS} | {d[0] for d in DESTROY} | EXERCISED_ELSEWHERE | PROVISION_TOOLS | BACKUP_TOOLS
     covered |= FIREWALL_TOOLS | SDN_TOOLS | HA_TOOLS
-    covered |= NODE_TOOLS | STORAGE_TOOLS | CLUSTER_TOOLS
+    covered |= NODE_TOOLS | STORAGE_TOOLS | CLUSTER_TOOLS | TASK_TOOLS | CERT_TOOLS
     assert covered == set(gateway.components.catalog.tools)

@@ -708,3 +708,9 @@ COMPOSITES: dict[str, Composite] = {
 from gateway.tools.runtimes.preflight import upgrade_preflight  # noqa: E402  (its own module: node operations)
 
 COMPOSITES["upgrade_preflight"] = upgrade_preflight
+
+from gateway.tools.runtimes.masking import acme_account, subscription  # noqa: E402  (certificate family)
+from gateway.tools.runtimes.tasklog import task_log_tail  # noqa: E402  (task family)
+
+TRANSFORMS.update(subscription=subscription, acme_account=acme_account)
+COMPOSITES["task_log_tail"] = task_log_tail
