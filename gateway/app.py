@@ -38,6 +38,7 @@ from gateway.store.backend import refuse_unshared
 from gateway.store.handoffs import MIGRATIONS as HANDOFF_MIGRATIONS
 from gateway.store.handoffs import SharedStates
 from gateway.store.migrations import check
+from gateway.store.pgsync import audit_location
 from gateway.store.reconcile import Reconciler, reconcile_loop
 from gateway.store.shared_keys import state_key
 from gateway.store.usage import build_quotas
@@ -126,7 +127,7 @@ async def build_components(config: Config) -> Components:
 
 
 async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASidecar | None) -> Components:
-    audit = AuditLog(config.audit_path, secrets=known_secrets(config), head_key=config.audit_key_path)
+    audit = AuditLog(audit_location(config), secrets=known_secrets(config), head_key=config.audit_key_path)
     await audit.open()
     try:
         return await _build_with(config, catalog, url, sidecar, audit)

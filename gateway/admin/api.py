@@ -27,7 +27,6 @@ import logging
 import secrets
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import jwt
@@ -242,7 +241,7 @@ async def scrape(request: Request) -> Response:
 async def audit_verify(request: Request) -> Response:
     if (denied := await operator(request)) is not None:
         return denied
-    path: Path = _components(request).audit.path
+    path = _components(request).audit.path
     result = await asyncio.to_thread(auditlib.verify, path, key=_components(request).audit.key_path)
     return JSONResponse(result.as_dict(), status_code=200 if result.ok else 409)
 

@@ -245,9 +245,10 @@ class HealthMonitor:
 
     async def probe_audit(self) -> None:
         """A committed write when nothing else committed lately; the free space of the store's file system."""
+        local = self.audit.local_dir  # None on PostgreSQL: its disk is the server's (a failed write says so)
         try:
-            st = await asyncio.to_thread(os.statvfs, self.audit.path.parent)
-            self.audit_free_bytes = st.f_bavail * st.f_frsize
+            st = None if local is None else await asyncio.to_thread(os.statvfs, local)
+            self.audit_free_bytes = None if st is None else st.f_bavail * st.f_frsize
         except OSError as exc:
             self.audit_free_bytes = None
             log.warning("cannot stat the audit store's file system: %s", exc)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import contextvars
 import copy
@@ -31,15 +32,15 @@ import sqlite3
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from gateway.core.config import Config, ConfigError
+from gateway.store import migrations
 from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
+from gateway.store.pgsync import PgConnection, PgLocation
 from gateway.tools.tool import Tool
 
 log = logging.getLogger("pvegate.audit")
@@ -70,6 +71,46 @@ CREATE TABLE IF NOT EXISTS audit_meta (
     value TEXT NOT NULL
 );
 """
+
+# Versioned schema (store/migrations.py, component "audit"). SQLite's version 1 is SCHEMA itself (a
+# database from before versioning has exactly it). PostgreSQL's also makes audit_replicas (who runs
+# which call, for reconciliation) and marks the new, empty chain `fresh`: only such a chain may be
+# sealed under an existing key (an emptied one must not be re-sealed, as with SQLite's new file).
+MIGRATIONS: dict[str, Sequence[str]] = {
+    "sqlite": [SCHEMA],
+    "postgresql": [
+        """
+CREATE TABLE audit (
+    seq        BIGINT PRIMARY KEY,
+    ts         DOUBLE PRECISION NOT NULL,
+    request_id TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    principal  TEXT,
+    tool       TEXT,
+    target     TEXT,
+    outcome    TEXT,
+    body       TEXT NOT NULL,
+    prev_hash  TEXT NOT NULL,
+    hash       TEXT NOT NULL
+);
+CREATE INDEX audit_request ON audit(request_id);
+CREATE INDEX audit_principal ON audit(principal, ts);
+CREATE INDEX audit_ts ON audit(ts);
+CREATE TABLE audit_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT INTO audit_meta (key, value) VALUES ('fresh', 'true');
+CREATE TABLE audit_replicas (
+    replica    TEXT PRIMARY KEY,
+    host       TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    seen_at    DOUBLE PRECISION NOT NULL
+)
+"""
+    ],
+}
 
 COLUMNS = ("seq", "ts", "request_id", "kind", "principal", "tool", "target", "outcome", "body", "prev_hash", "hash")
 
@@ -254,8 +295,11 @@ _Batch = tuple[tuple[_Row, ...], "asyncio.Future[None]"]
 
 
 def utf8_safe(text: str) -> str:
-    """The text as SQLite can store it (UTF-8). A lone surrogate (a client's JSON escape such as
-    "\\ud800") is kept as its literal backslash escape, so the record is still written and chained."""
+    """The text as both backends can store it (UTF-8, no NUL: PostgreSQL's text cannot hold one). A
+    lone surrogate (a client's JSON escape such as "\\ud800") or a NUL is kept as its literal backslash
+    escape, so the record is still written and chained."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     if text.isascii():
         return text
     try:
@@ -267,7 +311,7 @@ def utf8_safe(text: str) -> str:
 
 def _store_failure(exc: BaseException) -> bool:
     """An error of the store itself (locked, I/O, full, no authenticated head), not of the records written."""
-    return isinstance(exc, sqlite3.OperationalError | AuditClosed | AuditIntegrityError)
+    return isinstance(exc, sqlite3.OperationalError | AuditClosed | AuditIntegrityError | AuditStoreError)
 
 
 def _settle(batch: list[_Batch], exc: BaseException | None) -> None:
@@ -280,12 +324,55 @@ def _settle(batch: list[_Batch], exc: BaseException | None) -> None:
             fut.set_exception(exc)
 
 
+class AuditStoreError(Exception):
+    """The database behind the audit cannot be reached or refuses writes (PostgreSQL down, restarting,
+    out of connections): a failure of the store, never of the records written."""
+
+
+def _pg_store_down(exc: BaseException) -> bool:
+    """An error of the PostgreSQL server or the connection to it, not of the records sent."""
+    import asyncpg
+
+    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        # 08 connection, 53 resources, 57 operator intervention (shutdown), 58 system, XX internal,
+        # 40 rollback (a deadlock or serialisation failure: the store's, not the records')
+        code = str(getattr(exc, "sqlstate", "") or "")
+        return code[:2] in ("08", "53", "57", "58", "XX", "40", "55", "25")
+    return False
+
+
+# PostgreSQL: all rows of a group commit in one statement (one array per column)
+_PG_INSERT = (
+    "INSERT INTO audit (seq, ts, request_id, kind, principal, tool, target, outcome, body, prev_hash, hash) "
+    "SELECT * FROM unnest($1::bigint[], $2::float8[], $3::text[], $4::text[], $5::text[], $6::text[], "
+    "$7::text[], $8::text[], $9::text[], $10::text[], $11::text[])"
+)
+HEARTBEAT_SECONDS = 5.0  # a replica's row in audit_replicas is refreshed at most this often (on commits)
+# a replica whose row was not refreshed for this long is gone: its calls in flight are reconciled by others
+REPLICA_STALE_SECONDS = 30.0
+
+
+def replica_name() -> str:
+    """This process's identity in the shared audit (host, pid, and a random part: pids are reused)."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 class AuditLog:
-    """Append-only audit log; one writer task per process, group commits."""
+    """Append-only audit log; one writer task per process, group commits.
+
+    On SQLite the writer's connection lives in one thread of its own and a whole commit (read
+    the head, insert, move the head, COMMIT) is one trip to it. On PostgreSQL (`path` is a
+    PgLocation) a commit is one transaction on a pooled connection that first locks the chain's
+    head row (SELECT ... FOR UPDATE): replicas append one after the other to one chain.
+    """
 
     def __init__(
         self,
-        path: Path,
+        path: Path | PgLocation,
         *,
         secrets: Iterable[str] = (),
         synchronous: str = "FULL",
@@ -293,14 +380,24 @@ class AuditLog:
         head_key: Path | None = None,
     ) -> None:
         self.path = path
-        self.key_path = head_key or default_key_path(path)
+        self.pg = isinstance(path, PgLocation)
+        if head_key is None and isinstance(path, PgLocation):
+            raise ValueError("an audit log on PostgreSQL needs the audit head key file (audit.head_key_file)")
+        self.key_path = head_key or default_key_path(path)  # type: ignore[arg-type]
+        # where free space is checked (the SQLite file's folder); None on PostgreSQL (the server's concern)
+        self.local_dir: Path | None = None if isinstance(path, PgLocation) else path.parent
+        # PostgreSQL: this process's name in audit_replicas and on its decision records (reconciliation's owner)
+        self.replica_id: str | None = replica_name() if self.pg else None
         self._seal: Seal | None = None
         self._head: tuple[str, int, str] | None = None  # (stored text, seq, hash) of the head last checked
         self._high = 0  # the furthest head this process has seen: a head only moves forward
         self.scrub = Scrubber(secrets)
         self.synchronous = synchronous
         self.max_batch = max_batch
-        self._db: aiosqlite.Connection | None = None
+        self._con: sqlite3.Connection | None = None  # SQLite: used only in self._thread
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pgdb: Any = None  # PostgreSQL: a PostgresDatabase (its asyncpg pool)
+        self._beat_at = 0.0
         self._queue: asyncio.Queue[_Batch | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self.commits = 0  # transactions committed (for tests and metrics)
@@ -312,37 +409,93 @@ class AuditLog:
         self.last_error: str | None = None  # why the last commit failed; None once one succeeds
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Only a file this start creates may begin a chain under a key that already exists: an existing
-        # file with no marker and no records was emptied (or truncated), and sealing it would launder that.
-        new_file = not self.path.exists()
-        if new_file and self.key_path.exists():  # the key first, so a start that fails on it leaves no file
-            await asyncio.to_thread(HeadKey.load, self.key_path)
-        self._db = await aiosqlite.connect(self.path, isolation_level=None)
-        # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
-        try:
-            await self._db.execute("PRAGMA busy_timeout=10000")
-            await self._db.execute("PRAGMA journal_mode=WAL")
-            await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
-            await self._db.executescript(SCHEMA)
-            # once per process, plain sqlite3 in a thread: check the sealed head, or seal a new/older database
-            self._seal = await asyncio.to_thread(open_seal, self.path, self.key_path, new_file=new_file)
-        except BaseException:
-            await self._db.close()
-            self._db = None
-            raise
+        if isinstance(self.path, PgLocation):
+            await self._open_pg(self.path)
+        else:
+            await self._open_sqlite(self.path)
+        assert self._seal is not None
         for note in self._seal.notes:
             log.warning("audit: %s", note)
         self._writer = asyncio.create_task(self._write_loop(), name="audit-writer")
+
+    async def _open_sqlite(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Only a file this start creates may begin a chain under a key that already exists: an existing
+        # file with no marker and no records was emptied (or truncated), and sealing it would launder that.
+        new_file = not await asyncio.to_thread(path.exists)
+        if new_file and self.key_path.exists():  # the key first, so a start that fails on it leaves no file
+            await asyncio.to_thread(HeadKey.load, self.key_path)
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="audit-sqlite")
+        try:
+            await self._in_thread(self._connect_sqlite, path)
+            # once per process: check the sealed head, or seal a new/older database
+            self._seal = await asyncio.to_thread(open_seal, path, self.key_path, new_file=new_file)
+        except BaseException:
+            await self._close_sqlite()
+            raise
+
+    def _connect_sqlite(self, path: Path) -> None:
+        con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        try:
+            con.execute("PRAGMA busy_timeout=10000")
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute(f"PRAGMA synchronous={self.synchronous}")
+            migrations.upgrade_sync(con, "audit", MIGRATIONS["sqlite"])
+        except BaseException:
+            con.close()
+            raise
+        self._con = con
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        assert self._thread is not None
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def _close_sqlite(self) -> None:
+        if self._thread is None:
+            return
+        if self._con is not None:
+            con, self._con = self._con, None
+            with contextlib.suppress(Exception):
+                await self._in_thread(con.close)
+        thread, self._thread = self._thread, None
+        await asyncio.to_thread(thread.shutdown, True)
+
+    async def _open_pg(self, where: PgLocation) -> None:
+        from gateway.store.db import PostgresDatabase
+
+        db = PostgresDatabase(where.url, where.password, max_size=4)
+        await db.open()
+        try:
+            await migrations.check(db, "audit", MIGRATIONS)  # `pvegate db upgrade` makes it, not a replica
+            self._seal = await asyncio.to_thread(open_seal_pg, where, self.key_path)
+            async with db.pool.acquire() as conn:
+                await conn.execute(
+                    "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) "
+                    "VALUES ($1, $2, $3, extract(epoch FROM clock_timestamp())::float8, "
+                    "extract(epoch FROM clock_timestamp())::float8)",
+                    self.replica_id,
+                    str(self.replica_id).split(":", 1)[0],
+                    os.getpid(),
+                )
+        except BaseException:
+            await db.close()
+            raise
+        self._pgdb = db
+        self._beat_at = time.monotonic()
 
     async def close(self) -> None:
         if self._writer is not None:
             await self._queue.put(None)  # drains what is queued, then stops
             await self._writer
             self._writer = None
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
+        await self._close_sqlite()
+        if self._pgdb is not None:
+            db, self._pgdb = self._pgdb, None
+            # gone on purpose: what it left open is for the other replicas to reconcile, now
+            with contextlib.suppress(Exception):
+                async with db.pool.acquire() as conn:
+                    await conn.execute("UPDATE audit_replicas SET seen_at = 0 WHERE replica = $1", self.replica_id)
+            await db.close()
 
     async def append(self, *records: AuditRecord) -> None:
         """Queue records (kept together, in order); returns once they are committed."""
@@ -363,6 +516,10 @@ class AuditLog:
         def col(text: str | None) -> str | None:
             return None if text is None else utf8_safe(s(text, scrub) or "")
 
+        body = self._with_input(rec, scrub)
+        if self.replica_id is not None and rec.kind in ("decision", "dispatch"):
+            # who runs the call: reconciliation leaves a live replica's calls in flight alone
+            body = {**(body or {}), "replica": self.replica_id}
         return (
             utf8_safe(str(rec.request_id)),
             utf8_safe(str(rec.kind)),
@@ -370,7 +527,7 @@ class AuditLog:
             col(rec.tool),
             col(rec.target),
             col(rec.outcome),
-            utf8_safe(s(dumps_body(self._with_input(rec, scrub)), scrub) or "{}"),
+            utf8_safe(s(dumps_body(body), scrub) or "{}"),
         )
 
     def _with_input(self, rec: AuditRecord, scrub: tuple[str, ...]) -> dict[str, Any] | None:
@@ -428,49 +585,26 @@ class AuditLog:
             _settle([(rows, fut)], None)
 
     async def _commit(self, records: list[_Row]) -> None:
-        db = self._db
-        assert db is not None
-        seal = self._seal
-        assert seal is not None
-        await db.execute("BEGIN IMMEDIATE")
         try:
-            seq, prev = await self._tail(db, seal)
-            rows = []
-            for rec in records:
-                seq += 1
-                row = (seq, time.time(), *rec)
-                digest = record_hash(prev, *row)
-                rows.append((*row, prev, digest))
-                prev = digest
-            head: str | None = None
-            if rows:
-                await db.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
-                # the authenticated head moves in the same transaction as the rows it names
-                head = seal.key.signed_text("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()})
-                await db.execute(
-                    "INSERT INTO audit_meta(key, value) VALUES ('head', ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (head,),
-                )
-            else:  # a readiness probe (AuditLog.probe): a real committed write that leaves the chain alone
-                await db.execute(
-                    "INSERT INTO audit_meta(key, value) VALUES ('probe', ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (str(time.time()),),
-                )
-            await db.execute("COMMIT")
+            if self._pgdb is not None:
+                try:
+                    moved = await self._commit_pg(records)
+                except Exception as exc:
+                    if _pg_store_down(exc):
+                        raise AuditStoreError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+                    raise
+            else:
+                moved = await self._in_thread(self._commit_sqlite, records)
         except BaseException as exc:
             self._head = None  # whatever was read or written, check it afresh next time
-            with contextlib.suppress(Exception):
-                await db.execute("ROLLBACK")
             if isinstance(exc, Exception):  # for readiness and metrics
                 self.write_failures += 1
                 if _store_failure(exc):  # the store is unwell, not one caller's records
                     self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             raise
-        if head is not None:
-            self._head = (head, seq, prev)
-            self._high = seq
+        if moved is not None:
+            self._head = moved
+            self._high = moved[1]
         self.commits += bool(records)  # group commits of records (a probe is not one)
         self.records += len(records)
         self.last_commit_at = time.monotonic()
@@ -479,13 +613,80 @@ class AuditLog:
             key = (rec[1], rec[5] or "")
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    async def _tail(self, db: aiosqlite.Connection, seal: Seal) -> tuple[int, str]:
+    def _chain(self, records: list[_Row], seq: int, prev: str) -> tuple[list[tuple[Any, ...]], str]:
+        """The rows as stored (seq, ts, columns, prev_hash, hash), continuing from (seq, prev), and the new
+        authenticated head naming the last of them."""
+        seal = self._seal
+        assert seal is not None
+        rows = []
+        for rec in records:
+            seq += 1
+            row = (seq, time.time(), *rec)
+            digest = record_hash(prev, *row)
+            rows.append((*row, prev, digest))
+            prev = digest
+        head = seal.key.signed_text("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()})
+        return rows, head
+
+    def _commit_sqlite(self, records: list[_Row]) -> tuple[str, int, str] | None:
+        """One whole commit, in the writer's thread: one trip from the event loop."""
+        con = self._con
+        if con is None:
+            raise AuditClosed("audit log is not open")
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            got = con.execute("SELECT value FROM audit_meta WHERE key = 'head'").fetchone()
+            seq, prev = self._continue_from(None if got is None else str(got[0]))
+            moved = None
+            if records:
+                rows, head = self._chain(records, seq, prev)
+                con.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+                # the authenticated head moves in the same transaction as the rows it names
+                con.execute("UPDATE audit_meta SET value = ? WHERE key = 'head'", (head,))
+                moved = (head, rows[-1][0], rows[-1][-1])
+            else:  # a readiness probe (AuditLog.probe): a real committed write that leaves the chain alone
+                con.execute(
+                    "INSERT INTO audit_meta(key, value) VALUES ('probe', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (str(time.time()),),
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                with contextlib.suppress(Exception):
+                    con.execute("ROLLBACK")
+            raise
+        return moved
+
+    async def _commit_pg(self, records: list[_Row]) -> tuple[str, int, str] | None:
+        moved = None
+        async with self._pgdb.pool.acquire() as conn, conn.transaction():
+            # the head row is the chain's lock: every replica's commit waits here for the one before it
+            text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
+            seq, prev = self._continue_from(text)
+            if records:
+                rows, head = self._chain(records, seq, prev)
+                await conn.execute(_PG_INSERT, *[list(col) for col in zip(*rows, strict=True)])
+                await conn.execute("UPDATE audit_meta SET value = $1 WHERE key = 'head'", head)
+                moved = (head, rows[-1][0], rows[-1][-1])
+            beat = not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS
+            if beat:  # a probe writes the heartbeat: a real committed write that leaves the chain alone
+                await conn.execute(
+                    "UPDATE audit_replicas SET seen_at = extract(epoch FROM clock_timestamp())::float8 "
+                    "WHERE replica = $1",
+                    self.replica_id,
+                )
+        if beat:
+            self._beat_at = time.monotonic()
+        return moved
+
+    def _continue_from(self, text: str | None) -> tuple[int, str]:
         """Where the chain continues: its authenticated head, read inside the write transaction
-        (another process may have appended). The writer continues only from there, so rows cut
-        or added by another hand stay visible as a gap or a clash and are never re-authenticated;
-        rows and head are compared in full at open and by verify."""
-        got = list(await db.execute_fetchall("SELECT value FROM audit_meta WHERE key = 'head'"))
-        text = str(got[0][0]) if got else None
+        (another process or replica may have appended). The writer continues only from there, so
+        rows cut or added by another hand stay visible as a gap or a clash and are never
+        re-authenticated; rows and head are compared in full at open and by verify."""
+        seal = self._seal
+        assert seal is not None
         cached = self._head
         if cached is not None and text == cached[0]:  # the head this process wrote or checked last
             return cached[1], cached[2]
@@ -500,17 +701,30 @@ class AuditLog:
         self._high = seq
         return seq, digest
 
+    async def _read(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """A read on the writer's store (fully fetched: no read stays open across the writer's commits)."""
+        if self._pgdb is not None:
+            from gateway.store.db import pg_sql
+
+            async with self._pgdb.pool.acquire() as conn:
+                return [tuple(r) for r in await conn.fetch(pg_sql(sql), *args)]
+
+        def read() -> list[tuple[Any, ...]]:
+            if self._con is None:
+                raise AuditClosed("audit log is not open")
+            return [tuple(r) for r in self._con.execute(sql, args).fetchall()]
+
+        result: list[tuple[Any, ...]] = await self._in_thread(read)
+        return result
+
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:
-        assert self._db is not None
         sql = "SELECT * FROM audit"
         args: tuple[Any, ...] = ()
         if request_id:
             sql += " WHERE request_id = ?"
             args = (request_id,)
-        async with self._db.execute(sql + " ORDER BY seq", args) as cur:
-            fetched = await cur.fetchall()  # at once: no read stays open across the writer's awaits
         out = []
-        for r in fetched:
+        for r in await self._read(sql + " ORDER BY seq", *args):
             d = dict(zip(COLUMNS, r, strict=True))
             d["body"] = json.loads(d["body"])
             out.append(d)
@@ -518,15 +732,58 @@ class AuditLog:
 
     async def allowed_since(self, since: float) -> list[tuple[float, str, str]]:
         """(ts, principal, tool) of calls allowed or held for approval since `since`: usage counters' memory."""
-        assert self._db is not None
         sql = (
             "SELECT ts, principal, tool FROM audit WHERE ts >= ? AND kind = 'decision' "
             "AND outcome IN ('allow', 'pending') "
             "AND principal IS NOT NULL AND tool IS NOT NULL ORDER BY ts"
         )
-        async with self._db.execute(sql, (since,)) as cur:
-            fetched = await cur.fetchall()
-        return [(float(r[0]), str(r[1]), str(r[2])) for r in fetched]
+        return [(float(r[0]), str(r[1]), str(r[2])) for r in await self._read(sql, since)]
+
+    async def live_replicas(self) -> set[str] | None:
+        """PostgreSQL: the replicas whose heartbeat is fresh (by the database's clock); None on SQLite."""
+        if self._pgdb is None:
+            return None
+        rows = await self._read(
+            "SELECT replica FROM audit_replicas WHERE seen_at > extract(epoch FROM clock_timestamp())::float8 - ?",
+            REPLICA_STALE_SECONDS,
+        )
+        return {str(r[0]) for r in rows}
+
+    async def stale_replicas(self) -> set[str]:
+        """PostgreSQL: replicas whose heartbeat is older than REPLICA_STALE_SECONDS (gone); empty on SQLite."""
+        if self._pgdb is None:
+            return set()
+        rows = await self._read(
+            "SELECT replica FROM audit_replicas WHERE seen_at <= extract(epoch FROM clock_timestamp())::float8 - ?",
+            REPLICA_STALE_SECONDS,
+        )
+        return {str(r[0]) for r in rows} - {str(self.replica_id)}
+
+    async def forget_replicas(self, replicas: set[str]) -> None:
+        if self._pgdb is None or not replicas:
+            return
+        async with self._pgdb.pool.acquire() as conn:
+            await conn.execute(
+                "DELETE FROM audit_replicas WHERE replica = ANY($1::text[]) "
+                "AND seen_at <= extract(epoch FROM clock_timestamp())::float8 - $2",
+                sorted(replicas),
+                REPLICA_STALE_SECONDS,
+            )
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, name: str) -> AsyncIterator[bool]:
+        """PostgreSQL: whether this replica holds `name` (a session advisory lock, not waited for) for the
+        block, so one replica at a time does a shared chore; SQLite (one host): always True."""
+        if self._pgdb is None:
+            yield True
+            return
+        async with self._pgdb.pool.acquire() as conn:
+            got = bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", name))
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", name)
 
 
 # --- the seal: the chain's head authenticated with a key kept outside the database -------------
@@ -568,11 +825,12 @@ def _point(doc: dict[str, Any], what: str) -> tuple[int, str]:
     return seq, digest
 
 
-def _meta_all(con: sqlite3.Connection) -> dict[str, str]:
+def _meta_all(con: Any) -> dict[str, str]:
     try:
         return {str(k): str(v) for k, v in con.execute("SELECT key, value FROM audit_meta")}
     except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):  # dropped: treated as empty, which no sealed database is
+        # dropped: treated as empty, which no sealed database is
+        if "no such table" in str(exc) or "does not exist" in str(exc):
             return {}
         raise
 
@@ -661,7 +919,7 @@ def check_head(
     return seq, digest
 
 
-def _upsert(con: sqlite3.Connection, key: str, value: Any) -> None:
+def _upsert(con: Any, key: str, value: Any) -> None:
     con.execute(
         "INSERT INTO audit_meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
         (key, json.dumps(value)),
@@ -695,7 +953,31 @@ def open_seal(path: Path, key_path: Path, *, new_file: bool = False) -> Seal:
         con.close()
 
 
-def _open_seal(con: sqlite3.Connection, key_path: Path, new_file: bool) -> Seal:
+def open_seal_pg(where: PgLocation, key_path: Path) -> Seal:
+    """`open_seal` on PostgreSQL: the key must exist (every replica is given the same file; a key made
+    here would be one replica's own), and only a `fresh` chain (its tables made by `pvegate db upgrade`,
+    nothing written since) is sealed under it. Sealers take turns (BEGIN IMMEDIATE: an advisory lock)."""
+    if not key_path.exists():
+        raise AuditKeyError(
+            f"the audit head key file {key_path} is missing: on PostgreSQL every replica needs the same key "
+            "(`pvegate db upgrade` creates it once; copy it to every replica, mode 0600)"
+        )
+    con = PgConnection(where)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            seal = _open_seal(con, key_path, "fresh" in _meta_all(con), create_key=False)
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        return seal
+    finally:
+        con.close()
+
+
+def _open_seal(con: Any, key_path: Path, new_file: bool, *, create_key: bool = True) -> Seal:
     meta = _meta_all(con)
     row = con.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     last = None if row is None else (int(row[0]), str(row[1]))
@@ -705,7 +987,7 @@ def _open_seal(con: sqlite3.Connection, key_path: Path, new_file: bool) -> Seal:
         check_head(seal, meta.get("head"), last, meta.get("anchor"))
         return seal
     older = last is not None or "anchor" in meta
-    key, made = HeadKey.load_or_create(key_path)
+    key, made = HeadKey.load_or_create(key_path) if create_key else (HeadKey.load(key_path), False)
     notes = [f"generated a new audit head key at {key_path} (key id {key.key_id}): back it up"] if made else []
     if older and not made:
         raise AuditIntegrityError(
@@ -721,10 +1003,11 @@ def _open_seal(con: sqlite3.Connection, key_path: Path, new_file: bool) -> Seal:
                 "audit verify`, check your checkpoints), or a start failed before sealing it; keep the file as "
                 "evidence and move it aside to start a new chain"
             )
-        notes.append(
-            f"started a new audit chain with the existing audit head key (key id {key.key_id}): "
-            "if the previous database was not moved aside on purpose, it was removed"
-        )
+        if create_key:  # SQLite: a new file next to an existing key
+            notes.append(
+                f"started a new audit chain with the existing audit head key (key id {key.key_id}): "
+                "if the previous database was not moved aside on purpose, it was removed"
+            )
     start = (0, GENESIS)
     if "anchor" in meta:  # an older release's anchor, trusted as that release trusted it
         start = _point(_doc(meta["anchor"], "archive anchor (audit_meta 'anchor')"), "archive anchor")
@@ -748,6 +1031,7 @@ def _open_seal(con: sqlite3.Connection, key_path: Path, new_file: bool) -> Seal:
     _upsert(con, "head", key.sign("head", {"db": db_id, "seq": seq, "hash": digest, "ts": now}))
     if "anchor" in meta:
         _upsert(con, "anchor", key.sign("anchor", {"db": db_id, "seq": start[0], "hash": start[1], "file": None}))
+    con.execute("DELETE FROM audit_meta WHERE key = 'fresh'")
     if older:
         notes.append(
             f"sealed the existing audit chain (records up to {seq}, verified) with the audit head key; "
@@ -759,7 +1043,10 @@ def _open_seal(con: sqlite3.Connection, key_path: Path, new_file: bool) -> Seal:
 # --- operator side: plain sqlite3, used by the CLI and the admin API ---------------------
 
 
-def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+def connect(path: Path | PgLocation, *, readonly: bool = False) -> Any:
+    """A blocking connection to the audit: sqlite3's, or PgConnection (the same calls) on PostgreSQL."""
+    if isinstance(path, PgLocation):
+        return PgConnection(path, readonly=readonly)
     if not path.exists():
         raise FileNotFoundError(f"no audit database at {path}")
     uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
@@ -769,7 +1056,7 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return con
 
 
-def _meta(con: sqlite3.Connection, key: str) -> Any:
+def _meta(con: Any, key: str) -> Any:
     try:
         row = con.execute("SELECT value FROM audit_meta WHERE key = ?", (key,)).fetchone()
     except sqlite3.OperationalError:
@@ -848,16 +1135,24 @@ class _Bad(Exception):
         self.problem, self.seq = problem, seq
 
 
+def _key_for(path: Path | PgLocation, key: Path | None) -> Path:
+    """The head key file: given, or audit-head.key next to a SQLite file (PostgreSQL has no "next to")."""
+    if key is not None:
+        return key
+    if isinstance(path, PgLocation):
+        raise AuditKeyError("the audit head key file is not given (--key, or audit.head_key_file in the configuration)")
+    return default_key_path(path)
+
+
 def verify(
-    path: Path, archives: Iterable[Path] = (), *, key: Path | None = None, checkpoint: Path | None = None
+    path: Path | PgLocation, archives: Iterable[Path] = (), *, key: Path | None = None, checkpoint: Path | None = None
 ) -> VerifyResult:
     """Check the chain (from archives when it was archived), its authenticated head and creation
     marker, and optionally that it still holds a checkpoint's record. Never raises: whatever
     is wrong (a tampered, unreadable or garbled database, a missing or wrong key) is a sentence."""
-    key_path = key or default_key_path(path)
     state: dict[str, Any] = {"checked": 0, "first": None}
     try:
-        return _verify(path, list(archives), key_path, checkpoint, state)
+        return _verify(path, list(archives), _key_for(path, key), checkpoint, state)
     except (_Bad, AuditIntegrityError) as exc:
         problem, seq = exc.problem, exc.seq
     except AuditKeyError as exc:
@@ -872,9 +1167,9 @@ def verify(
 
 
 def _verify(
-    path: Path, archived: list[Path], key_path: Path, checkpoint: Path | None, state: dict[str, Any]
+    path: Path | PgLocation, archived: list[Path], key_path: Path, checkpoint: Path | None, state: dict[str, Any]
 ) -> VerifyResult:
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():
         raise _Bad(f"there is no audit database at {path}")
     con = connect(path, readonly=True)
     try:
@@ -1032,9 +1327,9 @@ def _obj(doc: Any, path: Path) -> dict[str, Any]:
 CHECKPOINT_TYPE = "pvegate-audit-checkpoint"
 
 
-def checkpoint(path: Path, *, key: Path | None = None) -> dict[str, Any]:
+def checkpoint(path: Path | PgLocation, *, key: Path | None = None) -> dict[str, Any]:
     """The authenticated head as a document to keep off the host (raises a sentence if it does not hold)."""
-    k = HeadKey.load(key or default_key_path(path))
+    k = HeadKey.load(_key_for(path, key))
     con = connect(path, readonly=True)
     try:
         con.execute("BEGIN")  # the head and the last record from one snapshot
@@ -1067,13 +1362,16 @@ class Query:
     limit: int | None = None
     newest_first: bool = False
 
-    def sql(self) -> tuple[str, list[Any]]:
+    def sql(self, postgresql: bool = False) -> tuple[str, list[Any]]:
         where, args = [], []
         for col in ("principal", "tool", "target", "outcome", "kind", "request_id"):
             value = getattr(self, col)
             if value is None:
                 continue
-            if "*" in value:  # shell-style glob, e.g. --target 'default/qemu/*'
+            if "*" in value and postgresql:  # the same glob as LIKE: * any run, ? one character
+                where.append(f"{col} LIKE ? ESCAPE '\\'")
+                value = _glob_like(value)
+            elif "*" in value:  # shell-style glob, e.g. --target 'default/qemu/*'
                 where.append(f"{col} GLOB ?")
             else:
                 where.append(f"{col} = ?")
@@ -1096,20 +1394,32 @@ class Query:
         return sql, args
 
 
-def search(path: Path, q: Query) -> list[dict[str, Any]]:
+def _glob_like(glob: str) -> str:
+    out = []
+    for ch in glob:
+        if ch in "\\%_":
+            out.append("\\" + ch)
+        else:
+            out.append({"*": "%", "?": "_"}.get(ch, ch))
+    return "".join(out)
+
+
+def search(path: Path | PgLocation, q: Query) -> list[dict[str, Any]]:
     con = connect(path, readonly=True)
     try:
-        sql, args = q.sql()
+        sql, args = q.sql(isinstance(path, PgLocation))
         rows = [dict(r) for r in con.execute(sql, args)]
     finally:
         con.close()
     return list(reversed(rows)) if q.newest_first else rows
 
 
-def iter_rows(path: Path, q: Query) -> Iterator[dict[str, Any]]:
+def iter_rows(path: Path | PgLocation, q: Query) -> Iterator[dict[str, Any]]:
     con = connect(path, readonly=True)
     try:
-        sql, args = q.sql()
+        sql, args = q.sql(isinstance(path, PgLocation))
+        if isinstance(path, PgLocation):
+            con.execute("BEGIN")  # a snapshot, read through a cursor: an export is not held in memory
         for r in con.execute(sql, args):
             yield dict(r)
     finally:
@@ -1138,7 +1448,7 @@ class ArchiveResult:
     last_hash: str | None = None
 
 
-def archive(path: Path, before: float, out_dir: Path, *, key: Path | None = None) -> ArchiveResult:
+def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path | None = None) -> ArchiveResult:
     """Move records older than `before` to a JSONL file and delete them, keeping the chain verifiable.
 
     The file starts with a header naming the anchor it continues from and the last
@@ -1146,7 +1456,7 @@ def archive(path: Path, before: float, out_dir: Path, *, key: Path | None = None
     last record as its new (authenticated) anchor. It all happens in one write
     transaction, after the file is fsynced: a crash leaves either the old state or the new one.
     """
-    head_key = HeadKey.load(key or default_key_path(path))
+    head_key = HeadKey.load(_key_for(path, key))
     con = connect(path)
     try:
         con.execute("BEGIN IMMEDIATE")
@@ -1210,7 +1520,7 @@ def archive(path: Path, before: float, out_dir: Path, *, key: Path | None = None
         con.close()
 
 
-def archives(path: Path) -> list[dict[str, Any]]:
+def archives(path: Path | PgLocation) -> list[dict[str, Any]]:
     con = connect(path, readonly=True)
     try:
         return list(_meta(con, "archives") or [])

@@ -12,9 +12,11 @@ from __future__ import annotations
 from gateway.core.config import Config, ConfigError
 
 # What must be shared across replicas and still lives per process or in a local SQLite file.
-# Ported (store/db.py): approvals (store/approvals.py), quota counters (store/usage.py), and the
-# request-state and session signing key (store/shared_keys.py).
-NOT_YET_SHARED: tuple[str, ...] = ("the audit log",)
+# Ported (store/db.py): approvals (store/approvals.py), quota counters (store/usage.py), the
+# request-state and session signing key (store/shared_keys.py), and the audit log with its head
+# key (store/audit.py: one chain, the key file given to every replica). Nothing is left; the check
+# stays for whatever state is added next.
+NOT_YET_SHARED: tuple[str, ...] = ()
 
 
 def refuse_unshared(config: Config) -> None:

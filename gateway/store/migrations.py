@@ -7,11 +7,13 @@ understand); older is applied on SQLite (one process owns the file, as before th
 its version-1 SQL is the old `CREATE ... IF NOT EXISTS`) but refused on PostgreSQL, where several
 replicas share the database and the operator upgrades it once, on purpose.
 
-The audit log keeps its own schema handling in store/audit.py for now (issue #15).
+The audit log's SQLite writer owns a plain sqlite3 connection in a thread of its own: it applies
+its migrations with `upgrade_sync`, the same rule on that connection.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 
 from gateway.store.db import Database, Tx
@@ -94,3 +96,29 @@ async def check(db: Database, component: str, migrations: dict[str, Sequence[str
             "run `pvegate db upgrade --config FILE` once (with every replica stopped or on the old version)"
         )
     return found
+
+
+def upgrade_sync(con: sqlite3.Connection, component: str, known: Sequence[str]) -> tuple[int, int]:
+    """`upgrade` on a blocking sqlite3 connection (autocommit mode): (version before, version after)."""
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        con.execute(VERSIONS_TABLE)
+        row = con.execute("SELECT version FROM pvegate_schema WHERE component = ?", (component,)).fetchone()
+        before = int(row[0]) if row else 0
+        if before > len(known):
+            raise SchemaError(_newer(component, before, len(known)))
+        for script in known[before:]:
+            for stmt in statements(script):
+                con.execute(stmt)
+        if before < len(known):
+            con.execute(
+                "INSERT INTO pvegate_schema (component, version) VALUES (?, ?) "
+                "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                (component, len(known)),
+            )
+        con.execute("COMMIT")
+    except BaseException:
+        if con.in_transaction:
+            con.execute("ROLLBACK")
+        raise
+    return before, len(known)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.store.audit import CALL_SECRETS, AuditClosed, AuditIntegrityError, AuditLog, AuditRecord
+from gateway.store.audit import CALL_SECRETS, AuditClosed, AuditIntegrityError, AuditLog, AuditRecord, AuditStoreError
 from gateway.store.db import DatabaseUnavailable
 
 log = logging.getLogger("pvegate.outcomes")
@@ -39,10 +39,11 @@ T = TypeVar("T")
 AUDIT_UNAVAILABLE = -32010
 SHUTTING_DOWN = -32011
 RETRY_AFTER_SECONDS = 5
-# what a failed audit write raises when the store itself is unwell (full, I/O, locked, no authenticated head)
-# (a record of its own that cannot be written is the caller's problem, never a reason to refuse others)
+# what a failed audit write raises when the store itself is unwell (full, I/O, locked, no authenticated head,
+# PostgreSQL unreachable) (a record of its own that cannot be written is the caller's problem, never a reason
+# to refuse others)
 # DatabaseUnavailable: PostgreSQL (approvals, quotas) cannot be reached; the call is refused the same way
-STORE_ERRORS = (sqlite3.OperationalError, AuditClosed, AuditIntegrityError, DatabaseUnavailable)
+STORE_ERRORS = (sqlite3.OperationalError, AuditClosed, AuditIntegrityError, AuditStoreError, DatabaseUnavailable)
 STORE_ERROR_HOLD_SECONDS = 2.0  # after a failed write, refuse for this long unless a write succeeds
 
 
@@ -113,8 +114,10 @@ class Outcomes:
             return f"{len(self.outbox)} audit record(s) are still waiting to be written"
         if self.last_store_error and time.monotonic() - self._store_error_at < STORE_ERROR_HOLD_SECONDS:
             return f"the last audit write failed ({self.last_store_error})"
+        if self.audit.local_dir is None:  # PostgreSQL: its disk is the server's (a failed write says so)
+            return None
         try:
-            free = free_bytes(self.audit.path.parent)
+            free = free_bytes(self.audit.local_dir)
         except OSError as exc:
             return f"cannot check the audit store's free space ({exc.strerror})"
         if free < self.min_free_bytes:

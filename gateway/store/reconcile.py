@@ -21,6 +21,15 @@ If Proxmox cannot be asked, the call stays open and is tried again later.
 
 The gateway runs this at start-up for calls decided before it started (then again,
 with back-off, while some are left open); `pvegate audit reconcile` runs it by hand.
+
+Several replicas on PostgreSQL share one audit, so a call open in the audit may be one another
+replica is still running. Every decision (and dispatch) record names its replica, and every
+replica refreshes its row in `audit_replicas` as it commits (at least every probe interval). A
+call belongs to its replica while that replica's row is fresh (REPLICA_STALE_SECONDS, by the
+database's clock): nobody else touches it (`in_flight`). Once the row is stale (the replica was
+killed, lost the database, or stopped: a clean stop marks its row stale at once), the first
+replica that holds the `pvegate-reconcile` advisory lock settles its calls, then forgets the row.
+Calls with no replica named (written on SQLite, or moved from it) follow the single-host rule.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from gateway.core.config import Config, ConfigError
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditRecord
 from gateway.store.outcomes import AuditUnavailable, Outcomes
+from gateway.store.pgsync import PgLocation
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import ToolError
 from gateway.tools.runtimes.pve_api import PveApiClient, upid_node
@@ -63,6 +73,14 @@ CLAIMED_SQL = """
 SELECT DISTINCT json_extract(body, '$.task_id') FROM audit
 WHERE ts >= ? AND kind IN ('dispatch', 'result') AND json_extract(body, '$.task_id') IS NOT NULL
 """
+# the same on PostgreSQL (the body is JSON kept as text: json, not jsonb, takes any text json.dumps wrote)
+PG_OPEN_CALLS_SQL = OPEN_CALLS_SQL.replace(
+    "json_extract(r.body, '$.pending_reconcile') = 0", "(r.body::json ->> 'pending_reconcile') = 'false'"
+)
+PG_CLAIMED_SQL = """
+SELECT DISTINCT body::json ->> 'task_id' FROM audit
+WHERE ts >= ? AND kind IN ('dispatch', 'result') AND (body::json ->> 'task_id') IS NOT NULL
+"""
 
 
 @dataclass
@@ -77,28 +95,31 @@ class OpenCall:
     dry_run: bool = False
     task_id: str | None = None
     dispatched: bool = False
+    owner: str | None = None  # the replica that decided it (PostgreSQL); None: written on SQLite
 
 
 @dataclass
 class Settled:
     request_id: str
     tool: str | None
-    action: str  # reconciled | interrupted | open
+    action: str  # reconciled | interrupted | open | in_flight (a live replica's call: not touched)
     proxmox: str | None = None  # ok | failed | not_found | running | unreachable
     task_id: str | None = None
     detail: str | None = None
+    owner: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def open_calls(path: Path, since: float, before: float, only: set[str] | None = None) -> list[OpenCall]:
+def open_calls(path: Path | PgLocation, since: float, before: float, only: set[str] | None = None) -> list[OpenCall]:
     """The open calls, oldest first, read on a connection of their own (never the writer's:
     a long look-back must not hold up the calls being audited meanwhile)."""
     con = auditlib.connect(path, readonly=True)
+    sql = PG_OPEN_CALLS_SQL if isinstance(path, PgLocation) else OPEN_CALLS_SQL
     try:
         calls: list[OpenCall] = []
-        for d in con.execute(OPEN_CALLS_SQL, (since, before)).fetchall():
+        for d in con.execute(sql, (since, before)).fetchall():
             if only is not None and d["request_id"] not in only:
                 continue
             call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
@@ -109,8 +130,10 @@ def open_calls(path: Path, since: float, before: float, only: set[str] | None = 
                     call.target = body.get("target") or {}
                     call.effect = body.get("effect")
                     call.dry_run = bool(body.get("dry_run"))
-                elif kind == "decision" and (body.get("obligations") or {}).get("dry_run"):
-                    call.dry_run = True
+                elif kind == "decision":
+                    call.owner = body.get("replica")
+                    if (body.get("obligations") or {}).get("dry_run"):
+                        call.dry_run = True
                 elif kind == "dispatch":
                     call.dispatched = True
                 if kind in ("dispatch", "result") and body.get("task_id"):
@@ -121,11 +144,12 @@ def open_calls(path: Path, since: float, before: float, only: set[str] | None = 
         con.close()
 
 
-def claimed_tasks(path: Path, since: float) -> set[str]:
+def claimed_tasks(path: Path | PgLocation, since: float) -> set[str]:
     """UPIDs some record already names: never matched to another call."""
     con = auditlib.connect(path, readonly=True)
+    sql = PG_CLAIMED_SQL if isinstance(path, PgLocation) else CLAIMED_SQL
     try:
-        return {str(r[0]) for r in con.execute(CLAIMED_SQL, (since,)).fetchall()}
+        return {str(r[0]) for r in con.execute(sql, (since,)).fetchall()}
     finally:
         con.close()
 
@@ -147,22 +171,53 @@ class Reconciler:
                 self._users[cluster] = None
         return self._users[cluster]
 
-    async def run_once(self, before: float, since: float | None = None, only: set[str] | None = None) -> list[Settled]:
+    async def run_once(
+        self,
+        before: float,
+        since: float | None = None,
+        only: set[str] | None = None,
+        owners: set[str] | None = None,
+    ) -> list[Settled]:
+        """Settle the open calls decided in [since, before): only those ids (`only`: this replica's own),
+        or only those of these (stale) replicas (`owners`); never a call a live replica is running."""
         since = before - LOOKBACK_SECONDS if since is None else since
-        path = self.outcomes.audit.path
-        calls = await asyncio.to_thread(open_calls, path, since, before, only)
+        audit = self.outcomes.audit
+        calls = await asyncio.to_thread(open_calls, audit.path, since, before, only)
+        if owners is not None:
+            calls = [c for c in calls if c.owner in owners]
         if not calls:
             return []
-        claimed = await asyncio.to_thread(claimed_tasks, path, since)
+        live = await audit.live_replicas() if only is None else None
+        claimed = await asyncio.to_thread(claimed_tasks, audit.path, since)
         out: list[Settled] = []
         for call in calls:
+            if live is not None and call.owner in live:
+                detail = f"replica {call.owner} is alive and runs it"
+                out.append(Settled(call.request_id, call.tool, "in_flight", detail=detail, owner=call.owner))
+                continue
             try:
                 settled = await self.settle(call, claimed, before)
             except AuditUnavailable as exc:  # the store is down: try again on the next pass
-                out.append(Settled(call.request_id, call.tool, "open", detail=str(exc)))
+                out.append(Settled(call.request_id, call.tool, "open", detail=str(exc), owner=call.owner))
                 break
+            settled.owner = call.owner
             out.append(settled)
         return out
+
+    async def settle_stale_replicas(self) -> list[Settled]:
+        """PostgreSQL: settle the calls of replicas that are gone, one replica at a time doing it; forget a
+        gone replica once none of its calls is left open."""
+        audit = self.outcomes.audit
+        stale = await audit.stale_replicas()
+        if not stale:
+            return []
+        async with audit.exclusive("pvegate-reconcile") as mine:
+            if not mine:  # another replica is at it
+                return []
+            settled = await self.run_once(time.time(), owners=stale)
+            left = {s.owner for s in settled if s.action == "open"}
+            await audit.forget_replicas(stale - left)
+        return settled
 
     def _is_read(self, call: OpenCall) -> bool:
         effect = call.effect
@@ -317,6 +372,14 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
     outcomes = reconciler.outcomes
     while True:
         await asyncio.sleep(interval)
+        if outcomes.audit.pg:  # replicas that are gone: their calls in flight are for the living to settle
+            try:
+                settled = await reconciler.settle_stale_replicas()
+            except Exception:
+                log.exception("reconciliation of stale replicas failed")
+                settled = []
+            if settled:
+                log.warning("reconciliation of stale replicas: %s", summary(settled))
         mine = set(outcomes.unsettled)
         if not mine:
             continue

@@ -29,6 +29,7 @@ import httpx
 from gateway.policy.decisions import Decision, DecisionClient
 from gateway.policy.opa_sidecar import OPASidecar, find_opa
 from gateway.store.audit import Query, iter_rows, unpack_input
+from gateway.store.pgsync import PgLocation
 
 # outcome transitions, plus the two kinds that leave the outcome alone
 OUTCOMES = ("allow", "approval", "deny")
@@ -152,7 +153,7 @@ def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
     )
 
 
-def read_audit(db: Path, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
+def read_audit(db: Path | PgLocation, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
     for row in iter_rows(db, filters.query()):
         rec = _recorded(row, skipped)
         if rec is not None:

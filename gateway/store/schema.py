@@ -1,7 +1,7 @@
 """`pvegate db upgrade`: every store's migrations for the backend storage.url selects.
 
 On SQLite the gateway keeps quota counters in the process (store/usage.py), so only the
-approval tables, the request-state key (store/shared_keys.py) and the retry handoffs
+audit and approval tables, the request-state key (store/shared_keys.py) and the retry handoffs
 (store/handoffs.py) live in the file; on PostgreSQL all of them are shared by the replicas.
 """
 
@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.store import approvals, handoffs, shared_keys, usage
+from gateway.store import approvals, audit, handoffs, shared_keys, usage
 from gateway.store.db import Database
 from gateway.store.migrations import upgrade
 
 COMPONENTS: dict[str, dict[str, dict[str, Sequence[str]]]] = {
-    "sqlite": {"approvals": approvals.MIGRATIONS, "keys": shared_keys.MIGRATIONS, "handoffs": handoffs.MIGRATIONS},
+    "sqlite": {
+        "audit": audit.MIGRATIONS,
+        "approvals": approvals.MIGRATIONS,
+        "keys": shared_keys.MIGRATIONS,
+        "handoffs": handoffs.MIGRATIONS,
+    },
     "postgresql": {
+        "audit": audit.MIGRATIONS,
         "approvals": approvals.MIGRATIONS,
         "usage": usage.MIGRATIONS,
         "keys": shared_keys.MIGRATIONS,

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import approvals, handoffs, shared_keys, usage
+from gateway.store import approvals, audit, handoffs, shared_keys, usage
 from gateway.store.approvals import ApprovalStore
 from gateway.store.db import Database, PostgresDatabase
 from gateway.store.migrations import SchemaError
@@ -43,9 +43,9 @@ async def test_upgrade_is_versioned_and_idempotent(make_database: Callable[[], D
         await db.close()
     # the PostgreSQL fixture has upgraded already (as an operator would); SQLite starts empty
     expected_first = (
-        [("approvals", 0, 1), ("keys", 0, 1), ("handoffs", 0, 1)]
+        [("audit", 0, 1), ("approvals", 0, 1), ("keys", 0, 1), ("handoffs", 0, 1)]
         if backend == "sqlite"
-        else [("approvals", 1, 1), ("usage", 1, 1), ("keys", 1, 1), ("handoffs", 1, 1)]
+        else [("audit", 1, 1), ("approvals", 1, 1), ("usage", 1, 1), ("keys", 1, 1), ("handoffs", 1, 1)]
     )
     assert first == expected_first
     assert all(before == after == 1 for _, before, after in again)
@@ -78,7 +78,13 @@ async def test_postgresql_refuses_a_database_not_yet_upgraded(postgres: Postgres
     db = PostgresDatabase(dsn)
     await db.open()
     try:
-        assert await upgrade_all(db) == [("approvals", 0, 1), ("usage", 0, 1), ("keys", 0, 1), ("handoffs", 0, 1)]
+        assert await upgrade_all(db) == [
+            ("audit", 0, 1),
+            ("approvals", 0, 1),
+            ("usage", 0, 1),
+            ("keys", 0, 1),
+            ("handoffs", 0, 1),
+        ]
     finally:
         await db.close()
     store = ApprovalStore(PostgresDatabase(dsn))
@@ -122,15 +128,22 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
     assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
     r = run_pvegate("db", "upgrade", "--config", str(path))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [
-        "database: PostgreSQL",
+    lines = r.stdout.splitlines()
+    assert lines[0] == "database: PostgreSQL"
+    # the audit head key every replica shares is made here, once (a replica never makes one)
+    assert lines[1].startswith(f"audit head key: generated {tmp_path / 'state' / 'audit-head.key'}")
+    assert lines[2:] == [
+        "audit: version 0 -> 1",
         "approvals: version 0 -> 1",
         "usage: version 0 -> 1",
         "keys: version 0 -> 1",
         "handoffs: version 0 -> 1",
     ]
     r = run_pvegate("db", "upgrade", "--config", str(path))
-    assert r.stdout.splitlines()[1:] == [
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("audit head key: ") and "generated" not in lines[1]
+    assert lines[2:] == [
+        "audit: version 1, up to date",
         "approvals: version 1, up to date",
         "usage: version 1, up to date",
         "keys: version 1, up to date",
@@ -144,6 +157,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
     r = run_pvegate("db", "upgrade", "--config", str(sqlite_cfg))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1:] == [
+        "audit: version 0 -> 1",
         "approvals: version 0 -> 1",
         "keys: version 0 -> 1",
         "handoffs: version 0 -> 1",
@@ -152,6 +166,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
     r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1:] == [
+        "audit: version 1 (this pvegate: 1): up to date",
         "approvals: version 1 (this pvegate: 1): up to date",
         "keys: version 1 (this pvegate: 1): up to date",
         "handoffs: version 1 (this pvegate: 1): up to date",
@@ -197,6 +212,12 @@ def test_db_upgrade_says_why_it_cannot_reach_the_server(tmp_path: Path) -> None:
 
 
 def test_usage_and_approvals_migrations_cover_both_backends() -> None:
-    for migrations in (approvals.MIGRATIONS, usage.MIGRATIONS, shared_keys.MIGRATIONS, handoffs.MIGRATIONS):
+    for migrations in (
+        audit.MIGRATIONS,
+        approvals.MIGRATIONS,
+        usage.MIGRATIONS,
+        shared_keys.MIGRATIONS,
+        handoffs.MIGRATIONS,
+    ):
         assert set(migrations) == {"sqlite", "postgresql"}
         assert len(migrations["sqlite"]) == len(migrations["postgresql"])

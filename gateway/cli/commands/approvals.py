@@ -29,6 +29,7 @@ from gateway.store.approvals import Approvals, ApprovalStore, NotFound, VoteOutc
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
 from gateway.store.db import database
+from gateway.store.pgsync import audit_location
 
 TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 
@@ -37,7 +38,7 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
     from gateway.policy.decisions import DecisionClient
 
     refuse_unshared(cfg)  # the gateway would not run on this storage.url: neither do its tools
-    audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
+    audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
     store = ApprovalStore(database(cfg))
     sidecar = None
     decisions = None

@@ -1,7 +1,7 @@
 """`pvegate audit verify | checkpoint | tail | search | export | archive`: the operator's view of the audit log.
 
-All subcommands read the database file directly (read-only, except `archive`),
-so they work whether or not the gateway is running.
+All subcommands read the database directly (read-only, except `archive`): the SQLite file,
+or the PostgreSQL database storage.url names, so they work whether or not a gateway runs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from gateway.core.config import ConfigError
 from gateway.store import audit as auditlib
 from gateway.store.audit_seal import AuditKeyError
+from gateway.store.pgsync import PgLocation, audit_location
 
 _REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -46,12 +47,14 @@ def parse_age(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def db_path(args: argparse.Namespace) -> Path:
+def db_path(args: argparse.Namespace) -> Path | PgLocation:
+    """--db, else where the configuration's storage.url puts the audit (a SQLite file or PostgreSQL)."""
     if args.db is not None:
         return Path(args.db)
     from gateway.core.config import load
 
-    return load(args.config).audit_path
+    where: Path | PgLocation = audit_location(load(args.config))
+    return where
 
 
 def key_path(args: argparse.Namespace) -> Path:
@@ -73,7 +76,7 @@ def _archive_defaults(args: argparse.Namespace) -> tuple[float | None, Path | No
 
     cfg = load(args.config)
     days = cfg.audit_retention_days
-    return (days * 86400 if days else None), cfg.audit_archive_dir
+    return (days * 86400 if days else None), cfg.audit_archive_dir or cfg.audit_path.parent / "audit-archive"
 
 
 def _query(args: argparse.Namespace, **kw: Any) -> auditlib.Query:
@@ -162,6 +165,21 @@ def _checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _readable(fn: Any) -> Any:
+    """A reading command: a store that cannot be read (no file, PostgreSQL down) is a sentence, exit 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            result: int = fn(args)
+        except (ConfigError, sqlite3.Error, OSError) as exc:
+            print(f"error: cannot read the audit: {exc}", file=sys.stderr)
+            return 1
+        return result
+
+    return run
+
+
+@_readable
 def _tail(args: argparse.Namespace) -> int:
     path = db_path(args)
     rows = auditlib.search(path, _query(args, limit=args.n, newest_first=True))
@@ -177,6 +195,7 @@ def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
+@_readable
 def _search(args: argparse.Namespace) -> int:
     n = 0
     for row in auditlib.iter_rows(db_path(args), _query(args, limit=args.limit)):
@@ -187,6 +206,7 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+@_readable
 def _export(args: argparse.Namespace) -> int:
     if not args.jsonl:
         print("error: only --jsonl export is supported", file=sys.stderr)
@@ -211,10 +231,10 @@ def _archive(args: argparse.Namespace) -> int:
     if age is None:
         print("error: give --older-than, or set audit.retention_days in the configuration", file=sys.stderr)
         return 2
-    out_dir = Path(args.out_dir) if args.out_dir else conf_dir or path.parent / "audit-archive"
+    out_dir = Path(args.out_dir) if args.out_dir else conf_dir or Path(str(path)).parent / "audit-archive"
     try:
         res = auditlib.archive(path, time.time() - age, out_dir, key=key_path(args))
-    except (ValueError, AuditKeyError, auditlib.AuditIntegrityError) as exc:
+    except (ValueError, AuditKeyError, auditlib.AuditIntegrityError, sqlite3.Error, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if res.file is None:
@@ -244,7 +264,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     min_age = args.min_age if args.min_age is not None else grace
 
     async def run() -> list[Any]:
-        audit = AuditLog(cfg.audit_path, secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
+        audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
         await audit.open()
         clients = {name: PveApiClient(cl) for name, cl in cfg.clusters.items()}
         try:

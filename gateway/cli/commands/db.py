@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import load
+from gateway.core.config import Config, load
+from gateway.store.audit_seal import AuditKeyError
 from gateway.store.db import Database, DatabaseUnavailable, SqliteDatabase, database
 from gateway.store.migrations import SchemaError, versions
 from gateway.store.schema import COMPONENTS, upgrade_all
@@ -16,6 +17,18 @@ from gateway.store.schema import COMPONENTS, upgrade_all
 
 def _where(db: Database) -> str:
     return "PostgreSQL" if db.kind == "postgresql" else f"SQLite {getattr(db, 'path', '')}"
+
+
+def _head_key(cfg: Config) -> None:
+    """PostgreSQL: the audit head key every replica shares, made once here (never by a replica)."""
+    from gateway.store.audit_seal import HeadKey
+
+    path = cfg.audit_key_path
+    if path.exists():
+        print(f"audit head key: {path} (key id {HeadKey.load(path).key_id})")
+        return
+    key = HeadKey.create(path)
+    print(f"audit head key: generated {path} (key id {key.key_id}): copy it to every replica (0600), back it up")
 
 
 async def _upgrade(db: Database) -> int:
@@ -47,11 +60,14 @@ async def _status(db: Database) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    db = database(load(args.config), read_only=args.db_command == "status")
+    cfg = load(args.config)
+    db = database(cfg, read_only=args.db_command == "status")
     print(f"database: {_where(db)}")
     try:
+        if args.db_command == "upgrade" and db.kind == "postgresql":
+            _head_key(cfg)
         return asyncio.run(_upgrade(db) if args.db_command == "upgrade" else _status(db))
-    except SchemaError as exc:
+    except (SchemaError, AuditKeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (OSError, DatabaseUnavailable) as exc:  # the server is not reachable, the file cannot be created

@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
             records = read_export(args.export, filters, report.skipped)
         else:
             db = db_path(args)
-            if not db.is_file():
+            if isinstance(db, Path) and not db.is_file():
                 raise ReplayError(f"no audit database at {db}")
             report = Report(candidate.describe(), f"audit {db}", filters, fail_on=fail_on, fail_above=args.fail_above)
             records = read_audit(db, filters, report.skipped)

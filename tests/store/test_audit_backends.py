@@ -1,0 +1,541 @@
+"""The audit log on both backends: one hash chain, the keyed head, tamper detection, archive and
+checkpoint, the operator commands, reconciliation's reads, and versioned schemas.
+
+Each test in the first part runs on a SQLite file and on a real PostgreSQL (tests/pgserver.py);
+the PostgreSQL-only tests below it cover what only replicas have: several writer processes on one
+chain, a key every replica must share, whose call is whose, and the server going away under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import multiprocessing
+import sqlite3
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway.cli import main as cli
+from gateway.store import audit as auditlib
+from gateway.store.audit import AuditLog, AuditRecord, AuditStoreError
+from gateway.store.audit_seal import AuditKeyError, HeadKey
+from gateway.store.db import PostgresDatabase
+from gateway.store.migrations import SchemaError
+from gateway.store.outcomes import AuditUnavailable, Outcomes
+from gateway.store.pgsync import PgLocation
+from gateway.store.reconcile import Reconciler, open_calls
+from gateway.store.schema import upgrade_all
+from tests.config.conftest import minimal, write
+from tests.pgserver import PostgresServer, start_postgres
+
+
+async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
+    """A new, upgraded database on the server (what `pvegate db upgrade` leaves): its URL."""
+    name = prefix + uuid.uuid4().hex[:16]
+    admin = await asyncpg.connect(server.dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = server.dsn.rsplit("/", 1)[0] + "/" + name
+    db = PostgresDatabase(url)
+    await db.open()
+    try:
+        await upgrade_all(db)
+    finally:
+        await db.close()
+    return url
+
+
+def off(fn: Any, *args: Any, **kw: Any) -> Any:
+    """A blocking call (the operator side) made from an async test: in a thread that runs no event loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(fn, *args, **kw).result()
+
+
+@dataclass
+class Store:
+    """One audit store under test: where it is, its head key, and raw SQL on it (the tamperer's hand)."""
+
+    backend: str
+    where: Path | PgLocation
+    key: Path
+    root: Path
+
+    def log(self, **kw: Any) -> AuditLog:
+        return AuditLog(self.where, head_key=self.key, **kw)
+
+    def sql(self, *stmts: str) -> None:
+        if isinstance(self.where, Path):
+            con = sqlite3.connect(self.where)
+            try:
+                for s in stmts:
+                    con.execute(s)
+                con.commit()
+            finally:
+                con.close()
+            return
+
+        async def run() -> None:
+            assert isinstance(self.where, PgLocation)
+            con = await asyncpg.connect(self.where.url)
+            try:
+                for s in stmts:
+                    await con.execute(s)
+            finally:
+                await con.close()
+
+        off(asyncio.run, run())
+
+    def config(self) -> Path:
+        """A gateway configuration naming this store (for the CLI)."""
+        raw = minimal(self.root)
+        raw["audit"] = {**raw.get("audit", {}), "head_key_file": str(self.key)}
+        if isinstance(self.where, PgLocation):
+            raw["storage"] = {"url": self.where.url}
+        else:
+            raw["storage"] = {"url": f"sqlite://{self.where}"}
+            raw.get("audit", {}).pop("path", None)
+        return write(self.root, raw)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    key = tmp_path / "keys" / "audit-head.key"
+    if request.param == "sqlite":
+        return Store("sqlite", tmp_path / "state" / "audit.db", key, tmp_path)
+    server: PostgresServer = request.getfixturevalue("postgres")
+    url = await new_pg_database(server)
+    HeadKey.create(key)  # on PostgreSQL `pvegate db upgrade` makes it; a replica never does
+    return Store("postgresql", PgLocation(url), key, tmp_path)
+
+
+def rec(i: int, kind: str = "decision", outcome: str | None = "allow", **body: Any) -> AuditRecord:
+    return AuditRecord(f"req-{i}", kind, "agent", "list_nodes", "default/qemu/100", outcome, {"i": i, **body})
+
+
+async def filled(store: Store, n: int = 30) -> None:
+    log = store.log()
+    await log.open()
+    try:
+        await asyncio.gather(*[log.append(rec(i, "received", None), rec(i)) for i in range(n)])
+    finally:
+        await log.close()
+
+
+# --- on both backends ----------------------------------------------------------------------------
+
+
+async def test_concurrent_appends_make_one_verified_chain_with_group_commits(store: Store) -> None:
+    log = store.log()
+    await log.open()
+    try:
+        await asyncio.gather(*[log.append(rec(i)) for i in range(300)])
+        assert log.records == 300
+        assert log.commits < 300  # waiters queued behind a commit share the next one
+        rows = await log.rows()
+        assert [r["seq"] for r in rows] == list(range(1, 301))
+        assert len(await log.rows("req-7")) == 1
+        assert len(await log.allowed_since(time.time() - 60)) == 300
+    finally:
+        await log.close()
+    res = await asyncio.to_thread(auditlib.verify, store.where, key=store.key)
+    assert res.ok and res.checked == 300 and res.last_seq == 300, res.problem
+
+
+async def test_append_returns_only_when_committed_and_a_reopened_log_continues_the_chain(store: Store) -> None:
+    log = store.log()
+    await log.open()
+    await log.append(rec(1))
+    # another connection sees it at once
+    assert [r["outcome"] for r in off(auditlib.search, store.where, auditlib.Query())] == ["allow"]
+    await log.close()
+    again = store.log()
+    await again.open()
+    try:
+        await again.append(rec(2), rec(3, "result", "ok"))
+    finally:
+        await again.close()
+    res = off(auditlib.verify, store.where, key=store.key)
+    assert res.ok and res.checked == 3, res.problem
+
+
+async def test_lone_surrogates_and_nul_are_stored_escaped_and_chained(store: Store) -> None:
+    log = store.log()
+    await log.open()
+    try:
+        await log.append(AuditRecord("r-\ud800", "received", "a\x00b", "t", None, None, {"x": "\ud800\x00"}))
+    finally:
+        await log.close()
+    rows = off(auditlib.search, store.where, auditlib.Query())
+    assert rows[0]["principal"] == "a\\x00b" and rows[0]["request_id"] == "r-\\ud800"
+    assert off(auditlib.verify, store.where, key=store.key).ok
+
+
+@pytest.mark.parametrize(
+    ("tamper", "bad_seq", "words"),
+    [
+        ("UPDATE audit SET outcome = 'deny' WHERE seq = 17", 17, "was changed"),
+        ("UPDATE audit SET body = '{\"i\":99}' WHERE seq = 5", 5, "was changed"),
+        ("DELETE FROM audit WHERE seq = 23", 23, "missing (deleted)"),
+        ("DELETE FROM audit WHERE seq >= 58", 58, "missing (deleted)"),
+        ("UPDATE audit_meta SET value = replace(value, '\"seq\":60', '\"seq\":61') WHERE key = 'head'", None, "head"),
+    ],
+)
+async def test_tampering_is_found_at_the_right_record(
+    store: Store, tamper: str, bad_seq: int | None, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await filled(store)
+    assert off(auditlib.verify, store.where, key=store.key).ok
+    store.sql(tamper)
+    res = await asyncio.to_thread(auditlib.verify, store.where, key=store.key)
+    assert not res.ok
+    assert res.bad_seq == bad_seq, res.problem
+    assert words in (res.problem or "")
+    assert await asyncio.to_thread(cli, ["audit", "verify", "--config", str(store.config())]) == 1
+    assert "FAILED" in capsys.readouterr().err
+
+
+async def test_the_writer_never_extends_a_cut_chain(store: Store) -> None:
+    await filled(store, 5)
+    running = store.log()
+    await running.open()
+    try:
+        store.sql("DELETE FROM audit WHERE seq >= 9")
+        # the head is intact, so this append continues from it: the gap stays for verify to find
+        await running.append(rec(99))
+    finally:
+        await running.close()
+    res = off(auditlib.verify, store.where, key=store.key)
+    assert not res.ok and res.bad_seq == 9, res.problem
+    store.sql("DELETE FROM audit WHERE seq >= 10")  # now the head (record 11) names a record that is gone
+    log = store.log()
+    with pytest.raises(auditlib.AuditIntegrityError, match="missing"):
+        await log.open()
+    await log.close()
+
+
+async def test_the_head_key_must_match(store: Store, tmp_path: Path) -> None:
+    await filled(store, 2)
+    other = tmp_path / "other.key"
+    HeadKey.create(other)
+    with pytest.raises(auditlib.AuditIntegrityError, match="another audit head key"):
+        log = AuditLog(store.where, head_key=other)
+        try:
+            await log.open()
+        finally:
+            await log.close()
+    res = off(auditlib.verify, store.where, key=other)
+    assert not res.ok and "another audit head key" in (res.problem or "")
+
+
+async def test_checkpoint_archive_and_verify_across_the_cut(store: Store, tmp_path: Path) -> None:
+    await filled(store, 20)
+    mark = tmp_path / "checkpoint.json"
+    mark.write_text(json.dumps(off(auditlib.checkpoint, store.where, key=store.key)))
+    res = off(auditlib.archive, store.where, time.time() + 1, tmp_path / "arch", key=store.key)
+    assert res.count == 40 and res.file is not None
+    log = store.log()
+    await log.open()  # the writer continues from the archived head
+    try:
+        await log.append(rec(100))
+    finally:
+        await log.close()
+    ok = off(auditlib.verify, store.where, [res.file], key=store.key, checkpoint=mark)
+    assert ok.ok and ok.checked == 41 and ok.checkpoint == 40, ok.problem
+    assert [a["last"]["seq"] for a in off(auditlib.archives, store.where)] == [40]
+    store.sql("DELETE FROM audit")
+    gone = off(auditlib.verify, store.where, [res.file], key=store.key)
+    assert not gone.ok and "missing" in (gone.problem or ""), gone.problem
+
+
+async def test_cli_reads_the_store_the_configuration_names(
+    store: Store, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    await filled(store, 10)
+    cfg = str(store.config())
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = cli(list(args))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    def in_thread(*args: str) -> Any:
+        return asyncio.to_thread(run, *args)
+
+    code, out, _ = await in_thread("audit", "verify", "--config", cfg)
+    assert code == 0 and "OK: 20 records verified" in out
+    code, out, _ = await in_thread("audit", "tail", "--config", cfg, "-n", "3")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["18", "19", "20"]
+    code, out, err = await in_thread(
+        "audit", "search", "--config", cfg, "--target", "default/qemu/*", "--kind", "decision"
+    )
+    assert code == 0 and len(out.splitlines()) == 10 and "(10 records)" in err
+    code, out, _ = await in_thread("audit", "search", "--config", cfg, "--target", "default/lxc/*")
+    assert code == 0 and out == ""
+    code, out, _ = await in_thread("audit", "export", "--config", cfg, "--jsonl", "--request-id", "req-3")
+    assert code == 0 and [json.loads(line)["kind"] for line in out.splitlines()] == ["received", "decision"]
+    code, out, _ = await in_thread("audit", "checkpoint", "--config", cfg)
+    assert code == 0 and json.loads(out)["seq"] == 20
+    code, out, _ = await in_thread(
+        "audit", "archive", "--config", cfg, "--older-than", "0s", "--out-dir", str(tmp_path / "arch")
+    )
+    assert code == 0 and "archived records 1..20" in out
+    code, out, _ = await in_thread("audit", "verify", "--config", cfg)
+    assert code == 0 and "continuing from archived record 20" in out
+
+
+async def test_reconciliation_reads_open_calls(store: Store) -> None:
+    log = store.log()
+    await log.open()
+    try:
+        await log.append(rec(1, "received", None, effect="read"), rec(1))
+        await log.append(rec(2, "received", None, effect="mutate"), rec(2), rec(2, "dispatch", None, task_id="UPID:a"))
+        await log.append(rec(3), rec(3, "result", "ok"))
+        await log.append(rec(4), rec(4, "result", "interrupted", pending_reconcile=False))
+        await log.append(rec(5), rec(5, "result", "interrupted", pending_reconcile=True))
+    finally:
+        await log.close()
+    calls = off(open_calls, store.where, 0, time.time() + 1)
+    assert [c.request_id for c in calls] == ["req-1", "req-2", "req-5"]
+    assert calls[0].effect == "read" and calls[1].task_id == "UPID:a" and calls[1].dispatched
+    # on PostgreSQL a decision names the replica that runs it; on SQLite (one host) nobody
+    assert (calls[0].owner is not None) == (store.backend == "postgresql")
+
+
+async def test_an_audit_schema_newer_than_this_pvegate_is_refused(store: Store) -> None:
+    await filled(store, 1)
+    store.sql("UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")
+    log = store.log()
+    with pytest.raises(SchemaError, match="audit schema in the database is version 99"):
+        await log.open()
+    await log.close()
+
+
+# --- an upgrade from the current release's database (SQLite: main's audit file has no version row) ------
+
+
+async def test_an_audit_file_of_the_previous_release_is_versioned_and_continued(tmp_path: Path) -> None:
+    store = Store("sqlite", tmp_path / "audit.db", tmp_path / "audit-head.key", tmp_path)
+    await filled(store, 3)
+    # the previous release wrote exactly SCHEMA and no pvegate_schema row for the audit
+    store.sql("DELETE FROM pvegate_schema WHERE component = 'audit'")
+    log = store.log()
+    await log.open()
+    try:
+        await log.append(rec(9))
+    finally:
+        await log.close()
+    con = sqlite3.connect(store.where)
+    assert con.execute("SELECT version FROM pvegate_schema WHERE component = 'audit'").fetchone() == (1,)
+    con.close()
+    assert off(auditlib.verify, store.where, key=store.key).ok
+
+
+# --- PostgreSQL only -------------------------------------------------------------------------------
+
+
+def _append_process(url: str, key: str, worker: int, n: int) -> None:
+    async def run() -> None:
+        log = AuditLog(PgLocation(url), head_key=Path(key))
+        await log.open()
+        try:
+            for i in range(0, n, 5):  # a few in flight at once, so group commits race other processes too
+                await asyncio.gather(*[log.append(rec(worker * 1000 + j)) for j in range(i, min(i + 5, n))])
+        finally:
+            await log.close()
+
+    asyncio.run(run())
+
+
+async def test_three_processes_appending_at_once_make_one_chain(postgres: PostgresServer, tmp_path: Path) -> None:
+    url = await new_pg_database(postgres)
+    key = tmp_path / "audit-head.key"
+    HeadKey.create(key)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_process, args=(url, str(key), w, 50)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    res = off(auditlib.verify, PgLocation(url), key=key)
+    assert res.ok and res.checked == 150 and res.last_seq == 150, res.problem
+    rows = off(auditlib.search, PgLocation(url), auditlib.Query())
+    owners = {json.loads(r["body"])["replica"] for r in rows}
+    assert len(owners) == 3  # each decision names the process that wrote it
+
+
+async def test_a_replica_never_makes_the_key_and_a_fresh_chain_is_sealed_once(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = await new_pg_database(postgres)
+    key = tmp_path / "audit-head.key"
+    log = AuditLog(PgLocation(url), head_key=key)
+    with pytest.raises(AuditKeyError, match="every replica needs the same key"):
+        await log.open()
+    assert not key.exists()
+    HeadKey.create(key)
+    logs = [AuditLog(PgLocation(url), head_key=key) for _ in range(3)]
+    await asyncio.gather(*[x.open() for x in logs])  # replicas starting at once: one seals, all agree
+    try:
+        await asyncio.gather(*[x.append(rec(i)) for i, x in enumerate(logs)])
+    finally:
+        await asyncio.gather(*[x.close() for x in logs])
+    assert off(auditlib.verify, PgLocation(url), key=key).ok
+    # an emptied chain (rows and audit_meta gone) is not sealed again under the key
+    con = await asyncpg.connect(url)
+    await con.execute("DELETE FROM audit; DELETE FROM audit_meta")
+    await con.close()
+    again = AuditLog(PgLocation(url), head_key=key)
+    with pytest.raises(auditlib.AuditIntegrityError, match="no records and no creation marker"):
+        await again.open()
+    await again.close()
+
+
+async def test_a_live_replicas_calls_are_left_alone_a_gone_ones_are_settled(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = await new_pg_database(postgres)
+    key = tmp_path / "audit-head.key"
+    HeadKey.create(key)
+    a, b = AuditLog(PgLocation(url), head_key=key), AuditLog(PgLocation(url), head_key=key)
+    await a.open()
+    await b.open()
+    try:
+        # replica A is running a read when B looks
+        await a.append(rec(1, "received", None, effect="read"), rec(1))
+        reconciler = Reconciler(None, None, Outcomes(b, grace_seconds=1, min_free_bytes=0), {})  # type: ignore[arg-type]
+        settled = await reconciler.run_once(time.time() + 1)
+        assert [(s.request_id, s.action, s.owner) for s in settled] == [("req-1", "in_flight", a.replica_id)]
+        assert await reconciler.settle_stale_replicas() == []
+        await a.close()  # a clean stop marks A gone at once (a killed A goes stale in REPLICA_STALE_SECONDS)
+        assert a.replica_id in await b.stale_replicas()
+        settled = await reconciler.settle_stale_replicas()
+        assert [(s.request_id, s.action) for s in settled] == [("req-1", "interrupted")]
+        assert a.replica_id not in await b.stale_replicas()  # forgotten once nothing of it is open
+        assert off(open_calls, PgLocation(url), 0, time.time() + 1) == []
+    finally:
+        await b.close()
+    assert off(auditlib.verify, PgLocation(url), key=key).ok
+
+
+def _restart(server: PostgresServer, down_for: float) -> None:
+    """Stop the server (fast shutdown: connections cut) and start it again on the same port and data."""
+    argv = list(server.proc.args)  # type: ignore[arg-type]
+    server.proc.send_signal(2)
+    server.proc.wait(timeout=20)
+    time.sleep(down_for)
+    log = open(server.root / "server.log", "ab")
+    owner = Path(server.root).stat()
+    server.proc = subprocess.Popen(
+        argv,
+        cwd=server.root,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        user=owner.st_uid if owner.st_uid else None,
+        group=owner.st_gid if owner.st_uid else None,
+        extra_groups=[] if owner.st_uid else None,
+    )
+    log.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = (
+            (server.root / "data" / "postmaster.pid").read_text().splitlines()
+            if (server.root / "data" / "postmaster.pid").exists()
+            else []
+        )
+        if len(lines) >= 8 and lines[7].strip() == "ready":
+            return
+        time.sleep(0.05)
+    raise AssertionError("postgres did not come back")
+
+
+async def test_postgresql_restarted_under_load_refuses_then_serves_again_without_a_restart(tmp_path: Path) -> None:
+    server = start_postgres()  # its own server: the session's is shared by other tests
+    try:
+        url = await new_pg_database(server)
+        key = tmp_path / "audit-head.key"
+        HeadKey.create(key)
+        log = AuditLog(PgLocation(url), head_key=key)
+        await log.open()
+        outcomes = Outcomes(log, grace_seconds=1, min_free_bytes=0)
+        written, refused = 0, 0
+        ids: list[str] = []
+        stop = False
+
+        async def load() -> None:
+            nonlocal written, refused
+            i = 0
+            while not stop:
+                i += 1
+                try:
+                    await outcomes.append(rec(i))
+                    written += 1
+                    ids.append(f"req-{i}")
+                except AuditUnavailable as exc:
+                    assert "audit store cannot take writes" in str(exc)
+                    refused += 1
+                    await asyncio.sleep(0.02)
+
+        try:
+            runner = asyncio.create_task(load())
+            await asyncio.sleep(0.3)
+            before = written
+            await asyncio.to_thread(_restart, server, 1.0)
+            assert refused > 0  # while it was down: refused, never written elsewhere or dropped silently
+            t0 = time.monotonic()
+            while written <= before + 20 and time.monotonic() - t0 < 20:  # served again, same pool, no restart
+                await asyncio.sleep(0.05)
+            stop = True
+            await runner
+            assert written > before + 20
+            assert log.last_error is None and outcomes.store_ok()
+            await log.probe()
+        finally:
+            stop = True
+            await log.close()
+        res = off(auditlib.verify, PgLocation(url), key=key)
+        assert res.ok, res.problem
+        # every record a caller was told is written is in the one chain; a commit whose answer was lost with
+        # the connection may be there too, its caller refused (more in the audit than ran, never less)
+        chain = [r["request_id"] for r in off(auditlib.search, PgLocation(url), auditlib.Query())]
+        assert set(ids) <= set(chain) and written <= res.checked <= written + 2
+    finally:
+        server.stop()
+
+
+async def test_a_store_error_is_the_stores_not_the_records(postgres: PostgresServer, tmp_path: Path) -> None:
+    """PostgreSQL unreachable is AuditStoreError (every caller refused, readiness red), never a record's fault."""
+    url = await new_pg_database(postgres)
+    key = tmp_path / "audit-head.key"
+    HeadKey.create(key)
+    log = AuditLog(PgLocation(url), head_key=key)
+    await log.open()
+    try:
+        admin = await asyncpg.connect(postgres.dsn)
+        try:  # cut every connection of the gateway's pool, and keep new ones out
+            name = url.rsplit("/", 1)[1]
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
+            with pytest.raises(AuditStoreError):
+                await log.append(rec(1))
+            assert log.last_error is not None
+            with pytest.raises(AuditStoreError):
+                await log.probe()
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        finally:
+            await admin.close()
+        await log.append(rec(2))
+        assert log.last_error is None
+    finally:
+        await log.close()
