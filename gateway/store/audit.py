@@ -329,18 +329,15 @@ class AuditStoreError(Exception):
     out of connections): a failure of the store, never of the records written."""
 
 
-def _pg_store_down(exc: BaseException) -> bool:
-    """An error of the PostgreSQL server or the connection to it, not of the records sent."""
+def _pg_record_fault(exc: BaseException) -> bool:
+    """PostgreSQL refused what was sent (a value it cannot take), not the store being unwell: only that
+    caller fails. Anything else from the driver (a cut connection, a server shutting down, a protocol
+    state the driver cannot recover from) is the store's: every caller is refused until a commit works."""
     import asyncpg
 
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
-        return True
     if isinstance(exc, asyncpg.PostgresError):
-        # 08 connection, 53 resources, 57 operator intervention (shutdown), 58 system, XX internal,
-        # 40 rollback (a deadlock or serialisation failure: the store's, not the records')
-        code = str(getattr(exc, "sqlstate", "") or "")
-        return code[:2] in ("08", "53", "57", "58", "XX", "40", "55", "25")
-    return False
+        return str(getattr(exc, "sqlstate", "") or "")[:2] in ("22", "23")  # data exception, integrity
+    return isinstance(exc, UnicodeError)
 
 
 # PostgreSQL: all rows of a group commit in one statement (one array per column)
@@ -349,6 +346,7 @@ _PG_INSERT = (
     "SELECT * FROM unnest($1::bigint[], $2::float8[], $3::text[], $4::text[], $5::text[], $6::text[], "
     "$7::text[], $8::text[], $9::text[], $10::text[], $11::text[])"
 )
+ACQUIRE_TIMEOUT = 10.0  # seconds a commit waits for a connection (PostgreSQL unreachable: refused after this)
 HEARTBEAT_SECONDS = 5.0  # a replica's row in audit_replicas is refreshed at most this often (on commits)
 # a replica whose row was not refreshed for this long is gone: its calls in flight are reconciled by others
 REPLICA_STALE_SECONDS = 30.0
@@ -589,10 +587,12 @@ class AuditLog:
             if self._pgdb is not None:
                 try:
                     moved = await self._commit_pg(records)
-                except Exception as exc:
-                    if _pg_store_down(exc):
-                        raise AuditStoreError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+                except (AuditIntegrityError, AuditClosed):
                     raise
+                except Exception as exc:
+                    if _pg_record_fault(exc):
+                        raise
+                    raise AuditStoreError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
             else:
                 moved = await self._in_thread(self._commit_sqlite, records)
         except BaseException as exc:
@@ -659,8 +659,20 @@ class AuditLog:
         return moved
 
     async def _commit_pg(self, records: list[_Row]) -> tuple[str, int, str] | None:
+        pool = self._pgdb.pool
+        conn = await pool.acquire(timeout=ACQUIRE_TIMEOUT)
+        try:
+            return await self._commit_on(conn, records)
+        except BaseException as exc:
+            if not _pg_record_fault(exc):  # a connection in doubt is never reused: the pool makes a new one
+                conn.terminate()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def _commit_on(self, conn: Any, records: list[_Row]) -> tuple[str, int, str] | None:
         moved = None
-        async with self._pgdb.pool.acquire() as conn, conn.transaction():
+        async with conn.transaction():
             # the head row is the chain's lock: every replica's commit waits here for the one before it
             text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
             seq, prev = self._continue_from(text)

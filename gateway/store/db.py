@@ -234,6 +234,7 @@ class PostgresDatabase:
                 min_size=1,
                 max_size=self.max_size,
                 command_timeout=30,
+                timeout=10,  # connecting: an unreachable server is a refusal in seconds, not a minute
                 server_settings=settings,
             )
         except _connection_errors() as exc:
