@@ -12,6 +12,8 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import os
+import signal
 import sqlite3
 import subprocess
 import time
@@ -34,7 +36,7 @@ from gateway.store.pgsync import PgLocation
 from gateway.store.reconcile import Reconciler, open_calls
 from gateway.store.schema import upgrade_all
 from tests.config.conftest import minimal, write
-from tests.pgserver import PostgresServer, start_postgres
+from tests.pgserver import PostgresServer, _die_with_parent, start_postgres
 
 
 async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
@@ -428,36 +430,44 @@ async def test_a_live_replicas_calls_are_left_alone_a_gone_ones_are_settled(
     assert off(auditlib.verify, PgLocation(url), key=key).ok
 
 
-def _restart(server: PostgresServer, down_for: float) -> None:
-    """Stop the server (fast shutdown: connections cut) and start it again on the same port and data."""
-    argv = list(server.proc.args)  # type: ignore[arg-type]
-    server.proc.send_signal(2)
+def stop_server(server: PostgresServer) -> list[str]:
+    """Stop the server (fast shutdown: connections cut), keeping its data: the argv to start it again."""
+    argv = [str(a) for a in server.proc.args]  # type: ignore[union-attr]
+    server.proc.send_signal(signal.SIGINT)
     server.proc.wait(timeout=20)
-    time.sleep(down_for)
-    log = open(server.root / "server.log", "ab")
-    owner = Path(server.root).stat()
-    server.proc = subprocess.Popen(
-        argv,
-        cwd=server.root,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        user=owner.st_uid if owner.st_uid else None,
-        group=owner.st_gid if owner.st_uid else None,
-        extra_groups=[] if owner.st_uid else None,
-    )
-    log.close()
+    return argv
+
+
+def start_server(server: PostgresServer, argv: list[str]) -> None:
+    """Start it again on the same port and data (as the account tests/pgserver.py runs it as)."""
+    owner = server.root.stat()
+    as_owner: dict[str, Any] = {}
+    if owner.st_uid != os.geteuid():
+        as_owner = {"user": owner.st_uid, "group": owner.st_gid, "extra_groups": []}
+    with open(server.root / "server.log", "ab") as log:
+        server.proc = subprocess.Popen(
+            argv,
+            cwd=server.root,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent,  # as tests/pgserver.py: never outlives the test process
+            **as_owner,
+        )
+    pid_file = server.root / "data" / "postmaster.pid"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        lines = (
-            (server.root / "data" / "postmaster.pid").read_text().splitlines()
-            if (server.root / "data" / "postmaster.pid").exists()
-            else []
-        )
+        lines = pid_file.read_text().splitlines() if pid_file.exists() else []
         if len(lines) >= 8 and lines[7].strip() == "ready":
             return
         time.sleep(0.05)
-    raise AssertionError("postgres did not come back")
+    raise AssertionError("postgres did not come back:\n" + server.log()[-2000:])
+
+
+def _restart(server: PostgresServer, down_for: float) -> None:
+    argv = stop_server(server)
+    time.sleep(down_for)
+    start_server(server, argv)
 
 
 async def test_postgresql_restarted_under_load_refuses_then_serves_again_without_a_restart(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`pvegate db upgrade | status`: the stores' schema versions in the database storage.url names."""
+"""`pvegate db upgrade | status | migrate-from-sqlite`: the stores' schema versions in the database
+storage.url names, and the move of a single-host installation into PostgreSQL."""
 
 from __future__ import annotations
 
@@ -75,6 +76,38 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from gateway.store.migrate import MigrateError, migrate_from_sqlite
+
+    source = Path(str(args.source).removeprefix("sqlite://"))
+    try:
+        cfg = load(args.config)
+        result = asyncio.run(
+            migrate_from_sqlite(
+                source,
+                cfg,
+                source_key=args.key,
+                archives=[Path(a) for a in args.archive or []],
+                replace=args.replace_target,
+                say=print,
+            )
+        )
+    except (MigrateError, AuditKeyError, SchemaError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"error: the move failed, nothing was kept in PostgreSQL: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"moved {result.records} audit records (chain intact up to record {result.last_seq}), "
+        f"{result.approvals} approval requests and {result.votes} votes into PostgreSQL"
+    )
+    print("next: point every replica's storage.url at it, give each the audit head key, start them")
+    return 0
+
+
 def register(sub: Any) -> None:
     d = sub.add_parser("db", help="the database's schema: upgrade it, show its versions")
     dsub = d.add_subparsers(dest="db_command", required=True)
@@ -85,3 +118,25 @@ def register(sub: Any) -> None:
         p = dsub.add_parser(name, help=text)
         p.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the gateway's pvegate.yaml")
         p.set_defaults(func=_run)
+    m = dsub.add_parser(
+        "migrate-from-sqlite",
+        help="move a single-host installation's audit (chain verified before and after) and approvals into "
+        "the PostgreSQL database storage.url names (stop the gateway first)",
+    )
+    m.add_argument(
+        "--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the configuration naming PostgreSQL"
+    )
+    m.add_argument("--from", dest="source", required=True, help="the SQLite audit database: sqlite:///PATH or a path")
+    m.add_argument(
+        "--key",
+        type=Path,
+        help="the SQLite audit's head key (default: audit-head.key next to it); copied to audit.head_key_file "
+        "when that file does not exist",
+    )
+    m.add_argument("--archive", action="append", help="its archive files, oldest first, if it was archived")
+    m.add_argument(
+        "--replace-target",
+        action="store_true",
+        help="delete what the PostgreSQL database already holds (audit, approvals) instead of refusing",
+    )
+    m.set_defaults(func=_migrate)
