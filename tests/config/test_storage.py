@@ -1,4 +1,4 @@
-"""storage.url: SQLite by default (today's files), PostgreSQL refused until every shared store is ported."""
+"""storage.url: SQLite by default (today's files), or PostgreSQL once every shared store is in it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from gateway.core.config import ConfigError, parse
 from gateway.core.config_schema import problems
+from gateway.store import backend
 from tests.config.conftest import run_pvegate, write
 
 PG = "postgresql://pvegate@db.example:5432/pvegate"
@@ -75,20 +76,29 @@ def test_contradictions(
     assert "hunter2" not in str(err.value)
 
 
-def test_serve_refuses_postgresql_until_every_shared_store_is_ported(base: dict[str, Any], tmp_path: Path) -> None:
-    """Never per-process state the operator believes shared: one line, exit 2, nothing started."""
+def test_every_shared_store_is_ported() -> None:
+    """Audit, approvals, quotas and the signing key all live in PostgreSQL: nothing is refused."""
+    assert backend.NOT_YET_SHARED == ()
+
+
+def test_a_store_not_yet_shared_is_refused_in_one_line(
+    base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never per-process state the operator believes shared: whatever is added next and not yet
+    ported is named, in one line, before anything starts (serve and the approvals CLI call this)."""
     base["storage"] = {"url": PG}
+    cfg = parse(base, tmp_path)
+    backend.refuse_unshared(cfg)  # today: nothing to refuse
+    monkeypatch.setattr(backend, "NOT_YET_SHARED", ("the widget cache",))
+    with pytest.raises(ConfigError) as err:
+        backend.refuse_unshared(cfg)
+    assert str(err.value).startswith("storage.url: PostgreSQL is not supported yet: the widget cache"), err.value
+    backend.refuse_unshared(parse({**base, "storage": {}}, tmp_path))  # SQLite: never refused
+
+
+def test_serve_says_when_postgresql_cannot_be_reached(base: dict[str, Any], tmp_path: Path) -> None:
+    base["storage"] = {"url": "postgresql://pvegate@127.0.0.1:9/pvegate"}
     r = run_pvegate("serve", "--config", str(write(tmp_path, base)))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith("pvegate: cannot start: storage.url: PostgreSQL is not supported yet: "), line
-    assert "the audit log" not in line  # ported (store/audit.py); what is left is named
-    assert "issue #15" in line and len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "state").exists()
-
-
-def test_approvals_cli_refuses_postgresql_too(base: dict[str, Any], tmp_path: Path) -> None:
-    base["storage"] = {"url": PG}
-    r = run_pvegate("approvals", "list", "--config", str(write(tmp_path, base)))
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.startswith("error: storage.url: PostgreSQL is not supported yet"), r.stderr
+    assert line.startswith("pvegate: cannot start: storage.url: PostgreSQL cannot be reached"), line
