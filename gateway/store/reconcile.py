@@ -357,12 +357,18 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
     settle the calls this process itself left `interrupted` (contact with Proxmox lost while
     waiting): only those, by request id, never a call still in flight."""
     delay = 2.0
+    audit = reconciler.outcomes.audit
     while True:
         try:
-            settled = await reconciler.run_once(before)
+            # replicas starting together take turns (PostgreSQL), so no call is settled twice
+            async with audit.exclusive("pvegate-reconcile") as turn:
+                settled = await reconciler.run_once(before) if turn else None
         except Exception:  # never take the gateway down; say so and try again
             log.exception("reconciliation pass failed")
             settled = [Settled("", None, "open")]
+        if settled is None:  # another replica is reconciling: after it, this one looks again
+            await asyncio.sleep(delay)
+            continue
         if settled:
             log.warning("reconciliation: %s", summary(settled))
         if not any(s.action == "open" for s in settled):
