@@ -549,3 +549,64 @@ async def test_a_store_error_is_the_stores_not_the_records(postgres: PostgresSer
         assert log.last_error is None
     finally:
         await log.close()
+
+
+async def test_a_postgresql_database_of_the_previous_release_gains_the_audit(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The release before the audit moved: approvals, quotas, keys and handoffs in PostgreSQL, the
+    audit refused. `pvegate db upgrade` adds the audit (version 0 -> 1), keeps what was there, and
+    the first replica seals the new chain."""
+    from gateway.store import approvals, handoffs, shared_keys, usage
+    from gateway.store.approvals import ApprovalStore
+    from gateway.store.migrations import upgrade
+    from tests.config.conftest import minimal, run_pvegate, write
+    from tests.store.test_stores import request
+
+    name = "p_" + uuid.uuid4().hex[:16]
+    admin = await asyncpg.connect(postgres.dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    url = postgres.dsn.rsplit("/", 1)[0] + "/" + name
+    db = PostgresDatabase(url)
+    await db.open()
+    try:  # what the previous release's `pvegate db upgrade` made
+        for component, migrations in (
+            ("approvals", approvals.MIGRATIONS),
+            ("usage", usage.MIGRATIONS),
+            ("keys", shared_keys.MIGRATIONS),
+            ("handoffs", handoffs.MIGRATIONS),
+        ):
+            await upgrade(db, component, migrations)
+    finally:
+        await db.close()
+    store = ApprovalStore(PostgresDatabase(url))
+    await store.open()
+    pending, _ = await store.find_or_create(request())
+    await store.close()
+    key = tmp_path / "state" / "audit-head.key"
+    log = AuditLog(PgLocation(url), head_key=key)
+    with pytest.raises(SchemaError, match="audit schema in the database is version 0"):
+        await log.open()
+    await log.close()
+
+    raw = minimal(tmp_path)
+    raw["storage"] = {"url": url}
+    r = await asyncio.to_thread(run_pvegate, "db", "upgrade", "--config", str(write(tmp_path, raw)))
+    assert r.returncode == 0, r.stderr
+    assert "audit: version 0 -> 1" in r.stdout and "approvals: version 1, up to date" in r.stdout, r.stdout
+    assert key.exists()  # made once, here, for every replica
+    log = AuditLog(PgLocation(url), head_key=key)
+    await log.open()
+    try:
+        await log.append(rec(1))
+    finally:
+        await log.close()
+    assert off(auditlib.verify, PgLocation(url), key=key).ok
+    store = ApprovalStore(PostgresDatabase(url))
+    await store.open()
+    try:
+        got = await store.get(pending.id)
+        assert got is not None and got.state == "pending"
+    finally:
+        await store.close()
