@@ -1,20 +1,36 @@
-"""The policy partially evaluated with its data known (`opa build -O=1`).
+"""The policy directory partially evaluated with its data known (`opa build -O=1`).
 
-`opa build -O=1` evaluates what depends on data only once, at build time, and keeps the
-rules over `input`. The repository's policy must build this way, with the same answers as
-the plain policy: tests/policy/test_optimized.py builds it here and compares both on every
-golden case, listings and approver votes, with valid and with broken data. (Measured on
-the golden read it saves ~11 % of the allocations per decision: the policy's cost is in
-functions over input, which partial evaluation keeps; docs/performance.md. So the managed
-sidecar loads the plain directory.)
+OPA keeps no rule results across queries: every decision re-derives whatever depends on
+data only. The policy keeps that part small by looking the call up in indexes of its data
+(bindings by subject, group and token role; role selectors, quotas, approval rules and deny
+rules by effect and principal kind: `binding_index`, `selector_index`, ...), and
+`opa build -O=1` evaluates those indexes (and everything else that depends on data only)
+once, with the data as it is, into constants, leaving the rules over `input`. The managed
+sidecar loads this build instead of the plain directory (docs/performance.md has the
+figures). The authored policy and data are unchanged; the build lives in a private
+temporary directory of the gateway process, one per distinct content of the policy files.
+
+The answers are the same by construction, and tested: tests/policy/test_optimized.py
+builds it here and compares it with the plain policy on every golden case, listings and
+approver votes, with valid and with broken data. A build failure (a policy tree of one's
+own that the optimiser cannot handle) falls back to the plain directory with a warning:
+slower, never different. Bundles (`pvegate bundle build`, a bundle service) are loaded as
+built; they evaluate the indexes per query.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import logging
+import shutil
 import subprocess
 import tarfile
+import tempfile
+import threading
 from pathlib import Path
+
+from gateway.policy.revision import content_digest, policy_files
 
 log = logging.getLogger("pvegate.opa")
 
@@ -74,3 +90,37 @@ def build(opa: Path, policies: tuple[Path, ...], dest: Path) -> Path:
     # the manifest names the bundle's roots; loaded as plain files, OPA does not need it
     (dest / ".manifest").unlink(missing_ok=True)
     return dest
+
+
+# Builds of this process, by content: tests and a restarting sidecar load the same tree many
+# times. In memory and in a private directory of this process only (a build on disk where
+# other users could write would be a way to plant a policy).
+_cache: dict[str, Path] = {}
+_cache_lock = threading.Lock()
+_cache_root: Path | None = None
+
+
+def _key(opa: Path, policies: tuple[Path, ...]) -> str:
+    h = hashlib.sha256(str(opa.resolve()).encode())
+    for p in policies:
+        files = policy_files(p) if p.is_dir() else [p]
+        h.update(
+            b"\0" + str(p.resolve()).encode() + b"\0" + content_digest(files, p if p.is_dir() else p.parent).encode()
+        )
+    return h.hexdigest()
+
+
+def build_cached(opa: Path, policies: tuple[Path, ...]) -> Path:
+    """build() into this process's private cache, reused while the policy files are unchanged."""
+    global _cache_root
+    key = _key(opa, policies)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+        if _cache_root is None:
+            _cache_root = Path(tempfile.mkdtemp(prefix="pvegate-optimized-"))
+            atexit.register(shutil.rmtree, _cache_root, True)
+        dest = build(opa, policies, _cache_root / key[:16])
+        if _key(opa, policies) == key:  # unchanged while it built: the build is of this content
+            _cache[key] = dest
+        return dest

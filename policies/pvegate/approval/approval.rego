@@ -54,8 +54,17 @@ waived if {
 
 # approval rules do not apply to dry runs (nothing changes) unless the rule
 # says `include_dry_run: true`
+# the approval rules that can match a call of this effect and principal kind
+rule_index[effect][kind] contains i if {
+	some i, sel in cfg.rules
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+}
+
 matching_rules contains rule if {
-	some rule in cfg.rules
+	some i in rule_index[input.tool.effect][input.principal.kind]
+	rule := cfg.rules[i]
 	lib.call_matches(rule, input.principal, input.tool, input.target)
 	applies_to_this_run(rule)
 }

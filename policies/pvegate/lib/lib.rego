@@ -131,6 +131,24 @@ name_admits(sel, name) if {
 	glob.match(p, null, name)
 }
 
+# --- selector indexes ----------------------------------------------------------
+# A call is tested only against the selectors that can match it. The index of a
+# selector list depends on data only: the managed sidecar loads the policy
+# partially evaluated with its data (gateway/policy/optimized.py), which turns
+# each index into a constant, so a decision looks its candidates up instead of
+# testing every selector. (Evaluated from plain files, an index is built once
+# per query.)
+
+principal_kinds := {"agent", "human", "service"}
+
+# admits_call_kind(sel, effect, kind): sel's `effects` and `principal_kinds`
+# admit the effect and the principal kind: what the indexes below are keyed by
+# (every other key is still tested by call_matches on the candidates)
+admits_call_kind(sel, effect, kind) if {
+	admits(sel, "effects", effect)
+	in_list(sel, "principal_kinds", kind)
+}
+
 # call_matches(sel, principal, tool, target) also tests the principal (kind,
 # token groups and roles) and the target's tags.
 call_matches(sel, principal, tool, target) if {

@@ -19,9 +19,19 @@ package pvegate.quotas
 import data.pvegate.config
 import data.pvegate.lib
 
+# the quotas that can match a call of this effect and principal kind (a constant
+# once the policy is partially evaluated with its data)
+index[effect][kind] contains i if {
+	some i, sel in config.quotas
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+}
+
 # matching quotas and their state
 states contains state if {
-	some q in config.quotas
+	some i in index[input.tool.effect][input.principal.kind]
+	q := config.quotas[i]
 	lib.call_matches(q, input.principal, input.tool, input.target)
 	counter := object.get(q, "counter", "tool")
 	state := {

@@ -18,22 +18,48 @@ import data.pvegate.lib
 # bindings_for(principal) is the set of bindings that name the principal by
 # subject, group or token role claim (and allow its kind).
 bindings_for(principal) := {b |
-	some b in config.bindings
-	binds(b, principal)
+	some i in binding_ids(principal)
+	b := config.bindings[i]
 	lib.in_list(b, "principal_kinds", principal.kind)
 	is_object(config.roles[b.role])
 }
 
-binds(b, principal) if principal.sub in object.get(b, "subjects", [])
-
-binds(b, principal) if {
-	some g in object.get(b, "groups", [])
-	g in object.get(principal, "groups", [])
+# binding_index: subject, group and token role -> the positions of the bindings
+# naming it. It depends on data only: a constant once the policy is partially
+# evaluated with its data (lib's selector indexes say more), so a call looks
+# its principal's bindings up instead of testing every binding.
+binding_index[key][name] contains i if {
+	some i, b in config.bindings
+	some key in ["subjects", "groups", "token_roles"]
+	some name in object.get(b, key, [])
 }
 
-binds(b, principal) if {
-	some r in object.get(b, "token_roles", [])
-	r in object.get(principal, "roles", [])
+# caller_bindings: bindings_for(input.principal), as rules (not a function
+# call) so that partial evaluation turns binding_index into a constant here
+caller_bindings contains b if {
+	some i in caller_binding_ids
+	b := config.bindings[i]
+	lib.in_list(b, "principal_kinds", input.principal.kind)
+	is_object(config.roles[b.role])
+}
+
+caller_binding_ids contains i if some i in binding_index.subjects[input.principal.sub]
+
+caller_binding_ids contains i if {
+	some g in input.principal.groups
+	some i in binding_index.groups[g]
+}
+
+caller_binding_ids contains i if {
+	some r in input.principal.roles
+	some i in binding_index.token_roles[r]
+}
+
+# binding_ids(principal): positions of the bindings naming the principal
+binding_ids(principal) := (by_sub | by_groups) | by_roles if {
+	by_sub := {i | some i in binding_index.subjects[principal.sub]}
+	by_groups := {i | some g in object.get(principal, "groups", []); some i in binding_index.groups[g]}
+	by_roles := {i | some r in object.get(principal, "roles", []); some i in binding_index.token_roles[r]}
 }
 
 # --- does a binding's scope cover the target ---------------------------------
@@ -76,16 +102,28 @@ applies(b, target) if scope_covers(object.get(b, "scope", {}), target)
 
 # --- role permissions ----------------------------------------------------------
 
+# selector_index: role -> "allow"|"deny" -> effect -> the positions of the
+# role's selectors admitting the effect (data only: a constant once partially
+# evaluated, as binding_index)
+selector_index[name][kind][e] contains i if {
+	some name, role in config.roles
+	is_object(role)
+	some kind in ["allow", "deny"]
+	some i, sel in object.get(role, kind, [])
+	some e in lib.effects
+	lib.admits(sel, "effects", e)
+}
+
 # role_grants(name, tool): some allow selector of the role matches the tool.
 role_grants(name, tool) if {
-	some sel in config.roles[name].allow
-	lib.tool_matches(sel, tool)
+	some i in selector_index[name].allow[tool.effect]
+	lib.tool_matches(config.roles[name].allow[i], tool)
 }
 
 # role_denies(name, tool): some deny selector of the role matches the tool.
 role_denies(name, tool) if {
-	some sel in config.roles[name].deny
-	lib.tool_matches(sel, tool)
+	some i in selector_index[name].deny[tool.effect]
+	lib.tool_matches(config.roles[name].deny[i], tool)
 }
 
 # --- the current tools/call ---------------------------------------------------
@@ -94,7 +132,7 @@ role_denies(name, tool) if {
 
 # bindings of the caller that apply to the call's target
 applicable_bindings contains b if {
-	some b in bindings_for(input.principal)
+	some b in caller_bindings
 	applies(b, input.target)
 }
 
@@ -179,10 +217,8 @@ target_text := sprintf("node %v", [input.target.node]) if {
 # query by effect, domain and scope: a tool only meets the few selectors its
 # (effect, domain, scope) admits, and only those test tags and name globs.
 
-# the lister's bindings, computed once per query
-lister_bindings := bindings_for(input.principal)
-
-lister_roles contains b.role if some b in lister_bindings
+# the lister's bindings are caller_bindings (computed once per query)
+lister_roles contains b.role if some b in caller_bindings
 
 # lister_selectors: [role, "allow"|"deny", index] -> compiled selector
 lister_selectors[[name, kind, i]] := c if {
@@ -378,7 +414,7 @@ rest_hits(c, tool) if {
 
 # blanket_denies: the compiled deny selectors of the lister's unscoped bindings
 blanket_denies contains c if {
-	some b in lister_bindings
+	some b in caller_bindings
 	count(object.get(b, "scope", {})) == 0
 	some c in config.compiled_roles[b.role].deny
 }
