@@ -85,6 +85,7 @@ class JwksKeys:
         self.min_refresh_seconds = min_refresh_seconds
         self.timeout = timeout
         self._keys: list[_Key] = []
+        self.generation = 0  # bumped whenever the key set changes
         self._loaded_at = 0.0
         self._last_attempt = -1e9
         self._file_mtime: float | None = None
@@ -119,7 +120,10 @@ class JwksKeys:
             self._last_attempt = now
             try:
                 mtime = self.file.stat().st_mtime if self.file is not None else None
-                self._keys = await self._fetch()
+                keys = await self._fetch()
+                if [(k.kid, k.kty, k.alg, k.key) for k in keys] != [(k.kid, k.kty, k.alg, k.key) for k in self._keys]:
+                    self.generation += 1  # verified-token caches drop what the old set vouched for
+                self._keys = keys
                 self._loaded_at = now
                 self._file_mtime = mtime
                 log.info("loaded %d signing keys from %s", len(self._keys), self.url or self.file)
