@@ -21,9 +21,12 @@ built; they evaluate the indexes per query.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
+import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -92,35 +95,67 @@ def build(opa: Path, policies: tuple[Path, ...], dest: Path) -> Path:
     return dest
 
 
-# Builds of this process, by content: tests and a restarting sidecar load the same tree many
-# times. In memory and in a private directory of this process only (a build on disk where
-# other users could write would be a way to plant a policy).
+# Builds by content: tests and a restarting sidecar load the same tree many times, and a build
+# costs OPA ~0.4 s of CPU. Kept in this process and in the user's cache directory
+# ($XDG_CACHE_HOME/pvegate/opa-optimized, used only when this user owns it and nobody else
+# may write to it: a build where others could write would be a way to plant a policy).
 _cache: dict[str, Path] = {}
 _cache_lock = threading.Lock()
-_cache_root: Path | None = None
+_tmp_root: Path | None = None
 
 
 def _key(opa: Path, policies: tuple[Path, ...]) -> str:
-    h = hashlib.sha256(str(opa.resolve()).encode())
+    h = hashlib.sha256(str(opa.resolve()).encode() + b"\0" + ",".join(ENTRYPOINTS).encode())
     for p in policies:
         files = policy_files(p) if p.is_dir() else [p]
-        h.update(
-            b"\0" + str(p.resolve()).encode() + b"\0" + content_digest(files, p if p.is_dir() else p.parent).encode()
-        )
+        digest = content_digest(files, p if p.is_dir() else p.parent)
+        h.update(b"\0" + str(p.resolve()).encode() + b"\0" + digest.encode())
     return h.hexdigest()
 
 
+def _private(d: Path) -> bool:
+    st = d.stat()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _cache_root() -> Path:
+    """The user's cache directory for builds, or this process's own temporary one."""
+    global _tmp_root
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pvegate" / "opa-optimized"
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _private(base) and _private(base.parent):
+            return base
+    except OSError:
+        pass
+    if _tmp_root is None:
+        _tmp_root = Path(tempfile.mkdtemp(prefix="pvegate-optimized-"))
+        atexit.register(shutil.rmtree, _tmp_root, True)
+    return _tmp_root
+
+
 def build_cached(opa: Path, policies: tuple[Path, ...]) -> Path:
-    """build() into this process's private cache, reused while the policy files are unchanged."""
-    global _cache_root
+    """build(), reused while the policy files (and the OPA binary's path) are the same."""
     key = _key(opa, policies)
     with _cache_lock:
-        if key in _cache:
+        if key in _cache and _cache[key].is_dir():
             return _cache[key]
-        if _cache_root is None:
-            _cache_root = Path(tempfile.mkdtemp(prefix="pvegate-optimized-"))
-            atexit.register(shutil.rmtree, _cache_root, True)
-        dest = build(opa, policies, _cache_root / key[:16])
-        if _key(opa, policies) == key:  # unchanged while it built: the build is of this content
-            _cache[key] = dest
-        return dest
+        root = _cache_root()
+        final = root / key[:32]
+        if not (final / ".done").exists():
+            staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+            try:
+                built = build(opa, policies, staging / "policy")
+            except OptimizeError:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            (built / ".done").touch()  # OPA ignores dotfiles (--ignore .*)
+            if _key(opa, policies) != key:  # the files changed while it built: use it this once
+                return built
+            with contextlib.suppress(OSError):  # another process completed the same build first
+                os.rename(built, final)
+            shutil.rmtree(staging, ignore_errors=True)
+        if not (final / ".done").exists():
+            raise OptimizeError(f"no complete build at {final}")
+        _cache[key] = final
+        return final

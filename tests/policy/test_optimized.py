@@ -131,3 +131,26 @@ def test_build_failure_is_reported(tmp_path: Path) -> None:
     (broken / "p.rego").write_text("package pvegate\n\ndecision := {\n")
     with pytest.raises(optimized.OptimizeError, match="opa build -O=1 failed"):
         optimized.build(opa, (broken,), tmp_path / "out")
+
+
+def test_builds_are_cached_by_content_in_a_private_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opa = _opa()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(optimized, "_cache", {})
+    tree = tmp_path / "policies"
+    shutil.copytree(POLICIES, tree, ignore=shutil.ignore_patterns("golden", "*_test.rego"))
+    first = optimized.build_cached(opa, (tree,))
+    assert first.parent == tmp_path / "cache" / "pvegate" / "opa-optimized" and (first / ".done").exists()
+    monkeypatch.setattr(optimized, "_cache", {})  # another process: found on disk, not rebuilt
+    mtime = (first / "data.json").stat().st_mtime_ns
+    assert optimized.build_cached(opa, (tree,)) == first and (first / "data.json").stat().st_mtime_ns == mtime
+    # changed data: another build, with the new data in it
+    data = tree / "data" / "data.yaml"
+    data.write_text(data.read_text().replace("limit: 120", "limit: 121", 1))
+    second = optimized.build_cached(opa, (tree,))
+    assert second != first and '"limit":121' in (second / "data.json").read_text().replace(" ", "")
+    # a cache directory others may write to is not used
+    monkeypatch.setattr(optimized, "_cache", {})
+    (tmp_path / "cache" / "pvegate" / "opa-optimized").chmod(0o777)
+    elsewhere = optimized.build_cached(opa, (tree,))
+    assert tmp_path / "cache" not in elsewhere.parents
