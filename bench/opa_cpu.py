@@ -86,13 +86,13 @@ def pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]) if s else float("nan")
 
 
-def measure(requests: int, rounds: int, policies: Path = ROOT / "policies") -> dict[str, Any]:
+def measure(requests: int, rounds: int, policies: Path = ROOT / "policies", optimize: bool = True) -> dict[str, Any]:
     doc = golden_input()
     work = Path(tempfile.mkdtemp(prefix="pvegate-opa-cpu-"))
     trivial = work / "trivial"
     trivial.mkdir()
     (trivial / "trivial.rego").write_text(TRIVIAL_POLICY)
-    repo = OPASidecar(policies=(policies,))
+    repo = OPASidecar(policies=(policies,), optimize=optimize)
     triv = OPASidecar(policies=(trivial,), optimize=False)
     out: dict[str, Any] = {"requests": requests, "rounds": [], "input": GOLDEN_READ}
     try:
@@ -138,9 +138,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.add_argument("--policies", type=Path, default=ROOT / "policies", help="another policy tree (an A/B)")
+    p.add_argument("--plain", action="store_true", help="load the policy directory without partial evaluation")
     a = p.parse_args()
     started = time.time()
-    r = measure(a.requests, a.rounds, a.policies)
+    r = measure(a.requests, a.rounds, a.policies, optimize=not a.plain)
     if a.json:
         print("OPACPUJSON " + json.dumps(r))
         return 0

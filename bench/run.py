@@ -463,14 +463,15 @@ def run(a: argparse.Namespace) -> Results:
 # --- where the gateway's CPU goes -------------------------------------------------------
 
 # (phase, markers): a sampled stack belongs to the first phase any of whose markers appears in
-# one of its frames' file names. The OPA client is aiohttp; the Proxmox client httpx/httpcore.
+# one of its frames (py-spy names files relative to their sys.path entry: "(httpx/_client.py:..)").
+# The OPA client is aiohttp; the Proxmox client httpx/httpcore; the audit store aiosqlite.
 PHASES: list[tuple[str, tuple[str, ...]]] = [
-    ("authenticate", ("gateway/auth/", "/jwt/", "/cryptography/")),
-    ("audit", ("gateway/store/audit", "gateway/store/outbox", "sqlite3")),
-    ("decide", ("gateway/policy/", "opa_client", "/aiohttp/", "fastjsonschema")),
-    ("dispatch", ("gateway/tools/", "/httpx/", "/httpcore/", "/anyio/", "/h2/")),
-    ("pipeline", ("gateway/pipeline", "gateway/mcp/", "gateway/store/", "gateway/observability/")),
-    ("HTTP", ("/uvicorn/", "/h11/", "/starlette/", "ssl", "gateway/app", "gateway/server")),
+    ("authenticate", ("(gateway/auth/", "(jwt/", "(cryptography/")),
+    ("audit", ("(gateway/store/audit", "(gateway/store/outbox", "(aiosqlite/", "(sqlite3/")),
+    ("decide", ("(gateway/policy/", "(opa_client/", "(aiohttp/", "(fastjsonschema/")),
+    ("dispatch", ("(gateway/tools/", "(httpx/", "(httpcore/", "(anyio/")),
+    ("pipeline", ("(gateway/pipeline", "(gateway/mcp/", "(gateway/store/", "(gateway/observability/")),
+    ("HTTP", ("(uvicorn/", "(h11/", "(starlette/", "(asyncio/sslproto", "(ssl.py")),
 ]
 
 

@@ -109,7 +109,7 @@ def _key(opa: Path, policies: tuple[Path, ...]) -> str:
     for p in policies:
         files = policy_files(p) if p.is_dir() else [p]
         digest = content_digest(files, p if p.is_dir() else p.parent)
-        h.update(b"\0" + str(p.resolve()).encode() + b"\0" + digest.encode())
+        h.update(b"\0" + digest.encode())  # not the path: copies of one tree share a build
     return h.hexdigest()
 
 
@@ -134,6 +134,21 @@ def _cache_root() -> Path:
     return _tmp_root
 
 
+CACHE_KEEP = 32  # builds kept on disk, the most recently used
+
+
+def _prune(root: Path) -> None:
+    """Remove all but the CACHE_KEEP most recently used builds (a process using one keeps its files
+    open only while OPA loads them: OPA holds the policy in memory once started)."""
+    builds = []
+    for d in root.iterdir():
+        with contextlib.suppress(OSError):
+            if not d.name.startswith("."):
+                builds.append(((d / ".done").stat().st_mtime, d))
+    for _, d in sorted(builds, reverse=True)[CACHE_KEEP:]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def build_cached(opa: Path, policies: tuple[Path, ...]) -> Path:
     """build(), reused while the policy files (and the OPA binary's path) are the same."""
     key = _key(opa, policies)
@@ -155,6 +170,9 @@ def build_cached(opa: Path, policies: tuple[Path, ...]) -> Path:
             with contextlib.suppress(OSError):  # another process completed the same build first
                 os.rename(built, final)
             shutil.rmtree(staging, ignore_errors=True)
+            _prune(root)
+        with contextlib.suppress(OSError):
+            (final / ".done").touch()  # recently used: kept by _prune
         if not (final / ".done").exists():
             raise OptimizeError(f"no complete build at {final}")
         _cache[key] = final
