@@ -2,7 +2,8 @@
 
 Built by the sidecar's own code (gateway/policy/optimized.py) from policies/, then both are
 asked the same questions with the real OPA: every golden case's decision, the data check,
-tools/list over the real catalog for the fixture principals, and approver votes. Then the
+tools/list over the real catalog for the fixture principals, approver votes, and the admin
+console's sections and tool catalog (non-entrypoint rules, served by the modules the build keeps). Then the
 same with broken data: the data check's refusal must survive the optimisation too.
 """
 
@@ -32,6 +33,9 @@ QUERY = """x := {
   "decisions": {k: d | some k, doc in input.decisions; d := data.pvegate.decision with input as doc},
   "listings": {k: sort(v) | some k, doc in input.listings; v := data.pvegate.visible_tools with input as doc},
   "approvers": {k: d | some k, doc in input.approvers; d := data.pvegate.approver.decision with input as doc},
+  "console": {k: [sort(v), r] | some k, doc in input.listings
+    v := data.pvegate.console.sections with input as doc
+    r := data.pvegate.console.tool_roles with input as doc},
   "data_check": data.pvegate.data_check,
 }"""
 
@@ -87,7 +91,7 @@ def _compare(opa: Path, policies: Path, tmp: Path, questions: dict[str, Any]) ->
     built = optimized.build(opa, (policies,), tmp / "optimized")
     plain = _eval(opa, _plain(policies), QUERY, questions, tmp)
     fast = _eval(opa, _plain(built), QUERY, questions, tmp)
-    for part in ("decisions", "listings", "approvers"):
+    for part in ("decisions", "listings", "approvers", "console"):
         assert plain[part].keys() == fast[part].keys()
         differ = [k for k in plain[part] if plain[part][k] != fast[part][k]]
         assert not differ, f"{part}: the optimised policy answers differently for {differ}"
@@ -105,6 +109,7 @@ def test_optimized_policy_answers_as_the_plain_one(tmp_path: Path) -> None:
     assert any(d["approval"]["required"] for d in plain["decisions"].values())
     assert any(plain["listings"].values()) and not all(plain["listings"].values())
     assert any(d["allow"] for d in plain["approvers"].values())
+    assert any(roles for _, roles in plain["console"].values())
     assert plain["data_check"]["valid"] is True
 
 
