@@ -126,6 +126,10 @@ def privileges(tool: Tool, schema: PveSchema) -> tuple[list[Privilege], list[str
     notes: list[str] = []
     for method, path, _ in expansions(tool):
         info = schema.endpoints.get((method, path)) or {}
+        if info and info.get("permissions") is None:  # PVE's RPC environment: no permissions, root only
+            note = f"{method} {path}: the schema declares no permissions, so Proxmox allows it to root@pam only"
+            if note not in notes:
+                notes.append(note)
         perms = info.get("permissions") or {}
         for p in _flatten(perms.get("check")):
             if p not in privs:
