@@ -27,6 +27,6 @@ fi
 .venv/bin/python bench/storage.py ${BENCH_STORAGE_ARGS:---record}
 
 if [ -z "${BENCH_SKIP_SLOW:-}" ]; then
-  echo ">> slow resilience tests (soak)"
-  .venv/bin/pytest -q -m slow tests/resilience
+  echo ">> slow resilience tests (soak; a replica SIGKILLed under load)"
+  .venv/bin/pytest -q -m slow tests/resilience tests/replicas
 fi
