@@ -203,3 +203,18 @@ async def test_an_mcp_client_discovers_the_provider_and_calls_a_tool(
     claims = unverified(storage.tokens.access_token)
     assert claims["iss"] == keycloak.issuer and claims["azp"] == AGENT_CLIENT
     assert SCOPE in claims["scope"].split()
+
+
+async def test_the_console_matches_its_id_token_by_the_configured_subject(keycloak: KeycloakServer) -> None:
+    """auth.subject_claim applies to the console's sign-in too: the ID token's subject is read
+    with the same claim as the access token's principal (here Keycloak's preferred_username)."""
+    from types import SimpleNamespace
+
+    from gateway.admin.console.views import _principal
+
+    form = {"grant_type": "password", "client_id": TESTS_CLIENT, "username": "alice", "scope": "openid"}
+    doc = httpx.post(keycloak.token_url, data={**form, "password": keycloak.users["alice"].password}).json()
+    id_claims = unverified(doc["id_token"])
+    console = SimpleNamespace(authn=default_authenticator(keycloak, subject_claim="preferred_username"))
+    who = await _principal(console, id_claims, doc["access_token"])  # type: ignore[arg-type]
+    assert who.sub == "alice" and who.kind == "human"

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from gateway.admin import api as adminapi
 from gateway.admin.console.oidc import Login, Provider, SignInError, pkce_pair
 from gateway.admin.console.session import Session, Sessions, csrf_ok, same_origin
+from gateway.auth import identity
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
 from gateway.core.calls import CallRequest
@@ -305,7 +306,8 @@ async def _principal(console: Console, id_claims: dict[str, Any], access_token: 
             f"the gateway does not accept your access token ({exc}); the console's client must issue tokens "
             "for the gateway's audience (docs/console.md)"
         ) from exc
-    if principal.sub != id_claims.get("sub"):
+    # the subject as auth.subject_claim names it (e.g. oid, preferred_username), read from both tokens
+    if principal.sub != identity.claim(id_claims, console.authn.cfg.subject_claim):
         raise SignInError("the access token and the ID token name different people")
     if principal.kind != "human":
         raise SignInError(f"the console is for people; your token makes you a principal of kind {principal.kind}")
