@@ -396,6 +396,7 @@ class AuditLog:
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._pgdb: Any = None  # PostgreSQL: a PostgresDatabase (its asyncpg pool)
         self._beat_at = 0.0
+        self._beater: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[_Batch | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self.commits = 0  # transactions committed (for tests and metrics)
@@ -415,6 +416,8 @@ class AuditLog:
         for note in self._seal.notes:
             log.warning("audit: %s", note)
         self._writer = asyncio.create_task(self._write_loop(), name="audit-writer")
+        if self._pgdb is not None:
+            self._beater = asyncio.create_task(self._beat_loop(), name="audit-heartbeat")
 
     async def _open_sqlite(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -481,7 +484,22 @@ class AuditLog:
         self._pgdb = db
         self._beat_at = time.monotonic()
 
+    async def _beat_loop(self) -> None:
+        """PostgreSQL: keep this replica's heartbeat fresh while nothing else commits (a long task waited on
+        with no other traffic, a process without readiness probes), so nobody takes its calls for a dead
+        replica's. A failed beat is the store's problem, seen by the next call; the loop goes on."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            if time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
+                with contextlib.suppress(Exception):
+                    await self.probe()
+
     async def close(self) -> None:
+        if self._beater is not None:
+            self._beater.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beater
+            self._beater = None
         if self._writer is not None:
             await self._queue.put(None)  # drains what is queued, then stops
             await self._writer

@@ -610,3 +610,27 @@ async def test_a_postgresql_database_of_the_previous_release_gains_the_audit(
         assert got is not None and got.state == "pending"
     finally:
         await store.close()
+
+
+async def test_an_idle_replica_keeps_its_heartbeat_fresh(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No call, no readiness probe: the writer still refreshes its row, so its long calls stay its own."""
+    monkeypatch.setattr(auditlib, "HEARTBEAT_SECONDS", 0.2)
+    url = await new_pg_database(postgres)
+    key = tmp_path / "audit-head.key"
+    HeadKey.create(key)
+    log = AuditLog(PgLocation(url), head_key=key)
+    await log.open()
+    try:
+        con = await asyncpg.connect(url)
+        try:
+            sql = "SELECT seen_at FROM audit_replicas WHERE replica = $1"
+            first = await con.fetchval(sql, log.replica_id)
+            await asyncio.sleep(1.0)
+            assert await con.fetchval(sql, log.replica_id) > first
+        finally:
+            await con.close()
+        assert log.replica_id in (await log.live_replicas() or set())
+    finally:
+        await log.close()
