@@ -231,6 +231,8 @@ async def dispatch(
         )
         raise
     m.observe("dispatch", t)
+    if tool.secret_output:  # a one-time secret from Proxmox: scrubbed from every record of this call
+        CALL_SECRETS.set(CALL_SECRETS.get() + secret_values(tool.secret_output, output.data))
     structured, warnings = shape(tool, output.data, decision.obligations)
     if warnings or output.warnings:
         structured["warnings"] = output.warnings + warnings

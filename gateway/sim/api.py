@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+import gateway.sim.handlers_access  # noqa: F401  (registers the identity routes)
 from gateway.sim import (  # noqa: F401  (register routes)
     handlers_backup,
     handlers_certs,

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from gateway.sim import views
+from gateway.sim import handlers_ceph, views
 from gateway.sim.auth import Principal
 from gateway.sim.errors import ApiError
 from gateway.sim.nodeops import network_changes, ops
@@ -714,6 +714,7 @@ def _ceph(ctx: Ctx) -> Any:
     ceph = ctx.rt.cluster.ceph
     if not ceph:
         raise ApiError(500, "binary not installed: /usr/bin/ceph-mon")
+    handlers_ceph.model(ctx.rt.cluster)  # the OSDs and flags behind it decide its counts and health
     return ceph
 
 

@@ -33,6 +33,10 @@ from gateway.sim.state import (
 MiB = 1 << 20
 GiB = 1 << 30
 SHIPPED = ("small", "default", "second")
+DEFAULT_REALMS = [
+    {"realm": "pam", "type": "pam", "comment": "Linux PAM standard authentication"},
+    {"realm": "pve", "type": "pve", "comment": "Proxmox VE authentication server"},
+]
 
 
 @dataclass
@@ -138,7 +142,17 @@ def build_cluster(raw: dict[str, Any], now: float) -> Cluster:
     cl.ha_groups = {h["group"]: h for h in raw.get("ha_groups") or []}
     cl.roles = {k: list(v) for k, v in (raw.get("roles") or {}).items()}
     for u in raw.get("users") or []:
-        cl.users[u["userid"]] = User(userid=u["userid"], acls=_acls(u.get("acls")), groups=u.get("groups", []))
+        cl.users[u["userid"]] = User(
+            userid=u["userid"],
+            acls=_acls(u.get("acls")),
+            groups=u.get("groups", []),
+            **{k: u[k] for k in ("email", "firstname", "lastname", "comment", "enable", "expire") if k in u},
+        )
+    for grp in raw.get("groups") or []:  # identity groups: members come from the users' `groups`
+        cl.groups[grp["groupid"]] = _acls(grp.get("acls"))
+        cl.group_comments[grp["groupid"]] = str(grp.get("comment", ""))
+    cl.realms = [dict(r) for r in raw.get("realms") or DEFAULT_REALMS]
+    cl.tfa = {k: [dict(e) for e in v] for k, v in (raw.get("tfa") or {}).items()}
     for t in raw.get("tokens") or []:
         tok = Token(
             name=t["name"],

@@ -155,6 +155,14 @@ class User:
     userid: str  # user@realm
     acls: list[AclEntry] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
+    # identity fields (handlers_access.py); the password is kept only as a hash, like PVE's shadow.cfg
+    email: str = ""
+    firstname: str = ""
+    lastname: str = ""
+    comment: str = ""
+    enable: bool = True
+    expire: int = 0
+    password_hash: str | None = None
 
 
 @dataclass
@@ -165,6 +173,7 @@ class Token:
     privsep: bool = True
     acls: list[AclEntry] = field(default_factory=list)
     expire: int = 0  # 0: never
+    comment: str = ""
 
     @property
     def userid(self) -> str:
@@ -202,6 +211,9 @@ class Cluster:
     tokens: dict[str, Token] = field(default_factory=dict)  # by tokenid
     roles: dict[str, list[str]] = field(default_factory=dict)  # custom roles
     groups: dict[str, list[AclEntry]] = field(default_factory=dict)
+    group_comments: dict[str, str] = field(default_factory=dict)
+    realms: list[dict[str, Any]] = field(default_factory=list)  # /access/domains rows
+    tfa: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # userid -> TFA entries (no secrets)
     backup_jobs: list[dict[str, Any]] = field(default_factory=list)
     firewall_rules: list[dict[str, Any]] = field(default_factory=list)
     guest_firewall_rules: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
@@ -210,6 +222,7 @@ class Cluster:
     sdn: dict[str, Any] = field(default_factory=dict)  # zones, vnets, subnets: running and pending
     ha_rules: dict[str, dict[str, Any]] = field(default_factory=dict)  # PVE 9: HA rules (groups migrated)
     ceph: dict[str, Any] | None = None
+    ceph_detail: dict[str, Any] = field(default_factory=dict)  # OSDs, pools, daemons, flags (handlers_ceph.py)
     tasks: dict[str, Task] = field(default_factory=dict)
     replication_jobs: list[dict[str, Any]] = field(default_factory=list)  # storage replication (handlers_cluster)
     metrics_servers: list[dict[str, Any]] | None = None  # None: the default set (handlers_cluster.py)

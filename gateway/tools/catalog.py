@@ -126,6 +126,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         output_schema=_output_schema(raw),
         target=target,
         sensitive=tuple(raw.get("sensitive", [])),
+        secret_output=tuple(raw.get("secret_output", [])),
         allocates=dict(raw.get("allocates") or {}),
         pve_versions={k: str(v) for k, v in (raw.get("pve_versions") or {}).items()},
         spec=dict(raw[connector]),

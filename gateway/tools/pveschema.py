@@ -117,7 +117,22 @@ def _flatten(check: Any) -> list[Privilege]:
         return [Privilege(str(check[1]), tuple(check[2]), "any" in check[3:])]
     if op in ("and", "or"):
         return [p for sub in check[1:] for p in _flatten(sub)]
+    # pve-access-control's own checks: on /access/groups (or a group the user is in), on
+    # the user's realm, and Permissions.Modify on the ACL path being changed
+    if op == "userid-group" and len(check) >= 2 and isinstance(check[1], list):
+        return [Privilege("/access/groups", tuple(check[1]), len(check[1]) > 1)]
+    if op == "userid-param" and len(check) >= 2 and check[1] != "self":
+        return [Privilege("/access/realm/{realm}", (str(check[1]),), False)]
+    if op == "perm-modify" and len(check) >= 2:
+        return [Privilege(str(check[1]), ("Permissions.Modify",), False)]
     return []
+
+
+def _least(p: Privilege) -> tuple[str, ...]:
+    """The privileges a role needs for one check: all of an `and`; of an `any`, an audit one if offered."""
+    if not p.any_of:
+        return p.privs
+    return (next((n for n in p.privs if n.endswith(".Audit")), p.privs[0]),)
 
 
 def privileges(tool: Tool, schema: PveSchema) -> tuple[list[Privilege], list[str]]:
@@ -159,7 +174,7 @@ def least_privilege(
         if chosen is None:
             continue
         privs, notes = privileges(tool, chosen)
-        names = {n for p in privs for n in p.privs[: 1 if p.any_of else None]}
+        names = {n for p in privs for n in _least(p)}
         # vzdump is user:all in the schema; its description names the real privileges
         for note in notes:  # first sentence only: the rest names options the connectors never send
             first = re.sub(r"'([A-Za-z.]+)' or '[A-Za-z.]+'", r"'\1'", note.split(". ")[0])  # either: the first

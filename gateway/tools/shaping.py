@@ -1,5 +1,6 @@
 """Output shaping: project the declared fields, apply the policy's item limit and
-redaction paths, and drop fields the connector marks sensitive."""
+redaction paths, drop fields the connector marks sensitive, and withhold one-time
+secrets (`secret_output`) unless the decision's obligations reveal them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from gateway.tools.tool import Tool
 
 REDACTED = "[redacted]"
+WITHHELD = "[withheld: the policy does not reveal this secret to this caller]"
 
 
 def project(tool: Tool, data: Any) -> Any:
@@ -77,6 +79,11 @@ def shape(tool: Tool, data: Any, obligations: dict[str, Any]) -> tuple[dict[str,
     if isinstance(items, list) and isinstance(limit, int) and len(items) > limit:
         warnings.append(f"output limited by policy to {limit} of {len(items)} items")
         doc = {**doc, "items": items[:limit]}
+    if tool.secret_output and obligations.get("reveal_secrets") is not True:  # shown once: only if policy says so
+        for key in tool.secret_output:
+            if key in doc:
+                doc = {**doc, key: WITHHELD}
+                warnings.append(f"{key} withheld by policy: Proxmox shows it only once, so it is lost to this call")
     for path in obligations.get("redact") or []:
         redact_path(doc, str(path).split("."))
     return doc, warnings

@@ -17,8 +17,10 @@ import pytest
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.tools.runtimes.base import CallContext, ToolOutput
+from tests.connectors.test_access_e2e import ACCESS_READS, ACCESS_WRITES
 from tests.connectors.test_backup_e2e import BACKUP_TOOLS
 from tests.connectors.test_cluster_pools_e2e import CLUSTER_TOOLS
+from tests.connectors.test_ceph_e2e import CEPH_READS, CEPH_WRITES
 from tests.connectors.test_firewall_e2e import FIREWALL_TOOLS
 from tests.connectors.test_ha_e2e import HA_TOOLS
 from tests.connectors.test_node_ops_e2e import NODE_TOOLS
@@ -365,4 +367,5 @@ def test_every_tool_has_an_end_to_end_test(gateway: GatewayThread) -> None:
     covered = {r[0] for r in READS} | {d[0] for d in DESTROY} | EXERCISED_ELSEWHERE | PROVISION_TOOLS | BACKUP_TOOLS
     covered |= FIREWALL_TOOLS | SDN_TOOLS | HA_TOOLS
     covered |= NODE_TOOLS | STORAGE_TOOLS | CLUSTER_TOOLS | TASK_TOOLS | CERT_TOOLS
+    covered |= ACCESS_READS | ACCESS_WRITES | CEPH_READS | CEPH_WRITES
     assert covered == set(gateway.components.catalog.tools)

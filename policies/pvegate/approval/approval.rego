@@ -13,6 +13,7 @@ import data.pvegate.config
 import data.pvegate.guardrails
 import data.pvegate.lib
 import data.pvegate.obligations
+import data.pvegate.rbac
 import data.pvegate.risk
 
 cfg := config.approval
@@ -42,6 +43,22 @@ requirements contains lib.reason("approval.break_glass", "pvegate.guardrails.bre
 	guardrails.break_glass_approval_required
 	msg := sprintf("break-glass: %s outside the maintenance window needs an approval", [input.tool.effect])
 }
+
+# a four-eyes role (e.g. iam-admin): every mutation it grants needs two distinct
+# approvers; like break-glass it is a property of the role, so no waiver lifts it
+requirements contains lib.reason("approval.four_eyes_role", sprintf("data.roles.%s.four_eyes", [name]), msg) if {
+	input.tool.effect in lib.mutating_effects
+	not obligations.dry_run
+	some name in four_eyes_roles
+	msg := sprintf("role %q is four-eyes: every change it grants needs a second approver", [name])
+}
+
+four_eyes_roles contains name if {
+	some name in rbac.granting_roles
+	config.roles[name].four_eyes == true
+}
+
+four_eyes_min_approvals := 2 if count(four_eyes_roles) > 0
 
 # an active waiver (e.g. declared for an incident) lifts the risk-level and rule
 # approvals of the calls it matches (selector keys as in rules); the break-glass
@@ -95,7 +112,9 @@ rule_min_approvals contains n if {
 	is_number(n)
 }
 
-# the strictest of the level's and the matching rules' minimums
+rule_min_approvals contains four_eyes_min_approvals
+
+# the strictest of the level's, the matching rules' and a four-eyes role's minimums
 min_approvals := max(rule_min_approvals | {level_min_approvals})
 
 level_ttl_seconds := object.get(cfg.ttl_seconds_by_level, risk.level, cfg.default_ttl_seconds)

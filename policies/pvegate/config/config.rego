@@ -148,6 +148,15 @@ default_max_items := n if {
 	is_number(n)
 }
 
+# selectors of the calls that may hand the caller a secret Proxmox shows once
+# (a new API token's value); no data: such secrets are withheld
+default reveal_secrets := []
+
+reveal_secrets := r if {
+	r := data.data.obligations.reveal_secrets
+	is_array(r)
+}
+
 default redact := {}
 
 redact := r if {

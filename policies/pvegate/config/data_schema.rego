@@ -236,6 +236,26 @@ data_schema := {
 					"type": "object",
 					"additionalProperties": {"type": "array", "items": {"type": "string", "pattern": "^[^.]+(\\.[^.]+)*$"}},
 				},
+				"reveal_secrets": {
+					"type": "array",
+					"items": {
+						"type": "object",
+						"additionalProperties": false,
+						"properties": {
+							"tools": {"$ref": "#/definitions/strings"},
+							"domains": {"$ref": "#/definitions/domains"},
+							"effects": {"type": "array", "items": {"enum": ["read", "write", "destroy", "exec", "*"]}},
+							"scopes": {"type": "array", "items": {"enum": ["guest", "node", "cluster", "storage", "*"]}},
+							"tool_tags": {"$ref": "#/definitions/strings"},
+							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
+							"principal_groups": {"$ref": "#/definitions/strings"},
+							"principal_roles": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/strings"},
+							"name": {"type": "string", "minLength": 1},
+						},
+						"required": ["name"],
+					},
+				},
 			},
 		},
 		"quotas": {
@@ -349,6 +369,7 @@ data_schema := {
 				"approve": {"type": "boolean"},
 				"break_glass": {"type": "boolean"},
 				"console": {"type": "array", "items": {"enum": ["approvals", "audit", "policy"]}},
+				"four_eyes": {"type": "boolean"},
 			},
 		},
 		"role_selector": {
@@ -413,6 +434,7 @@ data_schema := {
 					"sdn",
 					"ha",
 					"certificate",
+					"ceph",
 					"*",
 				],
 			},

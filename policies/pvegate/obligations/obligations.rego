@@ -2,7 +2,8 @@
 # title: Obligations
 # description: |
 #   What the gateway must do when it runs an allowed call: force a dry run for
-#   roles that may only plan, redact output fields, cap list lengths.
+#   roles that may only plan, redact output fields, cap list lengths, and say
+#   whether a secret Proxmox shows once may reach the caller.
 # schemas:
 #   - input: schema["decision_input.schema"]
 package pvegate.obligations
@@ -43,10 +44,22 @@ max_items := max({n |
 
 max_items := config.default_max_items if count(rbac.granting_bindings) == 0
 
+# reveal_secrets: the caller may receive a secret Proxmox shows once (a new API
+# token's value), because a reveal_secrets selector in data matches the call
+reveal_secrets if {
+	some sel in config.reveal_secrets
+	lib.call_matches(sel, input.principal, input.tool, input.target)
+}
+
+default reveal_secrets_bool := false
+
+reveal_secrets_bool if reveal_secrets
+
 result := {
 	"dry_run": dry_run_bool,
 	"redact": redact,
 	"max_items": max_items,
+	"reveal_secrets": reveal_secrets_bool,
 }
 
 default dry_run_bool := false
