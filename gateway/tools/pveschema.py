@@ -160,6 +160,16 @@ def privileges(tool: Tool, schema: PveSchema) -> tuple[list[Privilege], list[str
     return privs, notes
 
 
+def _note_privileges(note: str) -> list[str]:
+    """The privileges a permission note's first sentence names; of alternatives ("'A', 'B' or 'C'"),
+    an audit one if offered (enough to read), else the first."""
+    first = note.split(". ")[0]
+    found = re.findall(r"'((?:VM|Datastore|Sys|SDN|User|Group|Realm|Permissions|Pool)\.[A-Za-z.]+)'", first)
+    if " or " in first and len(found) > 1:
+        return [next((p for p in found if p.endswith(".Audit")), found[0])]
+    return found
+
+
 def least_privilege(
     catalog: Catalog, schema: PveSchema | list[PveSchema], effects: tuple[str, ...]
 ) -> dict[str, list[str]]:
@@ -177,8 +187,7 @@ def least_privilege(
         names = {n for p in privs for n in _least(p)}
         # vzdump is user:all in the schema; its description names the real privileges
         for note in notes:  # first sentence only: the rest names options the connectors never send
-            first = re.sub(r"'([A-Za-z.]+)' or '[A-Za-z.]+'", r"'\1'", note.split(". ")[0])  # either: the first
-            names.update(re.findall(r"'((?:VM|Datastore|Sys|SDN)\.[A-Za-z.]+)'", first))
+            names.update(_note_privileges(note))
         for n in names:
             need.setdefault(n, []).append(tool.name)
     return dict(sorted(need.items()))

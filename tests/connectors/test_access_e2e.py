@@ -322,6 +322,8 @@ def test_identity_privileges_come_from_the_schema(version: str) -> None:
     assert [(p.path, p.privs) for p in privs] == [("{path}", ("Permissions.Modify",))]
     reads = least_privilege(catalog, schema, ("read",))
     assert "get_user" in reads["Sys.Audit"] and "get_user" not in reads.get("User.Modify", [])  # audit suffices
+    # user:all lists whose note offers alternatives ("'User.Modify' or 'Sys.Audit'"): the audit one
+    assert {"list_users", "list_groups"} <= set(reads["Sys.Audit"]) and "list_groups" not in reads["User.Modify"]
     writes = least_privilege(catalog, schema, ("write",))
     assert {"acl_set", "acl_remove"} <= set(writes["Permissions.Modify"])
     assert "user_create" in writes["Realm.AllocateUser"]
