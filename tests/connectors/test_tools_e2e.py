@@ -19,8 +19,8 @@ from gateway.dev.devenv import DevEnv
 from gateway.tools.runtimes.base import CallContext, ToolOutput
 from tests.connectors.test_access_e2e import ACCESS_READS, ACCESS_WRITES
 from tests.connectors.test_backup_e2e import BACKUP_TOOLS
-from tests.connectors.test_cluster_pools_e2e import CLUSTER_TOOLS
 from tests.connectors.test_ceph_e2e import CEPH_READS, CEPH_WRITES
+from tests.connectors.test_cluster_pools_e2e import CLUSTER_TOOLS
 from tests.connectors.test_firewall_e2e import FIREWALL_TOOLS
 from tests.connectors.test_ha_e2e import HA_TOOLS
 from tests.connectors.test_node_ops_e2e import NODE_TOOLS
