@@ -188,6 +188,8 @@ def test_audit_search_detail_export_and_chain(api: Api, carol: Browser, cenv: De
     )
     r = carol.get("/admin/audit", params={"request_id": rid})
     assert r.status_code == 200 and 'id="chain"' in r.text and "verified" in r.text
+    again = carol.get("/admin/audit", params={"verify": "1"})  # verified afresh, not the kept result
+    assert "verified</b>" in again.text and 'id="verify-now"' in again.text and "Checked 0s ago" in again.text
     assert ">decision<" in r.text and ">pending<" in r.text
     seq = int(r.text.split('href="/admin/audit/record/', 1)[1].split('"', 1)[0])
     detail = carol.get(f"/admin/audit/record/{seq}")

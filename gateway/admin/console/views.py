@@ -62,6 +62,7 @@ SECURITY_HEADERS = {
 AUDIT_FILTERS = ("principal", "tool", "target", "outcome", "kind", "request_id")
 PAGE_SIZE = 100
 EXPORT_LIMIT = 50_000
+VERIFY_TTL = 60.0
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("gateway.admin.console", "templates"),
@@ -100,6 +101,8 @@ class Console:
         self.cfg = cfg
         self.authn = authenticator
         self.provider = Provider(cfg)
+        self.verified: dict[str, Any] | None = None  # the last chain verification (audit page)
+        self.verify_lock = asyncio.Lock()
         # Secure cookies: a browser keeps them on https and on loopback http (a secure context)
         try:
             self.sessions = Sessions(cfg.session_key.read(), cfg.idle_timeout_seconds, cfg.max_session_seconds)
@@ -574,6 +577,19 @@ def _audit_query(request: Request, limit: int | None) -> tuple[auditlib.Query, d
     return q, filters
 
 
+async def _chain_status(request: Request, fresh: bool) -> dict[str, Any]:
+    """The whole chain's verification, kept for VERIFY_TTL seconds: it reads every record, so a page
+    view must not repeat it on a large audit (the "Verify now" link asks for a fresh one)."""
+    console = _console(request)
+    async with console.verify_lock:  # one verification at a time; the others wait and reuse it
+        cached = console.verified
+        if fresh or cached is None or time.time() - cached["at"] > VERIFY_TTL:
+            c = console.c
+            result = await asyncio.to_thread(auditlib.verify, c.audit.path, key=c.audit.key_path)
+            cached = console.verified = {**result.as_dict(), "at": time.time()}
+    return cached
+
+
 async def audit_page(request: Request) -> Response:
     session = await guard(request, "audit")
     if isinstance(session, Response):
@@ -585,7 +601,7 @@ async def audit_page(request: Request) -> Response:
         return render(request, "message.html", 400, title="Audit", message=str(exc))
     rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
     rows.reverse()  # newest first on screen
-    verify = await asyncio.to_thread(auditlib.verify, c.audit.path, key=c.audit.key_path)
+    verify = await _chain_status(request, fresh=request.query_params.get("verify") == "1")
     try:
         checkpoint: dict[str, Any] | None = await asyncio.to_thread(
             auditlib.checkpoint, c.audit.path, key=c.audit.key_path
@@ -600,7 +616,7 @@ async def audit_page(request: Request) -> Response:
         rows=rows,
         filters=filters,
         fields=(*AUDIT_FILTERS, "since", "until"),
-        verify=verify.as_dict(),
+        verify=verify,
         checkpoint=checkpoint,
         export_query=urlencode(filters),
         page_size=PAGE_SIZE,
