@@ -158,20 +158,25 @@ async def test_node_reboot_and_shutdown_need_four_eyes(gateway: GatewayThread, e
     held = await call(env, admin(env), "node_reboot", {"node": "pve2"})
     assert held.is_error and held.structured_content["approval"]["min_approvals"] == 2, text(held)
     assert "node-power" in text(held) or held.structured_content["approval"]["codes"], text(held)
-    verdict = await run(
-        gateway, env, sim, "node_reboot", {"node": "pve2"}, ("POST", f"{API}/pve2/status", {"command": "reboot"})
-    )
-    assert verdict == "held"
-    gateway.components.targets.invalidate("default")
-    assert (await _guest_status(env))[201] == "unknown"  # the node is down: PVE cannot say
-    res = await call(env, admin(env), "node_time", {"node": "pve2"})
-    assert res.is_error  # unreachable while it reboots
-    for _ in range(100):  # back after a few seconds (the simulator's boot)
-        await asyncio.sleep(0.1)
-        if not (await call(env, admin(env), "node_time", {"node": "pve2"})).is_error:
-            break
-    else:
-        pytest.fail("pve2 did not come back after its reboot")
+    # the simulated boot takes 3 task durations: 6 s here, so the down-time checks below cannot
+    # miss it on a loaded machine (with the 1 s default a slow approval round outlived the reboot)
+    sim.set_faults(task_seconds=2.0)
+    try:
+        verdict = await run(
+            gateway, env, sim, "node_reboot", {"node": "pve2"}, ("POST", f"{API}/pve2/status", {"command": "reboot"})
+        )
+        assert verdict == "held"
+        gateway.components.targets.invalidate("default")
+        assert (await _guest_status(env))[201] == "unknown"  # the node is down: PVE cannot say
+        res = await call(env, admin(env), "node_time", {"node": "pve2"})
+        assert res.is_error  # unreachable while it reboots
+        deadline = time.monotonic() + 60
+        while (await call(env, admin(env), "node_time", {"node": "pve2"})).is_error:  # back after its boot
+            if time.monotonic() > deadline:
+                pytest.fail("pve2 did not come back after its reboot")
+            await asyncio.sleep(0.2)
+    finally:
+        sim.set_faults(task_seconds=None)
     gateway.components.targets.invalidate("default")
     assert (await _guest_status(env))[202] == "running"  # stopped before, but marked start at boot (onboot=1)
 
