@@ -96,7 +96,7 @@ def put_volume(ctx: Ctx) -> Any:
     ctx.require(f"/storage/{s.id}", "Datastore.Allocate", "Datastore.AllocateSpace", any_of=True)
     if "protected" in ctx.params:
         if v.content != "backup":
-            raise ApiError(500, "protection is only supported for backups\n".rstrip())
+            raise ApiError(500, "protection is only supported for backups")
         v.protected = bool(ctx.params["protected"])
     if "notes" in ctx.params:
         v.notes = str(ctx.params["notes"]) or None
