@@ -68,6 +68,10 @@ async def test_mixed_load_through_a_full_disk_a_sigkill_and_a_sigterm(fsim: Any,
         log = tmp_path / "serve.log"
         gw = await Gateway(env, log).start().wait_up()
         tally, stop, live = Tally(), asyncio.Event(), {"env": env}
+
+        def in_flight() -> bool:
+            return bool(open_calls(db, 0, time.time()))
+
         principals = {
             "mix-a": (["operator"], MUTATIONS[:2] + READS),
             "mix-b": (["operator"], MUTATIONS[2:4] + READS),
@@ -85,6 +89,9 @@ async def test_mixed_load_through_a_full_disk_a_sigkill_and_a_sigterm(fsim: Any,
             await asyncio.sleep(2)
             ballast.unlink()  # ... and frees: the same process carries on
             await asyncio.sleep(3)
+            # kill and drain only with a mutation dispatched and unsettled: on a loaded machine a
+            # fixed sleep once let the SIGKILL land between mutations, and there was nothing to settle
+            await wait_for(in_flight, 20, "a mutation in flight before the SIGKILL")
             gw.kill()  # SIGKILL mid-load
             env = new_port(env)
             gw = await Gateway(env, log).start().wait_up()
@@ -92,6 +99,7 @@ async def test_mixed_load_through_a_full_disk_a_sigkill_and_a_sigterm(fsim: Any,
             await asyncio.sleep(3)
             fsim.set_faults(task_seconds=6.0)  # long tasks, then SIGTERM past the 2 s grace period
             await asyncio.sleep(1.5)
+            await wait_for(in_flight, 20, "a mutation in flight before the SIGTERM")
             gw.signal(signal.SIGTERM)
             assert gw.proc is not None
             await asyncio.to_thread(gw.proc.wait, 30)
