@@ -4,8 +4,8 @@ killed under load loses nothing, and a database restart is a clear refusal then 
 
 The witness of what ran is the simulator's request log (what Proxmox heard), not the gateway's
 answers. Cases share one cluster (tests/replicas/conftest.py) and run in file order: the fault
-cases come last. About 60 s in make test (three gateways and their OPAs start side by side);
-the SIGKILL case is marked slow and runs in make bench.
+cases come last. About two minutes in make test (three gateways and their OPAs start side by
+side; the SIGKILL case waits ~40 s for the killed replica's heartbeat to go stale).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 import asyncpg
 import httpx
-import pytest
 
 from gateway.policy.decisions import FAIL_CLOSED_CODE
 from tests.replicas.harness import QUOTA_LIMIT, Answer, Cluster, pvegate
@@ -208,12 +207,10 @@ def unsettled(records: list[dict[str, Any]]) -> list[str]:
     return sorted(decided - settled)
 
 
-@pytest.mark.slow
 async def test_a_replica_killed_under_load_loses_nothing(cluster: Cluster) -> None:
-    """Slow (make bench): the killed replica's open calls are settled by the others only once its
-    heartbeat is stale (REPLICA_STALE_SECONDS, 30 s, store/audit.py), so this case takes ~50 s,
-    which would put the package past its 90 s budget in make test. The rule itself is in make
-    test at the store level (tests/store/test_audit_backends.py, a gone replica's calls settled)."""
+    """The killed replica's open calls are settled by the others only once its heartbeat is stale
+    (REPLICA_STALE_SECONDS, 30 s, store/audit.py), so this case takes ~50 s; the issue asks for it
+    in make test, and CI's budget has room for it."""
     cluster.sim.set_faults(task_seconds=0.4)
     load = Load(cluster)
     async with cluster.http(timeout=30) as http:
