@@ -1,6 +1,7 @@
 # The two commands of the README contract: `make demo` and `make test`.
 # Both bootstrap everything they need on a fresh machine.
 #   make demo PORT=9443 ONESHOT=1   # another port; run the scripted session and exit
+#   make demo IDP=1                 # also Keycloak: the admin console, its URL and demo users
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -29,7 +30,7 @@ tools:
 	@bash scripts/provision-chromium.sh
 
 demo: venv tools
-	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),)
+	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),) $(if $(IDP),--idp,)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -68,7 +68,7 @@ def _token_mint(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from gateway.cli.demo import run_demo
 
-    return run_demo(oneshot=args.oneshot, port=args.port)
+    return run_demo(oneshot=args.oneshot, port=args.port, idp=args.idp)
 
 
 def _sim(argv: list[str]) -> int:
@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="simulator + OPA sidecar + gateway, with a scripted agent session")
     d.add_argument("--oneshot", action="store_true", help="exit after the scripted session")
     d.add_argument("--port", type=int, default=8443, help="the gateway's HTTPS port on 127.0.0.1 (make demo PORT=...)")
+    d.add_argument(
+        "--idp",
+        action="store_true",
+        help="also start Keycloak (make tools provisions it): the gateway trusts its realm and the admin"
+        " console is enabled; prints the console URL and the demo users (make demo IDP=1)",
+    )
     d.set_defaults(func=_demo)
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (see `pvegate sim --help`)", add_help=False)

@@ -1,11 +1,19 @@
 """`pvegate demo`: the simulator, the OPA sidecar and the gateway on one machine,
-then a short scripted agent session through the official MCP SDK client."""
+then a short scripted agent session through the official MCP SDK client.
+
+With `--idp` (`make demo IDP=1`) a real Keycloak (gateway/dev/keycloak.py, provisioned by
+`make tools`) starts too: the gateway trusts its realm instead of HS256 demo tokens, the admin
+console is enabled, and the scripted session uses the provider's tokens (the agent's by client
+credentials, alice's by the realm's password-grant test client)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import os
+import re
+import secrets
 import shutil
 import socket
 import ssl
@@ -21,12 +29,26 @@ import uvicorn
 from gateway.cli import clientconfig
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
+from gateway.dev.keycloak import (
+    AGENT_CLIENT,
+    CONSOLE_CLIENT,
+    KEYCLOAK_VERSION,
+    SCOPE,
+    KeycloakServer,
+    KeycloakUnavailable,
+    install_dir,
+    java_home,
+    provision_realm,
+    start_keycloak,
+)
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.server import uvicorn_config
 from gateway.store.audit import verify as verify_audit
 from gateway.tools.catalog import Catalog
 
 DEMO_DIR = Path(os.environ.get("PVEGATE_DEMO_DIR") or REPO_ROOT / ".state" / "demo")
+KEYCLOAK_START_TIMEOUT = 120.0  # ~10-20 s normally; a loaded machine gets more, never forever
+IDP_SWITCH = "make demo IDP=1 (pvegate demo --idp)"
 
 
 @dataclass
@@ -91,10 +113,24 @@ def _meta(result: Any) -> dict[str, Any]:
     return dict(getattr(result, "meta", None) or {})
 
 
-def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
-    """An operator agent's session: read, a guard-rail denial, and a four-eyes approval."""
-    agent = env.token("demo-agent", ["operator"])
-    alice = env.token("alice", ["approver"], groups=["sre-leads"], kind="human")
+def _page_message(page: str) -> str:
+    """The message of a Keycloak or console error page, for a one-line report."""
+    found = re.search(r'class="instruction">([^<]+)<|<p[^>]*>([^<]+)</p>|<title>([^<]+)<', page)
+    text = next((g for g in found.groups() if g), "") if found else page[:200]
+    return " ".join(html.unescape(text).split())
+
+
+def scripted_steps(env: DevEnv, admin_url: str, kc: KeycloakServer | None = None) -> list[Step]:
+    """An operator agent's session: read, a guard-rail denial, and a four-eyes approval. With a
+    Keycloak, its tokens: the agent client's (client credentials) and alice's (a login session)."""
+    if kc is None:
+        agent_name = "demo-agent"
+        agent = env.token(agent_name, ["operator"])
+        alice = env.token("alice", ["approver"], groups=["sre-leads"], kind="human")
+    else:
+        agent_name = AGENT_CLIENT
+        agent = kc.client_credentials_token()
+        alice = kc.password_token("alice")
     risky = ("vm_shutdown", {"node": "pve1", "vmid": 100, "timeout": 30})  # prod + HA: high risk
     state: dict[str, str] = {}
     verify = ssl.create_default_context(cafile=str(env.ca_file))
@@ -105,7 +141,7 @@ def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
         names = {t.name for t in tools}
         catalog = {t.name for t in Catalog.load(env.config.connectors_dir)}
         hidden = "guest_delete" not in names  # operators may never delete guests, so they never see it
-        return "list_guests" in names and hidden, f"demo-agent sees {visibility(names, catalog)}"
+        return "list_guests" in names and hidden, f"{agent_name} sees {visibility(names, catalog)}"
 
     async def allowed_read() -> tuple[bool, str]:
         async with mcp_client(env.url, agent, env.ca_file) as client:
@@ -161,12 +197,43 @@ def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
             res = await client.call_tool(*risky, meta={"pvegate/approval": state["token"]})  # type: ignore[arg-type]
         return res.is_error and "used" in _text(res), f"replaying the token -> {_text(res)}"
 
+    async def console_sign_in() -> tuple[bool, str]:
+        # what a browser does: the console sends alice to Keycloak's login form, she signs in, the
+        # callback opens her session; then the approvals page is hers
+        assert kc is not None
+        async with httpx.AsyncClient(verify=verify, follow_redirects=True, timeout=30) as http:
+            page = await http.get(f"{admin_url}/admin/login")
+            form = re.search(r'<form[^>]*id="kc-form-login"[^>]*action="([^"]+)"', page.text)
+            if page.status_code != 200 or form is None:
+                return False, f"no Keycloak login form behind /admin/login (HTTP {page.status_code}, {page.url})"
+            user = kc.users["alice"]
+            # Keycloak marks its login cookies Secure; a browser sends them to http://127.0.0.1 (a secure
+            # context), httpx's jar does not: they go by hand, and the redirect back is followed by hand
+            cookies = "; ".join(f"{c.name}={c.value}" for c in http.cookies.jar if c.domain.startswith("127.0.0.1"))
+            sent = await http.post(
+                html.unescape(form.group(1)),
+                data={"username": user.username, "password": user.password},
+                headers={"cookie": cookies},
+                follow_redirects=False,
+            )
+            done = await http.get(sent.headers.get("location", f"{admin_url}/admin/callback"))
+            queue = await http.get(f"{admin_url}/admin/approvals", headers={"accept": "text/html"})
+        signed_in = done.status_code == 200 and "Signed in" in done.text
+        ok = signed_in and queue.status_code == 200 and 'id="who">alice<' in queue.text
+        why = "" if signed_in else f": {_page_message(done.text)}"
+        return (
+            ok,
+            f"alice signs in to {admin_url}/admin/ through Keycloak's login form (HTTP {done.status_code}{why});"
+            f" her approvals page: HTTP {queue.status_code}",
+        )
+
     async def audit_chain() -> tuple[bool, str]:
         result = verify_audit(env.config.audit_path, key=env.config.audit_key_path)
         return result.ok, f"pvegate audit verify: {result.checked} records, chain intact={result.ok}"
 
+    console = [Step("the admin console: an approver signs in through Keycloak", console_sign_in)] if kc else []
     return [
-        Step("tools/list as demo-agent (operator)", list_tools),
+        Step(f"tools/list as {agent_name} (operator)", list_tools),
         Step("an allowed read", allowed_read),
         Step("a guard-rail denial: delete a protected guest", guard_rail),
         Step("a risky call needs a human: shut down a prod HA guest", needs_approval),
@@ -174,13 +241,15 @@ def scripted_steps(env: DevEnv, admin_url: str) -> list[Step]:
         Step("an approver approves", alice_approves),
         Step("the agent retries with the one-time token", retry_with_token),
         Step("the token cannot be replayed", replay),
+        *console,
         Step("the audit chain verifies", audit_chain),
     ]
 
 
-async def run_session(env: DevEnv) -> bool:
+async def run_session(env: DevEnv, kc: KeycloakServer | None = None) -> bool:
     ok = True
-    for i, step in enumerate(scripted_steps(env, env.url.removesuffix("/mcp")), 1):
+    steps = await asyncio.to_thread(scripted_steps, env, env.url.removesuffix("/mcp"), kc)
+    for i, step in enumerate(steps, 1):
         try:
             passed, detail = await step.run()
         except Exception as exc:
@@ -190,9 +259,59 @@ async def run_session(env: DevEnv) -> bool:
     return ok
 
 
-async def _demo(oneshot: bool, port: int) -> int:
-    from gateway.sim.harness import start_simulator
+def console_key(demo_dir: Path) -> Path:
+    """The console's session-signing key, kept across runs like the demo's other secrets."""
+    key = demo_dir / "secrets" / "console-session-key"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text(secrets.token_urlsafe(48))
+        key.chmod(0o600)
+    return key
 
+
+def idp_extra(kc: KeycloakServer, demo_dir: Path) -> dict[str, Any]:
+    """The gateway's `auth` (the realm's tokens only) and `console` sections for a demo Keycloak."""
+    auth = {**kc.auth_config(), "required_scopes": [SCOPE], "kind": {"agent_clients": [AGENT_CLIENT]}}
+    console = {
+        "enabled": True,
+        "issuer": kc.issuer,
+        "client_id": CONSOLE_CLIENT,
+        "session_key": {"file": str(console_key(demo_dir))},
+    }
+    return {"auth": auth, "console": console}
+
+
+def idp_help(env: DevEnv, kc: KeycloakServer) -> None:
+    """The console URL, the demo users and how the agent gets a token (demo-only secrets)."""
+    base = env.url.removesuffix("/mcp")
+    say("=" * 72)
+    say(f"Identity provider: Keycloak {KEYCLOAK_VERSION}, realm {kc.realm}")
+    say(f"  Issuer:         {kc.issuer}")
+    say(f"  Admin console:  {base}/admin/   (sign in through Keycloak; the browser must trust {env.ca_file})")
+    say("  Demo users (demo-only passwords, made for this run's throw-away realm):")
+    for u in kc.users.values():
+        groups = f", group {', '.join(u.groups)}" if u.groups else ""
+        say(f"    {u.username} / {u.password}   role {', '.join(u.roles)}{groups}")
+    say(f"  Agent token:    client {AGENT_CLIENT} (client credentials, role operator, valid 10 min):")
+    say(
+        f"    curl -s -d grant_type=client_credentials -d client_id={AGENT_CLIENT}"
+        f" -d client_secret={kc.agent_secret} {kc.token_url} | jq -r .access_token"
+    )
+    say(f"  Keycloak admin: {kc.base_url}/admin/   admin / {kc.admin_password}")
+    say("=" * 72)
+
+
+def _start_idp() -> KeycloakServer:
+    kc = start_keycloak(timeout=KEYCLOAK_START_TIMEOUT)
+    try:
+        provision_realm(kc)
+    except BaseException:
+        kc.stop()
+        raise
+    return kc
+
+
+async def _demo(oneshot: bool, port: int, idp: bool = False) -> int:
     if port_in_use("127.0.0.1", port):
         print(
             f"pvegate: cannot start: 127.0.0.1:{port} is in use; choose another with make demo PORT=<port>"
@@ -200,6 +319,30 @@ async def _demo(oneshot: bool, port: int) -> int:
             file=sys.stderr,
         )
         return 2
+    kc: KeycloakServer | None = None
+    if idp:
+        try:  # not provisioned: say so before starting anything
+            java_home(install_dir())
+        except KeycloakUnavailable as exc:
+            print(f"pvegate: cannot start the identity provider: {exc}", file=sys.stderr)
+            return 2
+        say(f">> starting Keycloak {KEYCLOAK_VERSION} (about 10-20 s, at most {KEYCLOAK_START_TIMEOUT:.0f} s)")
+        try:
+            kc = await asyncio.to_thread(_start_idp)
+        except (KeycloakUnavailable, httpx.HTTPError) as exc:
+            print(f"pvegate: Keycloak did not come up: {exc}", file=sys.stderr)
+            return 1
+        say(f"   up in {kc.started_in:.1f} s, realm {kc.realm} provisioned in {kc.provisioned_in:.1f} s")
+    try:
+        return await _serve(oneshot, port, kc)
+    finally:
+        if kc is not None:
+            kc.stop()
+
+
+async def _serve(oneshot: bool, port: int, kc: KeycloakServer | None) -> int:
+    from gateway.sim.harness import start_simulator
+
     say(">> starting the Proxmox VE simulator (scenario: default)")
     sim = await asyncio.to_thread(start_simulator, "default", DEMO_DIR / "sim")
     try:
@@ -207,7 +350,10 @@ async def _demo(oneshot: bool, port: int) -> int:
         notice = reset_state(DEMO_DIR)
         if notice:
             say(notice)
-        env = make_env(DEMO_DIR, {"default": sim}, port=port, extra={"health": {"cluster_probe_interval": 15}})
+        extra: dict[str, Any] = {"health": {"cluster_probe_interval": 15}}
+        if kc is not None:
+            extra.update(idp_extra(kc, DEMO_DIR))
+        env = make_env(DEMO_DIR, {"default": sim}, port=port, extra=extra)
         say(">> starting OPA sidecar and gateway")
         server = uvicorn.Server(uvicorn_config(env.config))
         serving = asyncio.create_task(server.serve())
@@ -216,9 +362,14 @@ async def _demo(oneshot: bool, port: int) -> int:
                 serving.result()
                 return 1
             await asyncio.sleep(0.05)
-        connection_help(env, env.token("demo-agent", ["operator"], ttl_seconds=8 * 3600))
+        if kc is None:
+            connection_help(env, env.token("demo-agent", ["operator"], ttl_seconds=8 * 3600))
+            say(f">> the admin console needs an identity provider: {IDP_SWITCH} starts Keycloak too")
+        else:
+            connection_help(env, await asyncio.to_thread(kc.client_credentials_token))
+            idp_help(env, kc)
         say(">> scripted agent session (official mcp SDK client)")
-        ok = await run_session(env)
+        ok = await run_session(env, kc)
         if oneshot:
             server.should_exit = True
             await serving
@@ -231,11 +382,11 @@ async def _demo(oneshot: bool, port: int) -> int:
         sim.stop()
 
 
-def run_demo(oneshot: bool = False, port: int = 8443) -> int:
+def run_demo(oneshot: bool = False, port: int = 8443, idp: bool = False) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_demo(oneshot, port))
+        return asyncio.run(_demo(oneshot, port, idp))
     return 130
 
 
 if __name__ == "__main__":
-    sys.exit(run_demo(oneshot="--oneshot" in sys.argv))
+    sys.exit(run_demo(oneshot="--oneshot" in sys.argv, idp="--idp" in sys.argv))
