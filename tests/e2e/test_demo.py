@@ -38,6 +38,8 @@ def test_demo_oneshot_behaves(tmp_path: Path) -> None:
     assert "demo: all steps behaved" in out
     assert out.count(": OK") >= 9, out[-4000:]
     assert "Traceback" not in out
+    # it names the switch that adds the identity provider and the console (tests/e2e/test_demo_idp.py)
+    assert "the admin console needs an identity provider: make demo IDP=1 (pvegate demo --idp)" in out
     # it says that it wiped the previous run's audit and approvals
     assert f"removed the previous demo's audit log and approval requests ({demo_dir / 'state'})" in out
 
