@@ -2,7 +2,7 @@
 # Provision the pinned Keycloak (the OpenID Connect provider the identity tests run against) into
 # .tools/keycloak-<version> (git-ignored): Maven Central's keycloak-quarkus-dist archive, verified
 # against the pinned SHA-512, then built once (`kc.sh build --db=dev-mem`) so that tests start it
-# with `start --optimized` and never rewrite the shared install (tests/kcserver.py gives every
+# with `start --optimized` and never rewrite the shared install (gateway/dev/keycloak.py gives every
 # test session its own home folder for data and logs).
 #
 # Keycloak 26 needs Java 21 or newer. The machine's default java is 17, so a newer JDK is looked
