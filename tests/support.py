@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import threading
@@ -100,3 +101,14 @@ def database_bytes(db: Path) -> bytes:
     """
     files = sorted(str(f) for f in db.parent.glob(db.name + "*"))
     return subprocess.run(["cat", *files], capture_output=True, check=True, timeout=60).stdout
+
+
+def per_module(sub: str) -> str:
+    """`sub` with the running test module's name: a principal of its own per module.
+
+    The example policy counts calls per principal per minute (calls-per-minute, 120). Helpers
+    shared across the connectors package minted one admin for every module, and a fast full run
+    (a quiet machine) spent that admin's 120 calls a minute across modules and failed one."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    module = Path(current.split("::", 1)[0]).stem.removeprefix("test_") if current else ""
+    return f"{sub}-{module}" if module else sub

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs
 from gateway.dev.devenv import DevEnv
 from gateway.tools.runtimes.base import CallContext
 from tests.connectors.test_provision_e2e import admin, call, read, run, sent, text
-from tests.support import GatewayThread
+from tests.support import GatewayThread, per_module
 
 FIREWALL_TOOLS = {
     "firewall_alias_create",
@@ -61,7 +61,7 @@ FW = f"{API}/cluster/firewall"
 
 
 def network_admin(env: DevEnv) -> str:
-    return env.token("nora", [], groups=["network-admins"], kind="human")
+    return env.token(per_module("nora"), [], groups=["network-admins"], kind="human")
 
 
 async def rules(env: DevEnv, tool: str, args: dict[str, Any]) -> list[dict[str, Any]]:

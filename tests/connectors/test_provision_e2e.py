@@ -19,7 +19,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
-from tests.support import GatewayThread, audit_rows, database_bytes
+from tests.support import GatewayThread, audit_rows, database_bytes, per_module
 
 CI_PASSWORD = "Sup3r-Secret-CI-Pw-7d1c"
 CI_PASSWORD_2 = "Another-Secret-CI-Pw-e4a0"
@@ -37,7 +37,7 @@ PROVISION_TOOLS = {
 
 
 def admin(env: DevEnv) -> str:
-    return env.token("prov-admin", [], groups=["pve-admins"], kind="human")
+    return env.token(per_module("prov-admin"), [], groups=["pve-admins"], kind="human")
 
 
 def text(res: Any) -> str:

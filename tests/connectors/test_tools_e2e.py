@@ -28,7 +28,7 @@ from tests.connectors.test_provision_e2e import PROVISION_TOOLS
 from tests.connectors.test_sdn_e2e import SDN_TOOLS
 from tests.connectors.test_storage_content_e2e import STORAGE_TOOLS
 from tests.connectors.test_tasks_certs_e2e import CERT_TOOLS, TASK_TOOLS
-from tests.support import GatewayThread, audit_rows, database_bytes
+from tests.support import GatewayThread, audit_rows, database_bytes, per_module
 
 Check = Callable[[dict[str, Any]], bool]
 PLANTED = "SimPlantedSecret"
@@ -39,7 +39,7 @@ def auditor(env: DevEnv) -> str:
 
 
 def admin(env: DevEnv, sub: str = "e2e-admin") -> str:
-    return env.token(sub, [], groups=["pve-admins"], kind="human")
+    return env.token(per_module(sub), [], groups=["pve-admins"], kind="human")
 
 
 async def call(env: DevEnv, token: str, name: str, args: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:
