@@ -15,22 +15,21 @@ same on purpose and removes the folder; only a killed run leaves its temp folder
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.dev.procs import die_with_parent, free_loopback_port
+
 USER = "pvegate"  # the database superuser initdb creates (trust auth on loopback only)
 DATABASE = "postgres"
-_PR_SET_PDEATHSIG = 1
 
 
 class PostgresUnavailable(RuntimeError):
@@ -58,20 +57,6 @@ def _owner() -> pwd.struct_passwd | None:
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
     raise PostgresUnavailable("running as root and neither a 'postgres' nor a 'nobody' account exists")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls into it
-
-
-def _die_with_parent() -> None:
-    """In the child, after it dropped to the owner's uid (which would clear the setting)."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
 
 
 @dataclass
@@ -151,7 +136,7 @@ def _spawn(root: Path, port: int, durable: bool = False) -> subprocess.Popen[byt
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            preexec_fn=_die_with_parent,  # only a prctl between fork and exec
+            preexec_fn=die_with_parent(signal.SIGINT),  # after the switch to the owner's uid
             user=uid,
             group=gid,
             extra_groups=groups,
@@ -188,7 +173,7 @@ def start_postgres(timeout: float = 60.0, durable: bool = False) -> PostgresServ
         shutil.rmtree(root, ignore_errors=True)
         raise PostgresUnavailable(f"initdb failed: {exc.stderr.decode(errors='replace').strip()}") from exc
     for _attempt in range(5):  # another process may take the free port before the server binds it
-        port = _free_port()
+        port = free_loopback_port()
         proc = _spawn(root, port, durable)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None and not _ready(data):

@@ -31,13 +31,11 @@ It lives in the dev layer (not tests/) because the demo uses it; tests/kcserver.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +47,7 @@ from typing import Any
 import httpx
 
 from gateway.dev.devenv import AUDIENCE
+from gateway.dev.procs import die_with_parent, free_loopback_port
 
 KEYCLOAK_VERSION = "26.5.6"  # pinned with its SHA-512 in scripts/provision-keycloak.sh
 REALM = "pvegate"
@@ -60,8 +59,6 @@ DEFAULT_AUDIENCE = AUDIENCE  # make_env gateways accept these tokens
 # Keycloak matches a redirect URI ending in `*` as a prefix: any loopback port and path.
 CONSOLE_REDIRECT_URIS = ("http://127.0.0.1:*", "https://127.0.0.1:*", "http://localhost:*", "https://localhost:*")
 _ROOT = Path(__file__).resolve().parents[2]  # the repo: .tools/ is provisioned there
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls into it
 
 
 class KeycloakUnavailable(RuntimeError):
@@ -80,16 +77,6 @@ def java_home(install: Path) -> Path:
     if not (recorded / "bin" / "java").is_file():
         raise KeycloakUnavailable(f"the JDK recorded for Keycloak ({recorded}) is gone: run `make tools`")
     return recorded
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -431,7 +418,7 @@ def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
         "TZ": "UTC",
     }
     for _attempt in range(3):  # another process may take the free port before Keycloak binds it
-        port = _free_port()
+        port = free_loopback_port()
         argv = [
             str(root / "bin" / "kc.sh"),
             "start",
@@ -450,7 +437,7 @@ def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            preexec_fn=_die_with_parent,  # only a prctl between fork and exec
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         log.close()
         server = KeycloakServer(root, port, proc, admin_password, 0.0)
