@@ -26,6 +26,7 @@ import asyncpg
 import pytest
 
 from gateway.cli import main as cli
+from gateway.dev.procs import die_with_parent
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditLog, AuditRecord, AuditStoreError
 from gateway.store.audit_seal import AuditKeyError, HeadKey
@@ -36,7 +37,7 @@ from gateway.store.pgsync import PgLocation
 from gateway.store.reconcile import Reconciler, open_calls
 from gateway.store.schema import upgrade_all
 from tests.config.conftest import minimal, write
-from tests.pgserver import PostgresServer, _die_with_parent, start_postgres
+from tests.pgserver import PostgresServer, start_postgres
 
 
 async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
@@ -451,7 +452,7 @@ def start_server(server: PostgresServer, argv: list[str]) -> None:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            preexec_fn=_die_with_parent,  # as tests/pgserver.py: never outlives the test process
+            preexec_fn=die_with_parent(signal.SIGINT),  # as tests/pgserver.py: never outlives the test process
             **as_owner,
         )
     pid_file = server.root / "data" / "postmaster.pid"
