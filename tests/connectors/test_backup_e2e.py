@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from gateway.dev.devenv import DevEnv
-from tests.connectors.test_provision_e2e import API, admin, call, config, guests, read, run, text
+from tests.connectors.test_provision_e2e import API, admin, answered, call, config, guests, read, run, text
 from tests.support import GatewayThread
 
 BACKUP_TOOLS = {
@@ -42,7 +42,7 @@ async def test_restore_to_new_ids_and_in_place(gateway: GatewayThread, env: DevE
     assert cfg["net0"] != (await config(env, 100))["net0"]  # unique: a new MAC address
 
     # the same id again without force is PVE's refusal, sent and answered
-    res = await call(env, admin(env), "vm_restore", {"node": "pve1", "vmid": 190, "archive": archive})
+    res = await answered(env, "vm_restore", {"node": "pve1", "vmid": 190, "archive": archive})
     assert res.is_error and "already exists" in text(res)
 
     old_disk = cfg["scsi0"].split(",")[0]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gateway.dev.devenv import DevEnv, make_env
-from tests.connectors.test_provision_e2e import admin, call, read, run, text
+from tests.connectors.test_provision_e2e import admin, answered, call, read, run, text
 from tests.support import GatewayThread, free_port
 
 NODE_TOOLS = {
@@ -133,7 +133,7 @@ async def test_service_restart(gateway: GatewayThread, env: DevEnv, sim: Any) ->
     assert "Started pveproxy.service" in log[-1]["t"]
     assert (await read(env, "node_service_status", {"node": "pve2", "service": "pveproxy"}))["state"] == "running"
     # a unit that is not installed: PVE's task fails, and so does the tool
-    res = await call(env, admin(env), "node_service_restart", {"node": "pve2", "service": "systemd-timesyncd"})
+    res = await answered(env, "node_service_restart", {"node": "pve2", "service": "systemd-timesyncd"})
     assert res.is_error and "exit code 5" in text(res)
 
 

@@ -19,6 +19,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
+from tests.approvals.conftest import Api
 from tests.support import GatewayThread, audit_rows, database_bytes, per_module
 
 CI_PASSWORD = "Sup3r-Secret-CI-Pw-7d1c"
@@ -47,6 +48,25 @@ def text(res: Any) -> str:
 async def call(env: DevEnv, token: str, name: str, args: dict[str, Any]) -> Any:
     async with mcp_client(env.url, token, env.ca_file) as client:
         return await client.call_tool(name, args)
+
+
+async def answered(env: DevEnv, name: str, args: dict[str, Any]) -> Any:
+    """The answer of a call that reaches Proxmox whatever the clock says: the example policy
+    holds more calls outside business hours (off_hours points), so when it holds this one,
+    SRE leads approve it and the admin retries with the one-time token."""
+    res = await call(env, admin(env), name, args)
+    if (res.meta or {}).get("pvegate/outcome") != "pending_approval":
+        return res
+    api = Api(env)
+    approval_id = res.structured_content["approval"]["id"]
+    for voter in ("alice", "bob"):
+        vote = await api.vote(approval_id, api.human(per_module(voter), ["sre-leads"]))
+        assert vote.status_code == 200, vote.text
+        if vote.json()["state"] == "approved":
+            break
+    assert vote.json()["state"] == "approved", vote.text
+    async with mcp_client(env.url, admin(env), env.ca_file) as client:
+        return await client.call_tool(name, args, meta={"pvegate/approval": vote.json()["token"]})
 
 
 def sent(sim: Any) -> list[tuple[str, str, dict[str, str] | None]]:
