@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from gateway.core.config import ClusterConfig, SecretRef
 from gateway.dev.devenv import DevEnv
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.tools.catalog import Catalog
-from gateway.tools.runtimes.base import CallContext, ToolError, UpstreamError
+from gateway.tools.runtimes.base import AnswerLost, CallContext, ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient, PveApiRuntime
 from gateway.tools.runtimes.ssh import AllowList, SshRuntime
 from gateway.tools.targets import TargetResolver
@@ -129,9 +130,33 @@ async def test_retries_only_for_reads(env: DevEnv, sim: Any, catalog: Catalog) -
             await client.request("GET", "/version")
         assert len([e for e in sim.requests_log() if e["path"].endswith("/version")]) == 3
         sim.clear_logs()
-        with pytest.raises(ToolError):
+        with pytest.raises(AnswerLost):  # sent, then cut: it may have run (never "unreachable")
             await rt.call(catalog.tools["vm_start"], {"vmid": 102}, CallContext("default"))
         assert len([e for e in sim.requests_log() if e["method"] == "POST"]) == 1  # a mutation is never retried
     finally:
         sim.set_faults(drop_rate=0.0, drop_path=None)
         await rt.close()
+
+
+async def test_nothing_sent_and_answer_lost_stay_apart(env: DevEnv, sim: Any) -> None:
+    """The transport (aiohttp under httpx) must keep what the retry and outcome rules rest on:
+    a refused connection sent nothing and says why; an answer that never came is AnswerLost."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    closed = PveApiClient(_cluster(env, api_url=f"https://127.0.0.1:{port}/api2/json"))
+    with pytest.raises(UpstreamError, match=r"unreachable at 127\.0\.0\.1:\d+ \(Connection refused\)") as exc:
+        await closed.request("POST", "/nodes/pve2/qemu/102/status/start")
+    assert exc.value.cause == "unreachable"
+    await closed.close()
+
+    client = PveApiClient(_cluster(env, timeout=0.5))
+    try:
+        sim.set_faults(latency_ms=3000, latency_path="^/nodes/pve2/qemu/102/status/start$")
+        sim.clear_logs()
+        with pytest.raises(AnswerLost, match="did not answer in time"):
+            await client.request("POST", "/nodes/pve2/qemu/102/status/start")
+        assert len([e for e in sim.requests_log() if e["method"] == "POST"]) <= 1
+    finally:
+        sim.set_faults(latency_ms=0, latency_path=None)
+        await client.close()

@@ -34,6 +34,7 @@ from gateway.tools.runtimes.base import (
 )
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
+from gateway.tools.runtimes.transport import AiohttpTransport
 from gateway.tools.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.pve_api")
@@ -106,7 +107,15 @@ def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamErro
                 f"TLS handshake with Proxmox cluster {cluster.name} ({where}) failed ({e.reason or type(e).__name__})",
                 "tls",
             )
-    why = next((e.strerror for e in _chain(exc) if isinstance(e, OSError) and e.strerror), None)
+    # asyncio words a refusal "Connect call failed (...)": the errno's own text says it plainer
+    why = next(
+        (
+            os.strerror(e.errno) if isinstance(e, ConnectionError) and e.errno else e.strerror
+            for e in _chain(exc)
+            if isinstance(e, OSError) and e.strerror
+        ),
+        None,
+    )
     if why is None:
         why = "no connection within the timeout" if isinstance(exc, httpx.TimeoutException) else type(exc).__name__
     return UpstreamError(f"Proxmox cluster {cluster.name} is unreachable at {where} ({why})", "unreachable")
@@ -157,10 +166,9 @@ class PveApiClient:
                         raise _connect_failure(exc, self.cluster) from exc
                     self._http = httpx.AsyncClient(
                         base_url=self.cluster.api_url,
-                        verify=verify,
                         timeout=httpx.Timeout(self.cluster.timeout),
                         headers=self._headers,
-                        limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+                        transport=AiohttpTransport(verify, self.cluster.timeout, max_connections=32),
                     )
         return self._http
 
