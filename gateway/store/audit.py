@@ -40,6 +40,7 @@ from typing import Any
 from gateway.core.config import Config, ConfigError
 from gateway.store import migrations
 from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
+from gateway.store.db import wal_mode
 from gateway.store.pgsync import PgConnection, PgLocation
 from gateway.tools.tool import Tool
 
@@ -439,7 +440,7 @@ class AuditLog:
         con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
         try:
             con.execute("PRAGMA busy_timeout=10000")
-            con.execute("PRAGMA journal_mode=WAL")
+            wal_mode(con)
             con.execute(f"PRAGMA synchronous={self.synchronous}")
             migrations.upgrade_sync(con, "audit", MIGRATIONS["sqlite"])
         except BaseException:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -100,9 +102,44 @@ class _SqliteTx:
         return None  # BEGIN IMMEDIATE already excludes every other writer of the file
 
     async def now(self) -> float:
-        import time
-
         return time.time()
+
+
+WAL_WAIT_S = 10.0  # as long as busy_timeout
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def wal_mode(con: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode=WAL, waiting out another process's first open of the same file.
+
+    Switching a new file to WAL needs its exclusive lock, and SQLite answers "database is
+    locked" at once (no busy handler) while a second process does the same: two replicas or a
+    gateway and `pvegate db upgrade` started together would otherwise fail at random."""
+    deadline = time.monotonic() + WAL_WAIT_S
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
+
+
+async def wal_mode_async(db: aiosqlite.Connection) -> None:
+    """wal_mode on an aiosqlite connection (the same wait, without blocking the event loop)."""
+    deadline = time.monotonic() + WAL_WAIT_S
+    while True:
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.02)
 
 
 class SqliteDatabase:
@@ -131,7 +168,7 @@ class SqliteDatabase:
         self._db.row_factory = aiosqlite.Row
         try:  # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
             await self._db.execute("PRAGMA busy_timeout=10000")
-            await self._db.execute("PRAGMA journal_mode=WAL")
+            await wal_mode_async(self._db)
             await self._db.execute(f"PRAGMA synchronous={self.synchronous}")
         except BaseException:
             await self.close()

@@ -396,3 +396,26 @@ async def test_a_legacy_handoff_is_found_by_another_replica_once(shared: tuple[S
     assert await a.recall("iss\x1fagent", DIGEST) is None  # single-use
     await b.remember("iss\x1fagent", DIGEST, "apr-2", -1)  # already lapsed
     assert await a.recall("iss\x1fagent", DIGEST) is None
+
+
+async def test_processes_opening_a_new_sqlite_file_together_all_start(tmp_path: Any) -> None:
+    """Two replicas (or a gateway and `pvegate db upgrade`) opening a new file at once: switching
+    it to WAL takes the file's exclusive lock and SQLite says "database is locked" without waiting;
+    every opener must wait it out, and all agree on the one key."""
+    from gateway.store.db import SqliteDatabase
+    from gateway.store.migrations import check
+    from gateway.store.shared_keys import MIGRATIONS, shared_key
+
+    async def start(path: Any) -> bytes:
+        db = SqliteDatabase(path)
+        await db.open()
+        try:
+            await check(db, "keys", MIGRATIONS)
+            return await shared_key(db)
+        finally:
+            await db.close()
+
+    for i in range(60):
+        path = tmp_path / f"new-{i}.db"
+        keys = await asyncio.gather(*(start(path) for _ in range(4)))
+        assert len(set(keys)) == 1
