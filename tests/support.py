@@ -8,14 +8,16 @@ import sqlite3
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+import yaml
 
 from gateway.components import Components
 from gateway.core.config import Config
-from gateway.policy.opa_sidecar import free_port
+from gateway.policy.opa_sidecar import REPO_ROOT, free_port
 from gateway.server import uvicorn_config
 
 __all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "database_bytes", "free_port"]
@@ -112,3 +114,21 @@ def per_module(sub: str) -> str:
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     module = Path(current.split("::", 1)[0]).stem.removeprefix("test_") if current else ""
     return f"{sub}-{module}" if module else sub
+
+
+# a rate limit no test's load reaches (the example's 120 calls a minute, 10 writes a tool a minute
+# for agents, run out in a fast run and turn a test about something else into a quota test)
+GENEROUS_QUOTAS = [{"name": "generous", "counter": "all", "window": "1m", "limit": 100000}]
+
+
+def example_policy(root: Path, edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The `opa` settings for a managed sidecar with the repository's policy and its example data
+    as `edit` changes it (written under root, validated by the policy's schema as usual)."""
+    data = yaml.safe_load((REPO_ROOT / "policies" / "data" / "data.yaml").read_text())
+    edit(data)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    (root / "data" / "data.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return {
+        "mode": "managed",
+        "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(root)],
+    }

@@ -14,38 +14,26 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from gateway.dev.devenv import DevEnv, make_env
-from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.approvals.conftest import Api, outcome, text
-from tests.support import GatewayThread, audit_rows, free_port
+from tests.support import GENEROUS_QUOTAS, GatewayThread, audit_rows, example_policy, free_port
 
 ALWAYS = [
     {"name": "always", "weekdays": ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], "from_hour": 0, "to_hour": 24}
 ]
 
 
-def policy_dir(root: Path, windows: list[dict[str, Any]]) -> Path:
-    data = yaml.safe_load((REPO_ROOT / "policies" / "data" / "data.yaml").read_text())
-    data["guardrails"]["maintenance_windows"] = windows
-    data["quotas"] = [{"name": "generous", "counter": "all", "window": "1m", "limit": 100000}]
-    (root / "data").mkdir(parents=True, exist_ok=True)
-    (root / "data" / "data.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return root
-
-
 def gateway_env(tmp: pytest.TempPathFactory, sim: Any, name: str, windows: list[dict[str, Any]]) -> DevEnv:
-    policy = policy_dir(tmp.mktemp(f"{name}-policy"), windows)
-    opa = {
-        "mode": "managed",
-        "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(policy)],
-    }
+    def edit(data: dict[str, Any]) -> None:
+        data["guardrails"]["maintenance_windows"] = windows
+        data["quotas"] = GENEROUS_QUOTAS
+
+    opa = example_policy(tmp.mktemp(f"{name}-policy"), edit)
     return make_env(tmp.mktemp(name), {"default": sim}, port=free_port(), opa=opa)
 
 

@@ -23,12 +23,14 @@ import yaml
 
 from gateway.core.config import load
 from gateway.dev.devenv import DevEnv, make_env
-from tests.support import free_port
+from tests.support import GENEROUS_QUOTAS, example_policy, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def env_for(tmp: Path, sim: Any, state_dir: Path | None = None, **extra: Any) -> DevEnv:
+def env_for(tmp: Path, sim: Any, state_dir: Path | None = None, generous_quotas: bool = False, **extra: Any) -> DevEnv:
+    """generous_quotas: the example policy with rate limits no load here reaches (a fast machine
+    otherwise runs out of the agent's ten writes a tool a minute and every mutation is denied)."""
     state = state_dir or tmp / "state"
     raw: dict[str, Any] = {
         "state_dir": str(state),
@@ -36,7 +38,10 @@ def env_for(tmp: Path, sim: Any, state_dir: Path | None = None, **extra: Any) ->
         "shutdown_grace_seconds": 2,
     }
     raw.update(extra)
-    return make_env(tmp / "gw", {"default": sim}, port=free_port(), extra=raw)
+    opa = None
+    if generous_quotas:
+        opa = example_policy(tmp / "policy", lambda data: data.update(quotas=GENEROUS_QUOTAS))
+    return make_env(tmp / "gw", {"default": sim}, port=free_port(), extra=raw, opa=opa)
 
 
 def new_port(env: DevEnv) -> DevEnv:
