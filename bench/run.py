@@ -462,14 +462,16 @@ def run(a: argparse.Namespace) -> Results:
 
 # --- where the gateway's CPU goes -------------------------------------------------------
 
-# (phase, markers): a sampled stack belongs to the first phase any of whose markers appears in
-# one of its frames (py-spy names files relative to their sys.path entry: "(httpx/_client.py:..)").
-# The OPA client is aiohttp; the Proxmox client httpx/httpcore; the audit store aiosqlite.
+# (phase, markers): a sampled stack of the event loop's thread belongs to the first phase any of
+# whose markers appears in one of its frames (py-spy names files relative to their sys.path
+# entry: "(aiohttp/client.py:..)"). Both the Proxmox client (gateway/tools/runtimes/transport.py)
+# and the OPA client are aiohttp: dispatch is matched first by its gateway frames; aiohttp's
+# socket callbacks, which run without their caller's frames, count as "decide".
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("authenticate", ("(gateway/auth/", "(jwt/", "(cryptography/")),
     ("audit", ("(gateway/store/audit", "(gateway/store/outbox", "(aiosqlite/", "(sqlite3/")),
-    ("decide", ("(gateway/policy/", "(opa_client/", "(aiohttp/", "(fastjsonschema/")),
     ("dispatch", ("(gateway/tools/", "(httpx/", "(httpcore/", "(anyio/")),
+    ("decide", ("(gateway/policy/", "(opa_client/", "(aiohttp/", "(fastjsonschema/")),
     ("pipeline", ("(gateway/pipeline", "(gateway/mcp/", "(gateway/store/", "(gateway/observability/")),
     ("HTTP", ("(uvicorn/", "(h11/", "(starlette/", "(asyncio/sslproto", "(ssl.py")),
 ]
@@ -482,17 +484,36 @@ def classify(stack: str) -> str:
     return "event loop and other"
 
 
+def thread_ticks(pid: int) -> dict[str, int]:
+    """utime+stime per thread name of a process (the audit writer is the thread "audit-sqlite_0")."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
 def phase_profile(gw: Proc, url: str, args: list[str], a: argparse.Namespace) -> dict[str, Any]:
-    """py-spy samples the gateway (not OPA) while wrk drives it at c=8; samples by phase."""
+    """While wrk drives A at c=8: the gateway's CPU by thread (from /proc: exact), and the event
+    loop thread's samples by phase (py-spy). py-spy counts a thread waiting in fsync as busy, so
+    the audit writer thread is measured by its CPU ticks, not its samples."""
     spy = ROOT / ".venv" / "bin" / "py-spy"
     if not spy.exists():
         return {"error": "py-spy is not installed (pip install -e '.[dev]')"}
     out = Path(tempfile.mkstemp(prefix="pvegate-spy-", suffix=".txt")[1])
-    cmd = [str(spy), "record", "--nonblocking", "-r", "100", "-d", str(max(2, round(a.seconds))), "-f", "raw"]
+    cmd = [str(spy), "record", "--nonblocking", "--threads", "-r", "100", "-d", str(max(2, round(a.seconds)))]
     spy_proc = subprocess.Popen(
-        [*cmd, "-o", str(out), "-p", str(gw.popen.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [*cmd, "-f", "raw", "-o", str(out), "-p", str(gw.popen.pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
+    before = thread_ticks(gw.popen.pid)
     wrk(url, str(BENCH / "mcp_call.lua"), args, 8, a.seconds)
+    after = thread_ticks(gw.popen.pid)
     try:
         _, err = spy_proc.communicate(timeout=a.seconds + 60)
     except subprocess.TimeoutExpired:
@@ -501,13 +522,20 @@ def phase_profile(gw: Proc, url: str, args: list[str], a: argparse.Namespace) ->
     counts: dict[str, int] = {}
     for line in out.read_text().splitlines() if out.exists() else []:
         stack, _, n = line.rpartition(" ")
-        if n.isdigit():
+        if n.isdigit() and "MainThread" in stack.split(";", 1)[0]:
             counts[classify(stack)] = counts.get(classify(stack), 0) + int(n)
     out.unlink(missing_ok=True)
     total = sum(counts.values())
     if not total:
         return {"error": f"no samples ({err.decode(errors='replace').strip()[-300:]})"}
-    return {"samples": total, "share": {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}}
+    used = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    all_ticks = sum(used.values()) or 1
+    threads = {k: v / all_ticks for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v}
+    return {
+        "samples": total,
+        "share": {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])},
+        "threads": threads,
+    }
 
 
 def memory_growth(
@@ -689,7 +717,10 @@ def report(r: Results, command: str) -> str:
     ph = r.phases
     if ph.get("share"):
         parts = ", ".join(f"{k} {v * 100:.0f} %" for k, v in ph["share"].items())
-        lines += ["", f"Gateway CPU by phase (py-spy, {ph['samples']} samples of A's gateway process at c=8): {parts}."]
+        lines += ["", f"Event-loop thread by phase (py-spy, {ph['samples']} samples of A's gateway at c=8): {parts}."]
+        if ph.get("threads"):
+            tparts = ", ".join(f"{k} {v * 100:.0f} %" for k, v in ph["threads"].items())
+            lines += ["", f"Gateway CPU by thread (/proc ticks, same run): {tparts}."]
     elif ph:
         lines += ["", f"Gateway CPU by phase: not measured ({ph.get('error')})."]
     lines += [

@@ -10,7 +10,7 @@ import socket
 import ssl
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import asyncssh
 import pytest
@@ -160,3 +160,24 @@ async def test_nothing_sent_and_answer_lost_stay_apart(env: DevEnv, sim: Any) ->
     finally:
         sim.set_faults(latency_ms=0, latency_path=None)
         await client.close()
+
+
+def test_form_and_query_encoding_match_httpx() -> None:
+    """The Proxmox client left httpx for aiohttp: what PVE receives must decode to the same fields."""
+    import httpx
+
+    from gateway.tools.runtimes.transport import encode_form
+
+    fields = {
+        "net0": "virtio,bridge=vmbr0,tag=20",
+        "description": "a b&c=d/é+%",
+        "onboot": True,
+        "force": False,
+        "empty": None,
+        "delete": ["ide2", "net1"],
+        "cores": 4,
+    }
+    body = httpx.Request("POST", "https://pve.invalid/", data=fields).read().decode()
+    assert encode_form(fields) == body
+    assert encode_form(fields) == httpx.Request("GET", "https://pve.invalid/", params=fields).url.query.decode()
+    assert parse_qsl(body, keep_blank_values=True)[1] == ("description", "a b&c=d/é+%")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen
+from gateway.tools.runtimes.transport import NotSent, Reply
 
 
 class Clock:
@@ -16,22 +16,22 @@ class Clock:
         return self.now
 
 
-def response(status: int) -> httpx.Response:
-    return httpx.Response(status, request=httpx.Request("GET", "https://pve.invalid/api2/json/nodes"))
+def response(status: int) -> Reply:
+    return Reply(status, "", b"{}")
 
 
-async def send_status(b: CircuitBreaker, status: int) -> httpx.Response:
-    async def send() -> httpx.Response:
+async def send_status(b: CircuitBreaker, status: int) -> Reply:
+    async def send() -> Reply:
         return response(status)
 
     return await b.call(send)
 
 
 async def send_error(b: CircuitBreaker) -> None:
-    async def send() -> httpx.Response:
-        raise httpx.ConnectError("refused")
+    async def send() -> Reply:
+        raise NotSent("refused")
 
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(NotSent):
         await b.call(send)
 
 
@@ -45,7 +45,7 @@ async def test_opens_after_threshold_and_fails_fast() -> None:
     assert b.state == "open" and b.opens == 1
     sent = []
 
-    async def send() -> httpx.Response:
+    async def send() -> Reply:
         sent.append(1)
         return response(200)
 
@@ -65,7 +65,7 @@ async def test_half_open_lets_one_probe_and_closes_on_success() -> None:
         b.before()  # a second caller while the probe is out
     b.success()
     assert b.state == "closed" and b.failures == 0
-    assert (await send_status(b, 200)).status_code == 200
+    assert (await send_status(b, 200)).status == 200
 
 
 async def test_failed_probe_reopens() -> None:

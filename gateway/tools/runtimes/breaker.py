@@ -17,9 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import httpx
-
 from gateway.tools.runtimes.base import UpstreamError
+from gateway.tools.runtimes.transport import AnswerMissing, NotSent, Reply
 
 NODE_UNREACHABLE = frozenset({595, 596, 597, 599})  # PVE proxy statuses: a node, not the cluster
 
@@ -31,8 +30,8 @@ class CircuitOpen(UpstreamError):
         super().__init__(message, "circuit_open")
 
 
-def is_outage(response: httpx.Response) -> bool:
-    return response.status_code >= 500 and response.status_code not in NODE_UNREACHABLE and response.status_code != 501
+def is_outage(status: int) -> bool:
+    return status >= 500 and status not in NODE_UNREACHABLE and status != 501
 
 
 @dataclass
@@ -76,12 +75,12 @@ class CircuitBreaker:
             self.state = "open"
             self.opened_at = self.clock()
 
-    async def call(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    async def call(self, send: Callable[[], Awaitable[Reply]]) -> Reply:
         """Send one request through the breaker; transport errors are re-raised after counting."""
         self.before()
         try:
             response = await send()
-        except httpx.TransportError:
+        except (NotSent, AnswerMissing):
             self.failure()
             raise
         except BaseException:
@@ -89,7 +88,7 @@ class CircuitBreaker:
             if self.state == "half_open":
                 self.state = "open"
             raise
-        if is_outage(response):
+        if is_outage(response.status):
             self.failure()
         else:
             self.success()

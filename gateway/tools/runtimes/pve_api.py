@@ -19,8 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import httpx
-
 from gateway.core.config import ClusterConfig
 from gateway.tools.runtimes.base import (
     AnswerLost,
@@ -34,7 +32,7 @@ from gateway.tools.runtimes.base import (
 )
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
-from gateway.tools.runtimes.transport import AiohttpTransport
+from gateway.tools.runtimes.transport import AnswerMissing, NotSent, PveHttp, Reply
 from gateway.tools.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.pve_api")
@@ -117,11 +115,11 @@ def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamErro
         None,
     )
     if why is None:
-        why = "no connection within the timeout" if isinstance(exc, httpx.TimeoutException) else type(exc).__name__
+        why = "no connection within the timeout" if getattr(exc, "timeout", False) else type(exc).__name__
     return UpstreamError(f"Proxmox cluster {cluster.name} is unreachable at {where} ({why})", "unreachable")
 
 
-def _error_message(r: httpx.Response, cluster: str) -> str:
+def _error_message(r: Reply, cluster: str) -> str:
     message = ""
     try:
         body = r.json()
@@ -132,31 +130,31 @@ def _error_message(r: httpx.Response, cluster: str) -> str:
                 message = f"{message} ({errs})" if message else errs
     except ValueError:
         pass
-    reason = r.reason_phrase or ""
-    if r.status_code == 403:
+    reason = r.reason
+    if r.status == 403:
         m = PERM_RE.search(reason) or PERM_RE.search(message)
         if m:
             return f"the gateway's Proxmox token lacks {m.group(2)} on {m.group(1)} (cluster {cluster})"
         return f"Proxmox refused the gateway's token: {message or reason}"
-    if r.status_code in (595, 596, 597, 599):
+    if r.status in (595, 596, 597, 599):
         return f"a node of cluster {cluster} is unreachable from the API node ({reason or message})"
-    if r.status_code == 501:
+    if r.status == 501:
         return f"this Proxmox version does not implement the endpoint ({message or reason})"
     text = message or reason
-    return f"Proxmox answered {r.status_code}: {text[:400]}"
+    return f"Proxmox answered {r.status}: {text[:400]}"
 
 
 class PveApiClient:
-    """One keep-alive HTTPS client per cluster."""
+    """One keep-alive HTTPS pool per cluster."""
 
     def __init__(self, cluster: ClusterConfig) -> None:
         self.cluster = cluster
         self._headers = {"Authorization": f"PVEAPIToken={cluster.token.read()}"}
-        self._http: httpx.AsyncClient | None = None
+        self._http: PveHttp | None = None
         self._lock = asyncio.Lock()
         self.breaker = CircuitBreaker(cluster.name)  # fail fast while the cluster's API is down
 
-    async def _client(self) -> httpx.AsyncClient:
+    async def _client(self) -> PveHttp:
         if self._http is None:
             async with self._lock:
                 if self._http is None:
@@ -164,12 +162,7 @@ class PveApiClient:
                         verify = await asyncio.to_thread(_ssl_context, self.cluster)
                     except OSError as exc:
                         raise _connect_failure(exc, self.cluster) from exc
-                    self._http = httpx.AsyncClient(
-                        base_url=self.cluster.api_url,
-                        timeout=httpx.Timeout(self.cluster.timeout),
-                        headers=self._headers,
-                        transport=AiohttpTransport(verify, self.cluster.timeout, max_connections=32),
-                    )
+                    self._http = PveHttp(self.cluster.api_url, self._headers, verify, self.cluster.timeout)
         return self._http
 
     async def request(
@@ -193,36 +186,34 @@ class PveApiClient:
                 if last is not None:  # this call's own failures opened it: report their cause
                     raise last from exc
                 raise
-            except (httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError) as exc:
-                failure = _connect_failure(exc, self.cluster) if isinstance(exc, httpx.ConnectError) else None
-                if failure is not None:  # never connected: nothing was sent
+            except NotSent as exc:
+                failure = _connect_failure(exc, self.cluster)
+                self.breaker.last_error = str(failure)
+                # a connect timeout already waited the whole timeout; TLS won't heal
+                if attempt + 1 < attempts and not exc.timeout and failure.cause != "tls":
                     last = failure
-                elif isinstance(exc, httpx.TimeoutException):
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                    continue
+                raise failure from exc
+            except AnswerMissing as exc:  # sent: only a read is asked again
+                if exc.timeout:
                     last = AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time")
                 else:
-                    last = AnswerLost(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})")
+                    last = AnswerLost(f"Proxmox cluster {self.cluster.name} unreachable ({exc})")
                 self.breaker.last_error = str(last)
-                if attempt + 1 < attempts and (failure is None or failure.cause != "tls"):  # TLS won't heal
+                if attempt + 1 < attempts:
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
                 raise last from exc
-            except httpx.ConnectTimeout as exc:
-                failure = _connect_failure(exc, self.cluster)
-                self.breaker.last_error = str(failure)
-                raise failure from exc
-            except httpx.TimeoutException as exc:  # sent (a connect timeout is handled above)
-                raise AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time") from exc
-            except httpx.HTTPError as exc:
-                raise ToolError(f"Proxmox cluster {self.cluster.name} unreachable ({type(exc).__name__})") from exc
-        if r.status_code == 401:
+        if r.status == 401:
             raise UpstreamError(
                 f"Proxmox rejected the gateway's API token for cluster {self.cluster.name} (HTTP 401: "
                 "check the token id, its secret and that it has not expired or been removed)",
                 "auth",
             )
-        if r.status_code >= 400:
+        if r.status >= 400:
             message = _error_message(r, self.cluster.name)
-            if is_outage(r):
+            if is_outage(r.status):
                 self.breaker.last_error = message
             raise ToolError(message)
         try:
@@ -237,12 +228,11 @@ class PveApiClient:
         """GET /version with the gateway's token, past the breaker and without retries (the
         readiness report's reachability probe): the HTTP status. Raises on no answer."""
         http = await self._client()
-        r = await http.get("/version")
-        return r.status_code
+        return (await http.request("GET", "/version")).status
 
     async def close(self) -> None:
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
 
 
 def render_path(template: str, values: dict[str, Any]) -> str:
