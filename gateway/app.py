@@ -227,7 +227,10 @@ def create_app(
             app.state.console = Console(built, app.state.authenticator)
         # one key for every replica (state_key or the database): a retry may reach any of them
         sealer = Sealer(await state_key(config))
-        app.state.request_states = RequestStates(sealer, shared=await shared_states(built))
+        shared = await shared_states(built)
+        app.state.request_states = RequestStates(sealer, shared=shared)
+        if config.console.enabled:
+            app.state.console.signouts = shared
         app.state.sessions = Sessions(sealer)
         supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None
         watcher = None

@@ -6,6 +6,11 @@ the one that saw it first. A 2025-11-25 client has no requestState: after the UR
 it retries the identical call, and the binding (principal + request digest -> approval id,
 short-lived, single-use) is kept here instead of in one process's memory. Expiry is on the
 database's clock.
+
+Console sign-outs live here too: the console's session is a signed cookie any replica reads,
+so signing out must be known to every replica, or a copy of the cookie would stay usable
+until its idle timeout. A signed-out session id is kept until the session could not have
+lasted anyway (its start + console.max_session_seconds).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ CREATE TABLE IF NOT EXISTS request_handoffs (
     PRIMARY KEY (principal, digest)
 )
 """
+_V2 = "CREATE TABLE IF NOT EXISTS console_signouts (sid TEXT PRIMARY KEY, until {real} NOT NULL)"
 MIGRATIONS: dict[str, Sequence[str]] = {
-    "sqlite": [_V1.format(real="REAL")],
-    "postgresql": [_V1.format(real="DOUBLE PRECISION")],
+    "sqlite": [_V1.format(real="REAL"), _V2.format(real="REAL")],
+    "postgresql": [_V1.format(real="DOUBLE PRECISION"), _V2.format(real="DOUBLE PRECISION")],
 }
 
 
@@ -74,3 +80,15 @@ class SharedStates:
         if not rows or float(rows[0]["expires_at"]) < now:
             return None
         return str(rows[0]["approval_id"])
+
+    async def sign_out(self, sid: str, until: float) -> None:
+        """The console session `sid` is over on every replica (kept until `until`, epoch seconds)."""
+        async with self.database.transaction() as tx:
+            await tx.execute("DELETE FROM console_signouts WHERE until < ?", await tx.now())
+            await tx.execute(
+                "INSERT INTO console_signouts (sid, until) VALUES (?, ?) ON CONFLICT (sid) DO NOTHING", sid, until
+            )
+
+    async def signed_out(self, sid: str) -> bool:
+        rows = await self.database.fetch("SELECT 1 AS gone FROM console_signouts WHERE sid = ?", sid)
+        return bool(rows)

@@ -266,11 +266,20 @@ def test_what_if_decides_without_dispatching(erin: Browser, cenv: DevEnv, csim: 
 
 def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
     b = Browser(cenv, CAROL)
+    copy = Browser(cenv, None)  # someone holding a copy of the same session cookie
+    assert b.session is not None
+    copy.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, b.session), domain="127.0.0.1", path="/admin/")
+    assert copy.get("/admin/approvals").status_code == 200
     assert b.post("/admin/logout", {"csrf": "wrong"}).status_code == 403
     r = b.post("/admin/logout", {"csrf": b.csrf})
-    assert r.status_code == 200 and "signed out" in r.text
+    assert r.status_code == 200 and "You are signed out." in r.text
     assert f'{SESSION_COOKIE}=""' in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
+    # the copy is refused from now on, although its signature and idle clock are still good
+    refused = copy.get("/admin/approvals")
+    assert refused.status_code == 303 and refused.headers["location"].startswith("/admin/login")
+    assert Browser(cenv, CAROL).get("/admin/approvals").status_code == 200  # a new sign-in is a new session
     b.close()
+    copy.close()
 
 
 def test_sections_are_the_policys_to_open(dave: Browser, carol: Browser, erin: Browser) -> None:

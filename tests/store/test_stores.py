@@ -388,6 +388,19 @@ async def test_a_request_state_is_single_use_across_replicas(shared: tuple[Share
     assert len(refused) == 19 and all(str(e) == "already used" for e in refused)
 
 
+async def test_a_console_sign_out_holds_on_every_replica(shared: tuple[SharedStates, SharedStates]) -> None:
+    """Signed out on one replica: another refuses the same session; the row goes once it could
+    not matter (past the session's longest life)."""
+    a, b = shared
+    assert not await b.signed_out("sid-1")
+    await a.sign_out("sid-1", time.time() + 3600)
+    await a.sign_out("sid-1", time.time() + 3600)  # twice (a double-click): still one sign-out
+    assert await b.signed_out("sid-1") and not await b.signed_out("sid-2")
+    await b.sign_out("sid-old", time.time() - 1)  # lapsed: swept by the next sign-out
+    await a.sign_out("sid-3", time.time() + 3600)
+    assert not await a.signed_out("sid-old") and await a.signed_out("sid-1")
+
+
 async def test_a_legacy_handoff_is_found_by_another_replica_once(shared: tuple[SharedStates, SharedStates]) -> None:
     a, b = shared
     await a.remember("iss\x1fagent", DIGEST, "apr-1", 600)

@@ -4,8 +4,9 @@ The session is a cookie signed (HMAC, itsdangerous) with `console.session_key`, 
 every replica is given, so any replica reads any session and none keeps state. The
 signature's timestamp is renewed as the session is used: a cookie not renewed within
 `idle_timeout_seconds` is refused, and none outlives `max_session_seconds` after its
-sign-in. Sign-out clears the cookie; a copied cookie stays usable until its idle timeout,
-which is why that timeout is short.
+sign-in. Sign-out clears the cookie and records the session's id in the shared database
+(store/handoffs.py), which every replica checks on every console request, so a copy of the
+cookie is refused after sign-out too.
 
 The cookie is HttpOnly, Secure, SameSite=Strict and scoped to /admin/. The sign-in
 attempt (state, nonce, PKCE verifier) rides in a second signed cookie that must be

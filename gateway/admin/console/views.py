@@ -42,6 +42,8 @@ from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
 from gateway.store import audit as auditlib
 from gateway.store.approvals import STATES, ApprovalRequest, NotFound, approve_input, rfc3339
 from gateway.store.audit import AuditRecord
+from gateway.store.handoffs import SharedStates
+from gateway.store.outcomes import STORE_ERRORS
 from gateway.tools.runtimes.base import CallContext, ToolError
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
 
@@ -103,6 +105,8 @@ class Console:
         self.provider = Provider(cfg)
         self.verified: dict[str, Any] | None = None  # the last chain verification (audit page)
         self.verify_lock = asyncio.Lock()
+        # sign-outs every replica honours (the shared database); None without one: cookie only
+        self.signouts: SharedStates | None = None
         # Secure cookies: a browser keeps them on https and on loopback http (a secure context)
         try:
             self.sessions = Sessions(cfg.session_key.read(), cfg.idle_timeout_seconds, cfg.max_session_seconds)
@@ -178,8 +182,19 @@ async def record(
 # --- sessions and sign-in ------------------------------------------------------------------
 
 
-def signed_in(request: Request) -> Session | None:
-    session, renew = _console(request).sessions.read(request)
+async def signed_in(request: Request) -> Session | None:
+    """The request's session: its cookie valid, and not signed out on any replica (fail closed:
+    when the shared database cannot say, nobody is signed in)."""
+    console = _console(request)
+    session, renew = console.sessions.read(request)
+    if session is not None and console.signouts is not None:
+        try:
+            gone = await console.signouts.signed_out(session.sid)
+        except STORE_ERRORS as exc:
+            log.warning("console: cannot check sign-outs (%s): treated as signed out", exc)
+            gone = True
+        if gone:
+            session, renew = None, False
     request.state.console_session = session
     request.state.console_renew = renew
     return session
@@ -207,7 +222,7 @@ async def sections_of(request: Request, principal: Principal) -> frozenset[str]:
 
 async def guard(request: Request, section: str) -> Session | Response:
     """The signed-in session if the policy opens `section` to it; else the sign-in redirect or a refusal."""
-    session = signed_in(request)
+    session = await signed_in(request)
     if session is None:
         return _to_login(request)
     sections = await sections_of(request, session.principal)
@@ -318,17 +333,28 @@ async def _principal(console: Console, id_claims: dict[str, Any], access_token: 
 
 
 async def logout(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     if session is None:
         return RedirectResponse("/admin/login", status_code=303, headers=SECURITY_HEADERS)
     form = await request.form()
     if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
         return await _csrf_refused(request, session, "sign_out")
+    console = _console(request)
+    message = "You are signed out."
+    try:
+        if console.signouts is not None:  # a copy of the cookie is refused from now on, on every replica
+            await console.signouts.sign_out(session.sid, session.started + console.cfg.max_session_seconds)
+    except STORE_ERRORS as exc:
+        log.warning("console: sign-out of %s not recorded (%s)", session.sub, exc)
+        message = (
+            "You are signed out in this browser, but the gateway's database could not record it: "
+            "a copy of this session's cookie stays valid until its idle timeout."
+        )
     await record(request, "sign_out", session.sub, "ok")
-    end = await _console(request).provider.end_session_url()
+    end = await console.provider.end_session_url()
     request.state.console_session = None
-    response = render(request, "message.html", title="Signed out", message="You are signed out.", end_session=end)
-    _console(request).sessions.clear(response)
+    response = render(request, "message.html", title="Signed out", message=message, end_session=end)
+    console.sessions.clear(response)
     return response
 
 
@@ -903,7 +929,7 @@ async def stylesheet(request: Request) -> Response:
 
 
 async def home(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     if session is None:
         return render(request, "welcome.html", title="pvegate console")
     sections = await sections_of(request, session.principal)
