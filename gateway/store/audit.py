@@ -1484,13 +1484,18 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
 
     The file starts with a header naming the anchor it continues from and the last
     record it holds, authenticated with the audit head key; the database records that
-    last record as its new (authenticated) anchor. It all happens in one write
-    transaction, after the file is fsynced: a crash leaves either the old state or the new one.
+    last record as its new (authenticated) anchor.
+
+    Reading, verifying and writing the file happen in a read snapshot, while gateways go on
+    appending. Only the delete and the new anchor take the writer's lock, in one short
+    transaction after the file is fsynced, and only if no other archive moved the anchor
+    meanwhile. A crash leaves either the old state or the new one (and perhaps a file the
+    database does not list).
     """
     head_key = HeadKey.load(_key_for(path, key))
     con = connect(path)
     try:
-        con.execute("BEGIN IMMEDIATE")
+        con.execute("BEGIN")  # a snapshot: appends go on, and are not seen
         try:
             meta = _meta_all(con)
             seal = Seal(head_key, check_created(head_key, meta))
@@ -1501,49 +1506,64 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             start = (0, GENESIS) if signed is None else _point(signed, "archive anchor")
             anchor = {"seq": start[0], "hash": start[1]}
             cut = con.execute("SELECT MAX(seq) FROM audit WHERE ts < ?", (before,)).fetchone()[0]
-            if cut is None:
-                con.execute("ROLLBACK")
-                return ArchiveResult(None, 0)
-            rows = [dict(r) for r in con.execute("SELECT * FROM audit WHERE seq <= ? ORDER BY seq", (cut,))]
-            checker = ChainChecker(*start)
-            for r in rows:
-                if not checker.feed(r):  # never archive (and so launder) a broken chain
-                    raise ValueError(f"refusing to archive: {checker.problem}")
-            last = {"seq": rows[-1]["seq"], "hash": rows[-1]["hash"]}
-            out_dir.mkdir(parents=True, exist_ok=True)
-            name = f"audit-{rows[0]['seq']:012d}-{last['seq']:012d}.jsonl"
-            final = out_dir / name
-            tmp = out_dir / (name + ".tmp")
-            header = head_key.sign(
-                "archive",
-                {
-                    "type": "pvegate-audit-archive",
-                    "format": 2,
-                    "db": seal.db_id,
-                    "created_at": time.time(),
-                    "anchor": anchor,
-                    "first": {"seq": rows[0]["seq"], "hash": rows[0]["hash"]},
-                    "last": last,
-                    "count": len(rows),
-                },
+            rows = (
+                []
+                if cut is None
+                else [dict(r) for r in con.execute("SELECT * FROM audit WHERE seq <= ? ORDER BY seq", (cut,))]
             )
-            digest = hashlib.sha256()
-            with tmp.open("w") as fh:
-                for text in [json.dumps(header, separators=(",", ":"))] + [_archive_line(r) for r in rows]:
-                    fh.write(text + "\n")
-                    digest.update((text + "\n").encode())
-                fh.flush()
-                os.fsync(fh.fileno())
-            tmp.replace(final)
-            _fsync_dir(out_dir)
+        finally:
+            con.execute("ROLLBACK")
+        if not rows:
+            return ArchiveResult(None, 0)
+        checker = ChainChecker(*start)
+        for r in rows:
+            if not checker.feed(r):  # never archive (and so launder) a broken chain
+                raise ValueError(f"refusing to archive: {checker.problem}")
+        last = {"seq": rows[-1]["seq"], "hash": rows[-1]["hash"]}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        name = f"audit-{rows[0]['seq']:012d}-{last['seq']:012d}.jsonl"
+        final = out_dir / name
+        tmp = out_dir / (name + ".tmp")
+        header = head_key.sign(
+            "archive",
+            {
+                "type": "pvegate-audit-archive",
+                "format": 2,
+                "db": seal.db_id,
+                "created_at": time.time(),
+                "anchor": anchor,
+                "first": {"seq": rows[0]["seq"], "hash": rows[0]["hash"]},
+                "last": last,
+                "count": len(rows),
+            },
+        )
+        digest = hashlib.sha256()
+        with tmp.open("w") as fh:
+            for text in [json.dumps(header, separators=(",", ":"))] + [_archive_line(r) for r in rows]:
+                fh.write(text + "\n")
+                digest.update((text + "\n").encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(final)
+        _fsync_dir(out_dir)
+
+        con.execute("BEGIN IMMEDIATE")  # the writer's lock, for the delete and the anchor only
+        try:
+            got = con.execute("SELECT value FROM audit_meta WHERE key = 'anchor'").fetchone()
+            end = con.execute("SELECT hash FROM audit WHERE seq = ?", (last["seq"],)).fetchone()
+            moved = (None if got is None else str(got[0])) != meta.get("anchor")
+            if moved or end is None or str(end[0]) != last["hash"]:
+                con.execute("ROLLBACK")
+                final.unlink(missing_ok=True)  # nothing was deleted: the records are all still in the database
+                raise ValueError("refusing to archive: another archive moved the chain's anchor meanwhile; run again")
             listed = _meta(con, "archives") or []
             listed.append({"file": str(final), "sha256": digest.hexdigest(), **header})
-            con.execute("DELETE FROM audit WHERE seq <= ?", (cut,))
+            con.execute("DELETE FROM audit WHERE seq <= ?", (last["seq"],))
             _upsert(con, "anchor", head_key.sign("anchor", {"db": seal.db_id, **last, "file": name}))
             _upsert(con, "archives", listed)
             con.execute("COMMIT")
         except BaseException:
-            if con.in_transaction:
+            if con.in_transaction:  # the file stays: a COMMIT whose answer was lost may have moved the rows
                 con.execute("ROLLBACK")
             raise
         return ArchiveResult(final, len(rows), rows[0]["seq"], last["seq"], last["hash"])

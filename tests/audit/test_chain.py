@@ -321,3 +321,51 @@ def test_redacted_paths_name_what_the_audit_cannot_show() -> None:
     red = {"vmid": 1, "cipassword": "[redacted]", "nested": {"sshkeys": "[redacted]", "ok": 1}}
     assert auditlib.redacted_paths(orig, red) == ["arguments.cipassword", "arguments.nested.sshkeys"]
     assert auditlib.redacted_paths(orig, orig) == []
+
+
+def test_archive_lets_gateways_append_while_it_reads_and_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Archiving a large live database: only the delete takes the writer's lock. While the file
+    is written, another writer gets the lock at once and a gateway's appends land; they stay in
+    the database after the cut, and the chain verifies across it."""
+    db = tmp_path / "live.db"
+    asyncio.run(_filled(db, 10))
+    cut = time.time() + 1
+    line, seen = auditlib._archive_line, []
+
+    def writing(row: dict[str, object]) -> str:
+        if not seen:
+            seen.append(1)
+            con = sqlite3.connect(db, timeout=0.3, isolation_level=None)
+            con.execute("BEGIN IMMEDIATE")  # "database is locked" if the archive held the lock
+            con.execute("ROLLBACK")
+            con.close()
+            asyncio.run(_filled(db, 3))  # a gateway's commits, during the archive
+        return line(row)
+
+    monkeypatch.setattr(auditlib, "_archive_line", writing)
+    done = auditlib.archive(db, cut, tmp_path / "arch")
+    assert seen and done.file and (done.first_seq, done.last_seq) == (1, 20)  # 10 calls x 2 records
+    res = auditlib.verify(db, [done.file])
+    assert res.ok and res.checked == 26 and res.first_seq == 21, res.problem  # + 6 written meanwhile
+
+
+def test_archive_refuses_when_another_moved_the_anchor_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "race.db"
+    asyncio.run(_filled(db, 5))
+    line, inner, started = auditlib._archive_line, [], []
+
+    def racing(row: dict[str, object]) -> str:
+        if not started:  # the first archive, mid-write: a second one runs to completion
+            started.append(1)
+            inner.append(auditlib.archive(db, time.time() + 1, tmp_path / "other"))
+        return line(row)
+
+    monkeypatch.setattr(auditlib, "_archive_line", racing)
+    with pytest.raises(ValueError, match="another archive moved the chain's anchor"):
+        auditlib.archive(db, time.time() + 1, tmp_path / "mine")
+    assert list((tmp_path / "mine").glob("*.jsonl")) == []  # its file is gone; nothing was deleted for it
+    assert inner[0].file and auditlib.verify(db, [inner[0].file]).ok
