@@ -415,20 +415,11 @@ async def test_processes_opening_a_new_sqlite_file_together_all_start(tmp_path: 
     """Two replicas (or a gateway and `pvegate db upgrade`) opening a new file at once: switching
     it to WAL takes the file's exclusive lock and SQLite says "database is locked" without waiting;
     every opener must wait it out, and all agree on the one key."""
-    from gateway.store.db import SqliteDatabase
-    from gateway.store.migrations import check
-    from gateway.store.shared_keys import MIGRATIONS, shared_key
-
-    async def start(path: Any) -> bytes:
-        db = SqliteDatabase(path)
-        await db.open()
-        try:
-            await check(db, "keys", MIGRATIONS)
-            return await shared_key(db)
-        finally:
-            await db.close()
+    from gateway.core.config import load
+    from gateway.store.shared_keys import state_key
+    from tests.config.conftest import minimal, write
 
     for i in range(60):
-        path = tmp_path / f"new-{i}.db"
-        keys = await asyncio.gather(*(start(path) for _ in range(4)))
+        cfg = load(write(tmp_path / f"new-{i}", minimal(tmp_path / f"new-{i}")))  # a new database file each
+        keys = await asyncio.gather(*(state_key(cfg) for _ in range(4)))  # what each process does at start
         assert len(set(keys)) == 1
