@@ -88,17 +88,6 @@ def replica_env(base: DevEnv, name: str, dsn: str | None) -> DevEnv:
     return DevEnv(base.workdir, path, load(path), base.ca_file, f"https://127.0.0.1:{port}/mcp", base.jwt_secret)
 
 
-async def _create_database(server: PostgresServer, name: str) -> str:
-    import asyncpg
-
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return server.dsn.rsplit("/", 1)[0] + "/" + name
-
-
 def db_upgrade(env: DevEnv) -> None:
     import subprocess
 
@@ -161,7 +150,7 @@ def run(a: argparse.Namespace) -> tuple[dict[str, str], list[dict[str, Any]]]:
         log(f"workdir {work}; starting the simulator and PostgreSQL (fsync, synchronous_commit on)")
         sim = start_simulator(a.scenario, work / "sim", ssh=False)
         pg = start_postgres(durable=True)
-        dsn = asyncio.run(_create_database(pg, "bench"))
+        dsn = asyncio.run(pg.create_database("bench_"))
         base = make_env(work / "gw", {"default": sim}, port=free_port())
         HeadKey.create(base.workdir / "audit-head.key")
         tokens = write_tokens(base, work / "tokens.txt")

@@ -40,7 +40,6 @@ def load(module: str | None) -> Any:
 
 
 async def pg_location(d: str) -> Any:
-    import asyncpg
 
     from gateway.store.audit_seal import HeadKey
     from gateway.store.db import PostgresDatabase
@@ -51,11 +50,7 @@ async def pg_location(d: str) -> Any:
     from tests.pgserver import start_postgres
 
     server = start_postgres()
-    name = "bench_" + Path(d).name.replace("-", "_").lower()
-    admin = await asyncpg.connect(server.dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = server.dsn.rsplit("/", 1)[0] + "/" + name
+    url = await server.create_database("bench_")
     db = PostgresDatabase(url)
     await db.open()
     await upgrade_all(db)

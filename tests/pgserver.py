@@ -23,6 +23,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,18 @@ class PostgresServer:
     @property
     def dsn(self) -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{DATABASE}"
+
+    async def create_database(self, prefix: str = "t_") -> str:
+        """A new, empty database on this server (a fresh name each call): its URL."""
+        import asyncpg
+
+        name = prefix + uuid.uuid4().hex[:16]
+        admin = await asyncpg.connect(self.dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        return self.dsn.rsplit("/", 1)[0] + "/" + name
 
     def stop(self) -> None:
         self.halt()

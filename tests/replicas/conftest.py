@@ -6,21 +6,11 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from gateway.store.backend import NOT_YET_SHARED
 from tests.pgserver import start_postgres
 from tests.replicas.harness import Cluster, start_cluster
-
-
-async def _database(dsn: str) -> str:
-    admin = await asyncpg.connect(dsn)
-    try:
-        await admin.execute('CREATE DATABASE "replicas"')
-    finally:
-        await admin.close()
-    return dsn.rsplit("/", 1)[0] + "/replicas"
 
 
 @pytest.fixture(scope="package")
@@ -34,7 +24,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     pg = start_postgres()  # its own server: a test restarts it
     sim: Any = None
     try:
-        dsn = asyncio.run(_database(pg.dsn))
+        dsn = asyncio.run(pg.create_database("replicas_"))
         sim = start_simulator("small", tmp_path_factory.mktemp("rsim"), ssh=False)
         c = asyncio.run(start_cluster(pg, dsn, sim, tmp_path_factory.mktemp("replicas")))
     except BaseException:

@@ -7,11 +7,9 @@ as another process on the host would): two of them stand for two replicas.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from gateway.store.db import Database, PostgresDatabase, SqliteDatabase
@@ -34,13 +32,7 @@ async def make_database(
         yield lambda: SqliteDatabase(path)
         return
     server: PostgresServer = request.getfixturevalue("postgres")
-    name = "t_" + uuid.uuid4().hex[:16]
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = server.dsn.rsplit("/", 1)[0] + "/" + name
+    dsn = await server.create_database("t_")
     db = PostgresDatabase(dsn)
     await db.open()
     try:

@@ -17,7 +17,6 @@ import signal
 import sqlite3
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,13 +41,7 @@ from tests.pgserver import PostgresServer, start_postgres
 
 async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
     """A new, upgraded database on the server (what `pvegate db upgrade` leaves): its URL."""
-    name = prefix + uuid.uuid4().hex[:16]
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = server.dsn.rsplit("/", 1)[0] + "/" + name
+    url = await server.create_database(prefix)
     db = PostgresDatabase(url)
     await db.open()
     try:
@@ -564,11 +557,7 @@ async def test_a_postgresql_database_of_the_previous_release_gains_the_audit(
     from tests.config.conftest import minimal, run_pvegate, write
     from tests.store.test_stores import request
 
-    name = "p_" + uuid.uuid4().hex[:16]
-    admin = await asyncpg.connect(postgres.dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = postgres.dsn.rsplit("/", 1)[0] + "/" + name
+    url = await postgres.create_database("p_")
     db = PostgresDatabase(url)
     await db.open()
     try:  # what the previous release's `pvegate db upgrade` made

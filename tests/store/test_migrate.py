@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
-import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import yaml
@@ -31,13 +29,7 @@ from tests.support import GatewayThread, free_port
 
 
 async def empty_pg(server: PostgresServer) -> str:
-    name = "g_" + uuid.uuid4().hex[:16]
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return server.dsn.rsplit("/", 1)[0] + "/" + name
+    return await server.create_database("g_")
 
 
 async def calls(env: DevEnv, n: int) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,7 @@ from tests.pgserver import PostgresServer
 
 
 async def fresh_pg(server: PostgresServer) -> str:
-    name = "m_" + uuid.uuid4().hex[:16]
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return server.dsn.rsplit("/", 1)[0] + "/" + name
+    return await server.create_database("m_")
 
 
 async def test_upgrade_is_versioned_and_idempotent(make_database: Callable[[], Database], backend: str) -> None:
