@@ -8,17 +8,12 @@ from typing import Any
 
 import pytest
 
-from gateway.store.backend import NOT_YET_SHARED
 from tests.pgserver import start_postgres
 from tests.replicas.harness import Cluster, start_cluster
 
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if NOT_YET_SHARED:
-        # the gateway refuses storage.url: postgresql until every shared store is ported
-        # (store/backend.py); these tests run as soon as the last one is (the audit log, branch pg-audit)
-        pytest.skip(f"pvegate serve still refuses PostgreSQL: {', '.join(NOT_YET_SHARED)} not shared yet")
     from gateway.sim.harness import start_simulator
 
     pg = start_postgres()  # its own server: a test restarts it

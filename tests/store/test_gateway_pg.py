@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from gateway.dev.devenv import make_env
 from gateway.store import audit as auditlib
-from gateway.store import backend
 from gateway.store.audit_seal import HeadKey
 from gateway.store.pgsync import PgLocation
 from tests.pgserver import start_postgres
@@ -24,9 +22,8 @@ from tests.support import GatewayThread, free_port
 
 
 async def test_postgresql_down_means_refused_calls_and_red_readiness_then_served_again(
-    sim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sim: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(backend, "NOT_YET_SHARED", ())  # the signing keys are pg-replicas' part of #15
     server = start_postgres()  # its own: the session's server is shared by other tests
     gw: GatewayThread | None = None
     try:

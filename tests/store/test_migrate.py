@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
 from gateway.core.config import load
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.store import audit as auditlib
-from gateway.store import backend
 from gateway.store.approvals import ApprovalStore
 from gateway.store.db import PostgresDatabase
 from gateway.store.pgsync import PgLocation
@@ -65,7 +63,7 @@ def pg_config(env: DevEnv, url: str, port: int) -> Path:
 
 
 async def test_a_single_host_installation_moves_to_postgresql_and_keeps_serving(
-    sim: Any, postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sim: Any, postgres: PostgresServer, tmp_path: Path
 ) -> None:
     env = make_env(tmp_path / "gw", {"default": sim}, port=free_port())
     db = env.config.audit_path
@@ -102,7 +100,6 @@ async def test_a_single_host_installation_moves_to_postgresql_and_keeps_serving(
     assert r.returncode == 1 and "already holds" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
     # keep serving: a gateway on PostgreSQL continues the moved chain and finds the moved approval
-    monkeypatch.setattr(backend, "NOT_YET_SHARED", ())  # the signing keys are pg-replicas' part of #15
     pg_env = dataclasses.replace(env, config_path=cfg, config=load(cfg), url=_url(cfg))
     gw = GatewayThread(pg_env.config).start()
     try:
