@@ -115,7 +115,7 @@ def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamErro
         None,
     )
     if why is None:
-        why = "no connection within the timeout" if getattr(exc, "timeout", False) else type(exc).__name__
+        why = "no connection within the timeout" if isinstance(exc, NotSent) and exc.timeout else type(exc).__name__
     return UpstreamError(f"Proxmox cluster {cluster.name} is unreachable at {where} ({why})", "unreachable")
 
 
