@@ -20,7 +20,10 @@ listing_problems contains msg if {
 	msg := sprintf("input kind must be \"list\" for this entry point, got %v", [object.get(input, "kind", null)])
 }
 
-listing_problems contains "input.tools must be an array" if not tools_ok
+listing_problems contains "input.tools must be an array" if tools_ok == false
+
+# (a default and `== false`, not `not tools_ok`: see input_problems)
+default tools_ok := false
 
 tools_ok if is_array(input.tools)
 

@@ -67,11 +67,49 @@ def _plain(policies: Path) -> list[str]:
     return [*args, "--data", str(policies)]
 
 
+def _malformed(doc: dict[str, Any]) -> dict[str, Any]:
+    """Variants of a golden input that the input checks refuse (or that lack a part they do not check):
+    the optimiser writes support rules for those checks, where OPA 1.22 once mixed two up."""
+    out: dict[str, Any] = {}
+    for name, path, value in [
+        ("no_principal", ("principal",), None),
+        ("empty_sub", ("principal", "sub"), ""),
+        ("no_sub", ("principal", "sub"), None),
+        ("bad_kind", ("principal", "kind"), "robot"),
+        ("no_roles", ("principal", "roles"), None),
+        ("bad_time", ("request",), {"time": "not a time"}),
+        ("no_request", ("request",), None),
+        ("list_kind", ("kind",), "list"),
+        ("no_kind", ("kind",), None),
+        ("version_2", ("contract_version",), 2),
+        ("no_tool_name", ("tool", "name"), None),
+        ("bad_effect", ("tool", "effect"), "delete"),
+        ("no_domain", ("tool", "domain"), None),
+        ("no_target", ("target",), None),
+        ("no_usage", ("usage",), None),
+        ("no_digest", ("arguments_digest",), None),
+    ]:
+        variant = json.loads(json.dumps(doc))
+        parent = variant
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict):
+            continue  # (a listing has no tool)
+        if value is None:
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = value
+        out[name] = variant
+    return out
+
+
 def _questions(opa: Path, tmp: Path) -> dict[str, Any]:
-    decisions = {}
+    decisions: dict[str, Any] = {}
     for f in sorted((POLICIES / "golden").glob("*.json")):
         for name, case in json.loads(f.read_text()).items():
             decisions[name] = case["input"]
+            decisions.update({f"{name}#{k}": v for k, v in _malformed(case["input"]).items()})
+    decisions.update({"#empty": {}, "#string": "call"})
     catalog = Catalog.load(REPO / "connectors").policy_views
     fx = "data.pvegate.fixtures_test"
     groups = ["sre-leads"]
@@ -84,6 +122,10 @@ def _questions(opa: Path, tmp: Path) -> dict[str, Any]:
     }}"""
     generated = _eval(opa, ["--data", str(POLICIES)], q, {"catalog": catalog, "principals": PRINCIPALS}, tmp)
     assert len(generated["listings"]) == len(PRINCIPALS) and len(decisions) >= 30
+    # malformed listings too (the listing shares the input checks)
+    some = next(iter(generated["listings"].values()))
+    for k, v in _malformed(some).items():
+        generated["listings"][f"#{k}"] = v
     return {"decisions": decisions, **generated}
 
 
