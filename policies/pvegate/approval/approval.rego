@@ -71,7 +71,8 @@ waived if {
 
 # approval rules do not apply to dry runs (nothing changes) unless the rule
 # says `include_dry_run: true`
-# the approval rules that can match a call of this effect and principal kind
+# the approval rules by the effects, principal kinds and tool names they can match
+# (lib.call_index)
 rule_index[effect][kind] contains i if {
 	some i, sel in cfg.rules
 	some effect in lib.effects
@@ -79,10 +80,11 @@ rule_index[effect][kind] contains i if {
 	lib.admits_call_kind(sel, effect, kind)
 }
 
+rule_slots[i] := lib.call_slot(sel) if some i, sel in cfg.rules
+
 matching_rules contains rule if {
-	some i in rule_index[input.tool.effect][input.principal.kind]
+	some i in lib.indexed(rule_index[input.tool.effect][input.principal.kind], rule_slots, cfg.rules)
 	rule := cfg.rules[i]
-	lib.call_matches(rule, input.principal, input.tool, input.target)
 	applies_to_this_run(rule)
 }
 

@@ -101,20 +101,22 @@ denials contains lib.reason("guardrail.guarded_tag_removal", "pvegate.guardrails
 
 # the organisation's deny rules
 denials contains lib.reason("guardrail.deny_rule", sprintf("data.guardrails.deny_rules[%s]", [name]), msg) if {
-	some i in deny_rule_index[input.tool.effect][input.principal.kind]
+	some i in lib.indexed(deny_rule_index[input.tool.effect][input.principal.kind], deny_rule_slots, config.deny_rules)
 	rule := config.deny_rules[i]
-	lib.call_matches(rule, input.principal, input.tool, input.target)
 	name := object.get(rule, "name", "unnamed")
 	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), name])
 }
 
-# the deny rules that can match a call of this effect and principal kind
+# the deny rules by the effects, principal kinds and tool names they can match
+# (lib.call_index)
 deny_rule_index[effect][kind] contains i if {
 	some i, sel in config.deny_rules
 	some effect in lib.effects
 	some kind in lib.principal_kinds
 	lib.admits_call_kind(sel, effect, kind)
 }
+
+deny_rule_slots[i] := lib.call_slot(sel) if some i, sel in config.deny_rules
 
 mutation if input.tool.effect in lib.mutating_effects
 

@@ -149,6 +149,72 @@ admits_call_kind(sel, effect, kind) if {
 	in_list(sel, "principal_kinds", kind)
 }
 
+# call_slot(sel): how a call is matched against a selector: names, the tools it names (or {"*"} when it does not name them by
+# plain names: no tools key, a glob); exact, whether its effects, principal
+# kinds and those names settle every key call_matches tests (it has no other
+# call key). Data only: a constant once partially evaluated. With an index by
+# effect and principal kind (admits_call_kind), a call tests only the selectors
+# naming its tool, and call_matches only on those that are not exact.
+call_slot(sel) := {"names": index_names(sel), "exact": exact_selector(sel)}
+
+# the call keys call_matches tests that the indexes do not settle
+unsettled_keys := {"domains", "scopes", "tool_tags", "principal_groups", "principal_roles", "target_tags"}
+
+default exact_selector(_) := false
+
+exact_selector(sel) if {
+	count(unsettled_keys & object.keys(sel)) == 0
+	index_names(sel) == {"*"}
+	not "tools" in object.keys(sel)
+}
+
+exact_selector(sel) if {
+	count(unsettled_keys & object.keys(sel)) == 0
+	names_only(sel)
+}
+
+# names_only(sel): sel.tools lists plain tool names only (no globs)
+names_only(sel) if {
+	is_array(sel.tools)
+	every n in sel.tools {
+		is_string(n)
+		not is_glob(n)
+	}
+}
+
+index_names(sel) := {n | some n in sel.tools} if names_only(sel)
+
+else := {"*"}
+
+# indexed(candidates, slots, sels): positions of the selectors of sels that
+# match the call (input): candidates are the positions admitting its effect and
+# principal kind, slots[i] is call_slot(sels[i])
+indexed(candidates, slots, sels) := {i |
+	some i in candidates
+	slot := slots[i]
+	names_hit(slot.names)
+	index_hit(slot.exact, sels[i])
+}
+
+names_hit(names) if {
+	"*" in names
+} else if {
+	input.tool.name in names
+}
+
+index_hit(exact, sel) if {
+	exact == true
+	call_parts_defined
+} else if {
+	call_matches(sel, input.principal, input.tool, input.target)
+}
+
+# call_parts_defined: the call has every part call_matches reads (whatever their
+# values), so an exact selector admitted by the indexes matches without testing it
+default call_parts_defined := false
+
+call_parts_defined if is_array([input.principal, input.tool.domain, input.tool.scope, input.tool.name, input.target])
+
 # call_matches(sel, principal, tool, target) also tests the principal (kind,
 # token groups and roles) and the target's tags.
 call_matches(sel, principal, tool, target) if {

@@ -90,3 +90,57 @@ test_absent_and_null_keys_differ if {
 	lib.admits({}, "effects", "read")
 	not lib.admits({"effects": null}, "effects", "read")
 }
+
+# --- call indexes: indexed(...) selects exactly the selectors call_matches admits ---
+
+index_sels := [
+	{"name": "exact-any", "effects": ["read"]},
+	{"name": "exact-named", "tools": ["get_guest_config", "vm_stop"], "principal_kinds": ["human"]},
+	{"name": "named-other", "tools": ["sdn_apply"]},
+	{"name": "glob", "tools": ["get_*"]},
+	{"name": "star", "tools": ["*"], "domains": ["guest"]},
+	{"name": "checked", "principal_groups": ["contractors"], "tools": ["get_guest_config"]},
+	{"name": "no-tools", "tools": []},
+	{"name": "target-tags", "target_tags": ["prod"], "effects": ["read", "write"]},
+]
+
+index_candidates(sels) := {i |
+	some i, sel in sels
+	lib.admits_call_kind(sel, input.tool.effect, input.principal.kind)
+}
+
+index_slots[i] := lib.call_slot(sel) if some i, sel in index_sels
+
+by_call_matches contains i if {
+	some i, sel in index_sels
+	lib.call_matches(sel, input.principal, input.tool, input.target)
+}
+
+index_call(name, domain) := {
+	"principal": {"sub": "u", "kind": "human", "groups": [], "roles": []},
+	"tool": {"name": name, "effect": "read", "domain": domain, "scope": "guest", "tags": []},
+	"target": {"tags": ["prod"]},
+}
+
+test_indexed_agrees_with_call_matches if {
+	every name in ["get_guest_config", "get_*", "sdn_apply", "other", "*"] {
+		inp := index_call(name, "guest")
+		got := lib.indexed(index_candidates(index_sels), index_slots, index_sels) with input as inp
+		got == by_call_matches with input as inp
+	}
+}
+
+test_indexed_exact_selectors_still_need_the_call_parts if {
+	# no tool domain: call_matches admits nothing, and neither does the index
+	inp := json.remove(index_call("get_guest_config", "guest"), ["tool/domain"])
+	count(by_call_matches) == 0 with input as inp
+	count(lib.indexed(index_candidates(index_sels), index_slots, index_sels)) == 0 with input as inp
+}
+
+test_call_slot if {
+	lib.call_slot(index_sels[0]) == {"names": {"*"}, "exact": true}
+	lib.call_slot(index_sels[1]) == {"names": {"get_guest_config", "vm_stop"}, "exact": true}
+	lib.call_slot(index_sels[3]) == {"names": {"*"}, "exact": false}
+	lib.call_slot(index_sels[5]) == {"names": {"get_guest_config"}, "exact": false}
+	lib.call_slot(index_sels[6]) == {"names": set(), "exact": true}
+}

@@ -47,9 +47,20 @@ max_items := config.default_max_items if count(rbac.granting_bindings) == 0
 # reveal_secrets: the caller may receive a secret Proxmox shows once (a new API
 # token's value), because a reveal_secrets selector in data matches the call
 reveal_secrets if {
-	some sel in config.reveal_secrets
-	lib.call_matches(sel, input.principal, input.tool, input.target)
+	candidates := reveal_index[input.tool.effect][input.principal.kind]
+	count(lib.indexed(candidates, reveal_slots, config.reveal_secrets)) > 0
 }
+
+# the reveal_secrets selectors by the effects, principal kinds and tool names they
+# can match (lib.call_index)
+reveal_index[effect][kind] contains i if {
+	some i, sel in config.reveal_secrets
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+}
+
+reveal_slots[i] := lib.call_slot(sel) if some i, sel in config.reveal_secrets
 
 default reveal_secrets_bool := false
 

@@ -19,8 +19,8 @@ package pvegate.quotas
 import data.pvegate.config
 import data.pvegate.lib
 
-# the quotas that can match a call of this effect and principal kind (a constant
-# once the policy is partially evaluated with its data)
+# the quotas by the effects, principal kinds and tool names they can match
+# (lib.call_index; a constant once the policy is partially evaluated with its data)
 index[effect][kind] contains i if {
 	some i, sel in config.quotas
 	some effect in lib.effects
@@ -28,11 +28,12 @@ index[effect][kind] contains i if {
 	lib.admits_call_kind(sel, effect, kind)
 }
 
+slots[i] := lib.call_slot(sel) if some i, sel in config.quotas
+
 # matching quotas and their state
 states contains state if {
-	some i in index[input.tool.effect][input.principal.kind]
+	some i in lib.indexed(index[input.tool.effect][input.principal.kind], slots, config.quotas)
 	q := config.quotas[i]
-	lib.call_matches(q, input.principal, input.tool, input.target)
 	counter := object.get(q, "counter", "tool")
 	state := {
 		"quota": q,
