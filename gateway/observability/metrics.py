@@ -13,6 +13,7 @@ outcomes, clusters, connector kinds), and a scrape reveals no identities.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -193,6 +194,12 @@ class _ComponentCollector(Collector):
         )
         yield CounterMetricFamily(
             "pvegate_opa_restarts", "Restarts of the managed OPA sidecar.", value=sidecar.restarts if sidecar else 0
+        )
+        yield GaugeMetricFamily(
+            "pvegate_python_gc_frozen_objects",
+            "Objects `pvegate serve` moved out of the cyclic collector's sight after start-up (gc.freeze); "
+            "0 means every full collection walks the whole heap and pauses the event loop for it.",
+            value=gc.get_freeze_count(),
         )
         if c.health is not None:
             yield from c.health.collect()
