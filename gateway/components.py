@@ -63,8 +63,10 @@ class Components:
 
     @staticmethod
     def render(tool: Tool, structured: dict[str, Any]) -> str:
-        """The text rendering of a structured result, for clients that show only text."""
-        return json.dumps(structured, indent=1, sort_keys=False, default=str)
+        """The text rendering of a structured result, for clients that show only text: compact JSON,
+        which the json module's C encoder writes (an indented one goes through its Python encoder: 3x
+        slower, and more tokens for an agent to read)."""
+        return json.dumps(structured, separators=(",", ":"), default=str)
 
     async def close(self) -> None:
         await self.outcomes.stop()  # kept records: one last try before the audit closes

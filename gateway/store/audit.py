@@ -208,8 +208,15 @@ def dumps_body(body: dict[str, Any] | None) -> str:
 INPUT_FIELD = "input_z"
 
 
+# A 4 KiB window and a small memory level: an input is ~1 KB, so the output is the same size as with
+# zlib's defaults, and compression takes 8 µs instead of 46-55 (the defaults allocate and clear
+# ~256 KiB of state per call). Any zlib stream decompresses with the defaults, old records' included.
+_WBITS, _MEMLEVEL = 12, 4
+
+
 def pack_input(text: str) -> str:
-    return base64.b64encode(zlib.compress(text.encode("utf-8"), 6)).decode("ascii")
+    z = zlib.compressobj(6, zlib.DEFLATED, _WBITS, _MEMLEVEL)
+    return base64.b64encode(z.compress(text.encode("utf-8")) + z.flush()).decode("ascii")
 
 
 def unpack_input(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -369,3 +369,23 @@ def test_archive_refuses_when_another_moved_the_anchor_meanwhile(
         auditlib.archive(db, time.time() + 1, tmp_path / "mine")
     assert list((tmp_path / "mine").glob("*.jsonl")) == []  # its file is gone; nothing was deleted for it
     assert inner[0].file and auditlib.verify(db, [inner[0].file]).ok
+
+
+def test_packed_inputs_round_trip_and_read_with_zlib_defaults() -> None:
+    """The packed input uses a small window for speed: any size still round-trips, an operator's plain
+    zlib.decompress reads it, and records packed with zlib's defaults (earlier releases) still unpack."""
+    import base64
+    import random
+    import zlib
+
+    from gateway.store.audit import INPUT_FIELD, pack_input, unpack_input
+
+    rng = random.Random(7)
+    for size in (0, 10, 900, 4_000, 70_000):
+        doc = {"args": "".join(rng.choice("abcdef0123456789é\u2603") for _ in range(size)), "n": size}
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        packed = pack_input(text)
+        assert unpack_input({INPUT_FIELD: packed}) == doc
+        assert zlib.decompress(base64.b64decode(packed)).decode("utf-8") == text
+        older = base64.b64encode(zlib.compress(text.encode("utf-8"), 6)).decode("ascii")
+        assert unpack_input({INPUT_FIELD: older}) == doc
