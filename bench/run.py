@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -165,6 +166,49 @@ def fixed_rate(mode: str, url: str, rate: float, seconds: float, ca: Path, auth:
             res: dict[str, Any] = json.loads(line[10:])
             return res
     raise RuntimeError(f"fixed_rate failed: {out.stdout[-2000:]} {out.stderr[-2000:]}")
+
+
+def phase_sums(url: str, ca: Path, token_file: Path) -> dict[str, tuple[float, int]]:
+    """(sum of seconds, count) of each phase of pvegate_phase_seconds, from the gateway's /metrics."""
+    r = httpx.get(
+        url,
+        verify=ssl.create_default_context(cafile=str(ca)),
+        timeout=10.0,
+        headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
+    )
+    r.raise_for_status()
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(r.text):
+        if family.name != "pvegate_phase_seconds":
+            continue
+        for smp in family.samples:
+            ph = smp.labels.get("phase", "")
+            if smp.name.endswith("_sum"):
+                sums[ph] = smp.value
+            elif smp.name.endswith("_count"):
+                counts[ph] = int(smp.value)
+    return {ph: (sums.get(ph, 0.0), counts[ph]) for ph in counts}
+
+
+def disk_sync_latency(directory: Path, n: int = 500) -> dict[str, float]:
+    """fdatasync of a 4 KiB write in the audit's directory, n times ~2 ms apart: the floor under every
+    call's latency (a call waits for two audit commits: its decision, durable before Proxmox is asked,
+    and its result), which is the disk's and the kernel's, not the gateway's."""
+    fd, name = tempfile.mkstemp(prefix="fsync-probe-", dir=directory)
+    lat: list[float] = []
+    try:
+        for i in range(n):
+            os.pwrite(fd, os.urandom(4096), (i % 64) * 4096)
+            t = time.perf_counter()
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t) * 1000)
+            time.sleep(0.002)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    lat.sort()
+    return {"n": n, "p50_ms": lat[n // 2], "p99_ms": lat[min(n - 1, int(n * 0.99))], "max_ms": lat[-1]}
 
 
 # --- facts --------------------------------------------------------------------------
@@ -357,7 +401,12 @@ def run(a: argparse.Namespace) -> Results:
     try:
         log(f"workdir {work}; starting simulator ({a.scenario})")
         sim = start_simulator(a.scenario, work / "sim")
-        extra = {"connectors_dir": str(bench_connectors(work / "connectors-bench"))}
+        scrape_token = work / "scrape-token"
+        scrape_token.write_text(os.urandom(24).hex() + "\n")
+        extra = {
+            "connectors_dir": str(bench_connectors(work / "connectors-bench")),
+            "metrics": {"token": {"file": str(scrape_token)}},  # the phase means of the fixed-rate runs
+        }
         env = make_env(work / "gw", {"default": sim}, port=free_port(), extra=extra)
         log("starting pvegate (A) and the baseline MCP server (B)")
         gw = start_gateway("gateway", env, work)
@@ -413,11 +462,20 @@ def run(a: argparse.Namespace) -> Results:
             f"{a.fixed_seconds}s each: A and B alternating"
         )
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+        metrics_url = env.url.replace("/mcp", "/metrics")
+        phases: dict[str, list[float]] = {}
         for i in range(a.fixed_rounds):
             for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 url, tool = (env.url, a.tool) if side == "A" else (b_url, B_TOOL)
                 auth = ["--tokens", str(tokens), "--tool", tool]  # B ignores the token
+                before = phase_sums(metrics_url, env.ca_file, scrape_token) if side == "A" else {}
                 runs[side].append(fixed_rate("mcp", url, rate, a.fixed_seconds, env.ca_file, auth))
+                if side == "A":
+                    after = phase_sums(metrics_url, env.ca_file, scrape_token)
+                    for ph, (s1, n1) in after.items():
+                        s0, n0 = before.get(ph, (0.0, 0))
+                        if n1 > n0:
+                            phases.setdefault(ph, []).append((s1 - s0) / (n1 - n0) * 1000)
         med = statistics.median
         fa = {k: med(r[k] for r in runs["A"]) for k in ("p50_us", "p99_us")}
         fb = {k: med(r[k] for r in runs["B"]) for k in ("p50_us", "p99_us")}
@@ -427,8 +485,14 @@ def run(a: argparse.Namespace) -> Results:
             "B": {**fb, "errors": sum(r["errors"] for r in runs["B"]), "runs": runs["B"]},
             "added_p50_us": fa["p50_us"] - fb["p50_us"],
             "added_p99_us": fa["p99_us"] - fb["p99_us"],
+            "phase_mean_ms": {ph: statistics.median(v) for ph, v in phases.items()},
         }
         log(f"fixed: A p99 {fa['p99_us'] / 1000:.2f} ms, B p99 {fb['p99_us'] / 1000:.2f} ms")
+        res.fixed["fsync"] = disk_sync_latency(env.config.audit_path.parent)
+        log(
+            f"fdatasync on the audit's disk: p50 {res.fixed['fsync']['p50_ms']:.2f} ms, "
+            f"p99 {res.fixed['fsync']['p99_ms']:.2f} ms"
+        )
 
         calls_a = sum(row["A"]["requests"] for row in res.levels) + sum(r["sent"] for r in runs["A"])
         if a.memory_from:  # reuse the long memory run of an earlier invocation, and say so
@@ -733,7 +797,19 @@ def report(r: Results, command: str) -> str:
     t4 = (
         f"at {f['rate']:.0f}/s: p99 A {ms(f['A']['p99_us'])} - B {ms(f['B']['p99_us'])} = {ms(f['added_p99_us'])} ms; "
         f"p50 A {ms(f['A']['p50_us'])} - B {ms(f['B']['p50_us'])} = {ms(f['added_p50_us'])} ms "
-        f"(errors A {f['A']['errors']}, B {f['B']['errors']})",
+        f"(errors A {f['A']['errors']}, B {f['B']['errors']})"
+        + (
+            f"; fdatasync on the audit's disk right after: p50 {f['fsync']['p50_ms']:.2f} ms, "
+            f"p99 {f['fsync']['p99_ms']:.2f} ms (each A call waits for two commits, B for none)"
+            if f.get("fsync")
+            else ""
+        )
+        + (
+            "; A's mean per call by phase (its /metrics): "
+            + ", ".join(f"{ph} {v:.2f} ms" for ph, v in sorted(f["phase_mean_ms"].items()))
+            if f.get("phase_mean_ms")
+            else ""
+        ),
         f["added_p99_us"] <= 3000 and f["added_p50_us"] <= 1000,
     )
     t5 = (
