@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import sqlite3
@@ -335,14 +336,22 @@ def busy(load: float, a: argparse.Namespace) -> bool:
     return bool(a.max_load > 0 and load > a.max_load)
 
 
-def one_side(side: str, server: Proc, url: str, args: list[str], c: int, a: argparse.Namespace) -> dict[str, Any]:
-    """One wrk run against A or B with the CPU the server spent on it (A: gateway and OPA apart)."""
+def one_side(
+    side: str, server: Proc, url: str, args: list[str], c: int, a: argparse.Namespace, sim_pid: int | None = None
+) -> dict[str, Any]:
+    """One wrk run against A or B with the CPU the server spent on it (A: gateway and OPA apart), and
+    what the simulator and the load generator spent on the same cores meanwhile."""
     script = str(BENCH / "mcp_call.lua")
     total, own = server.cpu_ticks(), server.cpu_ticks(children=False)
+    sim0 = _ticks([sim_pid]) if sim_pid else 0
+    gen0 = resource.getrusage(resource.RUSAGE_CHILDREN)  # wrk is the only child reaped meanwhile
     t0 = time.time()
     w = wrk(url, script, args, c, a.seconds)
     w["t0"], w["t1"] = t0, time.time()
     n = max(1, w["requests"])
+    gen1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    w["loadgen_cpu_ms_per_call"] = (gen1.ru_utime + gen1.ru_stime - gen0.ru_utime - gen0.ru_stime) * 1000 / n
+    w["sim_cpu_ms_per_call"] = (_ticks([sim_pid]) - sim0) * 1000 / HZ / n if sim_pid else float("nan")
     # CPU per call: steadier than req/s on a shared machine (it does not depend on what else competes)
     w["cpu_ms_per_call"] = (server.cpu_ticks() - total) * 1000 / HZ / n
     w["gw_cpu_ms_per_call"] = (server.cpu_ticks(children=False) - own) * 1000 / HZ / n
@@ -351,7 +360,7 @@ def one_side(side: str, server: Proc, url: str, args: list[str], c: int, a: argp
 
 
 def level_rounds(
-    c: int, sides: dict[str, tuple[Proc, str, list[str]]], a: argparse.Namespace, res: Results
+    c: int, sides: dict[str, tuple[Proc, str, list[str]]], a: argparse.Namespace, res: Results, sim_pid: int | None
 ) -> dict[str, Any]:
     """`a.rounds` rounds of A and B at concurrency c, alternating which goes first; a round during
     which the 1-minute load average exceeded --max-load is discarded and repeated (at most
@@ -364,7 +373,7 @@ def level_rounds(
             rnd: dict[str, Any] = {"order": "".join(order), "load_before": round(load_before, 2)}
             for side in order:
                 server, url, args = sides[side]
-                rnd[side] = one_side(side, server, url, args, c, a)
+                rnd[side] = one_side(side, server, url, args, c, a, sim_pid)
             rnd["load_after"] = round(os.getloadavg()[0], 2)
             rnd["ratio"] = rnd["A"]["rps"] / rnd["B"]["rps"] if rnd["B"]["rps"] else float("inf")
             load = max(rnd["load_before"], rnd["load_after"])
@@ -385,7 +394,10 @@ def level_rounds(
     med = statistics.median
     row: dict[str, Any] = {"c": c, "rounds": rounds, "ratio": med(r["ratio"] for r in rounds)}
     for side in ("A", "B"):
-        keys = ("rps", "p50_us", "p99_us", "cpu_ms_per_call", "gw_cpu_ms_per_call", "opa_cpu_ms_per_call")
+        keys = (
+            *("rps", "p50_us", "p99_us", "cpu_ms_per_call", "gw_cpu_ms_per_call", "opa_cpu_ms_per_call"),
+            *("sim_cpu_ms_per_call", "loadgen_cpu_ms_per_call"),
+        )
         row[side] = {k: med(r[side][k] for r in rounds) for k in keys}
         row[side]["requests"] = sum(r[side]["requests"] for r in rounds)
         row[side]["ok"] = sum(r[side]["ok"] for r in rounds)
@@ -440,7 +452,7 @@ def run(a: argparse.Namespace) -> Results:
         for c in a.levels:
             if c == 8 and not res.phases:
                 res.phases = phase_profile(gw, env.url, a_args, a)
-            res.levels.append(level_rounds(c, sides, a, res))
+            res.levels.append(level_rounds(c, sides, a, res, sim.process.pid if sim.process else None))
 
         c1 = [r for row in res.levels if row["c"] == 1 for r in row["rounds"]]
         evals = [ns for r in c1 for ns in eval_ns_since(env.config.audit_path, r["A"]["t0"], r["A"]["t1"])]
@@ -719,6 +731,27 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+def core_budget(c8: dict[str, Any]) -> str:
+    """Target 1 in CPU: every process of a run shares the same cores, so A's rate is bounded by the
+    cores over the CPU all of them spend per call, while B's is bounded by its one event loop."""
+    A, B = c8["A"], c8["B"]
+    sim, gen = A.get("sim_cpu_ms_per_call"), A.get("loadgen_cpu_ms_per_call")
+    if sim is None or gen is None or sim != sim:  # nan: no simulator pid
+        return ""
+    cores = os.cpu_count() or 1
+    a_total = A["gw_cpu_ms_per_call"] + A["opa_cpu_ms_per_call"] + sim + gen
+    b_total = B["cpu_ms_per_call"] + B["sim_cpu_ms_per_call"] + B["loadgen_cpu_ms_per_call"]
+    need = cores * 1000 / B["rps"] - sim - gen if B["rps"] else float("nan")
+    return (
+        f"; CPU per call on the {cores} shared cores: A = gateway {A['gw_cpu_ms_per_call']:.2f} + OPA "
+        f"{A['opa_cpu_ms_per_call']:.2f} + simulator {sim:.2f} + load generator {gen:.2f} = {a_total:.2f} ms "
+        f"(at most {cores * 1000 / a_total:.0f} calls/s), B = server {B['cpu_ms_per_call']:.2f} + simulator "
+        f"{B['sim_cpu_ms_per_call']:.2f} + load generator {B['loadgen_cpu_ms_per_call']:.2f} = {b_total:.2f} ms, "
+        f"B's one event loop capping it at {1000 / B['cpu_ms_per_call']:.0f} calls/s; A at B's {B['rps']:.0f} calls/s "
+        f"needs gateway + OPA ≤ {need:.2f} ms per call (now {A['gw_cpu_ms_per_call'] + A['opa_cpu_ms_per_call']:.2f})"
+    )
+
+
 def own_code_bound(c8: dict[str, Any], ph: dict[str, Any]) -> str:
     """What target 2 would read if the gateway's own code cost nothing: A's gateway CPU less the event
     loop thread's share of samples in gateway/ frames (the rest is the libraries, the interpreter, the
@@ -774,7 +807,11 @@ def report(r: Results, command: str) -> str:
     f, mem, tl, oc = r.fixed, r.memory, r.tools_list, r.opa_cpu
     c8 = rows.get(8)
     na = "not measured (no c=8 level)"
-    t1 = (f"A/B = {c8['ratio']:.2f}x (median of {len(c8['rounds'])} rounds)", c8["ratio"] >= 1.0) if c8 else (na, False)
+    t1 = (
+        (f"A/B = {c8['ratio']:.2f}x (median of {len(c8['rounds'])} rounds){core_budget(c8)}", c8["ratio"] >= 1.0)
+        if c8
+        else (na, False)
+    )
     t2 = (
         (
             f"A's gateway {c8['A']['gw_cpu_ms_per_call']:.2f} ms/call, B {c8['B']['cpu_ms_per_call']:.2f} ms/call: "
