@@ -23,6 +23,7 @@ from mcp_types.jsonrpc import (
 )
 from starlette.responses import Response
 
+from gateway.core.jsonenc import dumps, holds_encoded, splice
 from gateway.core.text import describe, may_hold_unencodable, unencodable_path
 
 __all__ = [
@@ -66,10 +67,11 @@ class Message:
 
 
 def _dumps(doc: dict[str, Any]) -> bytes:
-    try:
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # never expected (client text is checked at parse): escape rather than fail
-        return json.dumps(doc, separators=(",", ":")).encode()
+    result = doc.get("result")
+    if isinstance(result, dict) and holds_encoded(result):  # a pre-encoded part (tools/list): written as it is
+        return splice({**doc, "result": splice(result)}).json
+    # a lone surrogate is never expected (client text is checked at parse): escaped rather than fail
+    return dumps(doc)
 
 
 def encode(doc: dict[str, Any]) -> bytes:

@@ -12,10 +12,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from gateway import __version__
 from gateway.components import Components
 from gateway.core.calls import CallRequest, CallResult
+from gateway.core.jsonenc import Encoded, dumps
 from gateway.core.principal import Principal
 from gateway.mcp import handoff
 from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
@@ -26,6 +28,7 @@ from gateway.policy.decisions import CONTRACT_VERSION
 from gateway.policy.listings import listing_key
 from gateway.store.audit import AuditRecord
 from gateway.store.outcomes import AuditUnavailable
+from gateway.tools.catalog import Catalog
 from gateway.tools.tool import arguments_digest
 
 log = logging.getLogger("pvegate.mcp")
@@ -68,7 +71,7 @@ async def list_tools(x: Exchange) -> dict[str, Any]:
         "kind": "list",
         "principal": x.principal.as_input(),
         "request": request_facts(req, "tools/list"),
-        "tools": x.c.catalog.policy_views,
+        "tools": x.c.catalog.encoded_policy_views,  # encoded once: sent as it is
     }
     key = listing_key(input_doc)
     visible = x.c.listings.get(key)
@@ -78,10 +81,25 @@ async def list_tools(x: Exchange) -> dict[str, Any]:
             visible = frozenset()  # any doubt shows nothing, and is asked again next time
         else:
             x.c.listings.put(key, visible)
-    tools = [t.mcp_view for t in x.c.catalog if t.name in visible]
-    if x.version == "2025-03-26":
-        tools = [{k: v for k, v in t.items() if k not in _NEWER_TOOL_FIELDS} for t in tools]
-    return {"tools": tools}
+    fragments = _tool_fragments(x.c.catalog, x.version == "2025-03-26")
+    # the visible tools' definitions, each encoded once per catalog: joined, not re-serialised
+    return {"tools": Encoded(b"[" + b",".join(f for name, f in fragments if name in visible) + b"]")}
+
+
+# catalog -> era (True: 2025-03-26) -> (name, encoded tool definition) in catalog order
+_FRAGMENTS: WeakKeyDictionary[Catalog, dict[bool, tuple[tuple[str, bytes], ...]]] = WeakKeyDictionary()
+
+
+def _tool_fragments(catalog: Catalog, original_shape: bool) -> tuple[tuple[str, bytes], ...]:
+    """Every tool's tools/list definition as JSON, built once per catalog (a catalog never changes)."""
+    per_era = _FRAGMENTS.setdefault(catalog, {})
+    fragments = per_era.get(original_shape)
+    if fragments is None:
+        views = ((t.name, t.mcp_view) for t in catalog)
+        if original_shape:  # older clients get the original shape
+            views = ((n, {k: v for k, v in view.items() if k not in _NEWER_TOOL_FIELDS}) for n, view in views)
+        fragments = per_era[original_shape] = tuple((n, dumps(view)) for n, view in views)
+    return fragments
 
 
 def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:

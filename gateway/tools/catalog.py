@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from gateway.core.jsonenc import Encoded, dumps
 from gateway.tools.runtimes.reducers import COMPOSITES, TRANSFORMS
 from gateway.tools.tool import PLACEHOLDER, Tool, _short, parse_release
 
@@ -246,6 +247,11 @@ class Catalog:
     def policy_views(self) -> list[dict[str, Any]]:
         """Every tool as a listing's policy input shows it (built once: the catalog does not change)."""
         return [t.policy_view for t in self.tools.values()]
+
+    @cached_property
+    def encoded_policy_views(self) -> Encoded:
+        """policy_views as JSON, encoded once: the bulk of every listing's policy input."""
+        return Encoded(dumps(self.policy_views))
 
     @classmethod
     def load(cls, directory: Path) -> Catalog:
