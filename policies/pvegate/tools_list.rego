@@ -33,23 +33,44 @@ tools_ok if is_array(input.tools)
 # entrypoint: true
 # schemas:
 #   - input: schema["list_input.schema"]
-visible_tools contains tool.name if {
+visible_tools contains name if {
 	count(listing_problems) == 0
-	some tool in input.tools
-	m := name_rules[[tool.effect, tool.domain, tool.scope]]
-	not tool.name in m.names
-	not lib.glob_any(m.patterns, tool.name)
+	some shape, m in name_rules
+	some name in (shape_names[shape] - m.names)
+	not lib.glob_any(m.patterns, name)
 }
 
 visible_tools contains tool.name if {
 	count(listing_problems) == 0
-	count(checked) > 0
-	some tool in input.tools
-	shape := [tool.effect, tool.domain, tool.scope]
-	shape in checked
+	some shape, positions in checked_tools
+	some i in positions
+	tool := input.tools[i]
 	rbac.tool_visible(tool, shape)
 	not guardrails.hidden_from_list(tool, shape)
 	not rbac.blanket_denied(tool, shape)
+}
+
+# The tools of each shape, found in one pass over input.tools: a comprehension
+# closing over scalars (e, d, s) is evaluated once per query and indexed by
+# them (OPA's comprehension indexing), so a shape costs a lookup, not a pass.
+# Tools are then taken shape by shape, most by set operations on their names.
+# regal ignore:prefer-set-or-object-rule
+shape_names := {shape: names |
+	some shape, _ in name_rules
+	e := shape[0]
+	d := shape[1]
+	s := shape[2]
+	names := {t.name | some t in input.tools; t.effect == e; t.domain == d; t.scope == s}
+}
+
+# checked_tools: shape -> positions in input.tools of its tools
+# regal ignore:prefer-set-or-object-rule
+checked_tools := {shape: positions |
+	some shape in checked
+	e := shape[0]
+	d := shape[1]
+	s := shape[2]
+	positions := {i | some i, t in input.tools; t.effect == e; t.domain == d; t.scope == s}
 }
 
 # The listing decides per (effect, domain, scope) shape of the listed tools,
@@ -71,10 +92,14 @@ verdict(shape) := "hide" if {
 	rbac.blanket_needs_tool_check(shape)
 } else := rbac.with_blanket_denies(rbac.listing_verdict(shape), shape)
 
-# name_rules: shape -> names and globs hiding its tools; checked: the shapes
-# that need the full per-tool test
+# name_rules: shape -> names and globs hiding its tools (the globs as a set:
+# roles and blanket denies often repeat one); checked: the shapes that need
+# the full per-tool test
 # regal ignore:prefer-set-or-object-rule
-name_rules := {shape: v | some shape, v in shape_verdicts; is_object(v)}
+name_rules := {shape: {"names": v.names, "patterns": {p | some p in v.patterns}} |
+	some shape, v in shape_verdicts
+	is_object(v)
+}
 
 # regal ignore:prefer-set-or-object-rule
 checked := {shape | some shape, v in shape_verdicts; v == "check"}
