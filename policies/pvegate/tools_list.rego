@@ -36,37 +36,28 @@ tools_ok if is_array(input.tools)
 visible_tools contains name if {
 	count(listing_problems) == 0
 	some shape, m in name_rules
-	some name in (shape_names[shape] - m.names)
+	some name in ({input.tools[i].name | some i in shape_tools[shape]} - m.names)
 	not lib.glob_any(m.patterns, name)
 }
 
 visible_tools contains tool.name if {
 	count(listing_problems) == 0
-	some shape, positions in checked_tools
-	some i in positions
+	some shape in checked
+	some i in shape_tools[shape]
 	tool := input.tools[i]
 	rbac.tool_visible(tool, shape)
 	not guardrails.hidden_from_list(tool, shape)
 	not rbac.blanket_denied(tool, shape)
 }
 
-# The tools of each shape, found in one pass over input.tools: a comprehension
-# closing over scalars (e, d, s) is evaluated once per query and indexed by
-# them (OPA's comprehension indexing), so a shape costs a lookup, not a pass.
-# Tools are then taken shape by shape, most by set operations on their names.
+# shape_tools: shape -> the positions in input.tools of its tools. The tools
+# are taken shape by shape: a name-rule shape's by set operations on their
+# names, only a "check" shape's one by one. The inner comprehension closes
+# over scalars (e, d, s), so OPA evaluates it once per query, indexed by them
+# (comprehension indexing): one pass over the tools, then a lookup per shape.
 # regal ignore:prefer-set-or-object-rule
-shape_names := {shape: names |
-	some shape, _ in name_rules
-	e := shape[0]
-	d := shape[1]
-	s := shape[2]
-	names := {t.name | some t in input.tools; t.effect == e; t.domain == d; t.scope == s}
-}
-
-# checked_tools: shape -> positions in input.tools of its tools
-# regal ignore:prefer-set-or-object-rule
-checked_tools := {shape: positions |
-	some shape in checked
+shape_tools := {shape: positions |
+	some shape in rbac.listed_shapes
 	e := shape[0]
 	d := shape[1]
 	s := shape[2]

@@ -99,6 +99,37 @@ test_listing_agrees_with_per_tool_test if {
 	}
 }
 
+# Many tools of one shape (the listing takes them shape by shape), a glob that
+# two deny selectors repeat, and a tool without an effect (in no shape: never
+# listed): the listing still agrees with the per-tool test.
+test_listing_of_a_crowded_shape_agrees_with_per_tool_test if {
+	crowd := [object.union(fx.nodes_tool, {"name": sprintf("synthetic_read_%d", [i])}) | some i in numbers.range(1, 30)]
+	shapeless := json.remove(object.union(fx.nodes_tool, {"name": "shapeless"}), ["effect"])
+	tools := array.flatten([catalog, crowd, [shapeless]])
+	roles := object.union(mixed_roles, {"named": {
+		"allow": [{"effects": ["read", "write"]}],
+		"deny": [{"tools": ["synthetic_read_1*", "vm_*"]}, {"tools": ["synthetic_read_1*"]}],
+	}})
+	every groups in [["named"], ["named", "tagged"], ["blocked"]] {
+		p := fx.principal("x", "human", [], groups)
+		v := pvegate.visible_tools with input as fx.listing_input(p, tools)
+			with data.data.roles as roles
+			with data.data.bindings as mixed_bindings
+		v == per_tool(tools) with input as fx.listing_input(p, tools)
+			with data.data.roles as roles
+			with data.data.bindings as mixed_bindings
+	}
+	v := pvegate.visible_tools with input as fx.listing_input(fx.principal("x", "human", [], ["named"]), tools)
+		with data.data.roles as roles
+		with data.data.bindings as mixed_bindings
+	"synthetic_read_2" in v
+	"synthetic_read_30" in v
+	"list_nodes" in v
+	not "synthetic_read_1" in v
+	not "synthetic_read_13" in v
+	not "shapeless" in v
+}
+
 # --- listing follows denial -------------------------------------------------------
 
 network_catalog := array.concat(catalog, [fx.node_network_read])
