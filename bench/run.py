@@ -169,8 +169,9 @@ def fixed_rate(mode: str, url: str, rate: float, seconds: float, ca: Path, auth:
     raise RuntimeError(f"fixed_rate failed: {out.stdout[-2000:]} {out.stderr[-2000:]}")
 
 
-def phase_sums(url: str, ca: Path, token_file: Path) -> dict[str, tuple[float, int]]:
-    """(sum of seconds, count) of each phase of pvegate_phase_seconds, from the gateway's /metrics."""
+def phase_sums(url: str, ca: Path, token_file: Path) -> dict[str, tuple[float, int, int]]:
+    """(sum of seconds, count, count within 5 ms) of each phase of pvegate_phase_seconds, from the
+    gateway's /metrics."""
     r = httpx.get(
         url,
         verify=ssl.create_default_context(cafile=str(ca)),
@@ -180,6 +181,7 @@ def phase_sums(url: str, ca: Path, token_file: Path) -> dict[str, tuple[float, i
     r.raise_for_status()
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
+    within: dict[str, int] = {}
     for family in text_string_to_metric_families(r.text):
         if family.name != "pvegate_phase_seconds":
             continue
@@ -189,7 +191,9 @@ def phase_sums(url: str, ca: Path, token_file: Path) -> dict[str, tuple[float, i
                 sums[ph] = smp.value
             elif smp.name.endswith("_count"):
                 counts[ph] = int(smp.value)
-    return {ph: (sums.get(ph, 0.0), counts[ph]) for ph in counts}
+            elif smp.name.endswith("_bucket") and float(smp.labels.get("le", "0")) == 0.005:
+                within[ph] = int(smp.value)
+    return {ph: (sums.get(ph, 0.0), counts[ph], within.get(ph, 0)) for ph in counts}
 
 
 def disk_sync_latency(directory: Path, n: int = 500) -> dict[str, float]:
@@ -476,6 +480,7 @@ def run(a: argparse.Namespace) -> Results:
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         metrics_url = env.url.replace("/mcp", "/metrics")
         phases: dict[str, list[float]] = {}
+        slow: dict[str, list[int]] = {}  # phase -> [waits over 5 ms, waits]
         for i in range(a.fixed_rounds):
             for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 url, tool = (env.url, a.tool) if side == "A" else (b_url, B_TOOL)
@@ -484,10 +489,13 @@ def run(a: argparse.Namespace) -> Results:
                 runs[side].append(fixed_rate("mcp", url, rate, a.fixed_seconds, env.ca_file, auth))
                 if side == "A":
                     after = phase_sums(metrics_url, env.ca_file, scrape_token)
-                    for ph, (s1, n1) in after.items():
-                        s0, n0 = before.get(ph, (0.0, 0))
+                    for ph, (s1, n1, w1) in after.items():
+                        s0, n0, w0 = before.get(ph, (0.0, 0, 0))
                         if n1 > n0:
                             phases.setdefault(ph, []).append((s1 - s0) / (n1 - n0) * 1000)
+                            tally = slow.setdefault(ph, [0, 0])
+                            tally[0] += (n1 - n0) - (w1 - w0)
+                            tally[1] += n1 - n0
         med = statistics.median
         fa = {k: med(r[k] for r in runs["A"]) for k in ("p50_us", "p99_us")}
         fb = {k: med(r[k] for r in runs["B"]) for k in ("p50_us", "p99_us")}
@@ -498,6 +506,7 @@ def run(a: argparse.Namespace) -> Results:
             "added_p50_us": fa["p50_us"] - fb["p50_us"],
             "added_p99_us": fa["p99_us"] - fb["p99_us"],
             "phase_mean_ms": {ph: statistics.median(v) for ph, v in phases.items()},
+            "phase_over_5ms": {ph: over / n for ph, (over, n) in slow.items() if n},
         }
         log(f"fixed: A p99 {fa['p99_us'] / 1000:.2f} ms, B p99 {fb['p99_us'] / 1000:.2f} ms")
         res.fixed["fsync"] = disk_sync_latency(env.config.audit_path.parent)
@@ -844,6 +853,12 @@ def report(r: Results, command: str) -> str:
         + (
             "; A's mean per call by phase (its /metrics): "
             + ", ".join(f"{ph} {v:.2f} ms" for ph, v in sorted(f["phase_mean_ms"].items()))
+            + (
+                "; waits over 5 ms: "
+                + ", ".join(f"{ph} {v * 100:.1f} %" for ph, v in sorted(f.get("phase_over_5ms", {}).items()))
+                if f.get("phase_over_5ms")
+                else ""
+            )
             if f.get("phase_mean_ms")
             else ""
         ),
