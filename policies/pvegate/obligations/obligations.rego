@@ -27,11 +27,26 @@ dry_run if input.dry_run == true
 dry_run if forced_dry_run
 
 # redact: output paths to blank out, from every redaction entry whose tool glob matches.
-redact := sort({path |
+redact := sort(redact_paths)
+
+# (a partial rule, not a comprehension: partially evaluated with the data, the
+# entries naming one tool become rules that OPA's rule index picks by tool name)
+redact_paths contains path if {
 	some pattern, paths in config.redact
+	literal_pattern(pattern)
+	input.tool.name == pattern
+	some path in paths
+}
+
+redact_paths contains path if {
+	some pattern, paths in config.redact
+	not literal_pattern(pattern)
 	glob.match(pattern, null, input.tool.name)
 	some path in paths
-})
+}
+
+# literal_pattern(p): p has no glob syntax, so it matches exactly the name p
+literal_pattern(p) if regex.match(`^[^*?\[\]{}\\]*$`, p)
 
 # max_items: the most generous limit among the granting roles (roles are
 # additive); the data's default when none grants or none sets one.

@@ -45,3 +45,20 @@ test_max_items_default if {
 	obligations.max_items == 100 with input as fx.call(fx.nobody, fx.guest_config_tool, fx.prod_guest)
 		with data.data as org
 }
+
+# a name and globs naming the same tool all count; a key with glob syntax is a
+# glob, also where a tool's name is that key letter for letter
+test_redaction_names_and_globs if {
+	redact := {
+		"get_guest_config": ["a"],
+		"get_*": ["b"],
+		"get_guest_confi[gh]": ["c"],
+		"[g]et_guest_config": ["d"],
+		"vm_stop": ["e"],
+		`\[g\]et*`: ["f"],
+	}
+	inp := fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+	obligations.redact == ["a", "b", "c", "d"] with input as inp with data.data.obligations.redact as redact
+	glob_named := object.union(inp, {"tool": {"name": "[g]et_guest_config"}})
+	obligations.redact == ["f"] with input as glob_named with data.data.obligations.redact as redact
+}

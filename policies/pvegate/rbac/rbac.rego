@@ -65,7 +65,10 @@ binding_ids(principal) := (by_sub | by_groups) | by_roles if {
 # --- does a binding's scope cover the target ---------------------------------
 
 # scope_covers(scope, target): every constraint present in scope holds for target.
+# (an empty scope covers every target: no constraint to test)
 scope_covers(scope, target) if {
+	scope == {}
+} else if {
 	attr_listed(scope, "clusters", target, "cluster")
 	attr_listed(scope, "nodes", target, "node")
 	attr_listed(scope, "pools", target, "pool")

@@ -31,8 +31,14 @@ factors contains factor if {
 	}
 }
 
+# the factors below count for mutations only: one rule tests that for all of
+# them, so a read evaluates none of them
 factors contains factor if {
 	mutation
+	some factor in mutation_factors
+}
+
+mutation_factors contains factor if {
 	some tag in lib.tags_of(input.target)
 	points := cfg.target_tag_points[tag]
 	factor := {
@@ -43,8 +49,7 @@ factors contains factor if {
 }
 
 # tool tags that carry risk, e.g. irreversible (a template never starts again)
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	some tag in input.tool.tags
 	points := cfg.tool_tag_points[tag]
 	factor := {
@@ -56,8 +61,7 @@ factors contains factor if {
 
 # a call the data names critical (selector plus argument values, e.g. enable: false) is
 # worth the critical threshold on its own; a dry run changes nothing and is scored as usual
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	not obligations.dry_run
 	some rule in cfg.critical_calls
 	lib.call_matches(rule, input.principal, input.tool, input.target)
@@ -69,8 +73,7 @@ factors contains factor if {
 	}
 }
 
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	points := cfg.scope_points[input.tool.scope]
 	points != 0
 	factor := {
@@ -80,8 +83,7 @@ factors contains factor if {
 	}
 }
 
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	is_string(input.target.ha_state)
 	factor := {
 		"name": "ha_managed",
@@ -90,8 +92,7 @@ factors contains factor if {
 	}
 }
 
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	not business_hours
 	factor := {
 		"name": "off_hours",
@@ -103,8 +104,7 @@ factors contains factor if {
 	}
 }
 
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	input.tool.scope == "guest"
 	not input.target.known == true
 	factor := {
@@ -114,8 +114,7 @@ factors contains factor if {
 	}
 }
 
-factors contains factor if {
-	mutation
+mutation_factors contains factor if {
 	obligations.dry_run
 	factor := {
 		"name": "dry_run",
@@ -147,8 +146,14 @@ level := "critical" if score >= cfg.level_thresholds.critical
 result := {
 	"score": score,
 	"level": level,
-	"factors": [f | some f in factors],
+	"factors": factor_list,
 }
+
+# (`count(factors) >= 0` holds always: it names factors outside a comprehension,
+# so that partial evaluation with the data (opa build -O=1) rewrites the factor
+# rules, their risk settings folded into constants, instead of keeping them as
+# written, which merged config.risk (object.union) on every decision)
+factor_list := [f | some f in factors] if count(factors) >= 0
 
 # every argument the rule names has one of the listed values
 arguments_match(rule) if {
