@@ -105,10 +105,10 @@ applies(b, target) if scope_covers(object.get(b, "scope", {}), target)
 
 # --- role permissions ----------------------------------------------------------
 
-# selector_index: role -> "allow"|"deny" -> effect -> the positions of the
-# role's selectors admitting the effect (data only: a constant once partially
-# evaluated, as binding_index)
-selector_index[name][kind][e] contains i if {
+# selector_index: role -> "allow"|"deny" -> effect -> [position, domain_only]
+# of the role's selectors admitting the effect (data only: a constant once
+# partially evaluated, as binding_index)
+selector_index[name][kind][e] contains [i, domain_only(sel)] if {
 	some name, role in config.roles
 	is_object(role)
 	some kind in ["allow", "deny"]
@@ -119,15 +119,40 @@ selector_index[name][kind][e] contains i if {
 
 # role_grants(name, tool): some allow selector of the role matches the tool.
 role_grants(name, tool) if {
-	some i in selector_index[name].allow[tool.effect]
+	some [i, false] in selector_index[name].allow[tool.effect]
 	lib.tool_matches(config.roles[name].allow[i], tool)
+}
+
+role_grants(name, tool) if {
+	some [i, true] in selector_index[name].allow[tool.effect]
+	domain_selector_matches(config.roles[name].allow[i], tool)
 }
 
 # role_denies(name, tool): some deny selector of the role matches the tool.
 role_denies(name, tool) if {
-	some i in selector_index[name].deny[tool.effect]
+	some [i, false] in selector_index[name].deny[tool.effect]
 	lib.tool_matches(config.roles[name].deny[i], tool)
 }
+
+role_denies(name, tool) if {
+	some [i, true] in selector_index[name].deny[tool.effect]
+	domain_selector_matches(config.roles[name].deny[i], tool)
+}
+
+# domain_selector_matches(sel, tool): lib.tool_matches(sel, tool) for a selector
+# with effects and domains only (domain_only: most role grants): no scope, tag and
+# name tests, just a tool that has those parts. The index files each selector
+# with domain_only(sel), a constant once partially evaluated, so a call meets
+# the role_grants/role_denies clause for its kind only.
+domain_selector_matches(sel, tool) if {
+	lib.admits(sel, "effects", tool.effect)
+	lib.admits(sel, "domains", tool.domain)
+	is_array([tool.scope, tool.name])
+}
+
+default domain_only(_) := false
+
+domain_only(sel) if count(object.keys(sel) - {"effects", "domains"}) == 0
 
 # --- the current tools/call ---------------------------------------------------
 # Each rule below is computed once per query; the role selectors are matched

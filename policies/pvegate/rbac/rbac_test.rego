@@ -1,6 +1,7 @@
 package pvegate.rbac_test
 
 import data.pvegate.fixtures_test as fx
+import data.pvegate.lib
 import data.pvegate.rbac
 
 test_operator_token_role_grants_guest_power if {
@@ -160,4 +161,26 @@ test_composite_denied_when_a_leaf_is_not if {
 	leaves := [fx.guest_config_tool, fx.token_perms_tool]
 	reasons := rbac.deny with input as fx.call(fx.viewer, health_summary(leaves), fx.prod_guest)
 	fx.has_reason(reasons, sprintf("reads through %q", [fx.token_perms_tool.name]))
+}
+
+# a selector with effects and domains only is matched without lib.tool_matches:
+# the same answers, also for a tool missing a part tool_matches reads
+test_domain_only_selectors_match_as_tool_matches if {
+	roles := {"r": {
+		"allow": [{"effects": ["read"], "domains": ["guest", "node"]}, {"effects": ["*"]}],
+		"deny": [{"domains": ["node"]}],
+	}}
+	every tool in [
+		{"name": "a", "effect": "read", "domain": "guest", "scope": "guest"},
+		{"name": "a", "effect": "read", "domain": "node", "scope": "node"},
+		{"name": "a", "effect": "write", "domain": "guest", "scope": "guest"},
+		{"name": "a", "effect": "read", "domain": "guest"},
+		{"effect": "read", "domain": "node", "scope": "node"},
+		{"name": "a", "effect": "read", "scope": "guest"},
+	] {
+		grants := {i | some i, sel in roles.r.allow; lib.tool_matches(sel, tool)}
+		denies := {i | some i, sel in roles.r.deny; lib.tool_matches(sel, tool)}
+		count([1 | rbac.role_grants("r", tool)]) == min([1, count(grants)]) with data.data.roles as roles
+		count([1 | rbac.role_denies("r", tool)]) == min([1, count(denies)]) with data.data.roles as roles
+	}
 }
