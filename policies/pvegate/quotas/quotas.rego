@@ -30,7 +30,7 @@ index[effect][kind] contains i if {
 
 slots[i] := lib.call_slot(sel) if some i, sel in config.quotas
 
-# matching quotas and their state
+# matching quotas and their state (`pvegate policy explain`; the decision reads exceeded only)
 states contains state if {
 	some i in lib.indexed(index[input.tool.effect][input.principal.kind], slots, config.quotas)
 	q := config.quotas[i]
@@ -55,9 +55,15 @@ resets_in_seconds(window) := w - (floor(lib.now_ns / 1000000000) % w) if {
 	w := lib.window_seconds[window]
 }
 
+# the states of the matching quotas used up; the same as states filtered by used >= limit,
+# written apart so a decision computes resets_in_seconds only for the quotas it reports
 exceeded contains state if {
-	some state in states
-	state.used >= state.quota.limit
+	some i in lib.indexed(index[input.tool.effect][input.principal.kind], slots, config.quotas)
+	q := config.quotas[i]
+	counter := object.get(q, "counter", "tool")
+	n := used(counter, q.window)
+	n >= q.limit
+	state := {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)}
 }
 
 # deny: the sentences of the denials below
