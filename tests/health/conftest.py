@@ -7,8 +7,10 @@ import dataclasses
 import os
 import signal
 import ssl
+import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +111,35 @@ def _state(status: Path) -> str:
     except OSError:
         return "T"  # the thread is gone
     return "?"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@asynccontextmanager
+async def serving(env: DevEnv, log: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """`pvegate serve` as its own process (stdout and stderr to `log`), once /readyz says ready:
+    an HTTPS client and the base URL; terminated on the way out."""
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "pvegate"), "serve", "--config", str(env.config_path)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    try:
+        async with http_client(env) as http:
+            base = base_url(env.config)
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, log.read_text()[-2000:]
+                try:
+                    await wait_for(http, base + "/readyz", lambda r: r.status_code == 200, timeout=1)
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline, log.read_text()[-2000:]
+                    await asyncio.sleep(0.2)
+            yield http, base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

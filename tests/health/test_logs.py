@@ -7,9 +7,7 @@ import asyncio
 import io
 import json
 import logging
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ import yaml
 
 from gateway.core.config import ConfigError, load
 from gateway.observability.logs import JsonFormatter, TextFormatter, bind
-from tests.health.conftest import base_url, health_env, http_client, wait_for
+from tests.health.conftest import base_url, health_env, http_client, serving
 from tests.resilience.helpers import call, request_id, result_of
 from tests.support import GatewayThread, audit_rows
 
@@ -65,30 +63,9 @@ def test_log_format_is_checked(tmp_path: Path, hsim: Any) -> None:
 async def test_json_log_lines_join_audit_and_opa_decision_log(hsim: Any, tmp_path: Path) -> None:
     env = health_env(tmp_path, hsim, log_format="json", opa={"mode": "managed", "decision_logs": True})
     stderr = tmp_path / "serve.log"
-    with stderr.open("wb") as fh:
-        proc = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "pvegate"), "serve", "--config", str(env.config_path)],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-    try:
-        async with http_client(env) as http:
-            base = base_url(env.config)
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, stderr.read_text()[-2000:]
-                try:
-                    await wait_for(http, base + "/readyz", lambda r: r.status_code == 200, timeout=1)
-                    break
-                except Exception:
-                    assert time.monotonic() < deadline, stderr.read_text()[-2000:]
-                    await asyncio.sleep(0.2)
-            res = result_of(await call(http, base + "/mcp", env.token("log-joiner", ["operator"]), "list_nodes"))
-            rid = request_id(res)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    async with serving(env, stderr) as (http, base):
+        res = result_of(await call(http, base + "/mcp", env.token("log-joiner", ["operator"]), "list_nodes"))
+        rid = request_id(res)
 
     lines = [ln for ln in stderr.read_text().splitlines() if ln.strip()]
     docs = [json.loads(ln) for ln in lines]  # every line is one JSON object

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.dev.devenv import DevEnv
-from tests.health.conftest import base_url, health_env, http_client, stop_process, wait_for
+from tests.health.conftest import base_url, health_env, http_client, serving, stop_process, wait_for
 from tests.resilience.helpers import call, result_of, text_of
 from tests.support import GatewayThread, audit_rows
-
-ROOT = Path(__file__).resolve().parents[2]
 
 Snapshot = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -149,28 +145,6 @@ async def test_serve_freezes_its_start_up_heap(hsim: Any, tmp_path: Path) -> Non
     """`pvegate serve` moves start-up's objects out of the cyclic collector's sight: a full collection
     over the catalog and both PVE schemas paused the event loop for 60-126 ms under load."""
     env, scrape_token = _env(tmp_path, hsim)
-    log = tmp_path / "serve.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "pvegate"), "serve", "--config", str(env.config_path)],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-    try:
-        async with http_client(env) as http:
-            base = base_url(env.config)
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log.read_text()[-2000:]
-                try:
-                    await wait_for(http, base + "/readyz", lambda r: r.status_code == 200, timeout=1)
-                    break
-                except Exception:
-                    assert time.monotonic() < deadline, log.read_text()[-2000:]
-                    await asyncio.sleep(0.2)
-            frozen = value(await scrape(http, base, scrape_token), "pvegate_python_gc_frozen_objects")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    async with serving(env, tmp_path / "serve.log") as (http, base):
+        frozen = value(await scrape(http, base, scrape_token), "pvegate_python_gc_frozen_objects")
     assert frozen > 50_000, frozen  # the catalog, both schemas and the validators: hundreds of thousands
