@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import random
 import sqlite3
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -332,7 +335,8 @@ def test_archive_lets_gateways_append_while_it_reads_and_writes(
     db = tmp_path / "live.db"
     asyncio.run(_filled(db, 10))
     cut = time.time() + 1
-    line, seen = auditlib._archive_line, []
+    line = auditlib._archive_line
+    seen: list[int] = []
 
     def writing(row: dict[str, object]) -> str:
         if not seen:
@@ -356,7 +360,9 @@ def test_archive_refuses_when_another_moved_the_anchor_meanwhile(
 ) -> None:
     db = tmp_path / "race.db"
     asyncio.run(_filled(db, 5))
-    line, inner, started = auditlib._archive_line, [], []
+    line = auditlib._archive_line
+    inner: list[auditlib.ArchiveResult] = []
+    started: list[int] = []
 
     def racing(row: dict[str, object]) -> str:
         if not started:  # the first archive, mid-write: a second one runs to completion
@@ -374,18 +380,12 @@ def test_archive_refuses_when_another_moved_the_anchor_meanwhile(
 def test_packed_inputs_round_trip_and_read_with_zlib_defaults() -> None:
     """The packed input uses a small window for speed: any size still round-trips, an operator's plain
     zlib.decompress reads it, and records packed with zlib's defaults (earlier releases) still unpack."""
-    import base64
-    import random
-    import zlib
-
-    from gateway.store.audit import INPUT_FIELD, pack_input, unpack_input
-
     rng = random.Random(7)
     for size in (0, 10, 900, 4_000, 70_000):
         doc = {"args": "".join(rng.choice("abcdef0123456789é\u2603") for _ in range(size)), "n": size}
         text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-        packed = pack_input(text)
-        assert unpack_input({INPUT_FIELD: packed}) == doc
+        packed = auditlib.pack_input(text)
+        assert auditlib.unpack_input({auditlib.INPUT_FIELD: packed}) == doc
         assert zlib.decompress(base64.b64decode(packed)).decode("utf-8") == text
         older = base64.b64encode(zlib.compress(text.encode("utf-8"), 6)).decode("ascii")
-        assert unpack_input({INPUT_FIELD: older}) == doc
+        assert auditlib.unpack_input({auditlib.INPUT_FIELD: older}) == doc
