@@ -193,7 +193,10 @@ satisfied if {
 # deny: the sentences of the denials below
 deny contains r.message if some r in denials
 
+# (`presented` first: every problem reads it, and a call without an approval,
+# most calls, then skips the problem rules)
 denials contains lib.reason("approval.not_for_this_call", "pvegate.approval.problems", msg) if {
+	presented
 	count(problems) > 0
 	msg := sprintf(
 		"the approval %v presented with this call is not valid for it: %s; retry without it to request a new approval",
