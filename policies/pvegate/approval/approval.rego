@@ -72,19 +72,28 @@ waived if {
 # approval rules do not apply to dry runs (nothing changes) unless the rule
 # says `include_dry_run: true`
 # the approval rules by the effects, principal kinds and tool names they can match
-# (lib.call_index)
-rule_index[effect][kind] contains i if {
+# (lib.call_keys)
+rule_index[effect][kind][name] contains i if {
 	some i, sel in cfg.rules
-	some effect in lib.effects
-	some kind in lib.principal_kinds
-	lib.admits_call_kind(sel, effect, kind)
+	some [effect, kind, name] in lib.call_keys(sel)
 }
 
-rule_slots[i] := lib.call_slot(sel) if some i, sel in cfg.rules
+rule_exact[i] := lib.exact_selector(sel) if some i, sel in cfg.rules
+
+# the rules filed under the call's effect, principal kind and tool name, or "*"
+# (the lookups in the rule bodies, so that partially evaluated each clause tests
+# the call's effect, kind and name, and OPA's rule index picks the few that hold)
+matching_rules contains rule if {
+	some i in rule_index[input.tool.effect][input.principal.kind][input.tool.name]
+	rule := cfg.rules[i]
+	lib.index_hit(rule_exact[i], rule)
+	applies_to_this_run(rule)
+}
 
 matching_rules contains rule if {
-	some i in lib.indexed(rule_index[input.tool.effect][input.principal.kind], rule_slots, cfg.rules)
+	some i in rule_index[input.tool.effect][input.principal.kind]["*"]
 	rule := cfg.rules[i]
+	lib.index_hit(rule_exact[i], rule)
 	applies_to_this_run(rule)
 }
 

@@ -99,24 +99,33 @@ denials contains lib.reason("guardrail.guarded_tag_removal", "pvegate.guardrails
 	)
 }
 
-# the organisation's deny rules
-denials contains lib.reason("guardrail.deny_rule", sprintf("data.guardrails.deny_rules[%s]", [name]), msg) if {
-	some i in lib.indexed(deny_rule_index[input.tool.effect][input.principal.kind], deny_rule_slots, config.deny_rules)
+# the organisation's deny rules, filed under the call's effect, principal kind and
+# tool name, or "*" (the lookups in the rule bodies, as in approval.matching_rules)
+denials contains deny_rule_reason(rule) if {
+	some i in deny_rule_index[input.tool.effect][input.principal.kind][input.tool.name]
 	rule := config.deny_rules[i]
+	lib.index_hit(deny_rule_exact[i], rule)
+}
+
+denials contains deny_rule_reason(rule) if {
+	some i in deny_rule_index[input.tool.effect][input.principal.kind]["*"]
+	rule := config.deny_rules[i]
+	lib.index_hit(deny_rule_exact[i], rule)
+}
+
+deny_rule_reason(rule) := lib.reason("guardrail.deny_rule", sprintf("data.guardrails.deny_rules[%s]", [name]), msg) if {
 	name := object.get(rule, "name", "unnamed")
 	msg := sprintf("%s (rule %q)", [object.get(rule, "reason", "denied by rule"), name])
 }
 
 # the deny rules by the effects, principal kinds and tool names they can match
-# (lib.call_index)
-deny_rule_index[effect][kind] contains i if {
+# (lib.call_keys)
+deny_rule_index[effect][kind][name] contains i if {
 	some i, sel in config.deny_rules
-	some effect in lib.effects
-	some kind in lib.principal_kinds
-	lib.admits_call_kind(sel, effect, kind)
+	some [effect, kind, name] in lib.call_keys(sel)
 }
 
-deny_rule_slots[i] := lib.call_slot(sel) if some i, sel in config.deny_rules
+deny_rule_exact[i] := lib.exact_selector(sel) if some i, sel in config.deny_rules
 
 mutation if input.tool.effect in lib.mutating_effects
 

@@ -138,6 +138,13 @@ name_admits(sel, name) if {
 # each index into a constant, so a decision looks its candidates up instead of
 # testing every selector. (Evaluated from plain files, an index is built once
 # per query.)
+#
+# An index files each selector under the [effect, principal kind, tool name] keys
+# of call_keys; a rule using it looks up the call's own keys and its "*" keys in
+# two clauses, in the rule bodies themselves: partially evaluated, each clause
+# then tests the call's effect, kind and tool name against constants, OPA's rule
+# index picks the clauses that hold: a call no selector is filed for meets none,
+# and calls no function. index_hit tests the rest of a candidate.
 
 principal_kinds := {"agent", "human", "service"}
 
@@ -149,13 +156,15 @@ admits_call_kind(sel, effect, kind) if {
 	in_list(sel, "principal_kinds", kind)
 }
 
-# call_slot(sel): how a call is matched against a selector: names, the tools it names (or {"*"} when it does not name them by
-# plain names: no tools key, a glob); exact, whether its effects, principal
-# kinds and those names settle every key call_matches tests (it has no other
-# call key). Data only: a constant once partially evaluated. With an index by
-# effect and principal kind (admits_call_kind), a call tests only the selectors
-# naming its tool, and call_matches only on those that are not exact.
-call_slot(sel) := {"names": index_names(sel), "exact": exact_selector(sel)}
+# call_keys(sel): the [effect, principal kind, tool name] keys a call index files
+# sel under: the effects and kinds it admits (admits_call_kind), and the tools it
+# names by plain name, or "*" when it names none so (no tools key, a glob).
+call_keys(sel) := {[effect, kind, name] |
+	some effect in effects
+	some kind in principal_kinds
+	admits_call_kind(sel, effect, kind)
+	some name in index_names(sel)
+}
 
 # the call keys call_matches tests that the indexes do not settle
 unsettled_keys := {"domains", "scopes", "tool_tags", "principal_groups", "principal_roles", "target_tags"}
@@ -186,22 +195,9 @@ index_names(sel) := {n | some n in sel.tools} if names_only(sel)
 
 else := {"*"}
 
-# indexed(candidates, slots, sels): positions of the selectors of sels that
-# match the call (input): candidates are the positions admitting its effect and
-# principal kind, slots[i] is call_slot(sels[i])
-indexed(candidates, slots, sels) := {i |
-	some i in candidates
-	slot := slots[i]
-	names_hit(slot.names)
-	index_hit(slot.exact, sels[i])
-}
-
-names_hit(names) if {
-	"*" in names
-} else if {
-	input.tool.name in names
-}
-
+# index_hit(exact, sel): a candidate the index found for the call matches it;
+# exact is exact_selector(sel) (data only, a constant once partially evaluated):
+# its effects, principal kinds and tool names settle every key call_matches tests
 index_hit(exact, sel) if {
 	exact == true
 	call_parts_defined

@@ -91,7 +91,9 @@ test_absent_and_null_keys_differ if {
 	not lib.admits({"effects": null}, "effects", "read")
 }
 
-# --- call indexes: indexed(...) selects exactly the selectors call_matches admits ---
+# --- call indexes: an index built with call_keys and looked up as the policy's
+# rules do (the call's keys and "*", then index_hit) selects exactly the
+# selectors call_matches admits ---
 
 index_sels := [
 	{"name": "exact-any", "effects": ["read"]},
@@ -104,12 +106,22 @@ index_sels := [
 	{"name": "target-tags", "target_tags": ["prod"], "effects": ["read", "write"]},
 ]
 
-index_candidates(sels) := {i |
-	some i, sel in sels
-	lib.admits_call_kind(sel, input.tool.effect, input.principal.kind)
+sel_index[effect][kind][name] contains i if {
+	some i, sel in index_sels
+	some [effect, kind, name] in lib.call_keys(sel)
 }
 
-index_slots[i] := lib.call_slot(sel) if some i, sel in index_sels
+sel_exact[i] := lib.exact_selector(sel) if some i, sel in index_sels
+
+by_index contains i if {
+	some i in sel_index[input.tool.effect][input.principal.kind][input.tool.name]
+	lib.index_hit(sel_exact[i], index_sels[i])
+}
+
+by_index contains i if {
+	some i in sel_index[input.tool.effect][input.principal.kind]["*"]
+	lib.index_hit(sel_exact[i], index_sels[i])
+}
 
 by_call_matches contains i if {
 	some i, sel in index_sels
@@ -122,25 +134,36 @@ index_call(name, domain) := {
 	"target": {"tags": ["prod"]},
 }
 
-test_indexed_agrees_with_call_matches if {
-	every name in ["get_guest_config", "get_*", "sdn_apply", "other", "*"] {
-		inp := index_call(name, "guest")
-		got := lib.indexed(index_candidates(index_sels), index_slots, index_sels) with input as inp
-		got == by_call_matches with input as inp
+test_index_agrees_with_call_matches if {
+	every name in ["get_guest_config", "vm_stop", "get_*", "sdn_apply", "other", "*"] {
+		every effect in ["read", "write"] {
+			every kind in ["human", "agent"] {
+				inp := json.patch(index_call(name, "guest"), [
+					{"op": "replace", "path": "/tool/effect", "value": effect},
+					{"op": "replace", "path": "/principal/kind", "value": kind},
+				])
+				by_index == by_call_matches with input as inp
+			}
+		}
 	}
 }
 
-test_indexed_exact_selectors_still_need_the_call_parts if {
+test_index_finds_named_and_any_selectors if {
+	by_index == {0, 1, 3, 4, 7} with input as index_call("get_guest_config", "guest")
+	by_index == {0, 2, 4, 7} with input as index_call("sdn_apply", "guest")
+}
+
+test_exact_selectors_still_need_the_call_parts if {
 	# no tool domain: call_matches admits nothing, and neither does the index
 	inp := json.remove(index_call("get_guest_config", "guest"), ["tool/domain"])
 	count(by_call_matches) == 0 with input as inp
-	count(lib.indexed(index_candidates(index_sels), index_slots, index_sels)) == 0 with input as inp
+	count(by_index) == 0 with input as inp
 }
 
-test_call_slot if {
-	lib.call_slot(index_sels[0]) == {"names": {"*"}, "exact": true}
-	lib.call_slot(index_sels[1]) == {"names": {"get_guest_config", "vm_stop"}, "exact": true}
-	lib.call_slot(index_sels[3]) == {"names": {"*"}, "exact": false}
-	lib.call_slot(index_sels[5]) == {"names": {"get_guest_config"}, "exact": false}
-	lib.call_slot(index_sels[6]) == {"names": set(), "exact": true}
+test_call_keys if {
+	lib.call_keys(index_sels[0]) == {["read", k, "*"] | some k in lib.principal_kinds}
+	lib.call_keys(index_sels[1]) == {[e, "human", n] | some e in lib.effects; some n in ["get_guest_config", "vm_stop"]}
+	lib.call_keys(index_sels[3]) == {[e, k, "*"] | some e in lib.effects; some k in lib.principal_kinds}
+	lib.call_keys(index_sels[6]) == set()
+	[i | some i, sel in index_sels; lib.exact_selector(sel)] == [0, 1, 2, 6]
 }

@@ -61,21 +61,26 @@ max_items := config.default_max_items if count(rbac.granting_bindings) == 0
 
 # reveal_secrets: the caller may receive a secret Proxmox shows once (a new API
 # token's value), because a reveal_secrets selector in data matches the call
+# (looked up by the call's effect, principal kind and tool name, or "*", as in
+# approval.matching_rules)
 reveal_secrets if {
-	candidates := reveal_index[input.tool.effect][input.principal.kind]
-	count(lib.indexed(candidates, reveal_slots, config.reveal_secrets)) > 0
+	some i in reveal_index[input.tool.effect][input.principal.kind][input.tool.name]
+	lib.index_hit(reveal_exact[i], config.reveal_secrets[i])
+}
+
+reveal_secrets if {
+	some i in reveal_index[input.tool.effect][input.principal.kind]["*"]
+	lib.index_hit(reveal_exact[i], config.reveal_secrets[i])
 }
 
 # the reveal_secrets selectors by the effects, principal kinds and tool names they
-# can match (lib.call_index)
-reveal_index[effect][kind] contains i if {
+# can match (lib.call_keys)
+reveal_index[effect][kind][name] contains i if {
 	some i, sel in config.reveal_secrets
-	some effect in lib.effects
-	some kind in lib.principal_kinds
-	lib.admits_call_kind(sel, effect, kind)
+	some [effect, kind, name] in lib.call_keys(sel)
 }
 
-reveal_slots[i] := lib.call_slot(sel) if some i, sel in config.reveal_secrets
+reveal_exact[i] := lib.exact_selector(sel) if some i, sel in config.reveal_secrets
 
 default reveal_secrets_bool := false
 

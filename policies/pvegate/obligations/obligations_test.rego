@@ -62,3 +62,14 @@ test_redaction_names_and_globs if {
 	glob_named := object.union(inp, {"tool": {"name": "[g]et_guest_config"}})
 	obligations.redact == ["f"] with input as glob_named with data.data.obligations.redact as redact
 }
+
+# a reveal_secrets selector naming no tool is filed under "*": any tool it admits
+test_reveal_secrets_selector_without_tools if {
+	reveal := [{"name": "humans-reading", "effects": ["read"], "principal_kinds": ["human"]}]
+	obligations.result.reveal_secrets with input as fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest)
+		with data.data.obligations.reveal_secrets as reveal
+	not obligations.reveal_secrets with input as fx.call(fx.agent, fx.guest_config_tool, fx.prod_guest)
+		with data.data.obligations.reveal_secrets as reveal
+	not obligations.reveal_secrets with input as fx.call(fx.viewer, fx.vm_stop, fx.prod_guest)
+		with data.data.obligations.reveal_secrets as reveal
+}

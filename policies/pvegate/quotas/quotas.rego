@@ -20,19 +20,31 @@ import data.pvegate.config
 import data.pvegate.lib
 
 # the quotas by the effects, principal kinds and tool names they can match
-# (lib.call_index; a constant once the policy is partially evaluated with its data)
-index[effect][kind] contains i if {
+# (lib.call_keys; a constant once the policy is partially evaluated with its data)
+index[effect][kind][name] contains i if {
 	some i, sel in config.quotas
-	some effect in lib.effects
-	some kind in lib.principal_kinds
-	lib.admits_call_kind(sel, effect, kind)
+	some [effect, kind, name] in lib.call_keys(sel)
 }
 
-slots[i] := lib.call_slot(sel) if some i, sel in config.quotas
+exact[i] := lib.exact_selector(sel) if some i, sel in config.quotas
+
+# matching: the quotas filed under the call's effect, principal kind and tool name,
+# or "*", that match it (the lookups in the rule bodies: partially evaluated, each
+# clause tests the call's effect, kind and name, and OPA's rule index picks the
+# few that hold)
+matching contains i if {
+	some i in index[input.tool.effect][input.principal.kind][input.tool.name]
+	lib.index_hit(exact[i], config.quotas[i])
+}
+
+matching contains i if {
+	some i in index[input.tool.effect][input.principal.kind]["*"]
+	lib.index_hit(exact[i], config.quotas[i])
+}
 
 # matching quotas and their state (`pvegate policy explain`; the decision reads exceeded only)
 states contains state if {
-	some i in lib.indexed(index[input.tool.effect][input.principal.kind], slots, config.quotas)
+	some i in matching
 	q := config.quotas[i]
 	counter := object.get(q, "counter", "tool")
 	state := {
@@ -58,7 +70,7 @@ resets_in_seconds(window) := w - (floor(lib.now_ns / 1000000000) % w) if {
 # the states of the matching quotas used up; the same as states filtered by used >= limit,
 # written apart so a decision computes resets_in_seconds only for the quotas it reports
 exceeded contains state if {
-	some i in lib.indexed(index[input.tool.effect][input.principal.kind], slots, config.quotas)
+	some i in matching
 	q := config.quotas[i]
 	counter := object.get(q, "counter", "tool")
 	n := used(counter, q.window)

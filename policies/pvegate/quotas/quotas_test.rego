@@ -51,3 +51,20 @@ test_quota_kind_filter if {
 	inp := with_usage(fx.call(fx.admin, fx.vm_stop, fx.prod_guest), {"tool": {"1m": 50}})
 	count(quotas.deny) == 0 with input as inp
 }
+
+# a quota naming tools is filed under their names: it counts calls to those tools only
+test_quota_naming_a_tool if {
+	named := [{"name": "stops-per-minute", "tools": ["vm_stop"], "counter": "tool", "window": "1m", "limit": 2}]
+	stop := with_usage(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), {"tool": {"1m": 2}})
+	quotas.result.name == "stops-per-minute" with input as stop with data.data.quotas as named
+	start := with_usage(fx.call(fx.agent, fx.lxc_start, fx.prod_guest), {"tool": {"1m": 2}})
+	quotas.result == null with input as start with data.data.quotas as named
+}
+
+# states (pvegate policy explain) lists every matching quota, exceeded or not
+test_states_list_the_matching_quotas if {
+	inp := with_usage(fx.call(fx.viewer, fx.guest_config_tool, fx.prod_guest), {"all": {"1m": 7}})
+	{[s.quota.name, s.used, s.resets_in_seconds] | some s in quotas.states} == {["calls-per-minute", 7, 60]} with input as inp
+	names := {s.quota.name | some s in quotas.states} with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	names == {"agent-writes-per-minute", "calls-per-minute", "agent-calls-per-day"}
+}
