@@ -72,10 +72,13 @@ waived if {
 # approval rules do not apply to dry runs (nothing changes) unless the rule
 # says `include_dry_run: true`
 # the approval rules by the effects, principal kinds and tool names they can match
-# (lib.call_keys)
+# (lib.index_names)
 rule_index[effect][kind][name] contains i if {
 	some i, sel in cfg.rules
-	some [effect, kind, name] in lib.call_keys(sel)
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+	some name in lib.index_names(sel)
 }
 
 rule_exact[i] := lib.exact_selector(sel) if some i, sel in cfg.rules

@@ -119,10 +119,13 @@ deny_rule_reason(rule) := lib.reason("guardrail.deny_rule", sprintf("data.guardr
 }
 
 # the deny rules by the effects, principal kinds and tool names they can match
-# (lib.call_keys)
+# (lib.index_names)
 deny_rule_index[effect][kind][name] contains i if {
 	some i, sel in config.deny_rules
-	some [effect, kind, name] in lib.call_keys(sel)
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+	some name in lib.index_names(sel)
 }
 
 deny_rule_exact[i] := lib.exact_selector(sel) if some i, sel in config.deny_rules

@@ -139,8 +139,9 @@ name_admits(sel, name) if {
 # testing every selector. (Evaluated from plain files, an index is built once
 # per query.)
 #
-# An index files each selector under the [effect, principal kind, tool name] keys
-# of call_keys; a rule using it looks up the call's own keys and its "*" keys in
+# An index files each selector under the effects and principal kinds it admits
+# (admits_call_kind) and the tool names of index_names; a rule using it looks up
+# the call's effect, kind and tool name, and the call's effect, kind and "*", in
 # two clauses, in the rule bodies themselves: partially evaluated, each clause
 # then tests the call's effect, kind and tool name against constants, OPA's rule
 # index picks the clauses that hold: a call no selector is filed for meets none,
@@ -154,16 +155,6 @@ principal_kinds := {"agent", "human", "service"}
 admits_call_kind(sel, effect, kind) if {
 	admits(sel, "effects", effect)
 	in_list(sel, "principal_kinds", kind)
-}
-
-# call_keys(sel): the [effect, principal kind, tool name] keys a call index files
-# sel under: the effects and kinds it admits (admits_call_kind), and the tools it
-# names by plain name, or "*" when it names none so (no tools key, a glob).
-call_keys(sel) := {[effect, kind, name] |
-	some effect in effects
-	some kind in principal_kinds
-	admits_call_kind(sel, effect, kind)
-	some name in index_names(sel)
 }
 
 # the call keys call_matches tests that the indexes do not settle
@@ -191,6 +182,8 @@ names_only(sel) if {
 	}
 }
 
+# index_names(sel): the tools sel names by plain name, or {"*"} when it names none
+# so (no tools key, a glob): the tool-name keys of an index
 index_names(sel) := {n | some n in sel.tools} if names_only(sel)
 
 else := {"*"}

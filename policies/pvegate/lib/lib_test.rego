@@ -108,7 +108,10 @@ index_sels := [
 
 sel_index[effect][kind][name] contains i if {
 	some i, sel in index_sels
-	some [effect, kind, name] in lib.call_keys(sel)
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+	some name in lib.index_names(sel)
 }
 
 sel_exact[i] := lib.exact_selector(sel) if some i, sel in index_sels
@@ -160,10 +163,14 @@ test_exact_selectors_still_need_the_call_parts if {
 	count(by_index) == 0 with input as inp
 }
 
-test_call_keys if {
-	lib.call_keys(index_sels[0]) == {["read", k, "*"] | some k in lib.principal_kinds}
-	lib.call_keys(index_sels[1]) == {[e, "human", n] | some e in lib.effects; some n in ["get_guest_config", "vm_stop"]}
-	lib.call_keys(index_sels[3]) == {[e, k, "*"] | some e in lib.effects; some k in lib.principal_kinds}
-	lib.call_keys(index_sels[6]) == set()
+test_index_keys if {
+	object.keys(sel_index) == lib.effects
+	sel_index.read.human.get_guest_config == {1, 5}
+	sel_index.read.agent.get_guest_config == {5}
 	[i | some i, sel in index_sels; lib.exact_selector(sel)] == [0, 1, 2, 6]
+	every kind in lib.principal_kinds {
+		sel_index.read[kind]["*"] == {0, 3, 4, 7}
+		sel_index.write[kind]["*"] == {3, 4, 7}
+		sel_index.read[kind].sdn_apply == {2}
+	}
 }

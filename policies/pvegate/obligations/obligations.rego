@@ -74,10 +74,13 @@ reveal_secrets if {
 }
 
 # the reveal_secrets selectors by the effects, principal kinds and tool names they
-# can match (lib.call_keys)
+# can match (lib.index_names)
 reveal_index[effect][kind][name] contains i if {
 	some i, sel in config.reveal_secrets
-	some [effect, kind, name] in lib.call_keys(sel)
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+	some name in lib.index_names(sel)
 }
 
 reveal_exact[i] := lib.exact_selector(sel) if some i, sel in config.reveal_secrets

@@ -20,10 +20,13 @@ import data.pvegate.config
 import data.pvegate.lib
 
 # the quotas by the effects, principal kinds and tool names they can match
-# (lib.call_keys; a constant once the policy is partially evaluated with its data)
+# (lib.index_names; a constant once the policy is partially evaluated with its data)
 index[effect][kind][name] contains i if {
 	some i, sel in config.quotas
-	some [effect, kind, name] in lib.call_keys(sel)
+	some effect in lib.effects
+	some kind in lib.principal_kinds
+	lib.admits_call_kind(sel, effect, kind)
+	some name in lib.index_names(sel)
 }
 
 exact[i] := lib.exact_selector(sel) if some i, sel in config.quotas
