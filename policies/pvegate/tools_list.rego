@@ -8,6 +8,7 @@
 # it to the principal.
 package pvegate
 
+import data.pvegate.config
 import data.pvegate.guardrails
 import data.pvegate.lib
 import data.pvegate.rbac
@@ -33,64 +34,152 @@ tools_ok if is_array(input.tools)
 # entrypoint: true
 # schemas:
 #   - input: schema["list_input.schema"]
-visible_tools contains name if {
+visible_tools contains input.tools[i].name if {
 	count(listing_problems) == 0
-	some shape, m in name_rules
-	some name in ({input.tools[i].name | some i in shape_tools[shape]} - m.names)
-	not lib.glob_any(m.patterns, name)
+	some i in listed
 }
 
-visible_tools contains tool.name if {
-	count(listing_problems) == 0
-	some shape in checked
-	some i in shape_tools[shape]
-	tool := input.tools[i]
-	rbac.tool_visible(tool, shape)
-	not guardrails.hidden_from_list(tool, shape)
-	not rbac.blanket_denied(tool, shape)
+# The listing works on sets of positions in input.tools rather than tool by
+# tool, so that OPA does most of the work with native set operations: a
+# selector meets the tools its effects, domains and scopes admit as one set
+# (unions and intersections of the per-value indexes below), and only a
+# selector that names tools or tags tests the tools of that set one by one.
+# Its answer is, for every tool, that of rbac.tool_visible,
+# rbac.blanket_denied and guardrails.hidden_from_list (the tests compare them).
+
+# listed: the positions of the tools some role of the lister grants and does
+# not deny, that no role bound without a scope denies (rbac.blanket_roles), and
+# that no guard rail hides
+# regal ignore:prefer-set-or-object-rule
+listed := ((granted - blanket_denied) - agent_hidden) - deny_rule_hidden
+
+# granted: some role of the lister allows the tool and does not deny it
+# regal ignore:prefer-set-or-object-rule
+granted := union({role_grants |
+	some role in rbac.lister_roles
+	allowed := union({s | some id, s in allow_hits; id[0] == role})
+	denied := union({s | some id, s in deny_hits; id[0] == role})
+	role_grants := allowed - denied
+})
+
+# allow_hits: the lister's allow selector id -> positions of the tools it matches
+# regal ignore:prefer-set-or-object-rule
+allow_hits := {id: hits(c, admitted(c)) |
+	some id, c in rbac.lister_selectors
+	id[1] == "allow"
 }
 
-# shape_tools: shape -> the positions in input.tools of its tools. The tools
-# are taken shape by shape: a name-rule shape's by set operations on their
-# names, only a "check" shape's one by one. The inner comprehension closes
-# over scalars (e, d, s), so OPA evaluates it once per query, indexed by them
-# (comprehension indexing): one pass over the tools, then a lookup per shape.
+# deny_hits: deny selector id -> the tools it matches among those some role
+# allows (only those can be listed, so only those are tested by name and tag)
 # regal ignore:prefer-set-or-object-rule
-shape_tools := {shape: positions |
-	some shape in rbac.listed_shapes
-	e := shape[0]
-	d := shape[1]
-	s := shape[2]
-	positions := {i | some i, t in input.tools; t.effect == e; t.domain == d; t.scope == s}
-}
-
-# The listing decides per (effect, domain, scope) shape of the listed tools,
-# once per query, so that most tools cost a lookup and a name test instead of
-# a walk through every selector. shape_verdicts: shape -> one of
-#   "hide":  no tool of the shape is listed;
-#   "check": the full per-tool test (rbac.tool_visible, guard rails) decides;
-#   {"names", "patterns"}: a tool is listed unless one of these names or
-#     globs names it (both empty: every tool of the shape is listed).
-# Each verdict agrees with the full per-tool test for every tool of its shape.
-# regal ignore:prefer-set-or-object-rule
-shape_verdicts := {shape: verdict(shape) | some shape in rbac.listed_shapes}
-
-verdict(shape) := "hide" if {
-	guardrails.hides_shape_in_list(shape)
-} else := "check" if {
-	guardrails.shape_needs_tool_check(shape)
-} else := "check" if {
-	rbac.blanket_needs_tool_check(shape)
-} else := rbac.with_blanket_denies(rbac.listing_verdict(shape), shape)
-
-# name_rules: shape -> names and globs hiding its tools (the globs as a set:
-# roles and blanket denies often repeat one); checked: the shapes that need
-# the full per-tool test
-# regal ignore:prefer-set-or-object-rule
-name_rules := {shape: {"names": v.names, "patterns": {p | some p in v.patterns}} |
-	some shape, v in shape_verdicts
-	is_object(v)
+deny_hits := {id: hits(c, allowed_any & admitted(c)) |
+	some id, c in rbac.lister_selectors
+	id[1] == "deny"
 }
 
 # regal ignore:prefer-set-or-object-rule
-checked := {shape | some shape, v in shape_verdicts; v == "check"}
+allowed_any := union({s | some s in allow_hits})
+
+# blanket_denied: the tools a role bound without a scope denies
+# regal ignore:prefer-set-or-object-rule
+blanket_denied := union({s |
+	some id, s in deny_hits
+	id[0] in rbac.blanket_roles
+})
+
+# agent_hidden: for an agent, the mutations of agent_no_mutation_scopes resources
+default agent_hidden := set()
+
+agent_hidden := effects & scopes if {
+	input.principal.kind == "agent"
+	effects := union({tools_by_effect[e] | some e in lib.mutating_effects})
+	scopes := union({tools_by_scope[s] | some s in config.agent_no_mutation_scopes})
+}
+
+# deny_rule_hidden: the granted tools a target-independent deny rule of the
+# lister matches
+# regal ignore:prefer-set-or-object-rule
+deny_rule_hidden := union({hits(c, granted & admitted(c)) | some c in guardrails.lister_deny_rules})
+
+# admitted(c): positions of the tools whose effect, domain and scope the
+# compiled selector c admits
+admitted(c) := (along(c.effects, tools_by_effect) & along(c.domains, tools_by_domain)) & along(c.scopes, tools_by_scope)
+
+# along(values, index): positions of the tools with one of the values ("*": any)
+along(values, index) := tool_positions if {
+	"*" in values
+} else := union({index[v] | some v in values})
+
+# hits(c, positions): those of the positions whose tool's tags and name the
+# compiled selector c admits (lib.compiled_matches' tag and name tests). Written
+# out as comprehensions, not as a call per tool: a function call per tool costs
+# several times the tests themselves.
+hits(c, positions) := positions if {
+	"*" in c.tool_tags
+	c.any_name
+} else := named(c, tagged(c, positions))
+
+# tagged(c, positions): those whose tool carries a tag c names ("*": all)
+tagged(c, positions) := positions if {
+	"*" in c.tool_tags
+} else := {i |
+	some i in positions
+	some tag in object.get(input.tools[i], "tags", [])
+	tag in c.tool_tags
+}
+
+# named(c, positions): those whose tool c names, by name (looked up in
+# tools_named) or by glob
+named(c, positions) := positions if {
+	c.any_name
+} else := (positions & union({tools_named[n] | some n in c.names})) | {i |
+	some i in positions
+	some p in c.patterns
+	glob.match(p, null, input.tools[i].name)
+}
+
+# tool_positions: the positions of the tools that have an effect, a domain and
+# a scope (a tool without one is never listed)
+# regal ignore:prefer-set-or-object-rule
+tool_positions := {i |
+	some i, t in input.tools
+	_ = t.effect
+	_ = t.domain
+	_ = t.scope
+}
+
+# tools_by_effect, tools_by_domain, tools_by_scope: value -> the positions of
+# the tools with it, for the values the listing's selectors name. The inner
+# comprehension closes over v alone, so OPA computes it in one pass over the
+# tools, indexed by v (comprehension indexing), and then looks each value up.
+# regal ignore:prefer-set-or-object-rule
+tools_by_effect := {v: {i | some i, t in input.tools; t.effect == v} | some v in index_values("effects")}
+
+# regal ignore:prefer-set-or-object-rule
+tools_by_domain := {v: {i | some i, t in input.tools; t.domain == v} | some v in index_values("domains")}
+
+# regal ignore:prefer-set-or-object-rule
+tools_by_scope := {v: {i | some i, t in input.tools; t.scope == v} | some v in index_values("scopes")}
+
+# regal ignore:prefer-set-or-object-rule
+tools_named := {n: {i | some i, t in input.tools; t.name == n} | some n in index_values("names")}
+
+# index_values(key): the values of key the listing's selectors (the lister's
+# roles and deny rules) name, and those the agent guard rail needs
+index_values(key) := {v |
+	some c in listing_selectors
+	some v in c[key]
+	v != "*"
+} | agent_values[key]
+
+# regal ignore:prefer-set-or-object-rule
+listing_selectors := {c | some c in rbac.lister_selectors} | guardrails.lister_deny_rules
+
+default agent_values := {"effects": set(), "domains": set(), "scopes": set(), "names": set()}
+
+agent_values := {
+	"effects": lib.mutating_effects,
+	"domains": set(),
+	"scopes": {s | some s in config.agent_no_mutation_scopes},
+	"names": set(),
+} if input.principal.kind == "agent"

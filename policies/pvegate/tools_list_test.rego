@@ -55,10 +55,9 @@ test_empty_data_lists_nothing if {
 # (evaluate it with the listing as input)
 per_tool(tools) := {t.name |
 	some t in tools
-	shape := [t.effect, t.domain, t.scope]
-	rbac.tool_visible(t, shape)
-	not guardrails.hidden_from_list(t, shape)
-	not rbac.blanket_denied(t, shape)
+	rbac.tool_visible(t)
+	not guardrails.hidden_from_list(t)
+	not rbac.blanket_denied(t)
 }
 
 # roles whose selectors look at tags, at names only, or at neither

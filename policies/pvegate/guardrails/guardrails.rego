@@ -179,40 +179,19 @@ hour_text(h) := sprintf("%02d", [h]) if is_number(h)
 
 hour_text(h) := sprintf("%v", [h]) if not is_number(h)
 
-# hidden_from_list(tool, shape): a target-independent guard rail makes the
-# tool useless to the lister (input.principal), so tools/list hides it.
-hidden_from_list(tool, shape) if {
-	shape in agent_hidden_shapes
-} else if {
-	shape in deny_rule_shapes
+# hidden_from_list(tool): a target-independent guard rail makes the tool
+# useless to the lister (input.principal), so tools/list hides it: agents never
+# mutate resources of the agent_no_mutation_scopes, and a deny rule of the
+# lister that ignores the target matches the tool.
+hidden_from_list(tool) if {
+	input.principal.kind == "agent"
+	tool.effect in lib.mutating_effects
+	tool.scope in config.agent_no_mutation_scopes
+}
+
+hidden_from_list(tool) if {
 	some c in lister_deny_rules
 	lib.compiled_matches(c, tool)
-}
-
-# hides_shape_in_list(shape): agents never see tools of the shape listed
-hides_shape_in_list(shape) if shape in agent_hidden_shapes
-
-# shape_needs_tool_check(shape): a deny rule of the lister may hide tools of the
-# shape, depending on their names and tags
-shape_needs_tool_check(shape) if shape in deny_rule_shapes
-
-# shapes of listed tools that some of the lister's deny rules admit
-# regal ignore:prefer-set-or-object-rule
-deny_rule_shapes := {shape |
-	some c in lister_deny_rules
-	some shape in rbac.listed_shapes
-	count({shape[0], "*"} & c.effects) > 0
-	count({shape[1], "*"} & c.domains) > 0
-	count({shape[2], "*"} & c.scopes) > 0
-}
-
-# shapes [effect, domain, scope] of listed tools agents may not use
-# regal ignore:prefer-set-or-object-rule
-agent_hidden_shapes := {shape |
-	input.principal.kind == "agent"
-	some shape in rbac.listed_shapes
-	shape[0] in lib.mutating_effects
-	shape[2] in config.agent_no_mutation_scopes
 }
 
 # the lister's target-independent deny rules, compiled once per query

@@ -80,7 +80,7 @@ test_org_deny_rule_defaults if {
 }
 
 hidden(p, tool) if {
-	guardrails.hidden_from_list(tool, [tool.effect, tool.domain, tool.scope]) with input as fx.listing_input(p, [tool])
+	guardrails.hidden_from_list(tool) with input as fx.listing_input(p, [tool])
 }
 
 test_hidden_from_list if {

@@ -240,10 +240,10 @@ target_text := sprintf("node %v", [input.target.node]) if {
 }
 
 # --- tools/list ---------------------------------------------------------------
-# A listing checks every catalog tool against the lister's role selectors. To
-# keep that fast for hundreds of tools, the selectors are indexed once per
-# query by effect, domain and scope: a tool only meets the few selectors its
-# (effect, domain, scope) admits, and only those test tags and name globs.
+# What a listing shows, tool by tool: tool_visible (the roles) and
+# blanket_denied (denial across roles) below, guardrails.hidden_from_list (the
+# guard rails). tools_list.rego computes the same answer for the whole
+# catalog at once, with sets of tool positions; its tests hold it to these.
 
 # the lister's bindings are caller_bindings (computed once per query)
 lister_roles contains b.role if some b in caller_bindings
@@ -255,182 +255,20 @@ lister_selectors[[name, kind, i]] := c if {
 	some i, c in config.compiled_roles[name][kind]
 }
 
-# selector ids by each value they accept ("*": any value)
-ids_by_effect[v] contains id if {
+# tool_visible(tool): some role bound to the lister grants the tool on some
+# target (binding scopes are not applied: no target is known yet), and that
+# role does not deny it
+tool_visible(tool) if {
+	some [role, "allow", _], c in lister_selectors
+	lib.compiled_matches(c, tool)
+	not lister_role_denies(role, tool)
+}
+
+lister_role_denies(role, tool) if {
 	some id, c in lister_selectors
-	some v in c.effects
-}
-
-ids_by_domain[v] contains id if {
-	some id, c in lister_selectors
-	some v in c.domains
-}
-
-ids_by_scope[v] contains id if {
-	some id, c in lister_selectors
-	some v in c.scopes
-}
-
-# per value present in the listed tools: the ids accepting it. Complete rules
-# on purpose: each is computed once per query (a partial object rule would be
-# re-evaluated for every tool that looks a key up).
-accepting(index, v) := object.get(index, v, set()) | object.get(index, "*", set())
-
-# regal ignore:prefer-set-or-object-rule
-effect_ids := {v: accepting(ids_by_effect, v) |
-	some v in {shape[0] | some shape in listed_shapes}
-}
-
-# regal ignore:prefer-set-or-object-rule
-domain_ids := {v: accepting(ids_by_domain, v) |
-	some v in {shape[1] | some shape in listed_shapes}
-}
-
-# regal ignore:prefer-set-or-object-rule
-scope_ids := {v: accepting(ids_by_scope, v) |
-	some v in {shape[2] | some shape in listed_shapes}
-}
-
-# shape_ids: (effect, domain, scope) of the listed tools -> selector ids admitting it
-# listed_shapes: the distinct (effect, domain, scope) of the listed tools
-# (a comprehension: one pass over the tools, cheaper than a partial set rule)
-# regal ignore:prefer-set-or-object-rule
-listed_shapes := {[t.effect, t.domain, t.scope] | some t in input.tools}
-
-# regal ignore:prefer-set-or-object-rule
-shape_ids := {shape: ids |
-	some shape in listed_shapes
-	ids := (effect_ids[shape[0]] & domain_ids[shape[1]]) & scope_ids[shape[2]]
-}
-
-# plain_shapes: shapes visible whatever the tool's name and tags: a role
-# grants them with a selector that constrains neither, and denies nothing there
-plain_shapes contains shape if {
-	some shape, ids in shape_ids
-	some id in ids
-	id[1] == "allow"
-	"*" in lister_selectors[id].tool_tags
-	lister_selectors[id].any_name
-	not role_denies_in(ids, id[0])
-}
-
-# plain_grants: shape -> roles granting it with a selector that constrains
-# neither name nor tags. (Complete rules here and below on purpose: computed
-# once per query, then looked up per tool.)
-# regal ignore:prefer-set-or-object-rule
-plain_grants := {shape: roles |
-	some shape, ids in shape_ids
-	roles := {id[0] |
-		some id in ids
-		id[1] == "allow"
-		"*" in lister_selectors[id].tool_tags
-		lister_selectors[id].any_name
-	}
-	count(roles) > 0
-}
-
-# name_denies: [shape, role] -> the role's deny selectors admitting the shape,
-# merged into one name matcher, when none of them looks at tags
-# regal ignore:prefer-set-or-object-rule
-name_denies := {[shape, role]: merged |
-	some shape, roles in plain_grants
-	some role in roles
-	denies := [lister_selectors[id] | some id in shape_ids[shape]; id[0] == role; id[1] == "deny"]
-	count(denies) > 0
-	every c in denies {
-		"*" in c.tool_tags
-	}
-	merged := {
-		"any_name": any_true([c.any_name | some c in denies]),
-		"names": {n | some c in denies; some n in c.names},
-		"patterns": [p | some c in denies; some p in c.patterns],
-	}
-}
-
-default any_true(_) := false
-
-any_true(bools) if true in bools
-
-role_denies_in(ids, role) if {
-	some id in ids
 	id[0] == role
 	id[1] == "deny"
-}
-
-# plain_only(shape): every allow selector admitting the shape constrains
-# neither name nor tags; then tool_visible is decided by the roles' name denies
-plain_only(shape) if {
-	plain_grants[shape]
-	not constrained_allow(shape)
-}
-
-constrained_allow(shape) if {
-	some id in shape_ids[shape]
-	id[1] == "allow"
-	not plain_selector(lister_selectors[id])
-}
-
-plain_selector(c) if {
-	"*" in c.tool_tags
-	c.any_name
-}
-
-# any_allow(shape): some allow selector of the lister admits the shape
-any_allow(shape) if {
-	some id in shape_ids[shape]
-	id[1] == "allow"
-}
-
-# listing_verdict(shape): what decides tools/list for tools of the shape,
-# in agreement with tool_visible for each of them (guard rails aside):
-#   "hide" (none is visible), "check" (tool_visible decides per tool), or
-#   {"names", "patterns"}: visible unless one of these names or globs names
-#   the tool (both empty: all are visible)
-listing_verdict(shape) := {"names": set(), "patterns": []} if {
-	shape in plain_shapes
-} else := "hide" if {
-	not any_allow(shape)
-} else := name_rule(denies) if {
-	# one role grants the shape outright, nothing else does, and that role
-	# denies there by name only
-	plain_only(shape)
-	count(plain_grants[shape]) == 1
-	some role in plain_grants[shape]
-	denies := name_denies[[shape, role]]
-} else := "check"
-
-# name_rule(m): the granting role's merged name denies m as a verdict
-name_rule(m) := "hide" if {
-	m.any_name
-} else := {"names": m.names, "patterns": m.patterns}
-
-# tool_visible(tool, shape): some bound role grants the tool on some target,
-# and that role does not deny it; shape is [effect, domain, scope] of the tool.
-tool_visible(tool, shape) if {
-	shape in plain_shapes
-} else if {
-	# a role grants the shape outright and only denies some names there
-	some role in plain_grants[shape]
-	not lib.name_hit(name_denies[[shape, role]], tool.name)
-} else if {
-	ids := shape_ids[shape]
-	some id in ids
-	id[1] == "allow"
-	rest_hits(lister_selectors[id], tool)
-	not role_denies_among(ids, id[0], tool)
-}
-
-role_denies_among(ids, role, tool) if {
-	some id in ids
-	id[0] == role
-	id[1] == "deny"
-	rest_hits(lister_selectors[id], tool)
-}
-
-# rest_hits(c, tool): the tag and name parts of a compiled selector
-rest_hits(c, tool) if {
-	lib.tags_hit(c.tool_tags, object.get(tool, "tags", []))
-	lib.name_hit(c, tool.name)
+	lib.compiled_matches(c, tool)
 }
 
 # --- listing follows denial ---------------------------------------------------
@@ -440,52 +278,17 @@ rest_hits(c, tool) if {
 # useless to the lister, so tools/list hides it too. A scoped binding's deny
 # only holds on some targets and hides nothing.
 
-# blanket_denies: the compiled deny selectors of the lister's unscoped bindings
-blanket_denies contains c if {
+# blanket_roles: the lister's roles bound without a scope
+blanket_roles contains b.role if {
 	some b in caller_bindings
 	count(object.get(b, "scope", {})) == 0
-	some c in config.compiled_roles[b.role].deny
 }
 
-# blanket_by_shape: listed shape -> the blanket denies admitting it
-# regal ignore:prefer-set-or-object-rule
-blanket_by_shape := {shape: cs |
-	some shape in listed_shapes
-	cs := [c | some c in blanket_denies; shape_admits(c, shape)]
-	count(cs) > 0
-}
-
-shape_admits(c, shape) if {
-	count({shape[0], "*"} & c.effects) > 0
-	count({shape[1], "*"} & c.domains) > 0
-	count({shape[2], "*"} & c.scopes) > 0
-}
-
-# blanket_denied(tool, shape): an unscoped binding's role denies the tool
-blanket_denied(tool, shape) if {
-	some c in blanket_by_shape[shape]
-	rest_hits(c, tool)
-}
-
-# blanket_needs_tool_check(shape): a blanket deny admitting the shape looks at
-# tool tags, so only the per-tool test can apply it
-blanket_needs_tool_check(shape) if {
-	some c in blanket_by_shape[shape]
-	not "*" in c.tool_tags
-}
-
-# with_blanket_denies(v, shape): the listing verdict v of the shape, with the
-# (name-only) blanket denies admitting the shape merged into its name rule
-with_blanket_denies(v, shape) := v if {
-	not is_object(v)
-} else := v if {
-	not blanket_by_shape[shape]
-} else := "hide" if {
-	some c in blanket_by_shape[shape]
-	c.any_name
-} else := {
-	"names": (v.names | {n | some c in blanket_by_shape[shape]; some n in c.names}),
-	"patterns": array.concat(v.patterns, [p | some c in blanket_by_shape[shape]; some p in c.patterns]),
+# blanket_denied(tool): a deny selector of a blanket role matches the tool
+blanket_denied(tool) if {
+	some [role, "deny", _], c in lister_selectors
+	role in blanket_roles
+	lib.compiled_matches(c, tool)
 }
 
 # --- approvers ------------------------------------------------------------------
