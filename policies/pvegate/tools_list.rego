@@ -34,9 +34,10 @@ tools_ok if is_array(input.tools)
 # entrypoint: true
 # schemas:
 #   - input: schema["list_input.schema"]
-visible_tools contains input.tools[i].name if {
+visible_tools contains name if {
 	count(listing_problems) == 0
 	some i in listed
+	name := input.tools[i].name
 }
 
 # The listing works on sets of positions in input.tools rather than tool by
@@ -92,8 +93,8 @@ default agent_hidden := set()
 
 agent_hidden := effects & scopes if {
 	input.principal.kind == "agent"
-	effects := union({tools_by_effect[e] | some e in lib.mutating_effects})
-	scopes := union({tools_by_scope[s] | some s in config.agent_no_mutation_scopes})
+	effects := union({tools | some e in lib.mutating_effects; tools := tools_by_effect[e]})
+	scopes := union({tools | some s in config.agent_no_mutation_scopes; tools := tools_by_scope[s]})
 }
 
 # deny_rule_hidden: the granted tools a target-independent deny rule of the
@@ -108,7 +109,7 @@ admitted(c) := (along(c.effects, tools_by_effect) & along(c.domains, tools_by_do
 # along(values, index): positions of the tools with one of the values ("*": any)
 along(values, index) := tool_positions if {
 	"*" in values
-} else := union({index[v] | some v in values})
+} else := union({tools | some v in values; tools := index[v]})
 
 # hits(c, positions): those of the positions whose tool's tags and name the
 # compiled selector c admits (lib.compiled_matches' tag and name tests). Written
@@ -128,13 +129,23 @@ tagged(c, positions) := positions if {
 	tag in c.tool_tags
 }
 
-# named(c, positions): those whose tool c names, by name (looked up in
-# tools_named) or by glob
+# named(c, positions): those whose tool c names, by name or by glob
 named(c, positions) := positions if {
 	c.any_name
-} else := (positions & union({tools_named[n] | some n in c.names})) | {i |
+} else := by_name(c.names, positions) | by_glob(c.patterns, positions)
+
+# by_name(names, positions), by_glob(patterns, positions): those whose tool's
+# name is one of names, matches one of the globs
+by_name(names, positions) := {i |
+	count(names) > 0
 	some i in positions
-	some p in c.patterns
+	input.tools[i].name in names
+}
+
+by_glob(patterns, positions) := {i |
+	count(patterns) > 0
+	some i in positions
+	some p in patterns
 	glob.match(p, null, input.tools[i].name)
 }
 
@@ -161,9 +172,6 @@ tools_by_domain := {v: {i | some i, t in input.tools; t.domain == v} | some v in
 # regal ignore:prefer-set-or-object-rule
 tools_by_scope := {v: {i | some i, t in input.tools; t.scope == v} | some v in index_values("scopes")}
 
-# regal ignore:prefer-set-or-object-rule
-tools_named := {n: {i | some i, t in input.tools; t.name == n} | some n in index_values("names")}
-
 # index_values(key): the values of key the listing's selectors (the lister's
 # roles and deny rules) name, and those the agent guard rail needs
 index_values(key) := {v |
@@ -175,11 +183,12 @@ index_values(key) := {v |
 # regal ignore:prefer-set-or-object-rule
 listing_selectors := {c | some c in rbac.lister_selectors} | guardrails.lister_deny_rules
 
-default agent_values := {"effects": set(), "domains": set(), "scopes": set(), "names": set()}
+default agent_values := {"effects": set(), "domains": set(), "scopes": set()}
 
 agent_values := {
 	"effects": lib.mutating_effects,
 	"domains": set(),
 	"scopes": {s | some s in config.agent_no_mutation_scopes},
-	"names": set(),
-} if input.principal.kind == "agent"
+} if {
+	input.principal.kind == "agent"
+}
