@@ -50,7 +50,7 @@ test_empty_data_lists_nothing if {
 	count(pvegate.visible_tools) == 0 with input as fx.listing_input(fx.admin, catalog) with data.data as {}
 }
 
-# The listing decides per tool shape; for every principal and role set below it
+# The listing works on sets of tools; for every principal and role set below it
 # must list exactly the tools the full per-tool test admits.
 # (evaluate it with the listing as input)
 per_tool(tools) := {t.name |
@@ -98,7 +98,7 @@ test_listing_agrees_with_per_tool_test if {
 	}
 }
 
-# Many tools of one shape (the listing takes them shape by shape), a glob that
+# Many tools of one (effect, domain, scope), a glob that
 # two deny selectors repeat, and a tool without an effect (in no shape: never
 # listed): the listing still agrees with the per-tool test.
 test_listing_of_a_crowded_shape_agrees_with_per_tool_test if {

@@ -57,11 +57,11 @@ def test_policies_type_check_against_the_contract(schemas: Path) -> None:
             'input.tool.efect == "destroy"',
             "input.tool.efect",
         ),
-        ("rbac/rbac.rego", "some t in input.tools}", "some t in input.tols}", "input.tols"),
+        ("tools_list.rego", "some i, t in input.tools", "some i, t in input.tols", "input.tols"),
         ("quotas/quotas.rego", "input.usage[counter][window]", "input.usages[counter][window]", "input.usages"),
         ("approver/approver.rego", "candidate := input.approver", "candidate := input.aprover", "input.aprover"),
     ],
-    ids=["pvegate", "guardrails", "rbac-listing", "quotas", "approver"],
+    ids=["pvegate", "guardrails", "listing", "quotas", "approver"],
 )
 def test_misspelled_input_field_fails_the_type_check(
     tmp_path: Path, schemas: Path, module: str, field: str, typo: str, ref: str
