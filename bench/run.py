@@ -3,6 +3,8 @@
 Everything runs as separate processes on this machine: the simulator, pvegate
 (`pvegate serve`, which manages its OPA sidecar), the baseline, and the load
 generators (wrk with bench/mcp_call.lua; bench/fixed_rate.py for fixed-rate runs).
+A third server, A0 (A with its decision a constant), runs beside both at c=8 and at the
+fixed rate, so the report shows how much of A's gap to B is the policy's evaluation.
 Results go to stdout. A recorded run (`make bench` with no options, or --record) also
 writes bench/results/latest.json and docs/performance.md between the bench markers; a
 quick run (any option, e.g. BENCH_ARGS="--seconds 5") writes only
@@ -333,6 +335,7 @@ class Results:
     audit: dict[str, int] = field(default_factory=dict)
     opa_cpu: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, Any] = field(default_factory=dict)
+    ablation: dict[str, Any] = field(default_factory=dict)
     discarded: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -359,7 +362,7 @@ def one_side(
     # CPU per call: steadier than req/s on a shared machine (it does not depend on what else competes)
     w["cpu_ms_per_call"] = (server.cpu_ticks() - total) * 1000 / HZ / n
     w["gw_cpu_ms_per_call"] = (server.cpu_ticks(children=False) - own) * 1000 / HZ / n
-    w["opa_cpu_ms_per_call"] = w["cpu_ms_per_call"] - w["gw_cpu_ms_per_call"] if side == "A" else 0.0
+    w["opa_cpu_ms_per_call"] = w["cpu_ms_per_call"] - w["gw_cpu_ms_per_call"] if side.startswith("A") else 0.0
     return w
 
 
@@ -407,6 +410,114 @@ def level_rounds(
         row[side]["ok"] = sum(r[side]["ok"] for r in rounds)
     row["gw_cpu_ratio"] = med(r["A"]["gw_cpu_ms_per_call"] / r["B"]["cpu_ms_per_call"] for r in rounds)
     return row
+
+
+# --- how much of A's gap is the policy's ------------------------------------------------
+
+A0_DOC = (
+    "A0 is A with its policy replaced by a constant: the decision A's policy gave the bench call, as a "
+    "literal. Everything else is A's: the same gateway, an OPA sidecar asked over HTTP with the same "
+    "input and flags, the same audit commits and Proxmox request. A - A0 is the policy's evaluation; "
+    "A0 - B is the rest of what the gateway does and B does not."
+)
+
+
+def constant_policy(audit_db: Path, tool: str, dest: Path) -> Path:
+    """A policy directory whose decision is the last one A's policy gave `tool`, as a literal (only the
+    contract's fields: what the gateway reads), with a passing data check."""
+    con = sqlite3.connect(f"file:{audit_db}?mode=ro", uri=True)
+    try:
+        row = con.execute(
+            "SELECT body FROM audit WHERE kind='decision' AND tool=? ORDER BY seq DESC LIMIT 1", (tool,)
+        ).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        raise RuntimeError(f"no decision for {tool} in {audit_db}")
+    schema = json.loads((ROOT / "gateway" / "schemas" / "decision.schema.json").read_text())
+    recorded = json.loads(row[0])
+    decision = {k: recorded[k] for k in schema["properties"] if k in recorded}
+    decision["contract_version"] = schema["properties"]["contract_version"]["const"]
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "constant.rego").write_text(
+        "package pvegate\n\n"
+        f"decision := {json.dumps(decision, sort_keys=True)}\n\n"
+        'data_check := {"valid": true, "problems": []}\n\n'
+        "visible_tools := {t.name | some t in input.tools}\n"
+    )
+    return dest
+
+
+def policy_ablation(
+    sides: dict[str, tuple[Proc, str, list[str]]],
+    cas: dict[str, Path],
+    env: DevEnv,
+    sim: SimHandle,
+    work: Path,
+    a: argparse.Namespace,
+    rate: float,
+) -> dict[str, Any]:
+    """A, A0 and B side by side, rotating who goes first: `a.rounds` wrk rounds at c=8 with CPU per call,
+    then `a.fixed_rounds` fixed-rate runs each at `rate` (target 4's rate). Medians."""
+    policy = constant_policy(env.config.audit_path, a.tool, work / "a0-policy")
+    extra = {"connectors_dir": str(bench_connectors(work / "connectors-a0"))}
+    env0 = make_env(
+        work / "gw-a0",
+        {"default": sim},
+        port=free_port(),
+        opa={"mode": "managed", "policies": [str(policy)]},
+        extra=extra,
+    )
+    gw0 = start_gateway("gateway-a0", env0, work)
+    try:
+        all_sides = {**sides, "A0": (gw0, env0.url, [str(write_tokens(env0, work / "tokens-a0.txt")), a.tool])}
+        cas = {**cas, "A0": env0.ca_file}
+        sim_pid = sim.process.pid if sim.process else None
+        warm = wrk(env0.url, str(BENCH / "mcp_call.lua"), all_sides["A0"][2], 8, 3)
+        if warm["ok"] == 0:
+            raise RuntimeError(f"warm-up of A0: no successful call ({warm}); see logs in {work}")
+        names = ["A", "A0", "B"]
+        c8: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        fixed: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        loads: list[float] = []
+        for i in range(a.rounds):
+            order = names[i % 3 :] + names[: i % 3]
+            for n in order:
+                server, url, args = all_sides[n]
+                c8[n].append(one_side(n, server, url, args, 8, a, sim_pid))
+            loads.append(os.getloadavg()[0])
+            log(
+                f"A0 c=8 round {i + 1} ({''.join(order)}, load {loads[-1]:.2f}): "
+                + ", ".join(f"{n} {c8[n][-1]['rps']:.0f}/s" for n in names)
+            )
+        for i in range(a.fixed_rounds):
+            order = names[i % 3 :] + names[: i % 3]
+            for n in order:
+                _, url, (tokens, tool) = all_sides[n]
+                tokens = tokens if tokens != "-" else all_sides["A"][2][0]  # B ignores the token
+                fixed[n].append(
+                    fixed_rate("mcp", url, rate, a.fixed_seconds, cas[n], ["--tokens", tokens, "--tool", tool])
+                )
+            log(
+                f"A0 fixed round {i + 1} at {rate:.0f}/s: "
+                + ", ".join(f"{n} p50 {ms(fixed[n][-1]['p50_us'])} p99 {ms(fixed[n][-1]['p99_us'])} ms" for n in names)
+            )
+    finally:
+        gw0.stop()
+    med = statistics.median
+    out: dict[str, Any] = {"rate": rate, "loads": [round(x, 2) for x in loads]}
+    for n in names:
+        out[n] = {
+            k: med(r[k] for r in c8[n])
+            for k in ("rps", "p50_us", "p99_us", "gw_cpu_ms_per_call", "opa_cpu_ms_per_call", "cpu_ms_per_call")
+        }
+        out[n]["fixed_p50_us"] = med(r["p50_us"] for r in fixed[n])
+        out[n]["fixed_p99_us"] = med(r["p99_us"] for r in fixed[n])
+        out[n]["errors"] = sum(r["requests"] - r["ok"] for r in c8[n]) + sum(r["errors"] for r in fixed[n])
+    out["A"]["calls"] = sum(r["requests"] for r in c8["A"]) + sum(r["sent"] for r in fixed["A"])
+    for n in ("A", "A0"):
+        out[n]["ratio"] = med(x["rps"] / y["rps"] for x, y in zip(c8[n], c8["B"], strict=True) if y["rps"])
+    return out
 
 
 def run(a: argparse.Namespace) -> Results:
@@ -515,7 +626,13 @@ def run(a: argparse.Namespace) -> Results:
             f"p99 {res.fixed['fsync']['p99_ms']:.2f} ms"
         )
 
+        log("A0: A with its decision a constant, against A and B (how much of the gap is the policy's)")
+        res.ablation = policy_ablation(
+            {"A": sides["A"], "B": sides["B"]}, {"A": env.ca_file, "B": env.ca_file}, env, sim, work, a, rate
+        )
+
         calls_a = sum(row["A"]["requests"] for row in res.levels) + sum(r["sent"] for r in runs["A"])
+        calls_a += res.ablation["A"]["calls"]
         if a.memory_from:  # reuse the long memory run of an earlier invocation, and say so
             res.memory = json.loads(Path(a.memory_from).read_text())["memory"]
             res.memory["source"] = f"{a.memory_from}, recorded {res.memory.get('recorded', 'earlier')}"
@@ -737,6 +854,10 @@ def ms(us: float) -> str:
     return f"{us / 1000:.2f}"
 
 
+def signed_ms(us: float) -> str:
+    return f"{us / 1000:+.2f}"
+
+
 def verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -799,6 +920,53 @@ def latency_parts(f: dict[str, Any]) -> str:
     return out
 
 
+def ablation_note(ab: dict[str, Any], key: str) -> str:
+    """Target 1's or 4's figure for A0, run beside A and B in the ablation (see A0_DOC)."""
+    if not ab:
+        return ""
+    A0, B = ab["A0"], ab["B"]
+    if key == "throughput":
+        return (
+            f"; with its decision a constant (A0, same run, OPA still asked): A0/B = {A0['ratio']:.2f}x, "
+            f"A/B {ab['A']['ratio']:.2f}x"
+        )
+    return (
+        "; with its decision a constant (A0, same run, OPA still asked): "
+        f"p99 {signed_ms(A0['fixed_p99_us'] - B['fixed_p99_us'])} ms, "
+        f"p50 {signed_ms(A0['fixed_p50_us'] - B['fixed_p50_us'])} ms over B"
+    )
+
+
+def ablation_lines(ab: dict[str, Any]) -> list[str]:
+    if not ab:
+        return []
+    B = ab["B"]
+    lines = [
+        "",
+        f"How much of the gap is the policy's (A0; {len(ab['loads'])} rounds at c=8 rotating A, A0, B, then "
+        f"fixed-rate runs at {ab['rate']:.0f}/s; loads {' '.join(f'{x:.1f}' for x in ab['loads'])}). {A0_DOC}",
+        "",
+        "| side | c=8 req/s | /B | gateway CPU ms/call | OPA CPU ms/call | p50 ms at the fixed rate | p99 ms | "
+        "added p50 / p99 over B | failed calls |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for n in ("A", "A0", "B"):
+        x = ab[n]
+        gw = x["gw_cpu_ms_per_call"] if n != "B" else x["cpu_ms_per_call"]
+        opa = f"{x['opa_cpu_ms_per_call']:.2f}" if n != "B" else "-"
+        added = (
+            f"{signed_ms(x['fixed_p50_us'] - B['fixed_p50_us'])} / {signed_ms(x['fixed_p99_us'] - B['fixed_p99_us'])}"
+            if n != "B"
+            else "-"
+        )
+        rel = f"{x['ratio']:.2f}x" if n != "B" else "1.00x"
+        lines.append(
+            f"| {n} | {x['rps']:.0f} | {rel} | {gw:.2f} | {opa} | {ms(x['fixed_p50_us'])} | {ms(x['fixed_p99_us'])} | "
+            f"{added} | {x['errors']} |"
+        )
+    return lines
+
+
 def report(r: Results, command: str) -> str:
     m = r.machine
     rows = {row["c"]: row for row in r.levels}
@@ -838,7 +1006,11 @@ def report(r: Results, command: str) -> str:
     c8 = rows.get(8)
     na = "not measured (no c=8 level)"
     t1 = (
-        (f"A/B = {c8['ratio']:.2f}x (median of {len(c8['rounds'])} rounds){core_budget(c8)}", c8["ratio"] >= 1.0)
+        (
+            f"A/B = {c8['ratio']:.2f}x (median of {len(c8['rounds'])} rounds){core_budget(c8)}"
+            f"{ablation_note(r.ablation, 'throughput')}",
+            c8["ratio"] >= 1.0,
+        )
         if c8
         else (na, False)
     )
@@ -864,7 +1036,7 @@ def report(r: Results, command: str) -> str:
     t4 = (
         f"at {f['rate']:.0f}/s: p99 A {ms(f['A']['p99_us'])} - B {ms(f['B']['p99_us'])} = {ms(f['added_p99_us'])} ms; "
         f"p50 A {ms(f['A']['p50_us'])} - B {ms(f['B']['p50_us'])} = {ms(f['added_p50_us'])} ms "
-        f"(errors A {f['A']['errors']}, B {f['B']['errors']}){latency_parts(f)}",
+        f"(errors A {f['A']['errors']}, B {f['B']['errors']}){latency_parts(f)}{ablation_note(r.ablation, 'latency')}",
         f["added_p99_us"] <= 3000 and f["added_p50_us"] <= 1000,
     )
     t5 = (
@@ -895,6 +1067,7 @@ def report(r: Results, command: str) -> str:
     ]
     lines += ["", "| target (#16) | measured | verdict |", "|---|---|---|"]
     lines += [f"| {name} | {text} | {verdict(ok)} |" for name, (text, ok) in targets]
+    lines += ablation_lines(r.ablation)
     ph = r.phases
     if ph.get("share"):
         parts = ", ".join(f"{k} {v * 100:.0f} %" for k, v in ph["share"].items())

@@ -39,3 +39,59 @@ def test_quick_results_are_git_ignored() -> None:
 def test_the_bench_command_line_documents_record() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--record" in done.stdout
+
+
+def test_the_constant_policy_answers_the_recorded_decision_within_the_contract(tmp_path: Path) -> None:
+    """bench's A0 (A with its decision a constant) must give the gateway exactly what A's policy gave:
+    the recorded decision's contract fields, asked of the real OPA, valid against the contract."""
+    import json
+    import sqlite3
+
+    import jsonschema
+
+    from gateway.policy.opa_sidecar import find_opa
+
+    bench = _bench()
+    recorded = {
+        "allow": True,
+        "deny": [],
+        "deny_reasons": [],
+        "risk": {"factors": [], "level": "low", "score": 0},
+        "approval": {
+            "approver_groups": [],
+            "min_approvals": 0,
+            "reason": "",
+            "reasons": [],
+            "required": False,
+            "satisfied": False,
+            "ttl_seconds": 0,
+        },
+        "obligations": {"dry_run": False, "max_items": 500, "redact": ["arguments.x"], "reveal_secrets": False},
+        "quota": None,
+        # what the audit adds beside the policy's answer: not part of the constant
+        "eval_ns": 1234,
+        "input_digest": "sha256:00",
+        "failed_closed": False,
+    }
+    db = tmp_path / "audit.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE audit (seq INTEGER PRIMARY KEY, kind TEXT, tool TEXT, body TEXT)")
+    con.execute("INSERT INTO audit (kind, tool, body) VALUES ('decision', 'bench_list_nodes', ?)", (json.dumps({}),))
+    con.execute("INSERT INTO audit (kind, tool, body) VALUES ('decision', 'other', ?)", (json.dumps({}),))
+    con.execute(
+        "INSERT INTO audit (kind, tool, body) VALUES ('decision', 'bench_list_nodes', ?)", (json.dumps(recorded),)
+    )
+    con.commit()
+    con.close()
+    policy = bench.constant_policy(db, "bench_list_nodes", tmp_path / "policy")
+    done = subprocess.run(
+        [str(find_opa()), "eval", "-f", "json", "-d", str(policy), "-I", "data.pvegate.decision"],
+        input="{}",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answer = json.loads(done.stdout)["result"][0]["expressions"][0]["value"]
+    schema = json.loads((ROOT / "gateway" / "schemas" / "decision.schema.json").read_text())
+    jsonschema.validate(answer, schema)
+    assert answer == {k: v for k, v in recorded.items() if k in schema["properties"]} | {"contract_version": 1}
