@@ -114,11 +114,9 @@ along(values, index) := tool_positions if {
 # hits(c, positions): those of the positions whose tool's tags and name the
 # compiled selector c admits (lib.compiled_matches' tag and name tests). Written
 # out as comprehensions, not as a call per tool: a function call per tool costs
-# several times the tests themselves.
-hits(c, positions) := positions if {
-	"*" in c.tool_tags
-	c.any_name
-} else := named(c, tagged(c, positions))
+# several times the tests themselves. (A selector naming neither tags nor names
+# returns positions at once: tagged and named each return their input then.)
+hits(c, positions) := named(c, tagged(c, positions))
 
 # tagged(c, positions): those whose tool carries a tag c names ("*": all)
 tagged(c, positions) := positions if {
