@@ -450,7 +450,6 @@ def constant_policy(audit_db: Path, tool: str, dest: Path) -> Path:
 
 def policy_ablation(
     sides: dict[str, tuple[Proc, str, list[str]]],
-    cas: dict[str, Path],
     env: DevEnv,
     sim: SimHandle,
     work: Path,
@@ -471,7 +470,7 @@ def policy_ablation(
     gw0 = start_gateway("gateway-a0", env0, work)
     try:
         all_sides = {**sides, "A0": (gw0, env0.url, [str(write_tokens(env0, work / "tokens-a0.txt")), a.tool])}
-        cas = {**cas, "A0": env0.ca_file}
+        cas = {"A": env.ca_file, "B": env.ca_file, "A0": env0.ca_file}  # B serves A's certificate
         sim_pid = sim.process.pid if sim.process else None
         warm = wrk(env0.url, str(BENCH / "mcp_call.lua"), all_sides["A0"][2], 8, 3)
         if warm["ok"] == 0:
@@ -627,9 +626,7 @@ def run(a: argparse.Namespace) -> Results:
         )
 
         log("A0: A with its decision a constant, against A and B (how much of the gap is the policy's)")
-        res.ablation = policy_ablation(
-            {"A": sides["A"], "B": sides["B"]}, {"A": env.ca_file, "B": env.ca_file}, env, sim, work, a, rate
-        )
+        res.ablation = policy_ablation(sides, env, sim, work, a, rate)
 
         calls_a = sum(row["A"]["requests"] for row in res.levels) + sum(r["sent"] for r in runs["A"])
         calls_a += res.ablation["A"]["calls"]
