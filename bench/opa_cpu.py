@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -52,7 +50,7 @@ def ask(sidecar: OPASidecar, doc: dict[str, Any], n: int) -> tuple[float, list[i
     assert sidecar.process is not None
     body = json.dumps({"input": doc})
     evals: list[int] = []
-    with httpx.Client(base_url=sidecar.url, headers=sidecar.auth_headers, timeout=10.0) as client:
+    with sidecar.client(timeout=10.0) as client:
         for _ in range(50):  # warm-up: connection, caches
             client.post("/v1/data/pvegate/decision", content=body)
         before = cpu_ticks(sidecar.process.pid)

@@ -78,9 +78,10 @@ def refuse_open_opa(url: str) -> None:
         raise ConfigError(open_access_message(url))
 
 
-def opa_api_token(config: Config, sidecar: OPASidecar | None) -> str:
-    """The token to send to the OPA start_opa returned: the sidecar's own, or the external one's."""
-    return sidecar.api_token if sidecar is not None else external_opa_token(config)
+def opa_api_token(config: Config, sidecar: OPASidecar | None) -> str | None:
+    """The token to send to the OPA start_opa returned: none to the sidecar (its private socket is
+    the guard, policy/opa_sidecar.py), the external one's otherwise."""
+    return None if sidecar is not None else external_opa_token(config)
 
 
 def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import sqlite3
 import subprocess
 import threading
@@ -12,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 import yaml
 
 from gateway.components import Components
 from gateway.core.config import Config
-from gateway.policy.opa_sidecar import REPO_ROOT, free_port
+from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa, free_port
 from gateway.server import uvicorn_config
 
 __all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "database_bytes", "free_port"]
@@ -132,3 +134,51 @@ def example_policy(root: Path, edit: Callable[[dict[str, Any]], None]) -> dict[s
         "mode": "managed",
         "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(root)],
     }
+
+
+class ExternalOPA:
+    """An OPA run as docker/compose.yaml runs the external one: a TCP port, token authentication and
+    the `system.authz` API guard, the token in its environment. (The managed sidecar listens on a
+    private Unix socket instead; this is what `opa.mode: external` talks to.)"""
+
+    def __init__(self, load: list[str], port: int | None = None, token: str | None = None) -> None:
+        self.load = load  # what OPA loads: a bundle (`--bundle` ...) or policy paths
+        self.port = port or free_port()
+        self.token = token or secrets.token_urlsafe(32)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def policies(cls, policies: Path, **kwargs: Any) -> ExternalOPA:
+        ignore = ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
+        return cls([*ignore, str(AUTHZ_POLICY), str(policies)], **kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ExternalOPA:
+        cmd = [str(find_opa()), "run", "--server", "--addr", f"127.0.0.1:{self.port}", "--skip-version-check",
+               "--log-level", "error", "--authentication=token", "--authorization=basic", *self.load]  # fmt: skip
+        env = {"PATH": os.environ.get("PATH", ""), "PVEGATE_OPA_TOKEN": self.token}
+        self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(400):
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"external OPA did not start: {cmd}")
+
+    def stop(self) -> None:
+        p, self.process = self.process, None
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from gateway.policy.opa_address import httpx_async_client
+
 log = logging.getLogger("pvegate.opa")
 
 
@@ -132,11 +134,11 @@ class PolicyStatus:
     async def refresh(self, client: httpx.AsyncClient) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            r = await client.get(f"{self.url}/v1/status", headers=headers)
+            r = await client.get("/v1/status", headers=headers)
             if r.status_code == 200:
                 self._from_status((r.json().get("result") or {}).get("bundles") or {})
             else:  # no status plugin (an external OPA, or no bundle plugin): the loaded manifests
-                r = await client.get(f"{self.url}/v1/data/system/bundles", headers=headers)
+                r = await client.get("/v1/data/system/bundles", headers=headers)
                 r.raise_for_status()
                 self._from_manifests(r.json().get("result") or {})
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
@@ -170,11 +172,11 @@ class PolicyStatus:
             b.revision = ((doc or {}).get("manifest") or {}).get("revision")
 
     async def refresh_once(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        async with httpx_async_client(self.url, timeout=2.0) as client:
             await self.refresh(client)
 
     async def run(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        async with httpx_async_client(self.url, timeout=2.0) as client:
             while True:
                 await asyncio.sleep(self.interval)
                 await self.refresh(client)

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,27 @@ CHECKS_SCRIPT = REPO_ROOT / "scripts" / "policy-checks.sh"
 
 class BundleError(Exception):
     pass
+
+
+def bundle_has_authz(bundle: Path) -> bool:
+    """Whether a bundle (tarball or directory) declares `package system.authz`: the API guard an
+    external OPA needs (docs/opa.md)."""
+
+    def declares(text: str) -> bool:
+        return any(line.strip() == "package system.authz" for line in text.splitlines())
+
+    try:
+        if bundle.is_dir():
+            return any(declares(f.read_text(errors="replace")) for f in bundle.rglob("*.rego"))
+        with tarfile.open(bundle) as tar:
+            for m in tar.getmembers():
+                if m.isfile() and m.name.endswith(".rego"):
+                    f = tar.extractfile(m)
+                    if f is not None and declares(f.read().decode(errors="replace")):
+                        return True
+    except (OSError, tarfile.TarError):
+        return True  # unreadable: let OPA say why it cannot load it
+    return False
 
 
 def _git(where: Path, *args: str) -> str | None:

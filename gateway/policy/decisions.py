@@ -26,6 +26,7 @@ import jsonschema
 from opa_client.opa_async import AsyncOpaClient
 
 from gateway.core.jsonenc import holds_encoded, splice
+from gateway.policy.opa_address import aiohttp_connector, http_base
 
 CONTRACT_VERSION = 1
 DECISION_PATH = "pvegate/decision"
@@ -135,6 +136,31 @@ class PolicyError(Exception):
     """OPA gave no usable answer; the message is safe to show to a client."""
 
 
+class _OpaClient(AsyncOpaClient):  # type: ignore[misc]  # opa-client has no types
+    """opa-client, over a given aiohttp connector when there is one.
+
+    opa-client opens its session with a TCPConnector and has no parameter for another, so the
+    managed sidecar's Unix socket needs this override of its session set-up (the same session
+    settings otherwise)."""
+
+    def __init__(self, *, address: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._address = address
+
+    async def _init_session(self) -> None:
+        # made here, in the event loop that uses it (as opa-client makes its own)
+        connector = aiohttp_connector(self._address)
+        if connector is None:
+            await super()._init_session()
+            return
+        self._connector = connector
+        self._session = aiohttp.ClientSession(
+            headers=self.headers,
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+        )
+
+
 class DecisionClient:
     """Asks a running OPA server; all answers pass schema validation first."""
 
@@ -152,14 +178,15 @@ class DecisionClient:
         self.data_check: DataCheck | None = None
         self._data_check_lock = asyncio.Lock()
         self.timeout = timeout_ms / 1000.0
-        parts = urlsplit(self.url)
-        self._opa = AsyncOpaClient(
+        parts = urlsplit(http_base(self.url))
+        self._opa = _OpaClient(
+            address=self.url,  # a unix:// address is the managed sidecar's socket
             host=parts.hostname or "127.0.0.1",
             port=parts.port or (443 if parts.scheme == "https" else 80),
             ssl=parts.scheme == "https",
             timeout=self.timeout,
             retries=0,  # fail fast: a retry would only turn a deny into a slow deny
-            token=token,  # the managed OPA's API token (OPASidecar.api_token)
+            token=token,  # an external OPA's API token
         )
         self._session_lock = asyncio.Lock()
         self._open = False

@@ -1,8 +1,20 @@
-"""The managed OPA sidecar: a real `opa run --server` subprocess on a loopback port.
+"""The managed OPA sidecar: a real `opa run --server` subprocess on a private Unix socket.
 
 The gateway never decides anything itself; this module only starts, watches and
 stops the process that does. If OPA dies, calls fail closed until the supervisor
 has restarted it (with backoff).
+
+OPA's REST API can read the policy and its data and rewrite policies and data loaded
+from files (`PUT /v1/data/data/bindings` would rewrite who may do what). The managed OPA
+therefore listens on no TCP port at all: its only listener is a Unix socket (mode 0600)
+in a directory of mode 0700 owned by the gateway's user, so only that user (and root)
+can connect. That also keeps out what a loopback port cannot: other containers in the
+same network namespace, a browser's DNS rebinding, and server-side request forgery
+through any local HTTP client. It replaces the bearer token and `system.authz` policy a
+managed OPA used to run with, which cost OPA ~0.23 ms per decision (its authorizer
+compiles a query and converts the whole request per call; docs/performance.md) and
+protected nothing more: a process of the same user could read the token from OPA's
+environment. An external OPA keeps the token guard (docs/opa.md).
 """
 
 from __future__ import annotations
@@ -16,8 +28,8 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +40,7 @@ import httpx
 
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
+from gateway.policy.opa_address import httpx_client, unix_address
 from gateway.policy.revision import files_revision
 
 log = logging.getLogger("pvegate.opa")
@@ -66,8 +79,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-# the environment variable holding a managed OPA's API token: set in OPA's own environment
-# (read by opa_authz/authz.rego) and read by CLI commands pointed at a running OPA
+# the environment variable holding an external OPA's API token: read by opa_authz/authz.rego in
+# that OPA's environment (docker/compose.yaml), and by CLI commands pointed at a running OPA
 TOKEN_ENV = "PVEGATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 
 AUTHZ_POLICY = Path(__file__).resolve().parent / "opa_authz" / "system" / "authz" / "authz.rego"
@@ -80,35 +93,39 @@ _PASSED_ENV = frozenset(
 )
 
 
-def bundle_has_authz(bundle: Path) -> bool:
-    """Whether a bundle (tarball or directory) declares `package system.authz`."""
-
-    def declares(text: str) -> bool:
-        return any(line.strip() == "package system.authz" for line in text.splitlines())
-
-    try:
-        if bundle.is_dir():
-            return any(declares(f.read_text(errors="replace")) for f in bundle.rglob("*.rego"))
-        with tarfile.open(bundle) as tar:
-            for m in tar.getmembers():
-                if m.isfile() and m.name.endswith(".rego"):
-                    f = tar.extractfile(m)
-                    if f is not None and declares(f.read().decode(errors="replace")):
-                        return True
-    except (OSError, tarfile.TarError):
-        return True  # unreadable: let OPA say why it cannot load it
-    return False
-
-
 def client_token(sidecar: OPASidecar | None) -> str | None:
-    """The API token to send: the sidecar's own, or, for an OPA started elsewhere, $PVEGATE_OPA_TOKEN."""
-    return sidecar.api_token if sidecar is not None else os.environ.get(TOKEN_ENV)
+    """The API token to send: none to the sidecar (its socket is the guard), $PVEGATE_OPA_TOKEN to an
+    OPA started elsewhere."""
+    return None if sidecar is not None else os.environ.get(TOKEN_ENV)
 
 
 def free_port() -> int:
+    """A free loopback TCP port (the watched bundle's file server, tests and benchmarks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _socket_dir_name() -> Path:
+    # unguessable, and short: a socket's path must fit in 108 bytes (sun_path)
+    return Path(tempfile.gettempdir()) / f"pvegate-opa-{secrets.token_hex(8)}"
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` with mode 0700, or accept it only if it is already ours and private.
+
+    The name is chosen once per sidecar and reused across restarts (clients keep the address),
+    so after a stop another user could have created it in a shared /tmp: refuse that."""
+    try:
+        path.mkdir(mode=0o700)
+        return
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise OPAUnavailable(
+            f"{path} exists and is not a private directory of this user: refusing to put OPA's socket in it"
+        )
 
 
 @dataclass
@@ -136,9 +153,8 @@ class OPASidecar:
     # eval-time p99 under load here; 400 trades ~25 MB of heap for that (docs/performance.md).
     # A GOGC already in the environment wins.
     gogc: int = 400
-    # the bearer token this OPA's API accepts, in every mode (see opa_authz/authz.rego)
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
-    port: int = 0
+    # OPA's only listener is the socket `opa.sock` in this private directory (module docstring)
+    socket_dir: Path = field(default_factory=_socket_dir_name)
     process: subprocess.Popen[bytes] | None = None
     # a policy directory is loaded partially evaluated with its data (policy/optimized.py)
     optimize: bool = True
@@ -152,6 +168,7 @@ class OPASidecar:
     _file_server: BundleFileServer | None = field(default=None, repr=False)
     _config_dir: str | None = field(default=None, repr=False)
     _optimized: Path | None = field(default=None, repr=False)  # this start's optimised policy directory
+    _owns_socket_dir: bool = field(default=False, repr=False)  # made or verified by start(): ours to remove
 
     @property
     def bundle_mode(self) -> bool:
@@ -204,18 +221,17 @@ class OPASidecar:
         return path
 
     @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / "opa.sock"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The address clients ask (`unix://...`; gateway/policy/opa_address.py reaches it)."""
+        return unix_address(str(self.socket_path))
 
-    @property
-    def api_token(self) -> str:
-        """The token clients must send: a signed bundle protects its roots from writes, not reads
-        nor writes elsewhere, so a bundle-loading OPA is guarded like one loading a directory."""
-        return self.token
-
-    @property
-    def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_token}"}
+    def client(self, **kwargs: Any) -> httpx.Client:
+        """An httpx client for this OPA's API (paths relative to it)."""
+        return httpx_client(self.url, **kwargs)
 
     def command(self) -> list[str]:
         cmd = [
@@ -223,7 +239,9 @@ class OPASidecar:
             "run",
             "--server",
             "--addr",
-            f"127.0.0.1:{self.port}",
+            self.url,
+            "--unix-socket-perm",
+            "600",
             "--log-level",
             "error",
             "--skip-version-check",
@@ -234,15 +252,11 @@ class OPASidecar:
             # Console decision logs give every answer a decision_id (the audit keeps it);
             # system.log.mask in policies/ keeps tool arguments out of them.
             cmd += ["--set", "decision_logs.console=true"]
-        # only the holder of our token may use the API (reads too: policy and data are not for
-        # every local process); the token reaches OPA in its environment, never on this command line
-        cmd += ["--authentication=token", "--authorization=basic"]
         if self._config_dir is not None:
             cmd += ["--config-file", str(Path(self._config_dir) / "opa-config.json")]
         if self.bundle_mode:
-            # the guard is inside the signed bundle (`pvegate bundle build` puts it there): with
-            # --verification-key every path given is verified as a bundle, so it cannot come apart;
-            # a bundle from OPA's bundle plugin (a service, or the watched file) carries it the same way
+            # with --verification-key every path given is verified as a bundle; a bundle's own
+            # system.authz (`pvegate bundle build` adds it for an external OPA) is inert here
             if self.bundle is not None and not self.watch_bundle:  # loaded once: a bad one stops the start
                 cmd += ["--bundle", str(self.bundle)]
                 if self.verification_key is not None:
@@ -250,7 +264,6 @@ class OPASidecar:
         else:
             # a policy directory also holds tests, golden cases and lint config: not policy
             cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
-            cmd += [str(AUTHZ_POLICY)]
             cmd += [str(self._optimized)] if self._optimized is not None else [str(p) for p in self.policies]
         return cmd
 
@@ -263,7 +276,6 @@ class OPASidecar:
         """
         env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
         env.setdefault("GOGC", str(self.gogc))
-        env[TOKEN_ENV] = self.api_token
         return env
 
     def _pid_record(self) -> tuple[int, int] | None:
@@ -292,6 +304,13 @@ class OPASidecar:
             log.warning("stopping OPA pid %d left behind by a previous gateway", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+            # and its socket's directory, when it is one of ours
+            addr = cmdline[cmdline.index(b"--addr") + 1].decode(errors="replace") if b"--addr" in cmdline else ""
+            old = Path(addr.removeprefix("unix://")).parent
+            if addr.startswith("unix://") and old.name.startswith("pvegate-opa-") and old != self.socket_dir:
+                with contextlib.suppress(OSError):
+                    if old.lstat().st_uid == os.geteuid():
+                        shutil.rmtree(old, ignore_errors=True)
 
     def _claim_pid_file(self) -> None:
         """Record our OPA, unless a living process other than us already owns the file: a second
@@ -316,14 +335,11 @@ class OPASidecar:
 
     def start(self, timeout: float = 20.0) -> None:
         self.generation += 1  # before OPA answers: a decision of the new process never passes for the old
-        if self.bundle is not None and not bundle_has_authz(self.bundle):
-            raise OPAUnavailable(
-                f"bundle {self.bundle} has no system.authz policy, so OPA would refuse every request: "
-                "rebuild it with `pvegate bundle build`, which adds the API guard"
-            )
         self.reap_stale()
-        if self.port == 0:
-            self.port = free_port()
+        private_dir(self.socket_dir)
+        self._owns_socket_dir = True
+        # a socket left by an OPA that was killed would make the new one's bind fail
+        self.socket_path.unlink(missing_ok=True)
         self._write_config()
         if self.bundle is None:
             self.policy_revision = files_revision(self.policies)
@@ -338,7 +354,11 @@ class OPASidecar:
         log.info("starting OPA sidecar: %s", " ".join(cmd))
         self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
         self._claim_pid_file()
-        self.wait_healthy(timeout)
+        try:
+            self.wait_healthy(timeout)
+        except OPAUnavailable:
+            self.stop()  # its log handle, config and socket directory too, not just the process
+            raise
 
     def _build_optimized(self) -> None:
         """The policy directory partially evaluated with its data, from the files as they are now."""
@@ -362,7 +382,8 @@ class OPASidecar:
                 status = self.process.returncode
                 raise OPAUnavailable(f"OPA exited with status {status} during start-up{self._logged_reason()}")
             try:
-                r = httpx.get(f"{self.url}/health?bundles", timeout=1.0)
+                with self.client(timeout=1.0) as client:
+                    r = client.get("/health?bundles")
                 if r.status_code == 200:
                     return
                 last = f"health {r.status_code}"
@@ -415,6 +436,10 @@ class OPASidecar:
         if self._config_dir is not None:
             shutil.rmtree(self._config_dir, ignore_errors=True)
             self._config_dir = None
+        # the next start() makes it again under the same name: the address stays the same
+        if self._owns_socket_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self._owns_socket_dir = False
 
     async def supervise(self, max_backoff: float = 5.0) -> None:
         """Restart OPA with exponential backoff whenever it dies; calls deny meanwhile."""

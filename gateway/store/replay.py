@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from gateway.policy.decisions import Decision, DecisionClient
+from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import OPASidecar, find_opa
 from gateway.store.audit import Query, iter_rows, unpack_input
 from gateway.store.pgsync import PgLocation
@@ -242,9 +241,7 @@ class ServerEngine:
     async def _run(self, inputs: list[dict[str, Any]]) -> list[Any]:
         out: list[Any] = [None] * len(inputs)
         sem = asyncio.Semaphore(self.concurrency)
-        async with httpx.AsyncClient(
-            base_url=self.sidecar.url, headers=self.sidecar.auth_headers, timeout=120.0
-        ) as client:
+        async with httpx_async_client(self.sidecar.url, timeout=120.0) as client:
 
             async def one(start: int) -> None:
                 chunk = inputs[start : start + self.batch]

@@ -33,6 +33,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.bundle_status import PolicyStatus
 from gateway.policy.bundles import build, keygen
+from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from tests.support import GatewayThread, audit_rows, free_port
 
@@ -270,11 +271,11 @@ def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], 
     shutil.copy(bundles["dir"] / "rev1.tar.gz", live)
     opa = OPASidecar(bundle=live, verification_key=bundles["pub"], watch_bundle=True, bundle_poll_seconds=1)
     opa.start()
-    status = PolicyStatus(opa.url, opa.source, token=opa.api_token)
+    status = PolicyStatus(opa.url, opa.source)
 
     def refreshed() -> PolicyStatus:
         async def go() -> None:
-            async with httpx.AsyncClient(timeout=2) as c:
+            async with httpx_async_client(opa.url, timeout=2) as c:
                 await status.refresh(c)
 
         asyncio.run(go())
@@ -287,8 +288,8 @@ def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], 
         shutil.copy(bundles["dir"] / "evil.tar.gz", live)
         _wait(lambda: refreshed().bundle_error, "the refused file")
         assert status.revision == f"pvegate@{bundles['rev2']}" and status.revision_known is not False
-        url = f"{opa.url}/v1/data/pvegate/decision?provenance=true"
-        r = httpx.post(url, json={"input": {}}, headers=opa.auth_headers)
+        with opa.client() as c:
+            r = c.post("/v1/data/pvegate/decision?provenance=true", json={"input": {}})
         assert r.json()["provenance"]["bundles"]["pvegate"]["revision"] == bundles["rev2"]
     finally:
         opa.stop()

@@ -40,15 +40,16 @@ def _refusal(r: subprocess.CompletedProcess[str]) -> str:
 
 
 def _opa_gone(stderr: str) -> None:
-    """The OPA this run started (logged with -v) is no longer running."""
-    ports = re.findall(r"starting OPA sidecar: .* --addr 127\.0\.0\.1:(\d+)", stderr)
-    assert ports, stderr
+    """The OPA this run started (logged with -v) is no longer running, and its socket's directory is gone."""
+    sockets = re.findall(r"starting OPA sidecar: .* --addr unix://(\S+)", stderr)
+    assert sockets, stderr
     for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        assert f"127.0.0.1:{ports[0]}".encode() not in cmdline, f"OPA pid {pid} outlived its gateway"
+        assert sockets[0].encode() not in cmdline, f"OPA pid {pid} outlived its gateway"
+    assert not Path(sockets[0]).parent.exists(), "the socket's directory outlived its gateway"
 
 
 @pytest.fixture(scope="module")

@@ -22,23 +22,23 @@ from gateway.core.config import ConfigError, OPAConfig, SecretRef
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.policy.bundles import build, keygen
-from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, find_opa
+from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
 from gateway.server import StartupError, check_opa
-from tests.support import GatewayThread, audit_rows, free_port
+from tests.support import ExternalOPA, GatewayThread, audit_rows, free_port
 
 
 @pytest.fixture(scope="module")
-def opa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OPASidecar]:
+def opa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalOPA]:
+    """A signed bundle served as the compose OPA serves it: its system.authz admits only the token."""
     d = tmp_path_factory.mktemp("external-opa")
     priv, pub = keygen(d / "keys")
     build(REPO_ROOT / "policies", d / "pvegate.tar.gz", priv, checks=False)  # checked by tests/bundles
-    sidecar = OPASidecar(bundle=d / "pvegate.tar.gz", verification_key=pub, decision_logs=False)
-    sidecar.start()
-    yield sidecar
-    sidecar.stop()
+    external = ExternalOPA(["--bundle", str(d / "pvegate.tar.gz"), "--verification-key", str(pub)]).start()
+    yield external
+    external.stop()
 
 
-def _external(env: DevEnv, opa: OPASidecar, token: SecretRef | None, name: str) -> object:
+def _external(env: DevEnv, opa: ExternalOPA, token: SecretRef | None, name: str) -> object:
     return dataclasses.replace(
         env.config,
         port=free_port(),
@@ -47,7 +47,7 @@ def _external(env: DevEnv, opa: OPASidecar, token: SecretRef | None, name: str) 
     )
 
 
-def test_external_mode_needs_a_token(env: DevEnv, opa: OPASidecar, tmp_path: Path) -> None:
+def test_external_mode_needs_a_token(env: DevEnv, opa: ExternalOPA, tmp_path: Path) -> None:
     cfg = _external(env, opa, None, "none")
     with pytest.raises(StartupError, match=r"opa\.mode external needs opa\.token"):
         check_opa(cfg)  # type: ignore[arg-type]
@@ -60,7 +60,7 @@ def test_external_mode_needs_a_token(env: DevEnv, opa: OPASidecar, tmp_path: Pat
         start_opa(missing)  # type: ignore[arg-type]
 
 
-async def test_the_gateway_sends_its_token_to_the_external_opa(env: DevEnv, opa: OPASidecar, tmp_path: Path) -> None:
+async def test_the_gateway_sends_its_token_to_the_external_opa(env: DevEnv, opa: ExternalOPA, tmp_path: Path) -> None:
     secret = tmp_path / "opa-token"
     secret.write_text(opa.token + "\n")
     cfg = _external(env, opa, SecretRef(file=secret), "good")
@@ -75,7 +75,7 @@ async def test_the_gateway_sends_its_token_to_the_external_opa(env: DevEnv, opa:
         gw.stop()
 
 
-async def test_a_wrong_token_fails_closed(env: DevEnv, opa: OPASidecar, tmp_path: Path) -> None:
+async def test_a_wrong_token_fails_closed(env: DevEnv, opa: ExternalOPA, tmp_path: Path) -> None:
     secret = tmp_path / "opa-token"
     secret.write_text("not-the-token\n")
     cfg = _external(env, opa, SecretRef(file=secret), "wrong")
@@ -144,8 +144,7 @@ async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_o
 ) -> None:
     """The start-up check is not enough: an OPA restarted without --authentication behind a running
     gateway must stop being trusted within a probe interval, and be trusted again once it is fixed."""
-    guarded = OPASidecar(policies=(REPO_ROOT / "policies",), decision_logs=False)
-    guarded.start()
+    guarded = ExternalOPA.policies(REPO_ROOT / "policies").start()
     port, token = guarded.port, guarded.token
     secret = tmp_path / "opa-token"
     secret.write_text(token + "\n")
@@ -183,8 +182,7 @@ async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_o
         plain.terminate()
         plain.wait(timeout=10)
         plain = None
-        guarded = OPASidecar(policies=(REPO_ROOT / "policies",), decision_logs=False, port=port, token=token)
-        guarded.start()
+        guarded = ExternalOPA.policies(REPO_ROOT / "policies", port=port, token=token).start()
         assert await until(lambda t: t == "ok") == "ok"
     finally:
         gw.stop()

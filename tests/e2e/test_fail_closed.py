@@ -52,7 +52,7 @@ EXPECTED = {
 
 async def test_broken_policies_deny(broken_opa: tuple[str, OPASidecar]) -> None:
     name, opa = broken_opa
-    client = DecisionClient(opa.url, timeout_ms=300, token=opa.api_token)
+    client = DecisionClient(opa.url, timeout_ms=300)
     try:
         d = await client.decide(CALL)
         assert d.allow is False and d.failed_closed
@@ -138,7 +138,7 @@ def contradicting_opa(tmp_path: Path) -> Iterator[OPASidecar]:
 
 
 async def test_allow_with_an_unmet_approval_fails_closed(contradicting_opa: OPASidecar) -> None:
-    client = DecisionClient(contradicting_opa.url, timeout_ms=2000, token=contradicting_opa.api_token)
+    client = DecisionClient(contradicting_opa.url, timeout_ms=2000)
     try:
         d = await client.decide(CALL)
         assert d.allow is False and d.failed_closed, d
@@ -149,7 +149,7 @@ async def test_allow_with_an_unmet_approval_fails_closed(contradicting_opa: OPAS
 
 
 async def test_approver_allowed_with_a_deny_reason_fails_closed(contradicting_opa: OPASidecar) -> None:
-    client = DecisionClient(contradicting_opa.url, timeout_ms=2000, token=contradicting_opa.api_token)
+    client = DecisionClient(contradicting_opa.url, timeout_ms=2000)
     try:
         verdict = await client.may_approve({"kind": "approve"})
         assert verdict.allowed is False and verdict.groups == [], verdict

@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from gateway.core.config import load
-from gateway.policy.opa_sidecar import REPO_ROOT, bundle_has_authz, find_opa, free_port
+from gateway.policy.bundles import bundle_has_authz
+from gateway.policy.opa_sidecar import REPO_ROOT, find_opa, free_port
 from tests.support import GatewayThread
 
 DOCKER = REPO_ROOT / "docker"

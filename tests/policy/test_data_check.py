@@ -50,7 +50,7 @@ async def test_data_checked_once_per_revision_and_broken_data_refused(tmp_path: 
     shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("golden"))
     sidecar = OPASidecar(policies=(tree,))
     sidecar.start(timeout=30.0)
-    client = CountingClient(sidecar.url, 5000, token=sidecar.api_token, local_revision=sidecar.revision_key)
+    client = CountingClient(sidecar.url, 5000, local_revision=sidecar.revision_key)
     read = _golden("viewer_reads_guest_config")["input"]
     try:
         for _ in range(5):
@@ -117,7 +117,7 @@ async def test_no_usable_data_check_fails_closed(tmp_path: Path) -> None:
     )
     sidecar = OPASidecar(policies=(tree,))
     sidecar.start(timeout=30.0)
-    client = DecisionClient(sidecar.url, 5000, token=sidecar.api_token, local_revision=sidecar.revision_key)
+    client = DecisionClient(sidecar.url, 5000, local_revision=sidecar.revision_key)
     try:
         d = await client.decide(decision["input"])
         assert d.failed_closed and not d.allow
@@ -143,7 +143,7 @@ async def test_policy_without_data_check_is_asked_its_decision(tmp_path: Path) -
     )
     sidecar = OPASidecar(policies=(tree,))
     sidecar.start(timeout=30.0)
-    client = DecisionClient(sidecar.url, 5000, token=sidecar.api_token, local_revision=sidecar.revision_key)
+    client = DecisionClient(sidecar.url, 5000, local_revision=sidecar.revision_key)
     try:
         d = await client.decide(_golden("viewer_reads_guest_config")["input"])
         assert not d.failed_closed and d.deny == ("no",)

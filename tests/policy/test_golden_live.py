@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
 from referencing import Registry, Resource
@@ -136,13 +135,8 @@ def opa_without_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OPASi
 
 
 def post(sidecar: OPASidecar, path: str, input_doc: Any) -> dict[str, Any]:
-    r = httpx.post(
-        f"{sidecar.url}/v1/data/{path}",
-        params={"metrics": "true"},
-        json={"input": input_doc},
-        headers=sidecar.auth_headers,
-        timeout=10,
-    )
+    with sidecar.client(timeout=10) as c:
+        r = c.post(f"/v1/data/{path}", params={"metrics": "true"}, json={"input": input_doc})
     r.raise_for_status()
     body: dict[str, Any] = r.json()
     assert "result" in body, f"data.{path.replace('/', '.')} is undefined"
@@ -172,7 +166,7 @@ async def test_golden_case_live(opa: OPASidecar, name: str, case: dict[str, Any]
     assert not problems, f"golden case {name}: " + "; ".join(problems)
 
     # ... and the gateway's decision client takes it as it is (no fail-closed)
-    client = DecisionClient(opa.url, timeout_ms=5000, token=opa.api_token)
+    client = DecisionClient(opa.url, timeout_ms=5000)
     try:
         decision = await client.decide(case["input"])
     finally:

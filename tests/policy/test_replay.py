@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.cli import main
@@ -119,7 +118,7 @@ def _expected(rows: list[dict[str, Any]], candidate: Path) -> dict[str, set[str]
     opa.start()
     out: dict[str, set[str]] = {}
     try:
-        with httpx.Client(base_url=opa.url, headers=opa.auth_headers, timeout=30) as c:
+        with opa.client(timeout=30) as c:
             for row in rows:
                 body = json.loads(row["body"])
                 doc = unpack_input(body)
