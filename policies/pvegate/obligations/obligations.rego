@@ -50,14 +50,20 @@ literal_pattern(p) if regex.match(`^[^*?\[\]{}\\]*$`, p)
 
 # max_items: the most generous limit among the granting roles (roles are
 # additive); the data's default when none grants or none sets one.
-max_items := max({n |
-	some b in rbac.granting_bindings
-	n := object.get(config.roles[b.role], "max_items", config.default_max_items)
-}) if {
-	count(rbac.granting_bindings) > 0
-}
+max_items := max(granted_max_items) if count(rbac.granting_bindings) > 0
 
 max_items := config.default_max_items if count(rbac.granting_bindings) == 0
+
+# the limits of the roles granting this call (a rule, not a comprehension, so
+# that partial evaluation puts the role_max_items constant in it)
+granted_max_items contains object.get(role_max_items, b.role, 0) if some b in rbac.granting_bindings
+
+# role_max_items: each role's limit (data only: a constant once partially
+# evaluated; granting roles are objects, see rbac.caller_bindings)
+role_max_items[name] := object.get(role, "max_items", config.default_max_items) if {
+	some name, role in config.roles
+	is_object(role)
+}
 
 # reveal_secrets: the caller may receive a secret Proxmox shows once (a new API
 # token's value), because a reveal_secrets selector in data matches the call

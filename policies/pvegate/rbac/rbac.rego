@@ -43,16 +43,21 @@ caller_bindings contains b if {
 	is_object(config.roles[b.role])
 }
 
-caller_binding_ids contains i if some i in binding_index.subjects[input.principal.sub]
+# (object.get on the whole index, not a path into it: partial evaluation then
+# writes the index as one constant looked up per call, instead of one clause per
+# subject, group and token role tested one after the other)
+caller_binding_ids contains i if {
+	some i in object.get(binding_index, ["subjects", input.principal.sub], [])
+}
 
 caller_binding_ids contains i if {
 	some g in input.principal.groups
-	some i in binding_index.groups[g]
+	some i in object.get(binding_index, ["groups", g], [])
 }
 
 caller_binding_ids contains i if {
 	some r in input.principal.roles
-	some i in binding_index.token_roles[r]
+	some i in object.get(binding_index, ["token_roles", r], [])
 }
 
 # binding_ids(principal): positions of the bindings naming the principal
