@@ -107,8 +107,12 @@ def free_port() -> int:
 
 
 def _socket_dir_name() -> Path:
-    # unguessable, and short: a socket's path must fit in 108 bytes (sun_path)
-    return Path(tempfile.gettempdir()) / f"pvegate-opa-{secrets.token_hex(8)}"
+    # unguessable, and short: a socket's path must fit in sun_path (108 bytes), so a long $TMPDIR
+    # gives way to /tmp
+    base = Path(tempfile.gettempdir())
+    if len(str(base)) > 60:
+        base = Path("/tmp")  # noqa: S108 - a private, unguessable directory is made in it
+    return base / f"pvegate-opa-{secrets.token_hex(8)}"
 
 
 def private_dir(path: Path) -> None:
