@@ -79,6 +79,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _running(pid: int) -> bool:
+    """Whether pid is a process that has not exited (a zombie has: its parent has yet to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 # the environment variable holding an external OPA's API token: read by opa_authz/authz.rego in
 # that OPA's environment (docker/compose.yaml), and by CLI commands pointed at a running OPA
 TOKEN_ENV = "PVEGATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
@@ -282,39 +290,44 @@ class OPASidecar:
         env.setdefault("GOGC", str(self.gogc))
         return env
 
-    def _pid_record(self) -> tuple[int, int] | None:
-        """(OPA pid, owning gateway pid) from the pid file, or None if absent or unreadable."""
+    def _pid_record(self) -> tuple[int, int, Path | None] | None:
+        """(OPA pid, owning gateway pid, OPA's socket directory) from the pid file, or None if absent
+        or unreadable (a file from before the socket has no directory)."""
         if self.pid_file is None:
             return None
         try:
-            pid, owner = (int(x) for x in self.pid_file.read_text().split())
-        except (OSError, ValueError):
+            fields = self.pid_file.read_text().split()
+            pid, owner = int(fields[0]), int(fields[1])
+        except (OSError, ValueError, IndexError):
             return None
-        return pid, owner
+        return pid, owner, Path(fields[2]) if len(fields) > 2 else None
 
     def reap_stale(self) -> None:
-        """Stop the OPA server a previous gateway (killed without clean-up) left running."""
+        """Clear up after a previous gateway killed without clean-up: stop the OPA server it left
+        running, and remove that OPA's socket directory (left behind when OPA was killed too)."""
         record = self._pid_record()
         if record is None:
             return
-        pid, owner = record
+        pid, owner, old_dir = record
         if _alive(owner):
             return  # its gateway still runs (another instance on this state dir): not ours to stop
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            return  # gone, or not readable: nothing to reap
-        if Path(cmdline[0].decode(errors="replace")).name == "opa" and b"--server" in cmdline:
+            cmdline = []  # gone, or not readable: nothing to stop
+        if cmdline and Path(cmdline[0].decode(errors="replace")).name == "opa" and b"--server" in cmdline:
             log.warning("stopping OPA pid %d left behind by a previous gateway", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            # and its socket's directory, when it is one of ours
-            addr = cmdline[cmdline.index(b"--addr") + 1].decode(errors="replace") if b"--addr" in cmdline else ""
-            old = Path(addr.removeprefix("unix://")).parent
-            if addr.startswith("unix://") and old.name.startswith("pvegate-opa-") and old != self.socket_dir:
-                with contextlib.suppress(OSError):
-                    if old.lstat().st_uid == os.geteuid():
-                        shutil.rmtree(old, ignore_errors=True)
+            # let it finish shutting down (it unlinks its socket) before its directory goes
+            deadline = time.monotonic() + 5
+            while _running(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if old_dir is not None and old_dir != self.socket_dir and old_dir.name.startswith("pvegate-opa-"):
+            with contextlib.suppress(OSError):
+                st = old_dir.lstat()
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():  # ours, and not a link
+                    shutil.rmtree(old_dir, ignore_errors=True)
 
     def _claim_pid_file(self) -> None:
         """Record our OPA, unless a living process other than us already owns the file: a second
@@ -325,12 +338,12 @@ class OPASidecar:
         if record is not None and record[1] != os.getpid() and _alive(record[1]):
             return
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        self.pid_file.write_text(f"{self.process.pid} {os.getpid()}\n")
+        self.pid_file.write_text(f"{self.process.pid} {os.getpid()} {self.socket_dir}\n")
 
     def _release_pid_file(self) -> None:
         """Remove the pid file only if it records our own OPA."""
         record = self._pid_record()
-        if record is not None and self.process is not None and record == (self.process.pid, os.getpid()):
+        if record is not None and self.process is not None and record[:2] == (self.process.pid, os.getpid()):
             self.pid_file.unlink(missing_ok=True)  # type: ignore[union-attr]
 
     def revision_key(self) -> str:

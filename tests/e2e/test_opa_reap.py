@@ -1,4 +1,5 @@
-"""A gateway killed without clean-up leaves its managed OPA running; the next one stops it."""
+"""A gateway killed without clean-up leaves its managed OPA running (or, if OPA was killed too, its
+socket's directory); the next one on the same state dir clears both up."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from gateway.policy.opa_sidecar import OPASidecar
 opa = OPASidecar(policies=(Path("policies"),), pid_file=Path(sys.argv[1]), decision_logs=False)
 opa.start()
-print(opa.process.pid, flush=True)
+print(opa.process.pid, opa.socket_dir, flush=True)
 time.sleep(600)
 """
 
@@ -33,10 +34,11 @@ def test_a_new_sidecar_reaps_the_opa_of_a_killed_gateway(tmp_path: Path) -> None
     root = Path(__file__).resolve().parents[2]
     gw = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(pid_file)], stdout=subprocess.PIPE, text=True, cwd=root)
     assert gw.stdout is not None
-    left_behind = int(gw.stdout.readline())
+    pid, old_dir = gw.stdout.readline().split()
+    left_behind = int(pid)
     gw.send_signal(signal.SIGKILL)  # no clean-up runs
     gw.wait()
-    assert _running(left_behind)
+    assert _running(left_behind) and Path(old_dir).is_dir()
     fresh = OPASidecar(policies=(root / "policies",), pid_file=pid_file, decision_logs=False)
     try:
         fresh.start()
@@ -45,6 +47,7 @@ def test_a_new_sidecar_reaps_the_opa_of_a_killed_gateway(tmp_path: Path) -> None
             time.sleep(0.1)
         assert not _running(left_behind), "the orphaned OPA is still running"
         assert fresh.alive()
+        assert not Path(old_dir).exists(), "the orphaned OPA's socket directory is left behind"
     finally:
         fresh.stop()
         if _running(left_behind):
@@ -71,9 +74,10 @@ def test_a_second_process_neither_takes_nor_removes_a_live_gateways_pid_file(tmp
     gw = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(pid_file)], stdout=subprocess.PIPE, text=True, cwd=root)
     assert gw.stdout is not None
     try:
-        gateway_opa = int(gw.stdout.readline())
+        pid, gateway_dir = gw.stdout.readline().split()
+        gateway_opa = int(pid)
         recorded = pid_file.read_text()
-        assert recorded.split() == [str(gateway_opa), str(gw.pid)]
+        assert recorded.split() == [str(gateway_opa), str(gw.pid), gateway_dir]
         other = OPASidecar(policies=(root / "policies",), pid_file=pid_file, decision_logs=False)
         other.start()
         try:
@@ -81,9 +85,41 @@ def test_a_second_process_neither_takes_nor_removes_a_live_gateways_pid_file(tmp
         finally:
             other.stop()
         assert pid_file.read_text() == recorded  # not removed
-        assert _running(gateway_opa)
+        assert _running(gateway_opa) and Path(gateway_dir).is_dir()
     finally:
         gw.send_signal(signal.SIGTERM)
         gw.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(gateway_opa, signal.SIGKILL)
+        # what the next gateway on this state dir would clear up
+        OPASidecar(pid_file=pid_file).reap_stale()
+        assert not Path(gateway_dir).exists()
+
+
+def test_the_socket_directory_of_an_opa_killed_with_its_gateway_is_removed(tmp_path: Path) -> None:
+    """A crash that takes OPA down too (SIGKILL to both) leaves a stale socket in its directory under
+    /tmp; the next gateway on the same state dir removes that directory, not someone else's."""
+    pid_file = tmp_path / "opa.pid"
+    root = Path(__file__).resolve().parents[2]
+    gw = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(pid_file)], stdout=subprocess.PIPE, text=True, cwd=root)
+    assert gw.stdout is not None
+    pid, old_dir = gw.stdout.readline().split()
+    gw.send_signal(signal.SIGKILL)
+    gw.wait()
+    os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _running(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (Path(old_dir) / "opa.sock").exists()  # OPA had no chance to remove it
+    foreign = tmp_path / "pvegate-opa-not-ours"  # a record naming a directory that is a link: left alone
+    foreign.symlink_to(tmp_path)
+    fresh = OPASidecar(policies=(root / "policies",), pid_file=pid_file, decision_logs=False)
+    try:
+        fresh.start()
+        assert not Path(old_dir).exists()
+        assert pid_file.read_text().split()[2] == str(fresh.socket_dir)
+    finally:
+        fresh.stop()
+    pid_file.write_text(f"{pid} {gw.pid} {foreign}\n")
+    OPASidecar(pid_file=pid_file).reap_stale()
+    assert foreign.is_symlink() and tmp_path.is_dir()
