@@ -137,11 +137,11 @@ class PolicyError(Exception):
 
 
 class _OpaClient(AsyncOpaClient):  # type: ignore[misc]  # opa-client has no types
-    """opa-client, over a given aiohttp connector when there is one.
+    """opa-client, over the managed sidecar's Unix socket when the address is a `unix://` one.
 
     opa-client opens its session with a TCPConnector and has no parameter for another, so the
-    managed sidecar's Unix socket needs this override of its session set-up (the same session
-    settings otherwise)."""
+    socket needs this override of its (private) session set-up; the session's settings are
+    opa-client's own. Other addresses keep opa-client's set-up as it is."""
 
     def __init__(self, *, address: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
