@@ -392,22 +392,22 @@ class OPASidecar:
         log.info("policy partially evaluated with its data in %.2f s", time.monotonic() - started)
 
     def wait_healthy(self, timeout: float) -> None:
+        """Return once OPA answers its health check; OPAUnavailable otherwise (start() then stops it)."""
         deadline = time.monotonic() + timeout
         last = "not started"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                status = self.process.returncode
-                raise OPAUnavailable(f"OPA exited with status {status} during start-up{self._logged_reason()}")
-            try:
-                with self.client(timeout=1.0) as client:
+        with self.client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    status = self.process.returncode
+                    raise OPAUnavailable(f"OPA exited with status {status} during start-up{self._logged_reason()}")
+                try:
                     r = client.get("/health?bundles")
-                if r.status_code == 200:
-                    return
-                last = f"health {r.status_code}"
-            except httpx.HTTPError as exc:
-                last = type(exc).__name__
-            time.sleep(0.05)
-        self.stop()
+                    if r.status_code == 200:
+                        return
+                    last = f"health {r.status_code}"
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
+                time.sleep(0.05)
         raise OPAUnavailable(f"OPA did not become healthy within {timeout}s ({last}){self._logged_reason()}")
 
     def _logged_reason(self) -> str:
