@@ -139,12 +139,16 @@ def example_policy(root: Path, edit: Callable[[dict[str, Any]], None]) -> dict[s
 class ExternalOPA:
     """An OPA run as docker/compose.yaml runs the external one: a TCP port, token authentication and
     the `system.authz` API guard, the token in its environment. (The managed sidecar listens on a
-    private Unix socket instead; this is what `opa.mode: external` talks to.)"""
+    private Unix socket instead; this is what `opa.mode: external` talks to.) `guarded=False` runs
+    it with no authentication at all: an OPA open to anyone, which the gateway must refuse."""
 
-    def __init__(self, load: list[str], port: int | None = None, token: str | None = None) -> None:
+    def __init__(
+        self, load: list[str], port: int | None = None, token: str | None = None, *, guarded: bool = True
+    ) -> None:
         self.load = load  # what OPA loads: a bundle (`--bundle` ...) or policy paths
         self.port = port or free_port()
         self.token = token or secrets.token_urlsafe(32)
+        self.guarded = guarded
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -157,8 +161,9 @@ class ExternalOPA:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ExternalOPA:
+        guard = ["--authentication=token", "--authorization=basic"] if self.guarded else []
         cmd = [str(find_opa()), "run", "--server", "--addr", f"127.0.0.1:{self.port}", "--skip-version-check",
-               "--log-level", "error", "--authentication=token", "--authorization=basic", *self.load]  # fmt: skip
+               "--log-level", "error", *guard, *self.load]  # fmt: skip
         env = {"PATH": os.environ.get("PATH", ""), "PVEGATE_OPA_TOKEN": self.token}
         self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(400):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from gateway.core.config import ConfigError, OPAConfig, SecretRef
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.policy.bundles import build, keygen
-from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
+from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.server import StartupError, check_opa
 from tests.support import ExternalOPA, GatewayThread, audit_rows, free_port
 
@@ -95,21 +94,10 @@ async def test_a_wrong_token_fails_closed(env: DevEnv, opa: ExternalOPA, tmp_pat
 
 def test_an_external_opa_open_to_anyone_is_refused(env: DevEnv, tmp_path: Path) -> None:
     """The gateway will not trust an OPA whose API answers without a token (fail closed at start)."""
-    port = free_port()
     (tmp_path / "p.rego").write_text("package probe\n\nx := 1\n")
-    proc = subprocess.Popen(
-        [str(find_opa()), "run", "--server", "--addr", f"127.0.0.1:{port}", "--skip-version-check",
-         str(tmp_path / "p.rego")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    plain = ExternalOPA([str(tmp_path / "p.rego")], guarded=False).start()
     try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        url = plain.url
         secret = tmp_path / "opa-token"
         secret.write_text("t0ken\n")
         cfg = dataclasses.replace(
@@ -118,25 +106,7 @@ def test_an_external_opa_open_to_anyone_is_refused(env: DevEnv, tmp_path: Path) 
         with pytest.raises(ConfigError, match="answers without a token"):
             start_opa(cfg)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def _plain_opa(port: int) -> subprocess.Popen[bytes]:
-    """The repository's policy served with no authentication at all: an OPA open to anyone."""
-    proc = subprocess.Popen(
-        [str(find_opa()), "run", "--server", "--addr", f"127.0.0.1:{port}", "--skip-version-check",
-         str(REPO_ROOT / "policies")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    for _ in range(200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("plain OPA did not start")
+        plain.stop()
 
 
 async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_open(
@@ -150,7 +120,7 @@ async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_o
     secret.write_text(token + "\n")
     cfg = _external(env, guarded, SecretRef(file=secret), "reopened")
     gw = GatewayThread(cfg).start()  # type: ignore[arg-type]
-    plain: subprocess.Popen[bytes] | None = None
+    plain: ExternalOPA | None = None
     url = f"https://127.0.0.1:{gw.config.port}/mcp"
     agent = env.token("demo-agent", ["operator"])
 
@@ -170,7 +140,7 @@ async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_o
     try:
         assert await outcome() == "ok"
         guarded.stop()
-        plain = _plain_opa(port)  # same address, same policy, no token asked
+        plain = ExternalOPA.policies(REPO_ROOT / "policies", port=port, guarded=False).start()  # no token asked
         refused = await until(lambda t: "answers without a token" in t)
         assert "policy decision unavailable" in refused and "answers without a token" in refused, refused
         ready = httpx.get(
@@ -179,14 +149,12 @@ async def test_an_external_opa_reopened_without_a_token_is_refused_while_it_is_o
             timeout=5,
         )
         assert ready.status_code == 503 and "answers without a token" in ready.text, ready.text
-        plain.terminate()
-        plain.wait(timeout=10)
+        plain.stop()
         plain = None
         guarded = ExternalOPA.policies(REPO_ROOT / "policies", port=port, token=token).start()
         assert await until(lambda t: t == "ok") == "ok"
     finally:
         gw.stop()
         if plain is not None:
-            plain.kill()
-            plain.wait(timeout=10)
+            plain.stop()
         guarded.stop()
