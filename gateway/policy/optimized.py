@@ -14,8 +14,9 @@ The answers are the same by construction, and tested: tests/policy/test_optimize
 builds it here and compares it with the plain policy on every golden case, listings and
 approver votes, with valid and with broken data. A build failure (a policy tree of one's
 own that the optimiser cannot handle) falls back to the plain directory with a warning:
-slower, never different. Bundles (`pvegate bundle build`, a bundle service) are loaded as
-built; they evaluate the indexes per query.
+slower, never different. Bundles are loaded as built: `pvegate bundle build` builds them
+partially evaluated the same way, with these entrypoints (gateway/policy/bundles.py), unless
+asked for `--plain`.
 """
 
 from __future__ import annotations

@@ -38,11 +38,14 @@ def test_bundle_excludes_tests_and_carries_manifest(signed: tuple[Path, Path, st
     assert manifest["revision"] == rev
     assert {"pvegate", "data", "system/log", "system/authz"} <= set(manifest["roots"])
     assert ".signatures.json" in files
-    # the API guard travels inside the signed bundle
-    assert (
-        files["system/authz/authz.rego"]
-        == (REPO_ROOT / "gateway/policy/opa_authz/system/authz/authz.rego").read_bytes()
-    )
+    # partially evaluated with its data (the revision given again survives OPA's own manifest),
+    # the authored modules kept beside for the rules no entrypoint covers
+    assert manifest["metadata"]["optimized"] is True and "partial" in manifest["roots"]
+    assert "optimized/pvegate.rego" in files and "pvegate/console/console.rego" in files
+    # the API guard travels inside the signed bundle (partially evaluated too: the token is
+    # still read from OPA's environment when asked; tests/e2e/test_external_opa.py runs it)
+    assert bundle_has_authz(bundle)
+    assert b"PVEGATE_OPA_TOKEN" in files["optimized/system/authz.rego"]
 
 
 def test_signed_bundle_round_trips_with_provenance(signed: tuple[Path, Path, str]) -> None:
@@ -154,6 +157,35 @@ def test_manifest_names_the_git_commit(tmp_path: Path) -> None:
     assert manifest["metadata"]["git_commit"] == commit
     assert manifest["metadata"]["git_dirty"] is False and manifest["metadata"]["checked"] is True
     assert ".signatures.json" not in _members(out)  # --unsigned means unsigned
+
+
+def test_plain_asks_for_the_policy_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plain.tar.gz"
+    assert main(["bundle", "build", "--unsigned", "--plain", "-o", str(out)]) == 0
+    assert "; plain)" in capsys.readouterr().out
+    files = _members(out)
+    manifest = json.loads(files[".manifest"])
+    assert manifest["metadata"]["optimized"] is False and "partial" not in manifest["roots"]
+    assert not [n for n in files if n.startswith("optimized/")]
+    assert (
+        files["system/authz/authz.rego"]
+        == (REPO_ROOT / "gateway/policy/opa_authz/system/authz/authz.rego").read_bytes()
+    )
+
+
+def test_a_tree_the_optimiser_cannot_build_is_built_plain(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A policy tree of one's own without the entrypoints the optimiser is given still builds, plain."""
+    tree = tmp_path / "other"
+    tree.mkdir()
+    (tree / "p.rego").write_text("package other\n\nx := 1\n")
+    out = tmp_path / "b.tar.gz"
+    with caplog.at_level("WARNING", logger="pvegate.bundle"):
+        rev = build(tree, out, None, unsigned=True, checks=False)
+    assert "opa build -O=1 failed" in caplog.text and "undefined entrypoint" in caplog.text
+    manifest = json.loads(_members(out)[".manifest"])
+    assert manifest["revision"] == rev and manifest["metadata"]["optimized"] is False
 
 
 def test_a_bundle_without_the_api_guard_serves_the_managed_sidecar(tmp_path: Path) -> None:

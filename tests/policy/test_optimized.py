@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.policy import optimized
+from gateway.policy import bundles, optimized
 from gateway.policy.opa_sidecar import find_opa
 from gateway.tools.catalog import Catalog
 
@@ -133,12 +133,16 @@ def _compare(opa: Path, policies: Path, tmp: Path, questions: dict[str, Any]) ->
     built = optimized.build(opa, (policies,), tmp / "optimized")
     plain = _eval(opa, _plain(policies), QUERY, questions, tmp)
     fast = _eval(opa, _plain(built), QUERY, questions, tmp)
+    _same(plain, fast)
+    return plain
+
+
+def _same(plain: dict[str, Any], fast: dict[str, Any]) -> None:
     for part in ("decisions", "listings", "approvers", "console"):
         assert plain[part].keys() == fast[part].keys()
         differ = [k for k in plain[part] if plain[part][k] != fast[part][k]]
         assert not differ, f"{part}: the optimised policy answers differently for {differ}"
     assert plain["data_check"] == fast["data_check"]
-    return plain
 
 
 def test_optimized_policy_answers_as_the_plain_one(tmp_path: Path) -> None:
@@ -153,6 +157,22 @@ def test_optimized_policy_answers_as_the_plain_one(tmp_path: Path) -> None:
     assert any(d["allow"] for d in plain["approvers"].values())
     assert any(roles for _, roles in plain["console"].values())
     assert plain["data_check"]["valid"] is True
+
+
+def test_optimized_bundle_answers_as_the_plain_one(tmp_path: Path) -> None:
+    """`pvegate bundle build` builds partially evaluated by default (gateway/policy/bundles.py):
+    the same questions, asked of that bundle and of the plain one, get the same answers."""
+    opa = _opa()
+    questions = _questions(opa, tmp_path)
+    plain_bundle, fast_bundle = tmp_path / "plain.tar.gz", tmp_path / "fast.tar.gz"
+    bundles.build(POLICIES, plain_bundle, None, unsigned=True, checks=False, optimize=False)
+    bundles.build(POLICIES, fast_bundle, None, unsigned=True, checks=False)
+    meta = bundles.manifest_of(fast_bundle)["metadata"]
+    assert isinstance(meta, dict) and meta["optimized"] is True
+    plain = _eval(opa, ["--bundle", str(plain_bundle)], QUERY, questions, tmp_path)
+    fast = _eval(opa, ["--bundle", str(fast_bundle)], QUERY, questions, tmp_path)
+    _same(plain, fast)
+    assert any(d["allow"] for d in plain["decisions"].values()) and plain["data_check"]["valid"] is True
 
 
 def test_optimized_policy_keeps_the_data_refusal(tmp_path: Path) -> None:

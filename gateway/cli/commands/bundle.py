@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.bundles import BundleError, build, keygen
+from gateway.policy.bundles import BundleError, build, keygen, manifest_of
 from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
 
 
@@ -20,13 +20,21 @@ def _keygen(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     try:
-        rev = build(args.policies, args.output, args.signing_key, args.revision, unsigned=args.unsigned)
+        rev = build(
+            args.policies, args.output, args.signing_key, args.revision, unsigned=args.unsigned, optimize=not args.plain
+        )
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    meta = manifest_of(args.output).get("metadata")
+    optimized = isinstance(meta, dict) and meta.get("optimized") is True
     print(
-        f"built {args.output} (revision {rev}{', signed' if args.signing_key else ', UNSIGNED'}; policy checks passed)"
+        f"built {args.output} (revision {rev}{', signed' if args.signing_key else ', UNSIGNED'}; policy checks passed; "
+        f"{'partially evaluated with its data' if optimized else 'plain'})"
     )
+    if not optimized and not args.plain:
+        print("warning: opa build -O=1 could not build this tree; the bundle is plain (slower, the same answers)",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -62,6 +70,11 @@ def register(sub: Any) -> None:
     p.add_argument("--signing-key", type=Path, help="RS256 private key (pvegate bundle keygen); required")
     p.add_argument("--unsigned", action="store_true", help="build without a signature (development only)")
     p.add_argument("--revision", help="the bundle revision OPA reports and the audit records (default: derived)")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="build the policy as written, without partial evaluation (opa build -O=1) with its data",
+    )
     p.set_defaults(func=_build)
     v = bsub.add_parser("verify", help="verify a bundle's signature")
     v.add_argument("bundle", type=Path, help="the bundle file")
