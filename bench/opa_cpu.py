@@ -84,13 +84,16 @@ def pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]) if s else float("nan")
 
 
-def measure(requests: int, rounds: int, policies: Path = ROOT / "policies", optimize: bool = True) -> dict[str, Any]:
+def measure(
+    requests: int, rounds: int, policies: Path = ROOT / "policies", optimize: bool = True, bundle: Path | None = None
+) -> dict[str, Any]:
     doc = golden_input()
     work = Path(tempfile.mkdtemp(prefix="pvegate-opa-cpu-"))
     trivial = work / "trivial"
     trivial.mkdir()
     (trivial / "trivial.rego").write_text(TRIVIAL_POLICY)
-    repo = OPASidecar(policies=(policies,), optimize=optimize)
+    # a bundle (unsigned, e.g. `pvegate bundle build --unsigned [--plain]`) is loaded as built
+    repo = OPASidecar(bundle=bundle) if bundle else OPASidecar(policies=(policies,), optimize=optimize)
     triv = OPASidecar(policies=(trivial,), optimize=False)
     out: dict[str, Any] = {"requests": requests, "rounds": [], "input": GOLDEN_READ}
     try:
@@ -121,6 +124,9 @@ def measure(requests: int, rounds: int, policies: Path = ROOT / "policies", opti
             eval_p99_us=pct(evals, 99) / 1000,
             eval_samples=len(evals),
         )
+        if bundle:
+            out["policy_optimized"] = None  # as built: `optimized` in its manifest says
+            return out
         out["allocs_plain"] = opa_bench_allocs(policies, doc)
         if repo._optimized is not None:
             out["allocs_optimized"] = opa_bench_allocs(repo._optimized, doc)
@@ -137,9 +143,10 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.add_argument("--policies", type=Path, default=ROOT / "policies", help="another policy tree (an A/B)")
     p.add_argument("--plain", action="store_true", help="load the policy directory without partial evaluation")
+    p.add_argument("--bundle", type=Path, help="an unsigned bundle to load instead of a policy directory")
     a = p.parse_args()
     started = time.time()
-    r = measure(a.requests, a.rounds, a.policies, optimize=not a.plain)
+    r = measure(a.requests, a.rounds, a.policies, optimize=not a.plain, bundle=a.bundle)
     if a.json:
         print("OPACPUJSON " + json.dumps(r))
         return 0
@@ -153,7 +160,8 @@ def main() -> int:
     print(
         f"OPA eval at c=1: p50 {r['eval_p50_us']:.0f} µs, p99 {r['eval_p99_us']:.0f} µs ({r['eval_samples']} decisions)"
     )
-    print(f"opa bench allocations per decision: plain {r['allocs_plain']}, optimised {r.get('allocs_optimized')}")
+    if "allocs_plain" in r:
+        print(f"opa bench allocations per decision: plain {r['allocs_plain']}, optimised {r.get('allocs_optimized')}")
     print(f"({time.time() - started:.0f} s, load average {os.getloadavg()[0]:.2f})")
     return 0
 
