@@ -15,8 +15,8 @@ the guard is signed with the rest.
 
 A bundle is built partially evaluated with its data (`opa build -O=1` on the entrypoints of
 gateway/policy/optimized.py, as the managed sidecar loads a policy directory): the policy's
-data indexes become constants, so a decision costs about a fifth of the plain bundle's OPA
-CPU (docs/performance.md), with the same answers (tests/policy/test_optimized.py). The
+data indexes become constants, so a decision costs OPA under half the CPU of the plain
+bundle's (docs/performance.md), with the same answers (tests/policy/test_optimized.py). The
 authored modules travel with it, unchanged, for the rules no entrypoint covers (approver
 votes, the console). `optimized: true|false` in the manifest's metadata says which it is; a
 tree the optimiser cannot build is built plain, with a warning, and `--plain` asks for that.
