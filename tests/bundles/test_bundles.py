@@ -75,14 +75,21 @@ def _tamper(src: Path, dst: Path, member: str, new: bytes) -> None:
             tout.addfile(m, io.BytesIO(data) if data is not None else None)
 
 
-def test_tampered_bundle_is_refused(signed: tuple[Path, Path, str], tmp_path: Path) -> None:
+# the authored module, the partially evaluated one that decides, and the data
+@pytest.mark.parametrize("member", ["pvegate/decision.rego", "optimized/pvegate.rego", "data.json"])
+def test_tampered_bundle_is_refused(signed: tuple[Path, Path, str], tmp_path: Path, member: str) -> None:
     bundle, pub, _ = signed
-    member = "pvegate/decision.rego"
     original = _members(bundle)[member]
+    if member.endswith(".json"):  # still valid JSON: the signature, not the parser, must refuse it
+        data = json.loads(original)
+        data["data"]["quotas"] = []
+        changed = json.dumps(data).encode()
+    else:
+        changed = original + b"\n# allow everything, says the attacker\n"
     evil = tmp_path / "evil.tar.gz"
-    _tamper(bundle, evil, member, original + b"\n# allow everything, says the attacker\n")
-    with pytest.raises(OPAUnavailable):
-        OPASidecar(bundle=evil, verification_key=pub).start(timeout=10)
+    _tamper(bundle, evil, member, changed)
+    with pytest.raises(OPAUnavailable, match="digest mismatch"):
+        OPASidecar(bundle=evil, verification_key=pub, log_file=tmp_path / "opa.log").start(timeout=10)
 
 
 def test_bundle_signed_by_another_key_is_refused(signed: tuple[Path, Path, str], tmp_path: Path) -> None:
@@ -95,7 +102,7 @@ def test_bundle_signed_by_another_key_is_refused(signed: tuple[Path, Path, str],
 def test_repacked_but_unchanged_bundle_still_loads(signed: tuple[Path, Path, str], tmp_path: Path) -> None:
     """Control for the tamper test: re-packing alone must not be what OPA refuses."""
     bundle, pub, _ = signed
-    member = "pvegate/decision.rego"
+    member = "optimized/pvegate.rego"
     same = tmp_path / "same.tar.gz"
     _tamper(bundle, same, member, _members(bundle)[member])
     opa = OPASidecar(bundle=same, verification_key=pub)
