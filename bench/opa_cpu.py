@@ -99,7 +99,8 @@ def measure(
     try:
         repo.start(timeout=60)
         triv.start(timeout=60)
-        out["policy_optimized"] = repo._optimized is not None
+        # (a bundle is loaded as built: `optimized` in its manifest says which it is)
+        out["policy_optimized"] = None if bundle else repo._optimized is not None
         evals: list[int] = []
         for i in range(rounds):
             load = os.getloadavg()[0]
@@ -124,12 +125,10 @@ def measure(
             eval_p99_us=pct(evals, 99) / 1000,
             eval_samples=len(evals),
         )
-        if bundle:
-            out["policy_optimized"] = None  # as built: `optimized` in its manifest says
-            return out
-        out["allocs_plain"] = opa_bench_allocs(policies, doc)
-        if repo._optimized is not None:
-            out["allocs_optimized"] = opa_bench_allocs(repo._optimized, doc)
+        if not bundle:  # `opa bench` of the directory, plain and as the sidecar loaded it
+            out["allocs_plain"] = opa_bench_allocs(policies, doc)
+            if repo._optimized is not None:
+                out["allocs_optimized"] = opa_bench_allocs(repo._optimized, doc)
         return out
     finally:
         repo.stop()

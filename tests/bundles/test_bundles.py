@@ -180,9 +180,7 @@ def test_plain_asks_for_the_policy_as_written(tmp_path: Path, capsys: pytest.Cap
     )
 
 
-def test_a_tree_the_optimiser_cannot_build_is_built_plain(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_tree_the_optimiser_cannot_build_is_built_plain(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A policy tree of one's own without the entrypoints the optimiser is given still builds, plain."""
     tree = tmp_path / "other"
     tree.mkdir()
