@@ -199,6 +199,15 @@ problems contains msg if {
 
 problems contains "risk.level_thresholds needs numeric medium, high and critical" if not valid_thresholds
 
+# (risk.level reads them in order: thresholds that do not rise would rank a
+# score below a level it passed)
+problems contains msg if {
+	valid_thresholds
+	t := risk.level_thresholds
+	not rising_thresholds(t)
+	msg := sprintf("risk.level_thresholds must rise: medium %v < high %v < critical %v", [t.medium, t.high, t.critical])
+}
+
 # Every place where the data breaks its JSON Schema (schema/data.json beside
 # this file, as the constant data_schema in data_schema.rego): an unknown key is
 # a misspelling that would otherwise be silently ignored, a wrong type a setting
@@ -253,4 +262,9 @@ valid_thresholds if {
 	is_number(risk.level_thresholds.medium)
 	is_number(risk.level_thresholds.high)
 	is_number(risk.level_thresholds.critical)
+}
+
+rising_thresholds(t) if {
+	t.medium < t.high
+	t.high < t.critical
 }

@@ -59,6 +59,15 @@ test_data_problems if {
 	"risk.level_thresholds.medium: Invalid type. Expected: integer, given: string" in p
 }
 
+test_thresholds_that_do_not_rise_are_a_problem if {
+	p := config.problems with data.data.risk.level_thresholds as {"medium": 10, "high": 80, "critical": 50}
+	p == {"risk.level_thresholds must rise: medium 10 < high 80 < critical 50"}
+	count(config.problems) == 0 with data.data.risk.level_thresholds as {"medium": 1, "high": 2, "critical": 3}
+	flat := {"medium": 25, "high": 25, "critical": 75}
+	p2 := config.problems with data.data.risk.level_thresholds as flat
+	"risk.level_thresholds must rise: medium 25 < high 25 < critical 75" in p2
+}
+
 # the security engineer's findings: a misspelled key and hours given as strings
 misspelled := object.union(data.data, {"guardrails": object.union(data.data.guardrails, {
 	"protected_tag": ["crown-jewel"],
