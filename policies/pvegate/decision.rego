@@ -132,8 +132,9 @@ usage_ok if is_object(input.usage)
 call_input_ok if {
 	input.contract_version in known_contract_versions
 	input.kind == "call"
-	is_string(input.principal.sub)
-	input.principal.sub != ""
+	sub := input.principal.sub
+	is_string(sub)
+	sub != ""
 	input.principal.kind in kinds
 	is_array(input.principal.roles)
 	is_array(input.principal.groups)
@@ -174,7 +175,7 @@ default allow := false
 allow if {
 	call_input_ok
 	count(deny_reasons) == 0
-	not approval.required
+	approval.required == false
 }
 
 allow if {

@@ -25,7 +25,7 @@ reasons contains r.message if some r in requirements
 
 requirements contains lib.reason("approval.risk_level", "data.approval.required_from_level", msg) if {
 	not waived
-	lib.level_rank[risk.level] >= lib.level_rank[cfg.required_from_level]
+	risk.level in levels_needing_approval
 	msg := sprintf(
 		"risk %s (score %d) is at or above the approval threshold %s",
 		[risk.level, risk.score, cfg.required_from_level],
@@ -104,7 +104,16 @@ applies_to_this_run(_) if not obligations.dry_run
 
 applies_to_this_run(rule) if rule.include_dry_run == true
 
+default required := false
+
 required if count(reasons) > 0
+
+# the risk levels at or above cfg.required_from_level (data only: a constant
+# once partially evaluated, so a decision tests its level in one step)
+levels_needing_approval contains level if {
+	some level, rank in lib.level_rank
+	rank >= lib.level_rank[cfg.required_from_level]
+}
 
 # rules with their own approver groups replace the default groups
 rule_groups contains g if {
@@ -196,6 +205,8 @@ group_ok if {
 	g in approver_groups
 }
 
+default satisfied := false
+
 satisfied if {
 	presented
 	count(problems) == 0
@@ -227,13 +238,9 @@ denials contains lib.reason("approval.insufficient", "pvegate.approval.sufficien
 	)
 }
 
-default satisfied_bool := false
-
-satisfied_bool if satisfied
-
 result := {
 	"required": true,
-	"satisfied": satisfied_bool,
+	"satisfied": satisfied,
 	"approver_groups": approver_groups,
 	"min_approvals": min_approvals,
 	"ttl_seconds": ttl_seconds,
@@ -245,12 +252,12 @@ result := {
 
 result := {
 	"required": false,
-	"satisfied": satisfied_bool,
+	"satisfied": satisfied,
 	"approver_groups": [],
 	"min_approvals": 0,
 	"ttl_seconds": 0,
 	"reason": "",
 	"reasons": [],
 } if {
-	not required
+	required == false
 }

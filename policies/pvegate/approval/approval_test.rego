@@ -132,3 +132,12 @@ test_rules_skip_dry_runs_unless_asked if {
 	rules := [{"name": "always", "effects": ["destroy"], "include_dry_run": true}]
 	count(approval.matching_rules) == 1 with input as inp with data.data.approval.rules as rules
 }
+
+test_levels_needing_approval_follow_the_threshold if {
+	approval.levels_needing_approval == {"high", "critical"}
+	approval.levels_needing_approval == {"medium", "high", "critical"} with data.data.approval.required_from_level as "medium"
+	approval.levels_needing_approval == {"low", "medium", "high", "critical"} with data.data.approval.required_from_level as "low"
+
+	# not a level (the data check refuses it): no level needs approval through this rule
+	count(approval.levels_needing_approval) == 0 with data.data.approval.required_from_level as "extreme"
+}

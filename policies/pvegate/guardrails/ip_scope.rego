@@ -9,7 +9,13 @@ package pvegate.guardrails
 import data.pvegate.config
 import data.pvegate.lib
 
-denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.permitted_networks", msg) if {
+# the call's address is tested only when its tool is scoped: one test for every other call
+denials contains r if {
+	scoped_ip
+	some r in ip_denials
+}
+
+ip_denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.permitted_networks", msg) if {
 	count(permitted_containing(scoped_ip)) == 0
 	msg := sprintf(
 		"address %s is outside the permitted networks (%s): %s does not answer for it",
@@ -17,13 +23,13 @@ denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.permitted_netwo
 	)
 }
 
-denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.permitted_networks", msg) if {
+ip_denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.permitted_networks", msg) if {
 	some n in permitted_containing(scoped_ip)
 	kind := special_address(scoped_ip, n.cidr)
 	msg := sprintf("address %s is the %s address of %s: never assignable, never free", [scoped_ip, kind, n.cidr])
 }
 
-denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.reserved", msg) if {
+ip_denials contains lib.reason("guardrail.ip_scope", "data.ip_scope.reserved", msg) if {
 	some r in config.ip_scope.reserved
 	net.cidr_contains(r.cidr, scoped_ip)
 	why := object.get(r, "reason", "reserved")

@@ -22,6 +22,8 @@ forced_dry_run if {
 }
 
 # dry_run: the call runs as a dry run, because the caller asked or a role forces it.
+default dry_run := false
+
 dry_run if input.dry_run == true
 
 dry_run if forced_dry_run
@@ -69,6 +71,8 @@ role_max_items[name] := object.get(role, "max_items", config.default_max_items) 
 # token's value), because a reveal_secrets selector in data matches the call
 # (looked up by the call's effect, principal kind and tool name, or "*", as in
 # approval.matching_rules)
+default reveal_secrets := false
+
 reveal_secrets if {
 	some i in reveal_index[input.tool.effect][input.principal.kind][input.tool.name]
 	lib.index_hit(reveal_exact[i], config.reveal_secrets[i])
@@ -91,17 +95,9 @@ reveal_index[effect][kind][name] contains i if {
 
 reveal_exact[i] := lib.exact_selector(sel) if some i, sel in config.reveal_secrets
 
-default reveal_secrets_bool := false
-
-reveal_secrets_bool if reveal_secrets
-
 result := {
-	"dry_run": dry_run_bool,
+	"dry_run": dry_run,
 	"redact": redact,
 	"max_items": max_items,
-	"reveal_secrets": reveal_secrets_bool,
+	"reveal_secrets": reveal_secrets,
 }
-
-default dry_run_bool := false
-
-dry_run_bool if dry_run

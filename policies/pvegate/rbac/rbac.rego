@@ -145,12 +145,12 @@ role_denies(name, tool) if {
 }
 
 # domain_selector_matches(sel, tool): lib.tool_matches(sel, tool) for a selector
-# with effects and domains only (domain_only: most role grants): no scope, tag and
-# name tests, just a tool that has those parts. The index files each selector
-# with domain_only(sel), a constant once partially evaluated, so a call meets
-# the role_grants/role_denies clause for its kind only.
+# with effects and domains only (domain_only: most role grants), found through
+# selector_index by the tool's effect: the effect is admitted already, so no
+# effect, scope, tag and name tests, just a tool that has those parts. The index
+# files each selector with domain_only(sel), a constant once partially
+# evaluated, so a call meets the role_grants/role_denies clause for its kind only.
 domain_selector_matches(sel, tool) if {
-	lib.admits(sel, "effects", tool.effect)
 	lib.admits(sel, "domains", tool.domain)
 	is_array([tool.scope, tool.name])
 }
@@ -207,9 +207,11 @@ break_glass if {
 # deny: the sentences of the denials below
 deny contains r.message if some r in denials
 
+# (the denying roles first: almost always none, so no binding is looked at)
 denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b.role]), msg) if {
+	some name in roles_denying_tool
 	some b in applicable_bindings
-	b.role in roles_denying_tool
+	b.role == name
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
 }
 

@@ -182,3 +182,20 @@ test_domain_only_selectors_match_as_tool_matches if {
 		count([1 | rbac.role_denies("r", tool)]) == min([1, count(denies)]) with data.data.roles as roles
 	}
 }
+
+test_caller_bindings_keep_the_kind_filter_and_defined_roles if {
+	call := fx.call(fx.admin, fx.node_network_update, fx.node_target)
+	count(rbac.caller_bindings) > 0 with input as call
+
+	# the admins binding admits humans only
+	"admins" in {b.name | some b in rbac.caller_bindings} with input as call
+	as_agent := rbac.caller_bindings with input as call with input.principal.kind as "agent"
+	not "admins" in {b.name | some b in as_agent}
+
+	# a kind the contract does not know finds no binding
+	count(rbac.caller_bindings) == 0 with input as call with input.principal.kind as "robot"
+
+	# a binding to a role the data does not define is no binding
+	org := {"roles": {}, "bindings": [{"name": "x", "role": "ghost", "subjects": [fx.admin.sub]}]}
+	count(rbac.caller_bindings) == 0 with input as call with data.data as org
+}

@@ -129,19 +129,18 @@ raw_score := sum([f.points | some f in factors])
 
 score := min([100, max([0, raw_score])])
 
-default level := "low"
+# the lowest level whose next threshold the score stays under (the data's
+# thresholds rise: the data check refuses them otherwise, see config.problems);
+# one test decides a low score, the common case
+default level := "critical"
 
-level := "medium" if {
-	score >= cfg.level_thresholds.medium
+level := "low" if {
+	score < cfg.level_thresholds.medium
+} else := "medium" if {
 	score < cfg.level_thresholds.high
-}
-
-level := "high" if {
-	score >= cfg.level_thresholds.high
+} else := "high" if {
 	score < cfg.level_thresholds.critical
 }
-
-level := "critical" if score >= cfg.level_thresholds.critical
 
 result := {
 	"score": score,
@@ -149,11 +148,11 @@ result := {
 	"factors": factor_list,
 }
 
-# (`count(factors) >= 0` holds always: it names factors outside a comprehension,
-# so that partial evaluation with the data (opa build -O=1) rewrites the factor
-# rules, their risk settings folded into constants, instead of keeping them as
-# written, which merged config.risk (object.union) on every decision)
-factor_list := [f | some f in factors] if count(factors) >= 0
+# (sort(factors), not a comprehension: naming factors outside one lets partial
+# evaluation with the data (opa build -O=1) rewrite the factor rules, their risk
+# settings folded into constants, instead of keeping them as written, which
+# merged config.risk (object.union) on every decision)
+factor_list := sort(factors)
 
 # every argument the rule names has one of the listed values
 arguments_match(rule) if {

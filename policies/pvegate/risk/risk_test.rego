@@ -68,3 +68,11 @@ test_defaults_without_data if {
 	inp := fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
 	risk.score == 50 with input as inp with data.data as {}
 }
+
+# each threshold starts its level; one point under it is the level below
+test_level_boundaries if {
+	expected := {0: "low", 24: "low", 25: "medium", 49: "medium", 50: "high", 74: "high", 75: "critical", 100: "critical"}
+	every s, level in expected {
+		risk.level == level with risk.score as s
+	}
+}
