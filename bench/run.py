@@ -221,6 +221,26 @@ def disk_sync_latency(directory: Path, n: int = 500) -> dict[str, float]:
 # --- facts --------------------------------------------------------------------------
 
 
+# A fixed piece of single-threaded CPU work timed by the wall clock, best of a few tries (local
+# processes, which the load average sees, only make a try slower). The load average cannot see a
+# host whose vCPUs run slower (a busy neighbour on the hypervisor, throttling), yet on such a host
+# every figure of a run moves: on 1 Dec 2026 the same VM measured OPA's golden read at ~290 µs in
+# the morning and 600-800 µs in the afternoon with a load average near 1. Reported at the start
+# and at the end of a run, so two records (or a record and a host) can be compared.
+PROBE_STEPS = 2_000_000
+
+
+def host_probe_ms(tries: int = 5) -> float:
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        total = 0
+        for i in range(PROBE_STEPS):
+            total += i
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1000, 1)
+
+
 def machine() -> dict[str, str]:
     cpu = "unknown"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -240,6 +260,7 @@ def machine() -> dict[str, str]:
         "load_1m_before": f"{os.getloadavg()[0]:.2f}",
         # B is the mcp SDK's own server: its cost is the SDK's, and changes with its version
         "mcp_sdk": importlib.metadata.version("mcp"),
+        "host_probe_ms": f"{host_probe_ms():g}",
     }
 
 
@@ -650,6 +671,7 @@ def run(a: argparse.Namespace) -> Results:
         res.tools_list = tools_list_bench(sim, work, a)
         log("OPA CPU per decision: the repository's policy against a trivial one (bench/opa_cpu.py)")
         res.opa_cpu = opa_cpu.measure(a.opa_requests, a.rounds)
+        res.machine["host_probe_ms_end"] = f"{host_probe_ms():g}"
         return res
     finally:
         for p in reversed(procs):
@@ -973,8 +995,10 @@ def report(r: Results, command: str) -> str:
         "",
         f"Machine: {m['cpu']}, {m['memory']} RAM, Linux {m['kernel']}, Python {m['python']}, OPA {m['opa']}, "
         f"{m['wrk']}; mcp SDK {m['mcp_sdk']} (B's cost is the SDK's); 1-minute load average before the run: "
-        f"{m['load_1m_before']}. No CPU pinning: the load generator, pvegate, its OPA sidecar, the baseline "
-        "and the simulator share all cores.",
+        f"{m['load_1m_before']}. Host speed probe ({PROBE_STEPS:,} steps of a Python loop, best of 5; "
+        f"lower is faster, the load average cannot see a slow host): {m.get('host_probe_ms', '?')} ms at the "
+        f"start, {m.get('host_probe_ms_end', '?')} ms at the end. No CPU pinning: the load generator, pvegate, "
+        "its OPA sidecar, the baseline and the simulator share all cores.",
         "",
         f"Each level: {r.params['rounds']} rounds of A and B alternating ({r.params['seconds']:g} s each), "
         "medians; a round with the 1-minute load average above "

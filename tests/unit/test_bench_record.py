@@ -95,3 +95,27 @@ def test_the_constant_policy_answers_the_recorded_decision_within_the_contract(t
     schema = json.loads((ROOT / "gateway" / "schemas" / "decision.schema.json").read_text())
     jsonschema.validate(answer, schema)
     assert answer == {k: v for k, v in recorded.items() if k in schema["properties"]} | {"contract_version": 1}
+
+
+def test_the_host_probe_is_wall_time_so_a_slower_cpu_shows() -> None:
+    """The probe stands for the host's speed: CPU taken from it (here another thread holding the
+    GIL half the time, as a busy neighbour takes a vCPU) must show as a slower probe."""
+    import threading
+
+    bench = _bench()
+    quiet = bench.host_probe_ms(tries=3)
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        contended = bench.host_probe_ms(tries=3)
+    finally:
+        stop.set()
+        t.join()
+    assert quiet > 0
+    assert contended > 1.4 * quiet, (quiet, contended)
