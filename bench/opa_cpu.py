@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.policy import optimized  # noqa: E402
+from gateway.policy import bundles, optimized  # noqa: E402
 from gateway.policy.opa_sidecar import OPASidecar, find_opa  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -99,8 +99,8 @@ def measure(
     try:
         repo.start(timeout=60)
         triv.start(timeout=60)
-        # (a bundle is loaded as built: `optimized` in its manifest says which it is)
-        out["policy_optimized"] = None if bundle else repo._optimized is not None
+        # (a bundle is loaded as built: its manifest says which it is)
+        out["policy_optimized"] = bundles.built_optimized(bundle) if bundle else repo._optimized is not None
         evals: list[int] = []
         for i in range(rounds):
             load = os.getloadavg()[0]

@@ -232,6 +232,12 @@ def _opa_build(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=stage)
 
 
+def built_optimized(bundle: Path) -> bool:
+    """Whether a bundle tarball was built partially evaluated (`optimized` in its manifest's metadata)."""
+    meta = manifest_of(bundle).get("metadata")
+    return isinstance(meta, dict) and meta.get("optimized") is True
+
+
 def manifest_of(bundle: Path) -> dict[str, object]:
     """A bundle tarball's manifest ({} when it has none)."""
     with tarfile.open(bundle) as tar:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.bundles import BundleError, build, keygen, manifest_of
+from gateway.policy.bundles import BundleError, build, built_optimized, keygen
 from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
 
 
@@ -26,11 +26,9 @@ def _build(args: argparse.Namespace) -> int:
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    meta = manifest_of(args.output).get("metadata")
-    optimized = isinstance(meta, dict) and meta.get("optimized") is True
     print(
         f"built {args.output} (revision {rev}{', signed' if args.signing_key else ', UNSIGNED'}; policy checks passed; "
-        f"{'partially evaluated with its data' if optimized else 'plain'})"
+        f"{'partially evaluated with its data' if built_optimized(args.output) else 'plain'})"
     )
     return 0
 
