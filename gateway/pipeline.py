@@ -7,6 +7,7 @@ it builds the input, asks OPA once, and does what the answer says.
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -105,7 +106,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
     decision = await c.decisions.decide(input_doc)
     t = m.observe("decide", t)
     m.decision["failed_closed" if decision.failed_closed else _outcome(decision)].inc()
-    await _audit_decision(c, req, tool, args, target, decision, input_doc)  # durable before Proxmox hears of it
+    owner = await _audit_decision(c, req, tool, args, target, decision, input_doc)  # durable before Proxmox hears of it
     m.observe("audit", t)
 
     if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
@@ -126,6 +127,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         dry_run=dry_run or bool(decision.obligations.get("dry_run")),
         request_id=req.request_id,
         on_dispatch=_dispatch_recorder(c, req, tool, target, flight),
+        before_send=functools.partial(c.outcomes.hold, owner),  # a replica paused too long sends nothing
     )
     if tool.effect != "read" and not ctx.dry_run:
         c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
@@ -201,6 +203,8 @@ async def dispatch(
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except Interrupted as exc:
         return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
+    except AuditUnavailable:  # from before_send: nothing was sent, the call is refused (503)
+        raise
     except ToolError as exc:
         t = m.observe("dispatch", t)
         m.upstream_error(ctx.cluster, tool.connector, exc)
@@ -297,8 +301,9 @@ async def _audit_decision(
     target: dict[str, Any],
     decision: Decision,
     input_doc: dict[str, Any],
-) -> None:
-    """received + decision, committed together before anything reaches Proxmox."""
+) -> str | None:
+    """received + decision, committed together before anything reaches Proxmox; the replica name
+    the decision was recorded under (PostgreSQL), which must still be this process's when it sends."""
     who, tkey = req.principal.sub, _tkey(target)
     kept_args = audit_arguments(tool, args, decision.obligations.get("redact"))
     received = {
@@ -313,10 +318,12 @@ async def _audit_decision(
     # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
     body["input_redacted"] = redacted_paths(args, kept_args)
     replayable = {**input_doc, "arguments": kept_args}
+    owner = c.audit.replica_id  # what append stamps on the decision (before its first await)
     await c.audit.append(
         AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
         AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, body, policy_input=replayable),
     )
+    return owner
 
 
 def _outcome(decision: Decision) -> str:

@@ -37,7 +37,14 @@ from gateway.mcp.jsonrpc import (
 from gateway.mcp.request_state import RequestStates, Sessions
 from gateway.mcp.wellknown import metadata_url
 from gateway.store.audit import AuditRecord
-from gateway.store.outcomes import AUDIT_UNAVAILABLE, RETRY_AFTER_SECONDS, SHUTTING_DOWN, STORE_ERRORS, AuditUnavailable
+from gateway.store.outcomes import (
+    AUDIT_UNAVAILABLE,
+    RETRY_AFTER_SECONDS,
+    SHUTTING_DOWN,
+    STORE_ERRORS,
+    AuditUnavailable,
+    ClaimLost,
+)
 
 log = logging.getLogger("pvegate.transport")
 
@@ -114,6 +121,10 @@ async def handle_mcp(request: Request) -> Response:
     except (AuditUnavailable, *STORE_ERRORS) as exc:  # fail closed, and say why: never a bare 500
         if not isinstance(exc, AuditUnavailable):
             c.outcomes.store_failed(exc)
+        if isinstance(exc, ClaimLost):
+            return await _unavailable(
+                request, AUDIT_UNAVAILABLE, f"{exc}; nothing was sent to Proxmox. Retry (on any replica)"
+            )
         return await _unavailable(
             request,
             AUDIT_UNAVAILABLE,

@@ -358,6 +358,32 @@ ACQUIRE_TIMEOUT = 10.0  # seconds a commit waits for a connection (PostgreSQL un
 HEARTBEAT_SECONDS = 5.0  # a replica's row in audit_replicas is refreshed at most this often (on commits)
 # a replica whose row was not refreshed for this long is gone: its calls in flight are reconciled by others
 REPLICA_STALE_SECONDS = 30.0
+# A replica sends a mutation only while a heartbeat it saw confirmed began less than this long ago: a
+# margin of two heartbeats before the others may take its calls for a gone replica's (AuditLog.hold).
+LEASE_SECONDS = REPLICA_STALE_SECONDS - 2 * HEARTBEAT_SECONDS
+# the heartbeat, only while the row is still fresh: once stale it is the others' to settle, never revived
+_PG_BEAT = (
+    "UPDATE audit_replicas SET seen_at = extract(epoch FROM clock_timestamp())::float8 "
+    "WHERE replica = $1 AND seen_at > extract(epoch FROM clock_timestamp())::float8 - $2"
+)
+_PG_REGISTER = (
+    "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) "
+    "VALUES ($1, $2, $3, extract(epoch FROM clock_timestamp())::float8, "
+    "extract(epoch FROM clock_timestamp())::float8)"
+)
+
+
+class LeaseLost(Exception):
+    """This process no longer holds the replica name a call was decided under (PostgreSQL): its
+    heartbeat went stale, so the other replicas may settle that call as a gone replica's."""
+
+    def __init__(self, replica: str | None) -> None:
+        super().__init__(
+            f"this replica went more than {LEASE_SECONDS:.0f} s without a heartbeat in the shared audit "
+            f"(its process was paused, or cut off from the database), so the other replicas may settle "
+            f"the calls it decided as {replica}: this one is not sent"
+        )
+        self.replica = replica
 
 
 def replica_name() -> str:
@@ -404,6 +430,9 @@ class AuditLog:
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._pgdb: Any = None  # PostgreSQL: a PostgresDatabase (its asyncpg pool)
         self._beat_at = 0.0
+        # monotonic time at the start of the last commit whose heartbeat found this replica's row fresh
+        self._lease_at = 0.0
+        self.leases_lost = 0
         self._beater: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[_Batch | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
@@ -477,20 +506,15 @@ class AuditLog:
         try:
             await migrations.check(db, "audit", MIGRATIONS)  # `pvegate db upgrade` makes it, not a replica
             self._seal = await asyncio.to_thread(open_seal_pg, where, self.key_path)
+            started = time.monotonic()
             async with db.pool.acquire() as conn:
-                await conn.execute(
-                    "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) "
-                    "VALUES ($1, $2, $3, extract(epoch FROM clock_timestamp())::float8, "
-                    "extract(epoch FROM clock_timestamp())::float8)",
-                    self.replica_id,
-                    str(self.replica_id).split(":", 1)[0],
-                    os.getpid(),
-                )
+                await conn.execute(_PG_REGISTER, self.replica_id, str(self.replica_id).split(":", 1)[0], os.getpid())
         except BaseException:
             await db.close()
             raise
         self._pgdb = db
         self._beat_at = time.monotonic()
+        self._lease_at = started
 
     async def _beat_loop(self) -> None:
         """PostgreSQL: keep this replica's heartbeat fresh while nothing else commits (a long task waited on
@@ -698,6 +722,7 @@ class AuditLog:
 
     async def _commit_on(self, conn: Any, records: list[_Row]) -> tuple[str, int, str] | None:
         moved = None
+        started = time.monotonic()  # a lease runs from before the database's clock stamps the heartbeat
         async with conn.transaction():
             # the head row is the chain's lock: every replica's commit waits here for the one before it
             text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
@@ -708,15 +733,56 @@ class AuditLog:
                 await conn.execute("UPDATE audit_meta SET value = $1 WHERE key = 'head'", head)
                 moved = (head, rows[-1][0], rows[-1][-1])
             beat = not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS
+            renamed = None
             if beat:  # a probe writes the heartbeat: a real committed write that leaves the chain alone
-                await conn.execute(
-                    "UPDATE audit_replicas SET seen_at = extract(epoch FROM clock_timestamp())::float8 "
-                    "WHERE replica = $1",
-                    self.replica_id,
-                )
+                held = await conn.execute(_PG_BEAT, self.replica_id, REPLICA_STALE_SECONDS) == "UPDATE 1"
+                if not held:
+                    renamed = await self._rename(conn)
         if beat:
             self._beat_at = time.monotonic()
+            self._lease_at = started
+        if renamed is not None:
+            log.error(
+                "replica %s went more than %.0f s without a heartbeat: its calls are the other replicas' to "
+                "settle, and the mutations it decided are not sent; it goes on as %s",
+                self.replica_id,
+                REPLICA_STALE_SECONDS,
+                renamed,
+            )
+            self.replica_id = renamed
+            self.leases_lost += 1
         return moved
+
+    async def _rename(self, conn: Any) -> str:
+        """The row went stale (or was forgotten): take a new name for the calls to come. The old one
+        stays, or is put back, stale, so the other replicas settle what was decided under it, as for
+        a gone replica (in the same transaction: records committed with it are never ownerless)."""
+        old, new = str(self.replica_id), replica_name()
+        host = old.split(":", 1)[0]
+        await conn.execute(
+            "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) VALUES ($1, $2, $3, 0, 0) "
+            "ON CONFLICT (replica) DO NOTHING",
+            old,
+            host,
+            os.getpid(),
+        )
+        await conn.execute(_PG_REGISTER, new, host, os.getpid())
+        return new
+
+    async def hold(self, replica: str | None) -> None:
+        """Before a mutation decided under `replica` is sent (PostgreSQL): raise LeaseLost unless this
+        process still holds that name with a heartbeat the others cannot yet take for a gone
+        replica's. A heartbeat confirmed less than LEASE_SECONDS ago answers at once; an older one is
+        renewed first (a paused process finds out here). SQLite (one host): nothing to hold."""
+        if not self.pg:
+            return
+        if replica != self.replica_id:
+            raise LeaseLost(replica)
+        if time.monotonic() - self._lease_at < LEASE_SECONDS:
+            return
+        await self.probe()
+        if replica != self.replica_id or time.monotonic() - self._lease_at >= LEASE_SECONDS:
+            raise LeaseLost(replica)
 
     def _continue_from(self, text: str | None) -> tuple[int, str]:
         """Where the chain continues: its authenticated head, read inside the write transaction

@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.store.audit import CALL_SECRETS, AuditClosed, AuditIntegrityError, AuditLog, AuditRecord, AuditStoreError
+from gateway.store.audit import (
+    CALL_SECRETS,
+    AuditClosed,
+    AuditIntegrityError,
+    AuditLog,
+    AuditRecord,
+    AuditStoreError,
+    LeaseLost,
+)
 from gateway.store.db import DatabaseUnavailable
 
 log = logging.getLogger("pvegate.outcomes")
@@ -49,6 +57,10 @@ STORE_ERROR_HOLD_SECONDS = 2.0  # after a failed write, refuse for this long unl
 
 class AuditUnavailable(Exception):
     """The audit store cannot take writes: the call is refused before anything is sent."""
+
+
+class ClaimLost(AuditUnavailable):
+    """A replica paused or cut off for too long gave up its calls to the others: refused unsent."""
 
 
 class Interrupted(Exception):
@@ -80,6 +92,7 @@ class Counters:
     dispatch_records: int = 0
     refused_store: int = 0  # calls refused because the audit store could not take writes
     refused_draining: int = 0  # requests answered 503 during a drain
+    refused_lease: int = 0  # mutations not sent: the replica's heartbeat went stale after their decision
     interrupted: int = 0  # calls cut off at the end of a drain
     kept: int = 0  # records held in the outbox after a failed write
     kept_written: int = 0  # of those, written later
@@ -124,6 +137,19 @@ class Outcomes:
             reserve = self.min_free_bytes // 1024
             return f"the audit store's filesystem has {free // 1024} KiB free, below the {reserve} KiB reserve"
         return None
+
+    async def hold(self, replica: str | None) -> None:
+        """Right before a mutation is sent: this process still owns the call (AuditLog.hold), or the
+        call is refused unsent (ClaimLost) and the replica that settles a gone one's calls records it
+        (as `not_found`: true, as nothing is sent). A store that cannot renew the heartbeat refuses too."""
+        try:
+            await self.audit.hold(replica)
+        except LeaseLost as exc:
+            self.counters.refused_lease += 1
+            raise ClaimLost(str(exc)) from exc
+        except STORE_ERRORS as exc:
+            self.store_failed(exc)
+            raise AuditUnavailable(f"the audit store cannot take writes ({self.last_store_error})") from exc
 
     def store_ok(self) -> bool:
         """The health signal: the audit store takes writes."""

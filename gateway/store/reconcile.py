@@ -195,6 +195,10 @@ class Reconciler:
                 detail = f"replica {call.owner} is alive and runs it"
                 out.append(Settled(call.request_id, call.tool, "in_flight", detail=detail, owner=call.owner))
                 continue
+            if call.request_id in self.outcomes.flights:  # decided under a name this process gave up; it still runs
+                detail = "this process still runs it and records its result"
+                out.append(Settled(call.request_id, call.tool, "in_flight", detail=detail, owner=call.owner))
+                continue
             try:
                 settled = await self.settle(call, claimed, before)
             except AuditUnavailable as exc:  # the store is down: try again on the next pass
@@ -215,7 +219,7 @@ class Reconciler:
             if not mine:  # another replica is at it
                 return []
             settled = await self.run_once(time.time(), owners=stale)
-            left = {s.owner for s in settled if s.action == "open"}
+            left = {s.owner for s in settled if s.action in ("open", "in_flight")}
             await audit.forget_replicas(stale - left)
         return settled
 

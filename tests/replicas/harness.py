@@ -190,10 +190,11 @@ class Cluster:
         headers = {"Authorization": f"Bearer {token}"}
         return await http.request(method, self.replicas[replica].base + path, headers=headers, json=body)
 
-    def launch(self, n: int) -> Replica:
-        """Start replica n's process on a fresh port (a killed process's port may be taken meanwhile)."""
+    def launch(self, n: int, fault: str | None = None) -> Replica:
+        """Start replica n's process on a fresh port (a killed process's port may be taken meanwhile),
+        with a test-only fault (PVEGATE_TEST_FAULT) if given."""
         env = replica_env(self.base, n, self.dsn, self.policy)
-        replica = Replica(n, env, Gateway(env, self.log_dir / f"replica-{n}.log").start())
+        replica = Replica(n, env, Gateway(env, self.log_dir / f"replica-{n}.log", fault=fault).start())
         if n < len(self.replicas):
             self.replicas[n] = replica
         else:
@@ -201,8 +202,8 @@ class Cluster:
             self.replicas.append(replica)
         return replica
 
-    async def restart(self, n: int) -> Replica:
-        replica = self.launch(n)
+    async def restart(self, n: int, fault: str | None = None) -> Replica:
+        replica = self.launch(n, fault)
         await replica.gw.wait_up(timeout=90)
         return replica
 

@@ -11,9 +11,13 @@ side; the SIGKILL case waits ~40 s for the killed replica's heartbeat to go stal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
+import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -271,3 +275,58 @@ async def test_a_database_restart_under_load_is_refused_clearly_then_served_with
         assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
         assert "PostgreSQL cannot be reached" in a.error["message"] or "audit" in a.error["message"], a.text
     assert [r for r in heard_down if r["method"] == "POST"] == []  # nothing ran unaudited
+
+
+def process_state(pid: int) -> str:
+    """R running, S sleeping, T stopped (/proc/<pid>/stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_before(cluster: Cluster) -> None:
+    """Replica 1 decides a vm_start, commits the decision, and is frozen (SIGSTOP, as a suspended VM)
+    right before the request would leave. Past REPLICA_STALE_SECONDS the others take it for gone and
+    settle the call from Proxmox: no task, so `not_found`. When it wakes it must not send the
+    request (the audit would then say `not_found` for a call that ran, and hold two outcomes): its
+    client gets a clear 503, Proxmox hears nothing, the call has exactly that one outcome, and the
+    replica goes on under a new name. ~45 s (the stale limit is 30 s)."""
+    cluster.replicas[1].gw.stop()
+    paused = await cluster.restart(1, fault="stop-before-send")
+    sub = "paused-agent"
+    heard = len(cluster.sim.requests_log())
+    try:
+        async with cluster.http(timeout=120) as http:
+            call = asyncio.create_task(cluster.call(http, cluster.agent(sub), "vm_start", {"vmid": 103}, replica=1))
+            await wait_until(lambda: process_state(paused.pid) == "T", 30, "replica 1 to stop before sending")
+
+            def settled() -> list[dict[str, Any]] | None:
+                mine = [r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "vm_start"]
+                return mine if any(r["kind"] == "result" for r in mine) else None
+
+            records = await wait_until(settled, 75, "another replica to settle the paused replica's call")
+            os.kill(paused.pid, signal.SIGCONT)
+            a = await asyncio.wait_for(call, 60)
+            assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
+            assert "is not sent" in a.error["message"] and "nothing was sent to Proxmox" in a.error["message"], a.text
+            # it goes on under a new name (a read: the fault would stop it again before a mutation)
+            r = await cluster.call(http, cluster.agent(sub), "list_nodes", {}, replica=1)
+            assert r.status == 200 and r.outcome == "allowed", r.text
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(paused.pid, signal.SIGCONT)
+        paused.gw.stop()
+        await cluster.restart(1)
+
+    starts = [
+        r for r in cluster.sim.requests_log()[heard:] if r["method"] == "POST" and "/qemu/103/status/start" in r["path"]
+    ]
+    assert starts == [], starts  # Proxmox never heard of it
+    (decision,) = [r for r in records if r["kind"] == "decision"]
+    assert decision["outcome"] == "allow"
+    outcomes = [r for r in cluster.audit() if r["request_id"] == decision["request_id"] and r["kind"] == "result"]
+    assert [(r["outcome"], r["body"]["proxmox"]) for r in outcomes] == [("reconciled", "not_found")], outcomes
+    later = [
+        r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "list_nodes" and r["kind"] == "decision"
+    ]
+    assert later and later[-1]["body"]["replica"] != decision["body"]["replica"]  # its new name
+    v = pvegate(cluster.replicas[0].env, "audit", "verify")
+    assert v.returncode == 0, v.stdout + v.stderr

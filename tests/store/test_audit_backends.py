@@ -424,6 +424,73 @@ async def test_a_live_replicas_calls_are_left_alone_a_gone_ones_are_settled(
     assert off(auditlib.verify, PgLocation(url), key=key).ok
 
 
+async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_the_others_settle_it(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A decision is on disk, then the process stalls (a paused VM, SIGSTOP) past REPLICA_STALE_SECONDS:
+    the others take its calls for a gone replica's and settle them. When it wakes it must not send
+    what it decided under that name (else the audit says `not_found` for a call that then ran), and
+    its later calls go on under a new name. The pause is the lease's own clock and the row's age set
+    back; tests/replicas has the process really stopped."""
+    url = await new_pg_database(postgres)
+    key = tmp_path / "audit-head.key"
+    HeadKey.create(key)
+    a, b = AuditLog(PgLocation(url), head_key=key), AuditLog(PgLocation(url), head_key=key)
+    await a.open()
+    await b.open()
+    con = await asyncpg.connect(url)
+    try:
+        name = a.replica_id
+        await a.append(rec(1, "received", None, effect="read"), rec(1))
+        lease = a._lease_at
+        await a.hold(name)  # a heartbeat confirmed moments ago: no trip to the database
+        assert a._lease_at == lease
+        a._lease_at -= auditlib.LEASE_SECONDS  # quiet for a while, the row still fresh: renewed, then held
+        await a.hold(name)
+        assert a._lease_at > lease and a.replica_id == name
+
+        # paused past the limit: by the database's clock the row is stale, by its own the lease ran out
+        await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", 31.0, name)
+        a._lease_at -= auditlib.REPLICA_STALE_SECONDS + 1
+        assert name in await b.stale_replicas()
+        with pytest.raises(auditlib.LeaseLost, match="not sent"):
+            await a.hold(name)
+        assert a.replica_id != name and a.leases_lost == 1
+        with pytest.raises(auditlib.LeaseLost):  # no second chance for a call decided under the old name
+            await a.hold(name)
+        await a.hold(a.replica_id)  # its new calls are its own
+        assert a.replica_id in (await b.live_replicas() or set())
+        assert name in await b.stale_replicas()
+
+        # the others settle the old name's call; its own reconciler leaves a call it still runs alone
+        others = Reconciler(None, None, Outcomes(b, grace_seconds=1, min_free_bytes=0), {})  # type: ignore[arg-type]
+        mine = Outcomes(a, grace_seconds=1, min_free_bytes=0)
+        with mine.flight("req-1"):
+            settled = await Reconciler(None, None, mine, {}).settle_stale_replicas()  # type: ignore[arg-type]
+            assert [(s.request_id, s.action) for s in settled] == [("req-1", "in_flight")]
+            assert name in await b.stale_replicas()  # not forgotten while a call of it is open
+        settled = await others.settle_stale_replicas()
+        assert [(s.request_id, s.action, s.owner) for s in settled] == [("req-1", "interrupted", name)]
+        assert name not in await b.stale_replicas()
+
+        # forgotten meanwhile, then paused again: the name comes back stale, so what was decided under it
+        # between the two is settled too
+        again = a.replica_id
+        await a.append(rec(2, "received", None, effect="read"), rec(2))
+        await con.execute("DELETE FROM audit_replicas WHERE replica = $1", again)
+        a._lease_at -= auditlib.REPLICA_STALE_SECONDS + 1
+        with pytest.raises(auditlib.LeaseLost):
+            await a.hold(again)
+        assert again in await b.stale_replicas()
+        settled = await others.settle_stale_replicas()
+        assert [(s.request_id, s.action, s.owner) for s in settled] == [("req-2", "interrupted", again)]
+    finally:
+        await con.close()
+        await a.close()
+        await b.close()
+    assert off(auditlib.verify, PgLocation(url), key=key).ok
+
+
 def stop_server(server: PostgresServer) -> list[str]:
     """Stop the server (fast shutdown: connections cut), keeping its data: the argv to start it again."""
     argv = [str(a) for a in server.proc.args]  # type: ignore[union-attr]

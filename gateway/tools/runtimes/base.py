@@ -64,6 +64,9 @@ def test_fault(name: str) -> bool:
 # moment Proxmox accepted a mutation or an SSH command started, before the runtime waits on it:
 # the pipeline makes that fact durable in the audit.
 OnDispatch = Callable[[dict[str, Any]], Awaitable[None]]
+# Awaited right before a request that may change something leaves the gateway; raises to keep it unsent
+# (the pipeline's: this replica still owns the call, docs/deployment.md).
+BeforeSend = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class CallContext:
     dry_run: bool = False
     request_id: str = ""
     on_dispatch: OnDispatch | None = field(default=None, compare=False)
+    before_send: BeforeSend | None = field(default=None, compare=False)
 
 
 class Runtime(Protocol):

@@ -386,6 +386,11 @@ class PveApiRuntime:
         if ctx.dry_run and tool.effect != "read":
             return ToolOutput(data=self._dry_run(tool, values, path, query, body))
         envelope = tuple(spec.get("envelope") or ())
+        if tool.effect != "read":
+            if test_fault("stop-before-send"):  # tests only: the process freezes after its decision
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if ctx.before_send is not None:  # still this replica's call to make, or it stays unsent
+                await ctx.before_send()
         data = await client.request(spec["method"], path, params=query or None, data=body or None, envelope=envelope)
         extra: dict[str, Any] = {}
         if envelope and isinstance(data, dict):

@@ -286,6 +286,8 @@ class SshRuntime:
         node = await self.node_for(tool, arguments, ctx.cluster)
         conn, ssh = await self.pool.get(ctx.cluster, node)
         command = shlex.join(argv)
+        if tool.effect != "read" and ctx.before_send is not None:  # still this replica's call to make
+            await ctx.before_send()
         try:
             async with asyncio.timeout(ssh.command_timeout):
                 proc = await conn.create_process(command, encoding=None, stdin=asyncssh.DEVNULL)
