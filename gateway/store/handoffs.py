@@ -10,7 +10,9 @@ database's clock.
 Console sign-outs live here too: the console's session is a signed cookie any replica reads,
 so signing out must be known to every replica, or a copy of the cookie would stay usable
 until its idle timeout. A signed-out session id is kept until the session could not have
-lasted anyway (its start + console.max_session_seconds).
+lasted anyway (its start + console.max_session_seconds). A person can be signed out everywhere
+at once (`pvegate console sign-out`, or "Sign out everywhere" in the console): every session
+of theirs that began before that moment is refused, kept as long.
 """
 
 from __future__ import annotations
@@ -30,9 +32,14 @@ CREATE TABLE IF NOT EXISTS request_handoffs (
 )
 """
 _V2 = "CREATE TABLE IF NOT EXISTS console_signouts (sid TEXT PRIMARY KEY, until {real} NOT NULL)"
+# a person's sessions that began at or before `before` are over (kept until `until`)
+_V3 = (
+    "CREATE TABLE IF NOT EXISTS console_person_signouts "
+    "(sub TEXT PRIMARY KEY, before {real} NOT NULL, until {real} NOT NULL)"
+)
 MIGRATIONS: dict[str, Sequence[str]] = {
-    "sqlite": [_V1.format(real="REAL"), _V2.format(real="REAL")],
-    "postgresql": [_V1.format(real="DOUBLE PRECISION"), _V2.format(real="DOUBLE PRECISION")],
+    kind: [v.format(real=real) for v in (_V1, _V2, _V3)]
+    for kind, real in (("sqlite", "REAL"), ("postgresql", "DOUBLE PRECISION"))
 }
 
 
@@ -89,6 +96,29 @@ class SharedStates:
                 "INSERT INTO console_signouts (sid, until) VALUES (?, ?) ON CONFLICT (sid) DO NOTHING", sid, until
             )
 
-    async def signed_out(self, sid: str) -> bool:
-        rows = await self.database.fetch("SELECT 1 AS gone FROM console_signouts WHERE sid = ?", sid)
+    async def sign_out_person(self, sub: str, keep: float) -> float:
+        """Every session of `sub` that began until now (the database's clock, returned) is over on
+        every replica; remembered for `keep` seconds (console.max_session_seconds: none lasts longer)."""
+        async with self.database.transaction() as tx:
+            now = await tx.now()
+            await tx.execute("DELETE FROM console_person_signouts WHERE until < ?", now)
+            await tx.execute(
+                "INSERT INTO console_person_signouts (sub, before, until) VALUES (?, ?, ?) "
+                "ON CONFLICT (sub) DO UPDATE SET before = excluded.before, until = excluded.until",
+                sub,
+                now,
+                now + keep,
+            )
+        return now
+
+    async def signed_out(self, sid: str, sub: str, started: float) -> bool:
+        """The session `sid` of `sub`, begun at `started` (epoch seconds), was signed out, by itself or
+        with all of its person's sessions."""
+        rows = await self.database.fetch(
+            "SELECT 1 AS gone FROM console_signouts WHERE sid = ? "
+            "UNION ALL SELECT 1 AS gone FROM console_person_signouts WHERE sub = ? AND before >= ?",
+            sid,
+            sub,
+            started,
+        )
         return bool(rows)

@@ -282,6 +282,44 @@ def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
     copy.close()
 
 
+def test_signing_out_everywhere_ends_every_session_of_that_person(cgw: GatewayThread, cenv: DevEnv) -> None:
+    """From the console ("Sign out everywhere") or by the operator (`pvegate console sign-out`, e.g.
+    for someone who left: the provider disabling them does not end a live session): every session
+    of that person begun until then is refused on its next request; other people's are not, and
+    a new sign-in works."""
+    from gateway.cli import main as cli
+
+    here, laptop, erin = Browser(cenv, CAROL), Browser(cenv, CAROL), Browser(cenv, ERIN)
+    assert all(b.get("/admin/approvals").status_code == 200 for b in (here, laptop, erin))
+    assert 'name="everywhere"' in here.get("/admin/approvals").text
+    r = here.post("/admin/logout", {"csrf": here.csrf, "everywhere": "1"})
+    assert r.status_code == 200 and "You are signed out everywhere." in r.text
+    gone = laptop.get("/admin/approvals")
+    assert gone.status_code == 303 and gone.headers["location"].startswith("/admin/login")
+    assert erin.get("/admin/approvals").status_code == 200
+    time.sleep(0.01)
+    again = Browser(cenv, CAROL)  # signed in afterwards
+    assert again.get("/admin/approvals").status_code == 200
+
+    assert cli(["console", "sign-out", "--sub", "carol", "--config", str(cenv.config_path)]) == 0
+    assert again.get("/admin/approvals").status_code == 303
+    assert erin.get("/admin/approvals").status_code == 200
+    assert cli(["console", "sign-out", "--sub", " ", "--config", str(cenv.config_path)]) == 2
+    time.sleep(0.01)
+    fresh = Browser(cenv, CAROL)
+    assert fresh.get("/admin/approvals").status_code == 200
+    records = [
+        (json.loads(row["body"])["surface"], row["outcome"])
+        for row in audit_rows(cenv.config.audit_path)
+        if row["kind"] == "console"
+        and row["principal"] == "carol"
+        and json.loads(row["body"])["action"] == "sign_out_everywhere"
+    ]
+    assert records[-2:] == [("console", "ok"), ("cli", "ok")]
+    for b in (here, laptop, erin, again, fresh):
+        b.close()
+
+
 def test_sections_are_the_policys_to_open(dave: Browser, carol: Browser, erin: Browser) -> None:
     r = dave.get("/admin/audit")
     assert r.status_code == 403 and "does not open the console&#39;s audit section to dave" in r.text

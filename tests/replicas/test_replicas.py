@@ -1,11 +1,12 @@
 """Three replicas, one PostgreSQL: an approval token runs its call once whichever replicas the
 retries reach, a quota is exact across replicas, an approval moves between replicas, a replica
-killed under load loses nothing, and a database restart is a clear refusal then served again.
+killed under load loses nothing, a database restart is a clear refusal then served again, and a
+replica paused past its heartbeat sends nothing it decided before the pause.
 
 The witness of what ran is the simulator's request log (what Proxmox heard), not the gateway's
 answers. Cases share one cluster (tests/replicas/conftest.py) and run in file order: the fault
-cases come last. About two minutes in make test (three gateways and their OPAs start side by
-side; the SIGKILL case waits ~40 s for the killed replica's heartbeat to go stale).
+cases come last. About three minutes in make test (three gateways and their OPAs start side by
+side; the SIGKILL and the pause cases each wait ~40 s for a heartbeat to go stale).
 """
 
 from __future__ import annotations

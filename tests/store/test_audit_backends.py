@@ -652,7 +652,7 @@ async def test_a_postgresql_database_of_the_previous_release_gains_the_audit(
     r = await asyncio.to_thread(run_pvegate, "db", "upgrade", "--config", str(write(tmp_path, raw)))
     assert r.returncode == 0, r.stderr
     assert "audit: version 0 -> 1" in r.stdout and "approvals: version 1, up to date" in r.stdout, r.stdout
-    assert "handoffs: version 1 -> 2" in r.stdout, r.stdout
+    assert "handoffs: version 1 -> 3" in r.stdout, r.stdout
     assert key.exists()  # made once, here, for every replica
     log = AuditLog(PgLocation(url), head_key=key)
     await log.open()

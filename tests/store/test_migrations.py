@@ -36,12 +36,12 @@ async def test_upgrade_is_versioned_and_idempotent(make_database: Callable[[], D
         await db.close()
     # the PostgreSQL fixture has upgraded already (as an operator would); SQLite starts empty
     expected_first = (
-        [("audit", 0, 1), ("approvals", 0, 1), ("keys", 0, 1), ("handoffs", 0, 2)]
+        [("audit", 0, 1), ("approvals", 0, 1), ("keys", 0, 1), ("handoffs", 0, 3)]
         if backend == "sqlite"
-        else [("audit", 1, 1), ("approvals", 1, 1), ("usage", 1, 1), ("keys", 1, 1), ("handoffs", 2, 2)]
+        else [("audit", 1, 1), ("approvals", 1, 1), ("usage", 1, 1), ("keys", 1, 1), ("handoffs", 3, 3)]
     )
     assert first == expected_first
-    assert all(before == after == (2 if name == "handoffs" else 1) for name, before, after in again)
+    assert all(before == after == (3 if name == "handoffs" else 1) for name, before, after in again)
 
 
 async def test_a_newer_schema_is_refused(make_database: Callable[[], Database]) -> None:
@@ -76,7 +76,7 @@ async def test_postgresql_refuses_a_database_not_yet_upgraded(postgres: Postgres
             ("approvals", 0, 1),
             ("usage", 0, 1),
             ("keys", 0, 1),
-            ("handoffs", 0, 2),
+            ("handoffs", 0, 3),
         ]
     finally:
         await db.close()
@@ -130,7 +130,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "approvals: version 0 -> 1",
         "usage: version 0 -> 1",
         "keys: version 0 -> 1",
-        "handoffs: version 0 -> 2",
+        "handoffs: version 0 -> 3",
     ]
     r = run_pvegate("db", "upgrade", "--config", str(path))
     lines = r.stdout.splitlines()
@@ -140,7 +140,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "approvals: version 1, up to date",
         "usage: version 1, up to date",
         "keys: version 1, up to date",
-        "handoffs: version 2, up to date",
+        "handoffs: version 3, up to date",
     ]
     r = run_pvegate("db", "status", "--config", str(path))
     assert r.returncode == 0, r.stderr
@@ -153,7 +153,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "audit: version 0 -> 1",
         "approvals: version 0 -> 1",
         "keys: version 0 -> 1",
-        "handoffs: version 0 -> 2",
+        "handoffs: version 0 -> 3",
     ]
     assert (tmp_path / "s" / "state" / "audit.db").exists()
     r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
@@ -162,7 +162,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "audit: version 1 (this pvegate: 1): up to date",
         "approvals: version 1 (this pvegate: 1): up to date",
         "keys: version 1 (this pvegate: 1): up to date",
-        "handoffs: version 2 (this pvegate: 2): up to date",
+        "handoffs: version 3 (this pvegate: 3): up to date",
     ]
 
 

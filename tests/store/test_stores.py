@@ -392,13 +392,35 @@ async def test_a_console_sign_out_holds_on_every_replica(shared: tuple[SharedSta
     """Signed out on one replica: another refuses the same session; the row goes once it could
     not matter (past the session's longest life)."""
     a, b = shared
-    assert not await b.signed_out("sid-1")
+    t = time.time()
+    assert not await b.signed_out("sid-1", "carol", t)
     await a.sign_out("sid-1", time.time() + 3600)
     await a.sign_out("sid-1", time.time() + 3600)  # twice (a double-click): still one sign-out
-    assert await b.signed_out("sid-1") and not await b.signed_out("sid-2")
+    assert await b.signed_out("sid-1", "carol", t) and not await b.signed_out("sid-2", "carol", t)
     await b.sign_out("sid-old", time.time() - 1)  # lapsed: swept by the next sign-out
     await a.sign_out("sid-3", time.time() + 3600)
-    assert not await a.signed_out("sid-old") and await a.signed_out("sid-1")
+    assert not await a.signed_out("sid-old", "carol", t) and await a.signed_out("sid-1", "carol", t)
+
+
+async def test_a_person_signed_out_everywhere_loses_every_session_begun_before(
+    shared: tuple[SharedStates, SharedStates],
+) -> None:
+    """Signing a person out everywhere (on one replica) ends each of their sessions begun until then,
+    on every replica; not another person's, and not the ones they begin afterwards."""
+    a, b = shared
+    earlier, t = time.time() - 600, time.time() - 1
+    assert not await b.signed_out("sid-d1", "dave", t)
+    before = await a.sign_out_person("dave", 3600)
+    assert before >= t
+    assert await b.signed_out("sid-d1", "dave", t) and await b.signed_out("sid-d2", "dave", earlier)
+    assert not await b.signed_out("sid-e1", "erin", t)  # someone else
+    assert not await b.signed_out("sid-d3", "dave", before + 0.5)  # signed in again afterwards
+    again = await b.sign_out_person("dave", 3600)  # a second time moves the line forward
+    assert again >= before and await a.signed_out("sid-d4", "dave", again)
+    assert not await a.signed_out("sid-d5", "dave", again + 1)
+    await a.sign_out_person("old", -1)  # lapsed: swept by the next one
+    await b.sign_out_person("erin", 3600)
+    assert not await a.signed_out("sid-o", "old", earlier)
 
 
 async def test_a_legacy_handoff_is_found_by_another_replica_once(shared: tuple[SharedStates, SharedStates]) -> None:

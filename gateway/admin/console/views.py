@@ -189,7 +189,7 @@ async def signed_in(request: Request) -> Session | None:
     session, renew = console.sessions.read(request)
     if session is not None and console.signouts is not None:
         try:
-            gone = await console.signouts.signed_out(session.sid)
+            gone = await console.signouts.signed_out(session.sid, session.sub, session.started)
         except STORE_ERRORS as exc:
             log.warning("console: cannot check sign-outs (%s): treated as signed out", exc)
             gone = True
@@ -340,17 +340,22 @@ async def logout(request: Request) -> Response:
     if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
         return await _csrf_refused(request, session, "sign_out")
     console = _console(request)
-    message = "You are signed out."
+    everywhere = form.get("everywhere") == "1"  # every session of this person, in every browser
+    message = "You are signed out everywhere." if everywhere else "You are signed out."
     try:
-        if console.signouts is not None:  # a copy of the cookie is refused from now on, on every replica
+        if console.signouts is not None and everywhere:
+            await console.signouts.sign_out_person(session.sub, console.cfg.max_session_seconds)
+        elif console.signouts is not None:  # a copy of the cookie is refused from now on, on every replica
             await console.signouts.sign_out(session.sid, session.started + console.cfg.max_session_seconds)
     except STORE_ERRORS as exc:
         log.warning("console: sign-out of %s not recorded (%s)", session.sub, exc)
         message = (
             "You are signed out in this browser, but the gateway's database could not record it: "
-            "a copy of this session's cookie stays valid until its idle timeout."
+            "a copy of this session's cookie"
+            + (" and your other sessions stay" if everywhere else " stays")
+            + " valid until the idle timeout."
         )
-    await record(request, "sign_out", session.sub, "ok")
+    await record(request, "sign_out_everywhere" if everywhere else "sign_out", session.sub, "ok")
     end = await console.provider.end_session_url()
     request.state.console_session = None
     response = render(request, "message.html", title="Signed out", message=message, end_session=end)

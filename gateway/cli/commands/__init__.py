@@ -13,6 +13,7 @@ MODULES: tuple[str, ...] = (
     "gateway.cli.commands.audit",
     "gateway.cli.commands.bundle",
     "gateway.cli.commands.config",
+    "gateway.cli.commands.console",
     "gateway.cli.commands.db",
     "gateway.cli.commands.policy",
     "gateway.cli.commands.stdio",
