@@ -397,15 +397,21 @@ async def test_a_replica_never_makes_the_key_and_a_fresh_chain_is_sealed_once(
     await again.close()
 
 
-async def test_a_live_replicas_calls_are_left_alone_a_gone_ones_are_settled(
-    postgres: PostgresServer, tmp_path: Path
-) -> None:
+async def two_replicas(postgres: PostgresServer, tmp_path: Path) -> tuple[str, Path, tuple[AuditLog, AuditLog]]:
+    """A fresh audit database and two open replicas' logs on it (the caller closes them)."""
     url = await new_pg_database(postgres)
     key = tmp_path / "audit-head.key"
     HeadKey.create(key)
     a, b = AuditLog(PgLocation(url), head_key=key), AuditLog(PgLocation(url), head_key=key)
     await a.open()
     await b.open()
+    return url, key, (a, b)
+
+
+async def test_a_live_replicas_calls_are_left_alone_a_gone_ones_are_settled(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url, key, (a, b) = await two_replicas(postgres, tmp_path)
     try:
         # replica A is running a read when B looks
         await a.append(rec(1, "received", None, effect="read"), rec(1))
@@ -432,12 +438,7 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
     what it decided under that name (else the audit says `not_found` for a call that then ran), and
     its later calls go on under a new name. The pause is the lease's own clock and the row's age set
     back; tests/replicas has the process really stopped."""
-    url = await new_pg_database(postgres)
-    key = tmp_path / "audit-head.key"
-    HeadKey.create(key)
-    a, b = AuditLog(PgLocation(url), head_key=key), AuditLog(PgLocation(url), head_key=key)
-    await a.open()
-    await b.open()
+    url, key, (a, b) = await two_replicas(postgres, tmp_path)
     con = await asyncpg.connect(url)
     try:
         name = a.replica_id
