@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.core import processes
 from gateway.dev.procs import die_with_parent, free_loopback_port
 
 USER = "pvegate"  # the database superuser initdb creates (trust auth on loopback only)
@@ -90,13 +91,7 @@ class PostgresServer:
 
     def halt(self) -> None:
         """Fast shutdown (clients are disconnected), keeping the cluster for `resume()`."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        processes.stop(self.proc, grace=20, sig=signal.SIGINT)
 
     def resume(self, timeout: float = 60.0) -> None:
         """Start the halted cluster again on the same port (a database restart, as clients see it)."""

@@ -18,6 +18,7 @@ import uvicorn
 import yaml
 
 from gateway.components import Components
+from gateway.core import processes
 from gateway.core.config import Config
 from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa, free_port
 from gateway.server import uvicorn_config
@@ -180,10 +181,4 @@ class ExternalOPA:
 
     def stop(self) -> None:
         p, self.process = self.process, None
-        if p is not None and p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        processes.stop(p, grace=10)

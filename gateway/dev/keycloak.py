@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from gateway.core import processes
 from gateway.dev.devenv import AUDIENCE
 from gateway.dev.procs import die_with_parent, free_loopback_port
 
@@ -135,13 +136,7 @@ class KeycloakServer:
         return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        processes.stop(self.proc, grace=20)
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ---- tokens -------------------------------------------------------------------------------

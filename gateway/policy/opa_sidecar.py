@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from gateway.core import processes
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
 from gateway.policy.opa_address import httpx_client, unix_address
@@ -436,13 +437,7 @@ class OPASidecar:
     def stop(self) -> None:
         self._release_pid_file()
         p, self.process = self.process, None
-        if p is not None and p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        processes.stop(p, grace=5)
         if self._log_handle is not None:
             with contextlib.suppress(Exception):
                 self._log_handle.close()  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.core import processes
 from gateway.core.config import load
 from gateway.dev.devenv import DevEnv, make_env
 from tests.support import GENEROUS_QUOTAS, example_policy, free_port
@@ -123,13 +124,7 @@ class Gateway:
         self.opa_pids = []
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc, grace=60)
         self.reap()
 
 

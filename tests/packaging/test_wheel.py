@@ -20,6 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from gateway.core import processes
 from gateway.policy.opa_sidecar import REPO_ROOT
 
 SCHEMA_FILES = ("pve-8.4-apidata.json.gz", "pve-9.1-apidata.json.gz", "LICENSE-AGPL-3.0", "README.md")
@@ -93,10 +94,5 @@ def test_an_installed_wheel_finds_the_pve_schema(tmp_path: Path) -> None:
         info = json.loads(ready.read_text())
         assert info["schema"] == str(shipped / "pve-8.4-apidata.json.gz")  # the small scenario is PVE 8.4
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        processes.stop(proc, grace=10)
     assert time.monotonic() - started < 120
