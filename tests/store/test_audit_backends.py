@@ -91,6 +91,25 @@ class Store:
 
         off(asyncio.run, run())
 
+    def value(self, query: str) -> Any:
+        """The first column of the first row of a query."""
+        if isinstance(self.where, Path):
+            con = sqlite3.connect(self.where)
+            try:
+                return con.execute(query).fetchone()[0]
+            finally:
+                con.close()
+
+        async def run() -> Any:
+            assert isinstance(self.where, PgLocation)
+            con = await asyncpg.connect(self.where.url)
+            try:
+                return await con.fetchval(query)
+            finally:
+                await con.close()
+
+        return off(asyncio.run, run())
+
     def config(self) -> Path:
         """A gateway configuration naming this store (for the CLI)."""
         raw = minimal(self.root)
@@ -197,6 +216,62 @@ async def test_tampering_is_found_at_the_right_record(
     assert res.bad_seq == bad_seq, res.problem
     assert words in (res.problem or "")
     assert await asyncio.to_thread(cli, ["audit", "verify", "--config", str(store.config())]) == 1
+    assert "FAILED" in capsys.readouterr().err
+
+
+async def test_reordered_records_are_found(store: Store) -> None:
+    """Records 10 and 11 swapped, their seq kept in order: each still hashes right alone, the chain
+    does not link (the SQLite-only original: tests/audit/test_chain.py)."""
+    await filled(store, 10)
+    store.sql(
+        "UPDATE audit SET seq = -1 WHERE seq = 10",
+        "UPDATE audit SET seq = 10 WHERE seq = 11",
+        "UPDATE audit SET seq = 11 WHERE seq = -1",
+    )
+    res = off(auditlib.verify, store.where, key=store.key)
+    assert not res.ok and res.bad_seq == 10 and "does not link" in (res.problem or ""), res.problem
+
+
+async def test_a_running_writer_never_continues_from_an_older_head_put_back(store: Store) -> None:
+    """An old head is authentic (the key signed it): put back over a cut end while the gateway
+    runs, continuing from it would authenticate a chain with the cut records simply gone."""
+    log = store.log()
+    await log.open()
+    try:
+        await log.append(*[rec(i) for i in range(10)])
+        old_head = store.value("SELECT value FROM audit_meta WHERE key = 'head'")
+        await log.append(*[rec(i) for i in range(10, 20)])
+        store.sql(
+            "DELETE FROM audit WHERE seq > 10",
+            "UPDATE audit_meta SET value = '" + str(old_head).replace("'", "''") + "' WHERE key = 'head'",
+        )
+        with pytest.raises(auditlib.AuditIntegrityError, match="went back from record 20 to record 10"):
+            await log.append(rec(99))
+    finally:
+        await log.close()
+    assert store.value("SELECT max(seq) FROM audit") == 10
+
+
+async def test_a_checkpoint_catches_an_older_state_put_back(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The end of the chain cut and the head of that time put back: the older state is authentic
+    on its own (verify passes), only a checkpoint taken later shows what is gone (the SQLite
+    original copies the file back: tests/audit/test_seal.py)."""
+    await filled(store, 5)
+    old_head = store.value("SELECT value FROM audit_meta WHERE key = 'head'")
+    await filled(store, 5)
+    mark = tmp_path / "checkpoint.json"
+    cfg = str(store.config())
+    assert await asyncio.to_thread(cli, ["audit", "checkpoint", "--config", cfg, "--out", str(mark)]) == 0
+    store.sql(
+        "DELETE FROM audit WHERE seq > 10",
+        "UPDATE audit_meta SET value = '" + str(old_head).replace("'", "''") + "' WHERE key = 'head'",
+    )
+    assert off(auditlib.verify, store.where, key=store.key).ok
+    res = off(auditlib.verify, store.where, key=store.key, checkpoint=mark)
+    assert not res.ok and res.bad_seq == 11 and "older copy" in (res.problem or ""), res.problem
+    assert await asyncio.to_thread(cli, ["audit", "verify", "--config", cfg, "--checkpoint", str(mark)]) == 1
     assert "FAILED" in capsys.readouterr().err
 
 
