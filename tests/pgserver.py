@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.core import processes
-from gateway.dev.procs import die_with_parent, free_loopback_port
+from gateway.dev.procs import StartFailed, die_with_parent, start_on_free_port
 
 USER = "pvegate"  # the database superuser initdb creates (trust auth on loopback only)
 DATABASE = "postgres"
@@ -105,9 +105,13 @@ class PostgresServer:
             raise PostgresUnavailable(f"postgres did not start again within {timeout:.0f}s:\n{self.log()[-2000:]}")
 
     def log(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.root / "server.log").read_text(errors="replace")
-        return ""
+        return _read(self.root / "server.log")
+
+
+def _read(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")
+    return ""
 
 
 def _ready(data: Path) -> bool:
@@ -180,22 +184,18 @@ def start_postgres(timeout: float = 60.0, durable: bool = False) -> PostgresServ
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(root, ignore_errors=True)
         raise PostgresUnavailable(f"initdb failed: {exc.stderr.decode(errors='replace').strip()}") from exc
-    for _attempt in range(5):  # another process may take the free port before the server binds it
-        port = free_loopback_port()
-        proc = _spawn(root, port, durable)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None and not _ready(data):
-            time.sleep(0.02)
-        server = PostgresServer(root, port, proc, time.monotonic() - t0, durable)
-        if proc.poll() is None and _ready(data):
-            return server
-        text = server.log()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if "could not bind" in text or "Address already in use" in text:
-            continue
+    try:
+        port, proc = start_on_free_port(
+            "postgres",
+            lambda port: _spawn(root, port, durable),
+            lambda _port: _ready(data),
+            lambda: _read(root / "server.log"),
+            attempts=5,
+            timeout=timeout,
+            poll=0.02,
+            bind_errors=("could not bind", "Address already in use"),
+        )
+    except StartFailed as exc:
         shutil.rmtree(root, ignore_errors=True)
-        raise PostgresUnavailable(f"postgres did not start within {timeout:.0f}s:\n{text[-2000:]}")
-    shutil.rmtree(root, ignore_errors=True)
-    raise PostgresUnavailable("postgres could not bind a free loopback port in 5 attempts")
+        raise PostgresUnavailable(str(exc)) from None
+    return PostgresServer(root, port, proc, time.monotonic() - t0, durable)

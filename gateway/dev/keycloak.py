@@ -48,7 +48,7 @@ import httpx
 
 from gateway.core import processes
 from gateway.dev.devenv import AUDIENCE
-from gateway.dev.procs import die_with_parent, free_loopback_port
+from gateway.dev.procs import StartFailed, die_with_parent, start_on_free_port
 
 KEYCLOAK_VERSION = "26.5.6"  # pinned with its SHA-512 in scripts/provision-keycloak.sh
 REALM = "pvegate"
@@ -412,8 +412,8 @@ def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
         "JAVA_OPTS_APPEND": "-XX:TieredStopAtLevel=1",
         "TZ": "UTC",
     }
-    for _attempt in range(3):  # another process may take the free port before Keycloak binds it
-        port = free_loopback_port()
+
+    def spawn(port: int) -> subprocess.Popen[bytes]:
         argv = [
             str(root / "bin" / "kc.sh"),
             "start",
@@ -424,35 +424,42 @@ def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
             f"--hostname=http://127.0.0.1:{port}",
             "--log-level=warn",
         ]
-        log = open(root / "keycloak.log", "ab")  # the server's; our copy is closed below
-        proc = subprocess.Popen(
-            argv,
-            cwd=root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            preexec_fn=die_with_parent(signal.SIGTERM),
+        with open(root / "keycloak.log", "ab") as log:  # the server keeps its own copy of the descriptor
+            return subprocess.Popen(
+                argv,
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
+
+    def ready(port: int) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"http://127.0.0.1:{port}/realms/master", timeout=2).status_code == 200
+        return False
+
+    def log() -> str:
+        with contextlib.suppress(OSError):
+            return (root / "keycloak.log").read_text(errors="replace")
+        return ""
+
+    try:
+        port, proc = start_on_free_port(
+            "Keycloak",
+            spawn,
+            ready,
+            log,
+            attempts=3,
+            timeout=timeout,
+            poll=0.2,
+            bind_errors=("Address already in use", "Port already bound"),
         )
-        log.close()
-        server = KeycloakServer(root, port, proc, admin_password, 0.0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{server.base_url}/realms/master", timeout=2).status_code == 200:
-                    server.started_in = time.monotonic() - t0
-                    return server
-            time.sleep(0.2)
-        text = server.log()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if "Address already in use" in text or "Port already bound" in text:
-            continue
+    except StartFailed as exc:
         shutil.rmtree(root, ignore_errors=True)
-        raise KeycloakUnavailable(f"Keycloak did not start within {timeout:.0f}s:\n{text[-3000:]}")
-    shutil.rmtree(root, ignore_errors=True)
-    raise KeycloakUnavailable("Keycloak could not bind a free loopback port in 3 attempts")
+        raise KeycloakUnavailable(str(exc)) from None
+    return KeycloakServer(root, port, proc, admin_password, time.monotonic() - t0)
 
 
 def main() -> int:  # pragma: no cover - manual use (the demo against Keycloak, the login page by hand)
