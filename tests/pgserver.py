@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.core import processes
-from gateway.dev.procs import StartFailed, die_with_parent, start_on_free_port
+from gateway.dev.procs import StartFailed, spawn_logged, start_on_free_port
 
 USER = "pvegate"  # the database superuser initdb creates (trust auth on loopback only)
 DATABASE = "postgres"
@@ -140,19 +140,16 @@ def _spawn(root: Path, port: int, durable: bool = False) -> subprocess.Popen[byt
         settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
     for setting in settings:
         argv += ["-c", setting]
-    with open(root / "server.log", "ab") as log:  # the server keeps its own copy of the descriptor
-        return subprocess.Popen(
-            argv,
-            cwd=root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            preexec_fn=die_with_parent(signal.SIGINT),  # after the switch to the owner's uid
-            user=uid,
-            group=gid,
-            extra_groups=groups,
-        )
+    return spawn_logged(
+        argv,
+        log=root / "server.log",
+        cwd=root,
+        env=env,
+        death_signal=signal.SIGINT,  # set after the switch to the owner's uid
+        user=uid,
+        group=gid,
+        extra_groups=groups,
+    )
 
 
 def start_postgres(timeout: float = 60.0, durable: bool = False) -> PostgresServer:

@@ -48,7 +48,7 @@ import httpx
 
 from gateway.core import processes
 from gateway.dev.devenv import AUDIENCE
-from gateway.dev.procs import StartFailed, die_with_parent, start_on_free_port
+from gateway.dev.procs import StartFailed, spawn_logged, start_on_free_port
 
 KEYCLOAK_VERSION = "26.5.6"  # pinned with its SHA-512 in scripts/provision-keycloak.sh
 REALM = "pvegate"
@@ -424,16 +424,7 @@ def start_keycloak(timeout: float = 180.0) -> KeycloakServer:
             f"--hostname=http://127.0.0.1:{port}",
             "--log-level=warn",
         ]
-        with open(root / "keycloak.log", "ab") as log:  # the server keeps its own copy of the descriptor
-            return subprocess.Popen(
-                argv,
-                cwd=root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                preexec_fn=die_with_parent(signal.SIGTERM),
-            )
+        return spawn_logged(argv, log=root / "keycloak.log", cwd=root, env=env, death_signal=signal.SIGTERM)
 
     def ready(port: int) -> bool:
         with contextlib.suppress(httpx.HTTPError):

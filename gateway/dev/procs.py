@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls into it
@@ -29,6 +31,24 @@ def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
         _LIBC.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
     return set_parent_death_signal
+
+
+def spawn_logged(
+    argv: list[str], *, log: Path, cwd: Path, env: dict[str, str], death_signal: signal.Signals, **kw: Any
+) -> subprocess.Popen[bytes]:
+    """A server process appending its output to `log`, stdin closed, given `death_signal` when this
+    process dies (Popen's user/group arguments pass through in `kw`)."""
+    with open(log, "ab") as fh:  # the server keeps its own copy of the descriptor
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=fh,
+            preexec_fn=die_with_parent(death_signal),
+            **kw,
+        )
 
 
 class StartFailed(Exception):
