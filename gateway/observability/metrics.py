@@ -186,6 +186,12 @@ class _ComponentCollector(Collector):
             "Audit transactions that failed (records not written; the calls waiting on them fail closed).",
             value=c.audit.write_failures,
         )
+        yield CounterMetricFamily(
+            "pvegate_audit_leases_lost",
+            "Times this replica found its heartbeat in the shared audit stale (paused or cut off from PostgreSQL "
+            "past 30 s): it went on under a new name and sent none of the mutations decided under the old one.",
+            value=c.audit.leases_lost,
+        )
         sidecar = c.sidecar
         yield GaugeMetricFamily(
             "pvegate_opa_up",

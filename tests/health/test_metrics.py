@@ -139,6 +139,7 @@ async def test_metrics_count_decisions_phases_and_upstream_errors(hsim: Any, tmp
     assert delta("pvegate_call_seconds_count", outcome="denied") == 2
     assert delta("pvegate_audit_records_total", kind="decision", outcome="deny") == 2
     assert value(after, "pvegate_audit_write_failures_total") == 0.0
+    assert value(after, "pvegate_audit_leases_lost_total") == 0.0  # SQLite: one host, no lease
 
 
 async def test_serve_freezes_its_start_up_heap(hsim: Any, tmp_path: Path) -> None:

@@ -325,6 +325,8 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_befo
     assert decision["outcome"] == "allow"
     outcomes = [r for r in cluster.audit() if r["request_id"] == decision["request_id"] and r["kind"] == "result"]
     assert [(r["outcome"], r["body"]["proxmox"]) for r in outcomes] == [("reconciled", "not_found")], outcomes
+    log = (cluster.log_dir / "replica-1.log").read_text(errors="replace")
+    assert f"replica {decision['body']['replica']} went more than 30 s without a heartbeat" in log
     later = [
         r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "list_nodes" and r["kind"] == "decision"
     ]
