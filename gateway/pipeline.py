@@ -17,7 +17,7 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
-from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, Flight, Interrupted
+from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
 from gateway.tools.runtimes.base import (
     AnswerLost,
     CallContext,
@@ -203,6 +203,9 @@ async def dispatch(
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except Interrupted as exc:
         return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
+    except ClaimLost as exc:  # from before_send: nothing was sent; this replica settles its own call
+        await _refuse(c, req, tool.name, target, "refused", str(exc))
+        raise
     except AuditUnavailable:  # from before_send: nothing was sent, the call is refused (503)
         raise
     except ToolError as exc:
@@ -318,12 +321,10 @@ async def _audit_decision(
     # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
     body["input_redacted"] = redacted_paths(args, kept_args)
     replayable = {**input_doc, "arguments": kept_args}
-    owner = c.audit.replica_id  # what append stamps on the decision (before its first await)
-    await c.audit.append(
+    return await c.audit.append(
         AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
         AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, body, policy_input=replayable),
     )
-    return owner
 
 
 def _outcome(decision: Decision) -> str:

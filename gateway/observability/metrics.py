@@ -189,7 +189,7 @@ class _ComponentCollector(Collector):
         yield CounterMetricFamily(
             "pvegate_audit_leases_lost",
             "Times this replica found its heartbeat in the shared audit stale (paused or cut off from PostgreSQL "
-            "past 30 s): it went on under a new name and sent none of the mutations decided under the old one.",
+            "past 20 s): it went on under a new name and sent none of the mutations decided under the old one.",
             value=c.audit.leases_lost,
         )
         sidecar = c.sidecar

@@ -358,13 +358,13 @@ ACQUIRE_TIMEOUT = 10.0  # seconds a commit waits for a connection (PostgreSQL un
 HEARTBEAT_SECONDS = 5.0  # a replica's row in audit_replicas is refreshed at most this often (on commits)
 # a replica whose row was not refreshed for this long is gone: its calls in flight are reconciled by others
 REPLICA_STALE_SECONDS = 30.0
-# A replica sends a mutation only while a heartbeat it saw confirmed began less than this long ago: a
-# margin of two heartbeats before the others may take its calls for a gone replica's (AuditLog.hold).
+# A heartbeat renews a replica's row only while it is younger than this (by the database's clock):
+# two heartbeats' margin before the others may take the row for a gone replica's, and a renewal that
+# is slow to commit still lands before that. An older row is given up, never revived (AuditLog.hold).
 LEASE_SECONDS = REPLICA_STALE_SECONDS - 2 * HEARTBEAT_SECONDS
-# the heartbeat, only while the row is still fresh: once stale it is the others' to settle, never revived
 _PG_BEAT = (
     "UPDATE audit_replicas SET seen_at = extract(epoch FROM clock_timestamp())::float8 "
-    "WHERE replica = $1 AND seen_at > extract(epoch FROM clock_timestamp())::float8 - $2"
+    "WHERE replica = $1 AND seen_at > extract(epoch FROM clock_timestamp())::float8 - $2 RETURNING 1"
 )
 _PG_REGISTER = (
     "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) "
@@ -380,8 +380,8 @@ class LeaseLost(Exception):
     def __init__(self, replica: str | None) -> None:
         super().__init__(
             f"this replica went more than {LEASE_SECONDS:.0f} s without a heartbeat in the shared audit "
-            f"(its process was paused, or cut off from the database), so the other replicas may settle "
-            f"the calls it decided as {replica}: this one is not sent"
+            f"(its process or VM was paused, or it was cut off from the database), so the other replicas "
+            f"may settle the calls it decided as {replica}: this one is not sent"
         )
         self.replica = replica
 
@@ -430,9 +430,9 @@ class AuditLog:
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._pgdb: Any = None  # PostgreSQL: a PostgresDatabase (its asyncpg pool)
         self._beat_at = 0.0
-        # monotonic time at the start of the last commit whose heartbeat found this replica's row fresh
-        self._lease_at = 0.0
-        self.leases_lost = 0
+        self._name_lost = False  # a heartbeat found this replica's row too old: a new name is due
+        self._naming = asyncio.Lock()  # one renaming at a time
+        self.leases_lost = 0  # names given up (for metrics)
         self._beater: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[_Batch | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
@@ -506,7 +506,6 @@ class AuditLog:
         try:
             await migrations.check(db, "audit", MIGRATIONS)  # `pvegate db upgrade` makes it, not a replica
             self._seal = await asyncio.to_thread(open_seal_pg, where, self.key_path)
-            started = time.monotonic()
             async with db.pool.acquire() as conn:
                 await conn.execute(_PG_REGISTER, self.replica_id, str(self.replica_id).split(":", 1)[0], os.getpid())
         except BaseException:
@@ -514,7 +513,6 @@ class AuditLog:
             raise
         self._pgdb = db
         self._beat_at = time.monotonic()
-        self._lease_at = started
 
     async def _beat_loop(self) -> None:
         """PostgreSQL: keep this replica's heartbeat fresh while nothing else commits (a long task waited on
@@ -522,9 +520,11 @@ class AuditLog:
         replica's. A failed beat is the store's problem, seen by the next call; the loop goes on."""
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            if time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
-                with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):
+                if time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
                     await self.probe()
+                if self._name_lost:
+                    await self._rename(str(self.replica_id))
 
     async def close(self) -> None:
         if self._beater is not None:
@@ -545,18 +545,21 @@ class AuditLog:
                     await conn.execute("UPDATE audit_replicas SET seen_at = 0 WHERE replica = $1", self.replica_id)
             await db.close()
 
-    async def append(self, *records: AuditRecord) -> None:
-        """Queue records (kept together, in order); returns once they are committed."""
+    async def append(self, *records: AuditRecord) -> str | None:
+        """Queue records (kept together, in order); returns once they are committed, with the replica
+        name a decision or dispatch record among them was stamped with (PostgreSQL; None on SQLite)."""
         if self._writer is None or self._writer.done():
             raise AuditClosed("audit log is not open")
         extra = CALL_SECRETS.get()
+        replica = self.replica_id
         # encoded here, in the caller's task: a record that cannot be encoded fails only its own call
-        rows = tuple(self._prepare(r, extra) for r in records)
+        rows = tuple(self._prepare(r, extra, replica) for r in records)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self._queue.put((rows, fut))
         await asyncio.shield(fut)  # a cancelled caller must not un-write a queued record
+        return replica
 
-    def _prepare(self, rec: AuditRecord, extra: tuple[str, ...]) -> _Row:
+    def _prepare(self, rec: AuditRecord, extra: tuple[str, ...], replica: str | None) -> _Row:
         """The record's stored columns: scrubbed of secrets, serialised, and storable as UTF-8."""
         s = self.scrub
         scrub = rec.scrub + extra
@@ -565,9 +568,9 @@ class AuditLog:
             return None if text is None else utf8_safe(s(text, scrub) or "")
 
         body = self._with_input(rec, scrub)
-        if self.replica_id is not None and rec.kind in ("decision", "dispatch"):
+        if replica is not None and rec.kind in ("decision", "dispatch"):
             # who runs the call: reconciliation leaves a live replica's calls in flight alone
-            body = {**(body or {}), "replica": self.replica_id}
+            body = {**(body or {}), "replica": replica}
         return (
             utf8_safe(str(rec.request_id)),
             utf8_safe(str(rec.kind)),
@@ -722,7 +725,6 @@ class AuditLog:
 
     async def _commit_on(self, conn: Any, records: list[_Row]) -> tuple[str, int, str] | None:
         moved = None
-        started = time.monotonic()  # a lease runs from before the database's clock stamps the heartbeat
         async with conn.transaction():
             # the head row is the chain's lock: every replica's commit waits here for the one before it
             text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
@@ -733,56 +735,61 @@ class AuditLog:
                 await conn.execute("UPDATE audit_meta SET value = $1 WHERE key = 'head'", head)
                 moved = (head, rows[-1][0], rows[-1][-1])
             beat = not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS
-            renamed = None
+            held = True
             if beat:  # a probe writes the heartbeat: a real committed write that leaves the chain alone
-                held = await conn.execute(_PG_BEAT, self.replica_id, REPLICA_STALE_SECONDS) == "UPDATE 1"
-                if not held:
-                    renamed = await self._rename(conn)
+                held = await conn.fetchval(_PG_BEAT, self.replica_id, LEASE_SECONDS) is not None
         if beat:
             self._beat_at = time.monotonic()
-            self._lease_at = started
-        if renamed is not None:
-            log.error(
-                "replica %s went more than %.0f s without a heartbeat: its calls are the other replicas' to "
-                "settle, and the mutations it decided are not sent; it goes on as %s",
-                self.replica_id,
-                REPLICA_STALE_SECONDS,
-                renamed,
-            )
-            self.replica_id = renamed
-            self.leases_lost += 1
+            self._name_lost |= not held  # the beat loop (or the next mutation's hold) takes a new name
         return moved
 
-    async def _rename(self, conn: Any) -> str:
-        """The row went stale (or was forgotten): take a new name for the calls to come. The old one
-        stays, or is put back, stale, so the other replicas settle what was decided under it, as for
-        a gone replica (in the same transaction: records committed with it are never ownerless)."""
-        old, new = str(self.replica_id), replica_name()
-        host = old.split(":", 1)[0]
-        await conn.execute(
-            "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) VALUES ($1, $2, $3, 0, 0) "
-            "ON CONFLICT (replica) DO NOTHING",
-            old,
-            host,
-            os.getpid(),
-        )
-        await conn.execute(_PG_REGISTER, new, host, os.getpid())
-        return new
-
     async def hold(self, replica: str | None) -> None:
-        """Before a mutation decided under `replica` is sent (PostgreSQL): raise LeaseLost unless this
-        process still holds that name with a heartbeat the others cannot yet take for a gone
-        replica's. A heartbeat confirmed less than LEASE_SECONDS ago answers at once; an older one is
-        renewed first (a paused process finds out here). SQLite (one host): nothing to hold."""
-        if not self.pg:
+        """Right before a mutation decided under `replica` is sent (PostgreSQL): renew this replica's
+        heartbeat now, by the database's clock, or raise LeaseLost (and take a new name) when that
+        name is no longer this process's or its row is too old to renew: the other replicas may then
+        settle the call as a gone replica's. No local clock is trusted: a paused VM's stands still.
+        SQLite (one host): nothing to hold. A database that cannot be asked raises its error."""
+        if self._pgdb is None:
             return
         if replica != self.replica_id:
             raise LeaseLost(replica)
-        if time.monotonic() - self._lease_at < LEASE_SECONDS:
-            return
-        await self.probe()
-        if replica != self.replica_id or time.monotonic() - self._lease_at >= LEASE_SECONDS:
+        try:
+            async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                held = await conn.fetchval(_PG_BEAT, replica, LEASE_SECONDS) is not None
+            if not held:
+                await self._rename(str(replica))
+        except Exception as exc:  # not confirmed is not sent: the store's failure, every caller's
+            raise AuditStoreError(f"PostgreSQL: the heartbeat cannot be renewed: {type(exc).__name__}: {exc}") from exc
+        if not held:
             raise LeaseLost(replica)
+
+    async def _rename(self, old: str) -> None:
+        """The row of `old` was too old to renew (or was forgotten): a new name for the calls to come.
+        The old row stays, or comes back as gone, so the other replicas settle what was decided under
+        it; this process settles the mutations it refuses (a refusal record) and finishes its reads."""
+        async with self._naming:
+            if self.replica_id != old:  # renamed meanwhile
+                return
+            new, host = replica_name(), old.split(":", 1)[0]
+            async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO audit_replicas (replica, host, pid, started_at, seen_at) "
+                    "VALUES ($1, $2, $3, 0, 0) ON CONFLICT (replica) DO NOTHING",
+                    old,
+                    host,
+                    os.getpid(),
+                )
+                await conn.execute(_PG_REGISTER, new, host, os.getpid())
+            log.error(
+                "replica %s went more than %.0f s without a heartbeat (paused, or cut off from the database): "
+                "its calls are the other replicas' to settle, and the mutations it decided are not sent; "
+                "it goes on as %s",
+                old,
+                LEASE_SECONDS,
+                new,
+            )
+            self.replica_id, self._name_lost = new, False
+            self.leases_lost += 1
 
     def _continue_from(self, text: str | None) -> tuple[int, str]:
         """Where the chain continues: its authenticated head, read inside the write transaction

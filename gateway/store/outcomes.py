@@ -139,9 +139,9 @@ class Outcomes:
         return None
 
     async def hold(self, replica: str | None) -> None:
-        """Right before a mutation is sent: this process still owns the call (AuditLog.hold), or the
-        call is refused unsent (ClaimLost) and the replica that settles a gone one's calls records it
-        (as `not_found`: true, as nothing is sent). A store that cannot renew the heartbeat refuses too."""
+        """Right before a mutation is sent: this process still owns the call (AuditLog.hold renews its
+        heartbeat), or the call is refused unsent (ClaimLost; the pipeline records the refusal). A
+        store that cannot renew the heartbeat refuses the call too (AuditUnavailable)."""
         try:
             await self.audit.hold(replica)
         except LeaseLost as exc:

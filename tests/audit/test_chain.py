@@ -261,8 +261,8 @@ class _UnescapedLog(AuditLog):
     """A writer whose encoding step lets a lone surrogate through, as the old one did: the
     record then fails inside the group's transaction, which must not take the others with it."""
 
-    def _prepare(self, rec: AuditRecord, extra: tuple[str, ...]) -> auditlib._Row:
-        row = super()._prepare(rec, extra)
+    def _prepare(self, rec: AuditRecord, extra: tuple[str, ...], replica: str | None) -> auditlib._Row:
+        row = super()._prepare(rec, extra, replica)
         return (row[0], row[1], rec.principal, *row[3:])
 
 

@@ -323,10 +323,14 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_befo
     assert starts == [], starts  # Proxmox never heard of it
     (decision,) = [r for r in records if r["kind"] == "decision"]
     assert decision["outcome"] == "allow"
-    outcomes = [r for r in cluster.audit() if r["request_id"] == decision["request_id"] and r["kind"] == "result"]
+    mine = [r for r in cluster.audit() if r["request_id"] == decision["request_id"]]
+    outcomes = [r for r in mine if r["kind"] == "result"]
     assert [(r["outcome"], r["body"]["proxmox"]) for r in outcomes] == [("reconciled", "not_found")], outcomes
+    # and the woken replica's own word for it: refused, not sent
+    refusals = [r for r in mine if r["kind"] == "refusal"]
+    assert [r["outcome"] for r in refusals] == ["refused"] and "is not sent" in refusals[0]["body"]["error"]
     log = (cluster.log_dir / "replica-1.log").read_text(errors="replace")
-    assert f"replica {decision['body']['replica']} went more than 30 s without a heartbeat" in log
+    assert f"replica {decision['body']['replica']} went more than 20 s without a heartbeat" in log
     later = [
         r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "list_nodes" and r["kind"] == "decision"
     ]

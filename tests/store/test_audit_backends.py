@@ -31,7 +31,7 @@ from gateway.store.audit import AuditLog, AuditRecord, AuditStoreError
 from gateway.store.audit_seal import AuditKeyError, HeadKey
 from gateway.store.db import PostgresDatabase
 from gateway.store.migrations import SchemaError
-from gateway.store.outcomes import AuditUnavailable, Outcomes
+from gateway.store.outcomes import AuditUnavailable, ClaimLost, Outcomes
 from gateway.store.pgsync import PgLocation
 from gateway.store.reconcile import Reconciler, open_calls
 from gateway.store.schema import upgrade_all
@@ -511,24 +511,21 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
     """A decision is on disk, then the process stalls (a paused VM, SIGSTOP) past REPLICA_STALE_SECONDS:
     the others take its calls for a gone replica's and settle them. When it wakes it must not send
     what it decided under that name (else the audit says `not_found` for a call that then ran), and
-    its later calls go on under a new name. The pause is the lease's own clock and the row's age set
-    back; tests/replicas has the process really stopped."""
+    its later calls go on under a new name. Only the database's clock is trusted (a paused VM's own
+    clocks stand still), so the pause here is the row's age set back; tests/replicas has the process
+    really stopped."""
     url, key, (a, b) = await two_replicas(postgres, tmp_path)
     con = await asyncpg.connect(url)
+    age = "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2"
     try:
         name = a.replica_id
         await a.append(rec(1, "received", None, effect="read"), rec(1))
-        lease = a._lease_at
-        await a.hold(name)  # a heartbeat confirmed moments ago: no trip to the database
-        assert a._lease_at == lease
-        a._lease_at -= auditlib.LEASE_SECONDS  # quiet for a while, the row still fresh: renewed, then held
-        await a.hold(name)
-        assert a._lease_at > lease and a.replica_id == name
+        await a.hold(name)  # renewed now, by the database's clock: still this replica's
+        assert a.replica_id == name
 
-        # paused past the limit: by the database's clock the row is stale, by its own the lease ran out
-        await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", 31.0, name)
-        a._lease_at -= auditlib.REPLICA_STALE_SECONDS + 1
-        assert name in await b.stale_replicas()
+        # paused: the row is older than the lease, not yet stale for the others
+        await con.execute(age, auditlib.LEASE_SECONDS + 1, name)
+        assert name in (await b.live_replicas() or set())
         with pytest.raises(auditlib.LeaseLost, match="not sent"):
             await a.hold(name)
         assert a.replica_id != name and a.leases_lost == 1
@@ -536,6 +533,7 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
             await a.hold(name)
         await a.hold(a.replica_id)  # its new calls are its own
         assert a.replica_id in (await b.live_replicas() or set())
+        await con.execute(age, auditlib.REPLICA_STALE_SECONDS, name)  # the old row goes stale in its time
         assert name in await b.stale_replicas()
 
         # the others settle the old name's call; its own reconciler leaves a call it still runs alone
@@ -554,7 +552,6 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
         again = a.replica_id
         await a.append(rec(2, "received", None, effect="read"), rec(2))
         await con.execute("DELETE FROM audit_replicas WHERE replica = $1", again)
-        a._lease_at -= auditlib.REPLICA_STALE_SECONDS + 1
         with pytest.raises(auditlib.LeaseLost):
             await a.hold(again)
         assert again in await b.stale_replicas()
@@ -565,6 +562,31 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
         await a.close()
         await b.close()
     assert off(auditlib.verify, PgLocation(url), key=key).ok
+
+
+async def test_a_heartbeat_that_finds_its_row_too_old_gives_the_name_up(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Not only a mutation's check: a commit's heartbeat that cannot renew the row (paused, cut off)
+    marks the name lost, and the heartbeat loop takes a new one within a heartbeat."""
+    url, _key, (a, b) = await two_replicas(postgres, tmp_path)
+    con = await asyncpg.connect(url)
+    try:
+        name = a.replica_id
+        await con.execute(
+            "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", auditlib.LEASE_SECONDS + 1, name
+        )
+        await a.probe()  # a commit with a heartbeat: the row is not renewed
+        assert a._name_lost and a.replica_id == name
+        deadline = time.monotonic() + 3 * auditlib.HEARTBEAT_SECONDS
+        while a.replica_id == name and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert a.replica_id != name and a.leases_lost == 1 and not a._name_lost
+        assert a.replica_id in (await b.live_replicas() or set())
+    finally:
+        await con.close()
+        await a.close()
+        await b.close()
 
 
 def stop_server(server: PostgresServer) -> list[str]:
@@ -617,8 +639,22 @@ async def test_postgresql_restarted_under_load_refuses_then_serves_again_without
         await log.open()
         outcomes = Outcomes(log, grace_seconds=1, min_free_bytes=0)
         written, refused = 0, 0
+        held, not_held = 0, 0
         ids: list[str] = []
         stop = False
+
+        async def holds() -> None:  # the check before every mutation: refused while down, never a lost name
+            nonlocal held, not_held
+            while not stop:
+                try:
+                    await outcomes.hold(log.replica_id)
+                    held += 1
+                except ClaimLost as exc:
+                    raise AssertionError(f"a one-second outage is no lost name: {exc}") from exc
+                except AuditUnavailable as exc:
+                    assert "audit store cannot take writes" in str(exc)
+                    not_held += 1
+                await asyncio.sleep(0.02)
 
         async def load() -> None:
             nonlocal written, refused
@@ -636,16 +672,20 @@ async def test_postgresql_restarted_under_load_refuses_then_serves_again_without
 
         try:
             runner = asyncio.create_task(load())
+            checker = asyncio.create_task(holds())
             await asyncio.sleep(0.3)
             before = written
             await asyncio.to_thread(_restart, server, 1.0)
             assert refused > 0  # while it was down: refused, never written elsewhere or dropped silently
+            assert not_held > 0
+            held_before = held
             t0 = time.monotonic()
             while written <= before + 20 and time.monotonic() - t0 < 20:  # served again, same pool, no restart
                 await asyncio.sleep(0.05)
             stop = True
             await runner
-            assert written > before + 20
+            await checker
+            assert written > before + 20 and held > held_before
             assert log.last_error is None and outcomes.store_ok()
             await log.probe()
         finally:
