@@ -204,7 +204,11 @@ async def dispatch(
     except Interrupted as exc:
         return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
     except ClaimLost as exc:  # from before_send: nothing was sent; this replica settles its own call
-        await _refuse(c, req, tool.name, target, "refused", str(exc))
+        # through the outbox: kept and written later if the store is away, so the call is never left open
+        rec = AuditRecord(
+            req.request_id, "refusal", req.principal.sub, tool.name, _tkey(target), "refused", {"error": str(exc)}
+        )
+        await c.outcomes.settle(rec)
         raise
     except AuditUnavailable:  # from before_send: nothing was sent, the call is refused (503)
         raise

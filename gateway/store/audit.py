@@ -430,7 +430,7 @@ class AuditLog:
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._pgdb: Any = None  # PostgreSQL: a PostgresDatabase (its asyncpg pool)
         self._beat_at = 0.0
-        self._name_lost = False  # a heartbeat found this replica's row too old: a new name is due
+        self._lost_name: str | None = None  # a commit's heartbeat found this name's row too old: rename it
         self._naming = asyncio.Lock()  # one renaming at a time
         self.leases_lost = 0  # names given up (for metrics)
         self._beater: asyncio.Task[None] | None = None
@@ -523,8 +523,9 @@ class AuditLog:
             with contextlib.suppress(Exception):
                 if time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
                     await self.probe()
-                if self._name_lost:
-                    await self._rename(str(self.replica_id))
+            with contextlib.suppress(Exception):  # retried on the next beat if the database is away
+                if self._lost_name is not None:
+                    await self._rename(self._lost_name)
 
     async def close(self) -> None:
         if self._beater is not None:
@@ -735,12 +736,13 @@ class AuditLog:
                 await conn.execute("UPDATE audit_meta SET value = $1 WHERE key = 'head'", head)
                 moved = (head, rows[-1][0], rows[-1][-1])
             beat = not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS
-            held = True
+            name, held = self.replica_id, True
             if beat:  # a probe writes the heartbeat: a real committed write that leaves the chain alone
-                held = await conn.fetchval(_PG_BEAT, self.replica_id, LEASE_SECONDS) is not None
+                held = await conn.fetchval(_PG_BEAT, name, LEASE_SECONDS) is not None
         if beat:
             self._beat_at = time.monotonic()
-            self._name_lost |= not held  # the beat loop (or the next mutation's hold) takes a new name
+            if not held and name == self.replica_id:  # not renamed meanwhile: the beat loop renames it
+                self._lost_name = name
         return moved
 
     async def hold(self, replica: str | None) -> None:
@@ -753,9 +755,9 @@ class AuditLog:
             return
         if replica != self.replica_id:
             raise LeaseLost(replica)
-        try:
-            async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
-                held = await conn.fetchval(_PG_BEAT, replica, LEASE_SECONDS) is not None
+        try:  # bounded: a renewal answered late must not let a mutation leave late
+            async with self._pgdb.pool.acquire(timeout=HEARTBEAT_SECONDS) as conn:
+                held = await conn.fetchval(_PG_BEAT, replica, LEASE_SECONDS, timeout=HEARTBEAT_SECONDS) is not None
             if not held:
                 await self._rename(str(replica))
         except Exception as exc:  # not confirmed is not sent: the store's failure, every caller's
@@ -769,6 +771,8 @@ class AuditLog:
         it; this process settles the mutations it refuses (a refusal record) and finishes its reads."""
         async with self._naming:
             if self.replica_id != old:  # renamed meanwhile
+                if self._lost_name == old:
+                    self._lost_name = None
                 return
             new, host = replica_name(), old.split(":", 1)[0]
             async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn, conn.transaction():
@@ -788,7 +792,7 @@ class AuditLog:
                 LEASE_SECONDS,
                 new,
             )
-            self.replica_id, self._name_lost = new, False
+            self.replica_id, self._lost_name = new, None
             self.leases_lost += 1
 
     def _continue_from(self, text: str | None) -> tuple[int, str]:
@@ -869,6 +873,31 @@ class AuditLog:
             REPLICA_STALE_SECONDS,
         )
         return {str(r[0]) for r in rows} - {str(self.replica_id)}
+
+    async def claim_gone(self, replicas: set[str]) -> set[str]:
+        """PostgreSQL: of these replicas (not live when looked at), the ones whose calls may now be
+        settled by others: each row still stale is marked gone (seen_at 0) in one conditional UPDATE,
+        which waits for a heartbeat that renewed the row but has not committed yet and then sees it,
+        so a renewal and a settlement never both win; a name with no row at all cannot be renewed.
+        A row locked for more than two seconds is left for the next pass."""
+        if self._pgdb is None or not replicas:
+            return set()
+        import asyncpg
+
+        names = sorted(replicas)
+        try:
+            async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn, conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '2s'")
+                rows = await conn.fetch(
+                    "UPDATE audit_replicas SET seen_at = 0 WHERE replica = ANY($1::text[]) "
+                    "AND seen_at <= extract(epoch FROM clock_timestamp())::float8 - $2 RETURNING replica",
+                    names,
+                    REPLICA_STALE_SECONDS,
+                )
+                present = await conn.fetch("SELECT replica FROM audit_replicas WHERE replica = ANY($1::text[])", names)
+        except asyncpg.LockNotAvailableError:
+            return set()
+        return {str(r[0]) for r in rows} | (replicas - {str(r[0]) for r in present})
 
     async def forget_replicas(self, replicas: set[str]) -> None:
         if self._pgdb is None or not replicas:

@@ -28,7 +28,9 @@ replica refreshes its row in `audit_replicas` as it commits (at least every prob
 call belongs to its replica while that replica's row is fresh (REPLICA_STALE_SECONDS, by the
 database's clock): nobody else touches it (`in_flight`). Once the row is stale (the replica was
 killed, lost the database, or stopped: a clean stop marks its row stale at once), the first
-replica that holds the `pvegate-reconcile` advisory lock settles its calls, then forgets the row.
+replica that holds the `pvegate-reconcile` advisory lock claims it (AuditLog.claim_gone: a row
+renewed meanwhile, even by a heartbeat not yet committed, is not taken), settles its calls, then
+forgets the row. A replica that was only paused refuses what it decided before (AuditLog.hold).
 Calls with no replica named (written on SQLite, or moved from it) follow the single-host rule.
 """
 
@@ -188,10 +190,13 @@ class Reconciler:
         if not calls:
             return []
         live = await audit.live_replicas() if only is None else None
+        gone: set[str] = set()
+        if live is not None:  # PostgreSQL: a replica not seen lately is claimed before its calls are settled
+            gone = await audit.claim_gone({c.owner for c in calls if c.owner is not None and c.owner not in live})
         claimed = await asyncio.to_thread(claimed_tasks, audit.path, since)
         out: list[Settled] = []
         for call in calls:
-            if live is not None and call.owner in live:
+            if live is not None and call.owner is not None and call.owner not in gone:
                 detail = f"replica {call.owner} is alive and runs it"
                 out.append(Settled(call.request_id, call.tool, "in_flight", detail=detail, owner=call.owner))
                 continue

@@ -289,7 +289,9 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_befo
     settle the call from Proxmox: no task, so `not_found`. When it wakes it must not send the
     request (the audit would then say `not_found` for a call that ran, and hold two outcomes): its
     client gets a clear 503, Proxmox hears nothing, the call has exactly that one outcome, and the
-    replica goes on under a new name. ~45 s (the stale limit is 30 s)."""
+    replica goes on under a new name. ~45 s (the stale limit is 30 s). (SIGSTOP keeps the host's
+    clocks running, a paused VM's do not: the check asks the database's clock, and the store test
+    in tests/store/test_audit_backends.py ages the row with no local clock involved.)"""
     cluster.replicas[1].gw.stop()
     paused = await cluster.restart(1, fault="stop-before-send")
     sub = "paused-agent"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing
 import os
@@ -576,15 +577,48 @@ async def test_a_heartbeat_that_finds_its_row_too_old_gives_the_name_up(
         await con.execute(
             "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", auditlib.LEASE_SECONDS + 1, name
         )
-        await a.probe()  # a commit with a heartbeat: the row is not renewed
-        assert a._name_lost and a.replica_id == name
+        await a.probe()  # a commit with a heartbeat: the row is not renewed, the name is marked lost
         deadline = time.monotonic() + 3 * auditlib.HEARTBEAT_SECONDS
-        while a.replica_id == name and time.monotonic() < deadline:
+        while a.replica_id == name and time.monotonic() < deadline:  # the heartbeat loop renames it
             await asyncio.sleep(0.1)
-        assert a.replica_id != name and a.leases_lost == 1 and not a._name_lost
+        assert a.replica_id != name and a.leases_lost == 1 and a._lost_name is None
         assert a.replica_id in (await b.live_replicas() or set())
+        assert await con.fetchval("SELECT count(*) FROM audit_replicas WHERE replica = $1", name) == 1  # kept
+        await asyncio.sleep(auditlib.HEARTBEAT_SECONDS + 1)
+        assert a.leases_lost == 1  # renamed once, not again
     finally:
         await con.close()
+        await a.close()
+        await b.close()
+
+
+async def test_a_renewal_not_yet_committed_wins_over_a_settlement(postgres: PostgresServer, tmp_path: Path) -> None:
+    """A heartbeat renewed in a transaction that has not committed yet (a slow commit, a pause right
+    before it) must not lose to another replica that read the old, stale time: claiming a gone
+    replica waits for the row and sees the renewal. Once claimed, the name can never be renewed."""
+    url, _key, (a, b) = await two_replicas(postgres, tmp_path)
+    con, late = await asyncpg.connect(url), await asyncpg.connect(url)
+    try:
+        name = a.replica_id
+        await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", 31.0, name)
+        assert name in await b.stale_replicas()  # what another replica's pass reads
+        tx = late.transaction()
+        await tx.start()  # the renewal, made before the row went stale, committing late
+        await late.execute(
+            "UPDATE audit_replicas SET seen_at = extract(epoch FROM clock_timestamp())::float8 WHERE replica = $1", name
+        )
+        claim = asyncio.create_task(b.claim_gone({name}))
+        await asyncio.sleep(0.5)
+        assert not claim.done()  # it waits for the row
+        await tx.commit()
+        assert await claim == set()  # renewed: not gone
+        await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", 31.0, name)
+        assert await b.claim_gone({name, "forgotten:1:00000000"}) == {name, "forgotten:1:00000000"}
+        with pytest.raises(auditlib.LeaseLost):  # claimed: never renewed again
+            await a.hold(name)
+    finally:
+        await con.close()
+        await late.close()
         await a.close()
         await b.close()
 
@@ -690,6 +724,9 @@ async def test_postgresql_restarted_under_load_refuses_then_serves_again_without
             await log.probe()
         finally:
             stop = True
+            for task in (runner, checker):
+                with contextlib.suppress(Exception):
+                    await task
             await log.close()
         res = off(auditlib.verify, PgLocation(url), key=key)
         assert res.ok, res.problem
