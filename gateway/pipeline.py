@@ -130,7 +130,11 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         before_send=functools.partial(c.outcomes.hold, owner),  # a replica paused too long sends nothing
     )
     if tool.effect != "read" and not ctx.dry_run:
-        c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
+        try:
+            c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
+        except AuditUnavailable:
+            c.outcomes.unsettled.add(req.request_id)  # decided, not sent: settled (not_found) once the store is back
+            raise
     return await dispatch(c, req, tool, args, target, ctx, decision, started, flight)
 
 
@@ -211,6 +215,7 @@ async def dispatch(
         await c.outcomes.settle(rec)
         raise
     except AuditUnavailable:  # from before_send: nothing was sent, the call is refused (503)
+        c.outcomes.unsettled.add(req.request_id)  # settled (not_found) by the reconciliation loop
         raise
     except ToolError as exc:
         t = m.observe("dispatch", t)

@@ -110,7 +110,8 @@ class Outcomes:
         self.counters = Counters()
         self.flights: dict[str, Flight] = {}
         self.outbox: list[AuditRecord] = []
-        self.unsettled: set[str] = set()  # request ids this process left `interrupted`, for reconciliation
+        # request ids this process left open (`interrupted`, or decided and then refused unsent), for reconciliation
+        self.unsettled: set[str] = set()
         self.last_store_error: str | None = None
         self._store_error_at = 0.0
         self._idle = asyncio.Event()

@@ -363,8 +363,9 @@ def summary(settled: list[Settled]) -> str:
 async def reconcile_loop(reconciler: Reconciler, before: float, interval: float = 10.0) -> None:
     """At start-up: settle what earlier runs left open (decided before `before`, this process's
     start); retry, with back-off, what is still running or unreachable. Then, every `interval`,
-    settle the calls this process itself left `interrupted` (contact with Proxmox lost while
-    waiting): only those, by request id, never a call still in flight."""
+    settle the calls this process itself left open (`interrupted`: contact with Proxmox lost while
+    waiting; or decided, then refused unsent because the audit store could not take the rest):
+    only those, by request id, never a call still in flight."""
     delay = 2.0
     audit = reconciler.outcomes.audit
     while True:

@@ -339,3 +339,50 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_befo
     assert later and later[-1]["body"]["replica"] != decision["body"]["replica"]  # its new name
     v = pvegate(cluster.replicas[0].env, "audit", "verify")
     assert v.returncode == 0, v.stdout + v.stderr
+
+
+async def test_a_mutation_refused_because_the_database_is_away_is_settled_by_its_replica(cluster: Cluster) -> None:
+    """Replica 1 decides a vm_start and stops right before sending it; meanwhile PostgreSQL goes
+    away, so the heartbeat cannot be renewed when it resumes: the call is refused unsent (a clear
+    503), and once the database is back the replica itself settles it from Proxmox (`not_found`),
+    instead of leaving it open until some replica restarts. ~30 s."""
+    cluster.replicas[1].gw.stop()
+    paused = await cluster.restart(1, fault="stop-before-send")
+    sub = "outage-agent"
+    heard = len(cluster.sim.requests_log())
+
+    def settled() -> list[dict[str, Any]] | None:
+        mine = [r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "vm_start"]
+        return mine if any(r["kind"] == "result" for r in mine) else None
+
+    try:
+        async with cluster.http(timeout=120) as http:
+            call = asyncio.create_task(cluster.call(http, cluster.agent(sub), "vm_start", {"vmid": 102}, replica=1))
+            await wait_until(lambda: process_state(paused.pid) == "T", 30, "replica 1 to stop before sending")
+            await asyncio.to_thread(cluster.pg.halt)
+            try:
+                os.kill(paused.pid, signal.SIGCONT)
+                a = await asyncio.wait_for(call, 60)
+            finally:
+                await asyncio.to_thread(cluster.pg.resume)
+            assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
+            assert "nothing was sent to Proxmox" in a.error["message"], a.text
+            records = await wait_until(settled, 60, "replica 1 to settle the call it refused")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(paused.pid, signal.SIGCONT)
+        paused.gw.stop()
+        await cluster.restart(1)
+
+    starts = [
+        r for r in cluster.sim.requests_log()[heard:] if r["method"] == "POST" and "/qemu/102/status/start" in r["path"]
+    ]
+    assert starts == [], starts  # Proxmox never heard of it
+    (decision,) = [r for r in records if r["kind"] == "decision"]
+    mine = [r for r in cluster.audit() if r["request_id"] == decision["request_id"]]
+    assert [(r["kind"], r["outcome"], r["body"].get("proxmox")) for r in mine if r["kind"] != "received"] == [
+        ("decision", "allow", None),
+        ("result", "reconciled", "not_found"),
+    ], mine
+    v = pvegate(cluster.replicas[0].env, "audit", "verify")
+    assert v.returncode == 0, v.stdout + v.stderr
