@@ -60,8 +60,7 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         try:
             return await _call_tool(c, req, flight)
         except STORE_ERRORS as exc:
-            c.outcomes.store_failed(exc)
-            raise AuditUnavailable(f"the audit store cannot take writes ({c.outcomes.last_store_error})") from exc
+            raise c.outcomes.unavailable(exc) from exc
 
 
 async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallResult:

@@ -149,8 +149,7 @@ class Outcomes:
             self.counters.refused_lease += 1
             raise ClaimLost(str(exc)) from exc
         except STORE_ERRORS as exc:
-            self.store_failed(exc)
-            raise AuditUnavailable(f"the audit store cannot take writes ({self.last_store_error})") from exc
+            raise self.unavailable(exc) from exc
 
     def store_ok(self) -> bool:
         """The health signal: the audit store takes writes."""
@@ -167,6 +166,11 @@ class Outcomes:
         self._store_error_at = time.monotonic()
         log.error("audit write failed: %s", self.last_store_error)
 
+    def unavailable(self, exc: BaseException) -> AuditUnavailable:
+        """The refusal for a store error: remembered for the health signal, then raised by the caller."""
+        self.store_failed(exc)
+        return AuditUnavailable(f"the audit store cannot take writes ({self.last_store_error})")
+
     def store_recovered(self) -> None:
         if self.last_store_error is not None:
             log.warning("audit store takes writes again")
@@ -177,8 +181,7 @@ class Outcomes:
         try:
             await self.audit.append(*records)
         except STORE_ERRORS as exc:
-            self.store_failed(exc)
-            raise AuditUnavailable(f"the audit store cannot take writes ({self.last_store_error})") from exc
+            raise self.unavailable(exc) from exc
         self.store_recovered()
 
     async def settle(self, *records: AuditRecord) -> bool:

@@ -17,6 +17,7 @@ import itertools
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,6 +284,49 @@ def process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+@dataclass
+class Frozen:
+    """A vm_start replica 1 decided and then stopped itself (SIGSTOP) right before sending."""
+
+    http: httpx.AsyncClient
+    call: asyncio.Task[Answer]  # the client's request, answered once the replica resumes
+    pid: int
+    heard: int  # the simulator's log length before the call
+
+
+@contextlib.asynccontextmanager
+async def frozen_before_send(cluster: Cluster, sub: str, vmid: int) -> AsyncIterator[Frozen]:
+    """Replica 1, restarted with the test fault stop-before-send, decides `sub`'s vm_start of `vmid`
+    and stops right before the request would leave; afterwards it is resumed, stopped and started
+    again without the fault."""
+    cluster.replicas[1].gw.stop()
+    paused = await cluster.restart(1, fault="stop-before-send")
+    heard = len(cluster.sim.requests_log())
+    try:
+        async with cluster.http(timeout=120) as http:
+            args = {"vmid": vmid}
+            call = asyncio.create_task(cluster.call(http, cluster.agent(sub), "vm_start", args, replica=1))
+            await wait_until(lambda: process_state(paused.pid) == "T", 30, "replica 1 to stop before sending")
+            yield Frozen(http, call, paused.pid, heard)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(paused.pid, signal.SIGCONT)
+        paused.gw.stop()
+        await cluster.restart(1)
+
+
+def vm_starts_settled(cluster: Cluster, sub: str) -> list[dict[str, Any]] | None:
+    """`sub`'s vm_start records once one of them is a result, else None."""
+    mine = [r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "vm_start"]
+    return mine if any(r["kind"] == "result" for r in mine) else None
+
+
+def starts_heard(cluster: Cluster, since: int, vmid: int) -> list[dict[str, Any]]:
+    """The POSTs starting guest `vmid` the simulator heard after its log's first `since` entries."""
+    path = f"/qemu/{vmid}/status/start"
+    return [r for r in cluster.sim.requests_log()[since:] if r["method"] == "POST" and path in r["path"]]
+
+
 async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_before(cluster: Cluster) -> None:
     """Replica 1 decides a vm_start, commits the decision, and is frozen (SIGSTOP, as a suspended VM)
     right before the request would leave. Past REPLICA_STALE_SECONDS the others take it for gone and
@@ -292,37 +336,20 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_befo
     replica goes on under a new name. ~45 s (the stale limit is 30 s). (SIGSTOP keeps the host's
     clocks running, a paused VM's do not: the check asks the database's clock, and the store test
     in tests/store/test_audit_backends.py ages the row with no local clock involved.)"""
-    cluster.replicas[1].gw.stop()
-    paused = await cluster.restart(1, fault="stop-before-send")
     sub = "paused-agent"
-    heard = len(cluster.sim.requests_log())
-    try:
-        async with cluster.http(timeout=120) as http:
-            call = asyncio.create_task(cluster.call(http, cluster.agent(sub), "vm_start", {"vmid": 103}, replica=1))
-            await wait_until(lambda: process_state(paused.pid) == "T", 30, "replica 1 to stop before sending")
+    async with frozen_before_send(cluster, sub, 103) as frozen:
+        records = await wait_until(
+            lambda: vm_starts_settled(cluster, sub), 75, "another replica to settle the paused replica's call"
+        )
+        os.kill(frozen.pid, signal.SIGCONT)
+        a = await asyncio.wait_for(frozen.call, 60)
+        assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
+        assert "is not sent" in a.error["message"] and "nothing was sent to Proxmox" in a.error["message"], a.text
+        # it goes on under a new name (a read: the fault would stop it again before a mutation)
+        r = await cluster.call(frozen.http, cluster.agent(sub), "list_nodes", {}, replica=1)
+        assert r.status == 200 and r.outcome == "allowed", r.text
 
-            def settled() -> list[dict[str, Any]] | None:
-                mine = [r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "vm_start"]
-                return mine if any(r["kind"] == "result" for r in mine) else None
-
-            records = await wait_until(settled, 75, "another replica to settle the paused replica's call")
-            os.kill(paused.pid, signal.SIGCONT)
-            a = await asyncio.wait_for(call, 60)
-            assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
-            assert "is not sent" in a.error["message"] and "nothing was sent to Proxmox" in a.error["message"], a.text
-            # it goes on under a new name (a read: the fault would stop it again before a mutation)
-            r = await cluster.call(http, cluster.agent(sub), "list_nodes", {}, replica=1)
-            assert r.status == 200 and r.outcome == "allowed", r.text
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(paused.pid, signal.SIGCONT)
-        paused.gw.stop()
-        await cluster.restart(1)
-
-    starts = [
-        r for r in cluster.sim.requests_log()[heard:] if r["method"] == "POST" and "/qemu/103/status/start" in r["path"]
-    ]
-    assert starts == [], starts  # Proxmox never heard of it
+    assert starts_heard(cluster, frozen.heard, 103) == []  # Proxmox never heard of it
     (decision,) = [r for r in records if r["kind"] == "decision"]
     assert decision["outcome"] == "allow"
     mine = [r for r in cluster.audit() if r["request_id"] == decision["request_id"]]
@@ -346,38 +373,21 @@ async def test_a_mutation_refused_because_the_database_is_away_is_settled_by_its
     away, so the heartbeat cannot be renewed when it resumes: the call is refused unsent (a clear
     503), and once the database is back the replica itself settles it from Proxmox (`not_found`),
     instead of leaving it open until some replica restarts. ~30 s."""
-    cluster.replicas[1].gw.stop()
-    paused = await cluster.restart(1, fault="stop-before-send")
     sub = "outage-agent"
-    heard = len(cluster.sim.requests_log())
+    async with frozen_before_send(cluster, sub, 102) as frozen:
+        await asyncio.to_thread(cluster.pg.halt)
+        try:
+            os.kill(frozen.pid, signal.SIGCONT)
+            a = await asyncio.wait_for(frozen.call, 60)
+        finally:
+            await asyncio.to_thread(cluster.pg.resume)
+        assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
+        assert "nothing was sent to Proxmox" in a.error["message"], a.text
+        records = await wait_until(
+            lambda: vm_starts_settled(cluster, sub), 60, "replica 1 to settle the call it refused"
+        )
 
-    def settled() -> list[dict[str, Any]] | None:
-        mine = [r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "vm_start"]
-        return mine if any(r["kind"] == "result" for r in mine) else None
-
-    try:
-        async with cluster.http(timeout=120) as http:
-            call = asyncio.create_task(cluster.call(http, cluster.agent(sub), "vm_start", {"vmid": 102}, replica=1))
-            await wait_until(lambda: process_state(paused.pid) == "T", 30, "replica 1 to stop before sending")
-            await asyncio.to_thread(cluster.pg.halt)
-            try:
-                os.kill(paused.pid, signal.SIGCONT)
-                a = await asyncio.wait_for(call, 60)
-            finally:
-                await asyncio.to_thread(cluster.pg.resume)
-            assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
-            assert "nothing was sent to Proxmox" in a.error["message"], a.text
-            records = await wait_until(settled, 60, "replica 1 to settle the call it refused")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(paused.pid, signal.SIGCONT)
-        paused.gw.stop()
-        await cluster.restart(1)
-
-    starts = [
-        r for r in cluster.sim.requests_log()[heard:] if r["method"] == "POST" and "/qemu/102/status/start" in r["path"]
-    ]
-    assert starts == [], starts  # Proxmox never heard of it
+    assert starts_heard(cluster, frozen.heard, 102) == []  # Proxmox never heard of it
     (decision,) = [r for r in records if r["kind"] == "decision"]
     mine = [r for r in cluster.audit() if r["request_id"] == decision["request_id"]]
     assert [(r["kind"], r["outcome"], r["body"].get("proxmox")) for r in mine if r["kind"] != "received"] == [
