@@ -246,7 +246,7 @@ def create_app(
         reconciling = asyncio.create_task(reconcile_loop(reconciler, started_at), name="reconcile")
         if test_fault("kill-after-dispatch-response"):
             log.warning("test fault %s is set: this gateway kills itself after a mutation", TEST_FAULT_ENV)
-        if test_fault("stop-before-send"):
+        if test_fault("stop-before-send") or test_fault("stop-after-decision"):
             log.warning("test fault %s is set: this gateway stops itself (SIGSTOP) before a mutation", TEST_FAULT_ENV)
         log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
         try:

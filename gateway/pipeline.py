@@ -17,7 +17,7 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
-from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
+from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, Flight, Interrupted
 from gateway.tools.runtimes.base import (
     AnswerLost,
     CallContext,
@@ -26,6 +26,7 @@ from gateway.tools.runtimes.base import (
     TaskFailed,
     ToolError,
     UpstreamError,
+    freeze_for_test,
 )
 from gateway.tools.shaping import shape
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
@@ -131,8 +132,8 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
     if tool.effect != "read" and not ctx.dry_run:
         try:
             c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
-        except AuditUnavailable:
-            c.outcomes.unsettled.add(req.request_id)  # decided, not sent: settled (not_found) once the store is back
+        except AuditUnavailable as exc:
+            await _refused_unsent(c, req, tool.name, target, exc)
             raise
     return await dispatch(c, req, tool, args, target, ctx, decision, started, flight)
 
@@ -206,15 +207,8 @@ async def dispatch(
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except Interrupted as exc:
         return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
-    except ClaimLost as exc:  # from before_send: nothing was sent; this replica settles its own call
-        # through the outbox: kept and written later if the store is away, so the call is never left open
-        rec = AuditRecord(
-            req.request_id, "refusal", req.principal.sub, tool.name, _tkey(target), "refused", {"error": str(exc)}
-        )
-        await c.outcomes.settle(rec)
-        raise
-    except AuditUnavailable:  # from before_send: nothing was sent, the call is refused (503)
-        c.outcomes.unsettled.add(req.request_id)  # settled (not_found) by the reconciliation loop
+    except AuditUnavailable as exc:  # from before_send (ClaimLost too): nothing was sent, the call is refused
+        await _refused_unsent(c, req, tool.name, target, exc)
         raise
     except ToolError as exc:
         t = m.observe("dispatch", t)
@@ -329,10 +323,25 @@ async def _audit_decision(
     # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
     body["input_redacted"] = redacted_paths(args, kept_args)
     replayable = {**input_doc, "arguments": kept_args}
-    return await c.audit.append(
+    owner = await c.audit.append(
         AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
         AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, body, policy_input=replayable),
     )
+    if tool.effect != "read":
+        freeze_for_test("stop-after-decision")  # tests only: frozen between the decision and the store check
+    return owner
+
+
+async def _refused_unsent(
+    c: Components, req: CallRequest, tool: str, target: dict[str, Any], exc: AuditUnavailable
+) -> None:
+    """A mutation decided, then refused before anything was sent (the store cannot take the records
+    that would follow, or this replica lost its claim): its refusal closes it in the audit. Written
+    through the outbox, so it waits for a store that is away; known unsent, it is never matched against
+    Proxmox's tasks (a crash before the write leaves it to the start-up reconciliation)."""
+    body = {"error": str(exc), "sent": False}
+    rec = AuditRecord(req.request_id, "refusal", req.principal.sub, tool, _tkey(target), "refused", body)
+    await c.outcomes.settle(rec)
 
 
 def _outcome(decision: Decision) -> str:

@@ -110,7 +110,7 @@ class Outcomes:
         self.counters = Counters()
         self.flights: dict[str, Flight] = {}
         self.outbox: list[AuditRecord] = []
-        # request ids this process left open (`interrupted`, or decided and then refused unsent), for reconciliation
+        # request ids of mutations this process left `interrupted` (outcome unknown), for reconciliation
         self.unsettled: set[str] = set()
         self.last_store_error: str | None = None
         self._store_error_at = 0.0

@@ -195,7 +195,11 @@ class Reconciler:
             gone = await audit.claim_gone({c.owner for c in calls if c.owner is not None and c.owner not in live})
         claimed = await asyncio.to_thread(claimed_tasks, audit.path, since)
         out: list[Settled] = []
+        down: str | None = None  # why the store stopped taking results during this pass
         for call in calls:
+            if down is not None:  # left open for the next pass, and said so: never dropped from a caller's list
+                out.append(Settled(call.request_id, call.tool, "open", detail=down, owner=call.owner))
+                continue
             if live is not None and call.owner is not None and call.owner not in gone:
                 detail = f"replica {call.owner} is alive and runs it"
                 out.append(Settled(call.request_id, call.tool, "in_flight", detail=detail, owner=call.owner))
@@ -207,11 +211,30 @@ class Reconciler:
             try:
                 settled = await self.settle(call, claimed, before)
             except AuditUnavailable as exc:  # the store is down: try again on the next pass
-                out.append(Settled(call.request_id, call.tool, "open", detail=str(exc), owner=call.owner))
-                break
+                down = str(exc)
+                out.append(Settled(call.request_id, call.tool, "open", detail=down, owner=call.owner))
+                continue
             settled.owner = call.owner
             out.append(settled)
         return out
+
+    async def settle_own(self, since: float) -> list[Settled] | None:
+        """Settle this process's own calls left open (`outcomes.unsettled`: interrupted mutations) and
+        forget those no longer open; None when another replica is reconciling (PostgreSQL). Under the
+        same lock as every other pass: a replica whose name was claimed while the database was away
+        must not settle a call another replica settles at the same moment."""
+        outcomes = self.outcomes
+        mine = set(outcomes.unsettled)
+        if not mine:
+            return []
+        async with outcomes.audit.exclusive("pvegate-reconcile") as turn:
+            if not turn:
+                return None
+            settled = await self.run_once(time.time(), since=since, only=mine)
+        outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
+        # ids no longer open (settled elsewhere: another replica, by hand) leave the set too
+        outcomes.unsettled -= mine - {s.request_id for s in settled}
+        return settled
 
     async def settle_stale_replicas(self) -> list[Settled]:
         """PostgreSQL: settle the calls of replicas that are gone, one replica at a time doing it; forget a
@@ -364,8 +387,8 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
     """At start-up: settle what earlier runs left open (decided before `before`, this process's
     start); retry, with back-off, what is still running or unreachable. Then, every `interval`,
     settle the calls this process itself left open (`interrupted`: contact with Proxmox lost while
-    waiting; or decided, then refused unsent because the audit store could not take the rest):
-    only those, by request id, never a call still in flight."""
+    waiting): only those, by request id, never a call still in flight. (A call decided and then
+    refused unsent closes itself with its refusal record: nothing to look up in Proxmox.)"""
     delay = 2.0
     audit = reconciler.outcomes.audit
     while True:
@@ -396,16 +419,10 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
                 settled = []
             if settled:
                 log.warning("reconciliation of stale replicas: %s", summary(settled))
-        mine = set(outcomes.unsettled)
-        if not mine:
-            continue
         try:
-            settled = await reconciler.run_once(time.time(), since=before, only=mine)
+            own = await reconciler.settle_own(before)
         except Exception:
             log.exception("reconciliation pass failed")
             continue
-        if settled:
-            log.warning("reconciliation: %s", summary(settled))
-        outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
-        # ids no longer open (settled elsewhere, e.g. by hand) leave the set too
-        outcomes.unsettled -= mine - {s.request_id for s in settled}
+        if own:
+            log.warning("reconciliation: %s", summary(own))

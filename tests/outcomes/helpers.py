@@ -203,6 +203,11 @@ def sim_tasks(sim: Any) -> list[dict[str, Any]]:
     return list(tasks.values()) if isinstance(tasks, dict) else list(tasks or [])
 
 
+def process_state(pid: int) -> str:
+    """R running, S sleeping, T stopped (/proc/<pid>/stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def posts(sim: Any, suffix: str) -> list[dict[str, Any]]:
     return [r for r in sim.requests_log() if r["method"] == "POST" and r["path"].endswith(suffix)]
 

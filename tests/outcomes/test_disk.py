@@ -5,6 +5,8 @@ recovers by itself when space returns, and a disk that fills mid-call loses no o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from tests.outcomes.helpers import (
     fill,
     new_port,
     posts,
+    process_state,
     records,
     request_ids,
     tmpfs,
@@ -55,6 +58,42 @@ async def test_full_disk_refuses_every_call_clearly_and_recovers(fsim: Any, tmp_
                 "result",
             ]
         finally:
+            gw.stop()
+        v = verify(env)
+        assert v.returncode == 0, v.stderr
+
+
+async def test_disk_filling_after_the_decision_refuses_the_call_and_closes_it(fsim: Any, tmp_path: Path) -> None:
+    """The gateway commits a vm_start's decision and is frozen (test fault stop-after-decision); the
+    disk fills meanwhile. Resumed, it refuses the call before anything is sent (503), and the call
+    is closed by a `refusal` record kept until space returns, not by a look-up in Proxmox's task
+    list (before, it was settled `reconciled`, `not_found`, from a search that could match another
+    task of the same token on the same guest)."""
+    with tmpfs(tmp_path / "disk") as disk:
+        env = env_for(tmp_path, fsim, state_dir=disk / "state")
+        db = env.config.audit_path
+        gw = await Gateway(env, tmp_path / "serve.log", fault="stop-after-decision").start().wait_up()
+        try:
+            assert gw.proc is not None
+            token = env.token("disk-probe", ["operator"])
+            fsim.clear_logs()
+            pending = asyncio.create_task(call(env, token, "vm_start", {"vmid": 102}))
+            await wait_for(lambda: process_state(gw.proc.pid) == "T", 30, "the gateway to stop after the decision")
+            (rid,) = request_ids(db, "vm_start")
+            ballast = fill(disk)
+            gw.signal(signal.SIGCONT)
+            _refused(await pending)
+            assert posts(fsim, "/status/start") == []  # nothing reached Proxmox
+            assert [r["kind"] for r in records(db, rid)] == ["received", "decision"]  # the refusal is kept
+            ballast.unlink()
+            got = await wait_for(lambda: [r for r in records(db, rid) if r["kind"] == "refusal"], 10, "kept refusal")
+            assert [(r["outcome"], r["body"]["sent"]) for r in got] == [("refused", False)], got
+            assert "audit store" in got[0]["body"]["error"]
+            await asyncio.sleep(12)  # a reconciliation pass (every 10 s) has run: nothing more for this call
+            assert [r["kind"] for r in records(db, rid)] == ["received", "decision", "refusal"]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                gw.signal(signal.SIGCONT)
             gw.stop()
         v = verify(env)
         assert v.returncode == 0, v.stderr

@@ -19,13 +19,13 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 
 from gateway.policy.decisions import FAIL_CLOSED_CODE
+from tests.outcomes.helpers import process_state
 from tests.replicas.harness import QUOTA_LIMIT, Answer, Cluster, pvegate
 
 _timeouts = itertools.count(21)
@@ -279,11 +279,6 @@ async def test_a_database_restart_under_load_is_refused_clearly_then_served_with
     assert [r for r in heard_down if r["method"] == "POST"] == []  # nothing ran unaudited
 
 
-def process_state(pid: int) -> str:
-    """R running, S sleeping, T stopped (/proc/<pid>/stat)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 @dataclass
 class Frozen:
     """A vm_start replica 1 decided and then stopped itself (SIGSTOP) right before sending."""
@@ -315,10 +310,10 @@ async def frozen_before_send(cluster: Cluster, sub: str, vmid: int) -> AsyncIter
         await cluster.restart(1)
 
 
-def vm_starts_settled(cluster: Cluster, sub: str) -> list[dict[str, Any]] | None:
-    """`sub`'s vm_start records once one of them is a result, else None."""
+def vm_starts_settled(cluster: Cluster, sub: str, kind: str = "result") -> list[dict[str, Any]] | None:
+    """`sub`'s vm_start records once one of them is of `kind`, else None."""
     mine = [r for r in cluster.audit() if r["principal"] == sub and r["tool"] == "vm_start"]
-    return mine if any(r["kind"] == "result" for r in mine) else None
+    return mine if any(r["kind"] == kind for r in mine) else None
 
 
 def starts_heard(cluster: Cluster, since: int, vmid: int) -> list[dict[str, Any]]:
@@ -368,11 +363,11 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_befo
     assert v.returncode == 0, v.stdout + v.stderr
 
 
-async def test_a_mutation_refused_because_the_database_is_away_is_settled_by_its_replica(cluster: Cluster) -> None:
+async def test_a_mutation_refused_because_the_database_is_away_is_closed_by_its_replica(cluster: Cluster) -> None:
     """Replica 1 decides a vm_start and stops right before sending it; meanwhile PostgreSQL goes
     away, so the heartbeat cannot be renewed when it resumes: the call is refused unsent (a clear
-    503), and once the database is back the replica itself settles it from Proxmox (`not_found`),
-    instead of leaving it open until some replica restarts. ~30 s."""
+    503), and once the database is back the replica's kept `refusal` record closes it, instead of
+    leaving it open until some replica restarts; nothing is looked up in Proxmox for it. ~30 s."""
     sub = "outage-agent"
     async with frozen_before_send(cluster, sub, 102) as frozen:
         await asyncio.to_thread(cluster.pg.halt)
@@ -384,15 +379,16 @@ async def test_a_mutation_refused_because_the_database_is_away_is_settled_by_its
         assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
         assert "nothing was sent to Proxmox" in a.error["message"], a.text
         records = await wait_until(
-            lambda: vm_starts_settled(cluster, sub), 60, "replica 1 to settle the call it refused"
+            lambda: vm_starts_settled(cluster, sub, "refusal"), 60, "replica 1 to close the call it refused"
         )
+        await asyncio.sleep(12)  # a reconciliation pass (every 10 s) would have settled it again by now
 
     assert starts_heard(cluster, frozen.heard, 102) == []  # Proxmox never heard of it
     (decision,) = [r for r in records if r["kind"] == "decision"]
     mine = [r for r in cluster.audit() if r["request_id"] == decision["request_id"]]
-    assert [(r["kind"], r["outcome"], r["body"].get("proxmox")) for r in mine if r["kind"] != "received"] == [
+    assert [(r["kind"], r["outcome"], r["body"].get("sent")) for r in mine if r["kind"] != "received"] == [
         ("decision", "allow", None),
-        ("result", "reconciled", "not_found"),
+        ("refusal", "refused", False),
     ], mine
     v = pvegate(cluster.replicas[0].env, "audit", "verify")
     assert v.returncode == 0, v.stdout + v.stderr

@@ -847,3 +847,73 @@ async def test_an_idle_replica_keeps_its_heartbeat_fresh(
         assert log.replica_id in (await log.live_replicas() or set())
     finally:
         await log.close()
+
+
+# --- the running gateway's own calls left open ------------------------------------------------------
+
+
+async def test_a_pass_the_store_cuts_short_keeps_every_call_it_did_not_settle(tmp_path: Path) -> None:
+    """SQLite on a real full disk: the pass over this process's own open calls cannot write their
+    results. Every one stays to be settled (none dropped after the first failed write), and the next
+    pass, with space back, settles them all."""
+    from tests.outcomes.helpers import fill, tmpfs
+
+    with tmpfs(tmp_path / "disk") as disk:
+        log = AuditLog(disk / "audit.db")
+        await log.open()
+        try:
+            for i in (1, 2, 3):  # reads: settled without asking Proxmox
+                await log.append(rec(i, "received", None, effect="read"), rec(i))
+            outcomes = Outcomes(log, grace_seconds=1, min_free_bytes=0)
+            outcomes.unsettled |= {"req-1", "req-2", "req-3"}
+            reconciler = Reconciler(None, None, outcomes, {})  # type: ignore[arg-type]
+            ballast = fill(disk)
+            settled = await reconciler.settle_own(0)
+            assert [(s.request_id, s.action) for s in settled or []] == [(f"req-{i}", "open") for i in (1, 2, 3)]
+            assert outcomes.unsettled == {"req-1", "req-2", "req-3"}
+            ballast.unlink()
+            settled = await reconciler.settle_own(0)
+            assert [(s.request_id, s.action) for s in settled or []] == [(f"req-{i}", "interrupted") for i in (1, 2, 3)]
+            assert outcomes.unsettled == set()
+            assert await reconciler.settle_own(0) == []
+        finally:
+            await log.close()
+
+
+class _SlowWrites(Reconciler):
+    """Writes each result a little late: a pass that reads the open calls without the others' lock
+    then overlaps another replica's pass."""
+
+    async def _write(self, *args: Any) -> None:
+        await asyncio.sleep(0.3)
+        await super()._write(*args)
+
+
+async def test_a_replica_and_the_one_that_claimed_its_name_settle_a_call_once(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Replica A left a call open for itself to settle (`interrupted`), then lost the database long
+    enough to go stale; when it is back, B claims A's name and settles A's calls while A's own pass
+    runs. One of them settles the call, once."""
+    url, _key, (a, b) = await two_replicas(postgres, tmp_path)
+    con = await asyncpg.connect(url)
+    try:
+        await a.append(rec(1, "received", None, effect="read"), rec(1))
+        mine = Outcomes(a, grace_seconds=1, min_free_bytes=0)
+        mine.unsettled.add("req-1")
+        await con.execute(
+            "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2",
+            auditlib.REPLICA_STALE_SECONDS + 1,
+            a.replica_id,
+        )
+        ra = _SlowWrites(None, None, mine, {})  # type: ignore[arg-type]
+        rb = _SlowWrites(None, None, Outcomes(b, grace_seconds=1, min_free_bytes=0), {})  # type: ignore[arg-type]
+        for _ in range(2):  # a pass that found the lock taken leaves the call for the next one
+            await asyncio.gather(rb.settle_stale_replicas(), ra.settle_own(0))
+        rows = await con.fetch("SELECT kind, outcome FROM audit WHERE request_id = 'req-1' AND kind = 'result'")
+        assert [(r["kind"], r["outcome"]) for r in rows] == [("result", "interrupted")]
+        assert mine.unsettled == set()
+    finally:
+        await con.close()
+        await a.close()
+        await b.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -58,6 +59,13 @@ TEST_FAULT_ENV = "PVEGATE_TEST_FAULT"
 def test_fault(name: str) -> bool:
     """A fault the tests inject into a real gateway process (docs/audit.md: test only)."""
     return os.environ.get(TEST_FAULT_ENV) == name
+
+
+def freeze_for_test(name: str) -> None:
+    """Tests only: the process stops itself (SIGSTOP, as a suspended VM) when fault `name` is set,
+    and goes on where it was once the test sends SIGCONT."""
+    if test_fault(name):
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 # Called with what was dispatched ({"task_id": UPID, "node": ...} or the SSH node and argv) the

@@ -28,6 +28,7 @@ from gateway.tools.runtimes.base import (
     ToolError,
     ToolOutput,
     UpstreamError,
+    freeze_for_test,
     test_fault,
 )
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
@@ -387,8 +388,7 @@ class PveApiRuntime:
             return ToolOutput(data=self._dry_run(tool, values, path, query, body))
         envelope = tuple(spec.get("envelope") or ())
         if tool.effect != "read":
-            if test_fault("stop-before-send"):  # tests only: the process freezes after its decision
-                os.kill(os.getpid(), signal.SIGSTOP)
+            freeze_for_test("stop-before-send")  # tests only: the process freezes after its decision
             if ctx.before_send is not None:  # still this replica's call to make, or it stays unsent
                 await ctx.before_send()
         data = await client.request(spec["method"], path, params=query or None, data=body or None, envelope=envelope)
