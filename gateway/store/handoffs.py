@@ -102,9 +102,14 @@ class SharedStates:
         async with self.database.transaction() as tx:
             now = await tx.now()
             await tx.execute("DELETE FROM console_person_signouts WHERE until < ?", now)
+            # never moved back: of two sign-outs committing out of order, the later line stands
             await tx.execute(
                 "INSERT INTO console_person_signouts (sub, before, until) VALUES (?, ?, ?) "
-                "ON CONFLICT (sub) DO UPDATE SET before = excluded.before, until = excluded.until",
+                "ON CONFLICT (sub) DO UPDATE SET "
+                "before = CASE WHEN excluded.before > console_person_signouts.before "
+                "THEN excluded.before ELSE console_person_signouts.before END, "
+                "until = CASE WHEN excluded.until > console_person_signouts.until "
+                "THEN excluded.until ELSE console_person_signouts.until END",
                 sub,
                 now,
                 now + keep,

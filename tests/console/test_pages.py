@@ -292,6 +292,8 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(cgw: GatewayTh
     here, laptop, erin = Browser(cenv, CAROL), Browser(cenv, CAROL), Browser(cenv, ERIN)
     assert all(b.get("/admin/approvals").status_code == 200 for b in (here, laptop, erin))
     assert 'name="everywhere"' in here.get("/admin/approvals").text
+    forged = here.post("/admin/logout", {"csrf": "not-this-session", "everywhere": "1"})
+    assert forged.status_code == 403 and laptop.get("/admin/approvals").status_code == 200  # nothing ended
     r = here.post("/admin/logout", {"csrf": here.csrf, "everywhere": "1"})
     assert r.status_code == 200 and "You are signed out everywhere." in r.text
     gone = laptop.get("/admin/approvals")
@@ -315,7 +317,7 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(cgw: GatewayTh
         and row["principal"] == "carol"
         and json.loads(row["body"])["action"] == "sign_out_everywhere"
     ]
-    assert records[-2:] == [("console", "ok"), ("cli", "ok")]
+    assert records[-3:] == [("console", "csrf_refused"), ("console", "ok"), ("cli", "ok")]
     for b in (here, laptop, erin, again, fresh):
         b.close()
 

@@ -423,6 +423,20 @@ async def test_a_person_signed_out_everywhere_loses_every_session_begun_before(
     assert not await a.signed_out("sid-o", "old", earlier)
 
 
+async def test_a_sign_out_committed_late_never_moves_the_line_back(
+    shared: tuple[SharedStates, SharedStates],
+) -> None:
+    """Two sign-outs of one person (the console and the CLI at once) commit out of order: the one
+    that read the earlier time must not put the line back over the later one."""
+    a, b = shared
+    first = await a.sign_out_person("frank", 3600)
+    later = first + 30  # as if another replica's sign-out had read a later time and committed first
+    async with a.database.transaction() as tx:
+        await tx.execute("UPDATE console_person_signouts SET before = ? WHERE sub = ?", later, "frank")
+    await b.sign_out_person("frank", 3600)  # reads a time before `later`
+    assert await a.signed_out("sid-f1", "frank", later)  # still refused: the later line stands
+
+
 async def test_a_legacy_handoff_is_found_by_another_replica_once(shared: tuple[SharedStates, SharedStates]) -> None:
     a, b = shared
     await a.remember("iss\x1fagent", DIGEST, "apr-1", 600)

@@ -337,25 +337,31 @@ async def logout(request: Request) -> Response:
     if session is None:
         return RedirectResponse("/admin/login", status_code=303, headers=SECURITY_HEADERS)
     form = await request.form()
-    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
-        return await _csrf_refused(request, session, "sign_out")
-    console = _console(request)
     everywhere = form.get("everywhere") == "1"  # every session of this person, in every browser
+    action = "sign_out_everywhere" if everywhere else "sign_out"
+    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+        return await _csrf_refused(request, session, action)
+    console = _console(request)
     message = "You are signed out everywhere." if everywhere else "You are signed out."
+    outcome = "ok"
+    body: dict[str, Any] = {}
     try:
         if console.signouts is not None and everywhere:
-            await console.signouts.sign_out_person(session.sub, console.cfg.max_session_seconds)
+            body["before"] = await console.signouts.sign_out_person(session.sub, console.cfg.max_session_seconds)
         elif console.signouts is not None:  # a copy of the cookie is refused from now on, on every replica
             await console.signouts.sign_out(session.sid, session.started + console.cfg.max_session_seconds)
     except STORE_ERRORS as exc:
         log.warning("console: sign-out of %s not recorded (%s)", session.sub, exc)
+        # the audit says so: an offboarding checked there must not read as done
+        outcome = "not_recorded"
+        body = {"error": str(exc)[:300]}
         message = (
             "You are signed out in this browser, but the gateway's database could not record it: "
             "a copy of this session's cookie"
             + (" and your other sessions stay" if everywhere else " stays")
             + " valid until the idle timeout."
         )
-    await record(request, "sign_out_everywhere" if everywhere else "sign_out", session.sub, "ok")
+    await record(request, action, session.sub, outcome, body)
     end = await console.provider.end_session_url()
     request.state.console_session = None
     response = render(request, "message.html", title="Signed out", message=message, end_session=end)

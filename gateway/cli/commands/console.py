@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import os
 import sys
 import uuid
 from datetime import UTC, datetime
@@ -22,13 +23,32 @@ from typing import Any
 from gateway.core.config import Config, load
 from gateway.store.audit import AuditLog, AuditRecord, known_secrets
 from gateway.store.backend import refuse_unshared
-from gateway.store.db import DatabaseUnavailable, database
+from gateway.store.db import database
 from gateway.store.handoffs import MIGRATIONS, SharedStates
 from gateway.store.migrations import SchemaError, check
+from gateway.store.outcomes import STORE_ERRORS
 from gateway.store.pgsync import audit_location
 
 
+class Unaudited(Exception):
+    """The sign-out took effect; its audit record could not be written."""
+
+    def __init__(self, before: float, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.before = before
+
+
+def operator_name() -> str:
+    """Who ran the command, for the audit: the login name, else the numeric user id (a container run
+    under an arbitrary uid has no passwd entry, and getpass then raises)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
 async def _sign_out(cfg: Config, sub: str) -> float:
+    by = operator_name()  # before anything is changed: nothing after the sign-out may fail but its record
     db = database(cfg)
     audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
     await db.open()
@@ -36,8 +56,11 @@ async def _sign_out(cfg: Config, sub: str) -> float:
     try:
         await check(db, "handoffs", MIGRATIONS)
         before = await SharedStates(db).sign_out_person(sub, cfg.console.max_session_seconds)
-        body = {"action": "sign_out_everywhere", "surface": "cli", "by": getpass.getuser(), "before": before}
-        await audit.append(AuditRecord(uuid.uuid4().hex, "console", sub, None, None, "ok", body))
+        body = {"action": "sign_out_everywhere", "surface": "cli", "by": by, "before": before}
+        try:
+            await audit.append(AuditRecord(uuid.uuid4().hex, "console", sub, None, None, "ok", body))
+        except (*STORE_ERRORS, OSError) as exc:
+            raise Unaudited(before, exc) from exc
         return before
     finally:
         await audit.close()
@@ -56,12 +79,22 @@ def _run(args: argparse.Namespace) -> int:
     except SchemaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (OSError, DatabaseUnavailable) as exc:
-        print(f"error: cannot open the database: {exc}", file=sys.stderr)
+    except Unaudited as exc:
+        print(
+            f"error: every console session of {sub} begun until {_when(exc.before)} is signed out, on every "
+            f"replica, but its audit record could not be written ({exc}); note it in your own records",
+            file=sys.stderr,
+        )
         return 1
-    when = datetime.fromtimestamp(before, UTC).isoformat(timespec="seconds")
-    print(f"every console session of {sub} begun until {when} is signed out, on every replica")
+    except (*STORE_ERRORS, OSError) as exc:
+        print(f"error: nothing was signed out: the database cannot take it ({exc})", file=sys.stderr)
+        return 1
+    print(f"every console session of {sub} begun until {_when(before)} is signed out, on every replica")
     return 0
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
 def register(sub: Any) -> None:
