@@ -330,7 +330,12 @@ async def _vote(request: Request, verdict: str) -> Response:
         return body
     try:
         out = await _approvals(request).decide(
-            request.path_params["id"], who, verdict, body.get("note"), auth_time=bearer_auth_time(_bearer(request))
+            request.path_params["id"],
+            who,
+            verdict,
+            body.get("note"),
+            auth_time=bearer_auth_time(_bearer(request)),
+            source_ip=request.client.host if request.client else None,
         )
     except NotFound:
         return _err(404, "not_found", "no such approval request")

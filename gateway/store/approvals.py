@@ -300,14 +300,21 @@ class ApprovalStore:
                 now,
                 now,
             )
-            ids = [str(r["id"]) for r in rows]
-            for i in ids:
-                await tx.execute(
+            ids = []
+            for r in rows:
+                # the due test again, on the row as it is now: a vote another replica committed while this
+                # sweep waited for the row's lock (PostgreSQL re-reads it) must not be expired with it
+                changed = await tx.execute(
                     "UPDATE approval_requests SET state = 'expired', decided_at = COALESCE(decided_at, ?) "
-                    "WHERE id = ? AND state IN ('pending', 'approved')",
+                    "WHERE id = ? AND ((state = 'pending' AND expires_at <= ?) "
+                    "OR (state = 'approved' AND token_expires_at <= ?))",
                     now,
-                    i,
+                    str(r["id"]),
+                    now,
+                    now,
                 )
+                if changed:
+                    ids.append(str(r["id"]))
         return ids
 
     async def get(self, request_id: str) -> ApprovalRequest:
@@ -705,10 +712,12 @@ class Approvals:
         *,
         auth_time: float | None = None,
         via: str = "bearer",
+        source_ip: str | None = None,
     ) -> VoteOutcome:
         """An approver approves or denies; OPA says whether this approver may, every time.
 
-        `auth_time`: when the approver last authenticated (the policy's step-up compares it)."""
+        `auth_time`: when the approver last authenticated (the policy's step-up compares it);
+        `source_ip`: where the vote came from (the same fact the console's "may you vote" asks with)."""
         if self.store is None or self.decisions is None:
             return VoteOutcome(False, reasons=["approvals are not enabled on this gateway"])
         if verdict not in ("approve", "deny"):
@@ -719,7 +728,7 @@ class Approvals:
             out = VoteOutcome(False, req.state, reasons=[f"request {approval_id} is {req.state}"])
         else:
             verdict_ = await self.decisions.may_approve(
-                approve_input(req, approver, verdict, auth_time=auth_time, via=via)
+                approve_input(req, approver, verdict, source_ip, auth_time=auth_time, via=via)
             )
             if not verdict_.allowed:
                 out = VoteOutcome(

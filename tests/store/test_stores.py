@@ -65,6 +65,43 @@ async def two(make_database: Callable[[], Database]) -> AsyncIterator[tuple[Appr
     await b.close()
 
 
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)  # SQLite runs the two one after the other
+async def test_a_sweep_never_expires_an_approval_granted_while_it_waited(make_database: Callable[[], Database]) -> None:
+    """Replica A's vote holds the request's row (granted just before the deadline) while replica B's
+    expiry sweep, which saw the request still pending and due, waits for that row; PostgreSQL then
+    re-reads the row for B's UPDATE. The fresh approval must stay approved and usable."""
+    a, b = ApprovalStore(make_database()), ApprovalStore(make_database())
+    await a.open()
+    await b.open()
+    try:
+        req, _ = await a.find_or_create(request(expires_in=1.5))
+        token = "t" * 43
+        async with a.database.transaction() as tx:  # the vote's transaction, as store.vote takes it
+            now = await tx.now()
+            rows = await tx.fetch("SELECT expires_at FROM approval_requests WHERE id = ? FOR UPDATE", req.id)
+            assert float(rows[0]["expires_at"]) > now  # not yet due: the vote counts
+            await asyncio.sleep(1.7)  # the deadline passes; B's sweep starts
+            sweep = asyncio.create_task(b.expire_due())
+            await asyncio.sleep(0.5)  # B saw it pending and due; its UPDATE waits for this row
+            await tx.execute(
+                "UPDATE approval_requests SET state = 'approved', decided_at = ?, token_hash = ?, "
+                "token_expires_at = ? WHERE id = ?",
+                now,
+                token_hash(token),
+                now + 900,
+                req.id,
+            )
+        assert await sweep == []
+        assert (await a.get(req.id)).state == "approved"
+        used, why = await b.consume(
+            token_hash(token), "token_hash", "agent", "vm_shutdown", DIGEST, target_key(TARGET), "req-x"
+        )
+        assert used is not None and used.id == req.id, why
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def approved(store: ApprovalStore) -> tuple[str, str]:
     req, created = await store.find_or_create(request())
     assert created

@@ -535,7 +535,13 @@ async def approval_vote(request: Request) -> Response:
     c = _console(request).c
     try:
         out = await c.approvals.decide(
-            aid, session.principal, str(verdict), note, auth_time=session.auth_time, via="console"
+            aid,
+            session.principal,
+            str(verdict),
+            note,
+            auth_time=session.auth_time,
+            via="console",
+            source_ip=_source_ip(request),
         )
     except NotFound:
         return render(request, "message.html", 404, title="Vote", message="No such approval request.")
