@@ -429,11 +429,13 @@ def _mask(tool: Tool | None, args: Any) -> Any:
 
 
 async def _preview(c: Components, tool: Tool | None, req: ApprovalRequest) -> dict[str, Any]:
-    """What the call would send: the connector's dry run (nothing is sent), or the tool's declared text."""
+    """What the call would send: the connector's dry run (nothing is sent), or the tool's declared text.
+    A read held for approval is not run for its preview: a dry run of a read is the read itself,
+    and a page view must not reach Proxmox with no audit record."""
     if tool is None:
         return {"error": "the tool is no longer in the catalog"}
     cluster = str(req.target.get("cluster") or "")
-    if tool.connector == "pve_api" and cluster in c.config.clusters:
+    if tool.connector == "pve_api" and tool.effect != "read" and cluster in c.config.clusters:
         try:
             ctx = CallContext(cluster, dry_run=True, request_id="console-preview")
             out = await asyncio.wait_for(c.runtime(tool).call(tool, dict(req.arguments), ctx), timeout=10)
