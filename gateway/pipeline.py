@@ -17,7 +17,7 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
-from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, Flight, Interrupted
+from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
 from gateway.tools.runtimes.base import (
     AnswerLost,
     CallContext,
@@ -341,7 +341,10 @@ async def _refused_unsent(
     Proxmox's tasks (a crash before the write leaves it to the start-up reconciliation)."""
     body = {"error": str(exc), "sent": False}
     rec = AuditRecord(req.request_id, "refusal", req.principal.sub, tool, _tkey(target), "refused", body)
-    await c.outcomes.settle(rec)
+    if isinstance(exc, ClaimLost):  # the store answers (it said the name is gone): written now
+        await c.outcomes.settle(rec)
+    else:  # the store is failing: kept for the flusher, so the client's 503 never waits on it
+        c.outcomes.keep(rec)
 
 
 def _outcome(decision: Decision) -> str:

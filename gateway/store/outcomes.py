@@ -193,11 +193,16 @@ class Outcomes:
                 return True
             except AuditUnavailable:
                 pass
+        self.keep(*records)
+        return False
+
+    def keep(self, *records: AuditRecord) -> None:
+        """Keep records (in order) for the flusher, without trying the store now: for a store just
+        found failing, where a write could hang until its timeout while a client waits."""
         secrets = CALL_SECRETS.get()  # the flusher runs outside this call's context
         self.outbox.extend(dataclasses.replace(r, scrub=r.scrub + secrets) for r in records)
         self.counters.kept += len(records)
         log.error("kept %d audit record(s) in memory until the store takes writes again", len(records))
-        return False
 
     async def flush(self) -> bool:
         """Write what the outbox holds; True when it is empty."""
