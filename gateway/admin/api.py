@@ -53,6 +53,12 @@ def _err(status: int, error: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers={"Cache-Control": "no-store"})
 
 
+def source_ip(request: Request) -> str | None:
+    """The peer's address, as audit records and the approver policy's `request.source_ip` carry it
+    (the console's pages too)."""
+    return request.client.host if request.client else None
+
+
 def _components(request: Request) -> Components:
     c: Components = request.app.state.components
     return c
@@ -91,7 +97,7 @@ async def _auth_failure(request: Request, status: int, error: str, reason: str, 
                 "reason": reason,
                 "surface": surface,
                 "path": request.url.path,
-                "source_ip": request.client.host if request.client else None,
+                "source_ip": source_ip(request),
             },
         )
     )
@@ -335,7 +341,7 @@ async def _vote(request: Request, verdict: str) -> Response:
             verdict,
             body.get("note"),
             auth_time=bearer_auth_time(_bearer(request)),
-            source_ip=request.client.host if request.client else None,
+            source_ip=source_ip(request),
         )
     except NotFound:
         return _err(404, "not_found", "no such approval request")

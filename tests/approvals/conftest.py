@@ -65,14 +65,19 @@ def asim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     handle.stop()
 
 
-@pytest.fixture(scope="package")
-def aenv(asim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
-    policy = write_policy_data(tmp_path_factory.mktemp("apolicy"))
+def approvals_env(sim: Any, policy: Path, workdir: Path) -> DevEnv:
+    """A gateway environment on `sim` whose managed OPA loads the repo's policies plus `policy`
+    (its data, and any test rules beside it)."""
     opa = {
         "mode": "managed",
         "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(policy)],
     }
-    return make_env(tmp_path_factory.mktemp("agw"), {"default": asim}, port=free_port(), opa=opa)
+    return make_env(workdir, {"default": sim}, port=free_port(), opa=opa)
+
+
+@pytest.fixture(scope="package")
+def aenv(asim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    return approvals_env(asim, write_policy_data(tmp_path_factory.mktemp("apolicy")), tmp_path_factory.mktemp("agw"))
 
 
 @pytest.fixture(scope="package")

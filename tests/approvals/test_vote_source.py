@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway.dev.devenv import DevEnv, make_env
-from gateway.policy.opa_sidecar import REPO_ROOT
-from tests.approvals.conftest import Api, write_policy_data
+from gateway.dev.devenv import DevEnv
+from tests.approvals.conftest import Api, approvals_env, write_policy_data
 from tests.approvals.test_flow import pending, shutdown_args
-from tests.support import GatewayThread, free_port
+from tests.support import GatewayThread
 
 # a team's rule, beside the shipped approver package: a vote must say where it came from
 SOURCE_RULE = """package pvegate.approver
@@ -30,11 +29,7 @@ denials contains lib.reason("approver.source_unknown", "test.source_ip", "a vote
 def senv(asim: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevEnv]:
     policy = write_policy_data(tmp_path_factory.mktemp("spolicy"))
     (policy / "source_rule.rego").write_text(SOURCE_RULE)
-    opa = {
-        "mode": "managed",
-        "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(policy)],
-    }
-    env = make_env(tmp_path_factory.mktemp("sgw"), {"default": asim}, port=free_port(), opa=opa)
+    env = approvals_env(asim, policy, tmp_path_factory.mktemp("sgw"))
     gw = GatewayThread(env.config).start()
     yield env
     gw.stop()

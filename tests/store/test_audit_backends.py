@@ -484,6 +484,11 @@ async def two_replicas(postgres: PostgresServer, tmp_path: Path) -> tuple[str, P
     return url, key, (a, b)
 
 
+async def age(con: asyncpg.Connection, replica: str | None, seconds: float) -> None:
+    """Set a replica's heartbeat back by `seconds`, on the database's clock (a pause, with no local clock)."""
+    await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", seconds, replica)
+
+
 async def test_a_live_replicas_calls_are_left_alone_a_gone_ones_are_settled(
     postgres: PostgresServer, tmp_path: Path
 ) -> None:
@@ -517,7 +522,6 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
     really stopped."""
     url, key, (a, b) = await two_replicas(postgres, tmp_path)
     con = await asyncpg.connect(url)
-    age = "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2"
     try:
         name = a.replica_id
         await a.append(rec(1, "received", None, effect="read"), rec(1))
@@ -525,7 +529,7 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
         assert a.replica_id == name
 
         # paused: the row is older than the lease, not yet stale for the others
-        await con.execute(age, auditlib.LEASE_SECONDS + 1, name)
+        await age(con, name, auditlib.LEASE_SECONDS + 1)
         assert name in (await b.live_replicas() or set())
         with pytest.raises(auditlib.LeaseLost, match="not sent"):
             await a.hold(name)
@@ -534,7 +538,7 @@ async def test_a_replica_paused_past_its_heartbeat_sends_nothing_it_decided_and_
             await a.hold(name)
         await a.hold(a.replica_id)  # its new calls are its own
         assert a.replica_id in (await b.live_replicas() or set())
-        await con.execute(age, auditlib.REPLICA_STALE_SECONDS, name)  # the old row goes stale in its time
+        await age(con, name, auditlib.REPLICA_STALE_SECONDS)  # the old row goes stale in its time
         assert name in await b.stale_replicas()
 
         # the others settle the old name's call; its own reconciler leaves a call it still runs alone
@@ -574,9 +578,7 @@ async def test_a_heartbeat_that_finds_its_row_too_old_gives_the_name_up(
     con = await asyncpg.connect(url)
     try:
         name = a.replica_id
-        await con.execute(
-            "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", auditlib.LEASE_SECONDS + 1, name
-        )
+        await age(con, name, auditlib.LEASE_SECONDS + 1)
         await a.probe()  # a commit with a heartbeat: the row is not renewed, the name is marked lost
         deadline = time.monotonic() + 3 * auditlib.HEARTBEAT_SECONDS
         while a.replica_id == name and time.monotonic() < deadline:  # the heartbeat loop renames it
@@ -600,7 +602,7 @@ async def test_a_renewal_not_yet_committed_wins_over_a_settlement(postgres: Post
     con, late = await asyncpg.connect(url), await asyncpg.connect(url)
     try:
         name = a.replica_id
-        await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", 31.0, name)
+        await age(con, name, 31.0)
         assert name in await b.stale_replicas()  # what another replica's pass reads
         tx = late.transaction()
         await tx.start()  # the renewal, made before the row went stale, committing late
@@ -612,7 +614,7 @@ async def test_a_renewal_not_yet_committed_wins_over_a_settlement(postgres: Post
         assert not claim.done()  # it waits for the row
         await tx.commit()
         assert await claim == set()  # renewed: not gone
-        await con.execute("UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2", 31.0, name)
+        await age(con, name, 31.0)
         assert await b.claim_gone({name, "forgotten:1:00000000"}) == {name, "forgotten:1:00000000"}
         with pytest.raises(auditlib.LeaseLost):  # claimed: never renewed again
             await a.hold(name)
@@ -901,11 +903,7 @@ async def test_a_replica_and_the_one_that_claimed_its_name_settle_a_call_once(
         await a.append(rec(1, "received", None, effect="read"), rec(1))
         mine = Outcomes(a, grace_seconds=1, min_free_bytes=0)
         mine.unsettled.add("req-1")
-        await con.execute(
-            "UPDATE audit_replicas SET seen_at = seen_at - $1 WHERE replica = $2",
-            auditlib.REPLICA_STALE_SECONDS + 1,
-            a.replica_id,
-        )
+        await age(con, a.replica_id, auditlib.REPLICA_STALE_SECONDS + 1)
         ra = _SlowWrites(None, None, mine, {})  # type: ignore[arg-type]
         rb = _SlowWrites(None, None, Outcomes(b, grace_seconds=1, min_free_bytes=0), {})  # type: ignore[arg-type]
         for _ in range(2):  # a pass that found the lock taken leaves the call for the next one

@@ -153,10 +153,6 @@ def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HT
     return response
 
 
-def _source_ip(request: Request) -> str | None:
-    return request.client.host if request.client else None
-
-
 async def record(
     request: Request,
     action: str,
@@ -170,7 +166,7 @@ async def record(
 ) -> None:
     """A console action in the audit, with the signed-in person's identity (never a secret)."""
     session: Session | None = getattr(request.state, "console_session", None)
-    doc = {"action": action, "surface": "console", "source_ip": _source_ip(request), **(body or {})}
+    doc = {"action": action, "surface": "console", "source_ip": adminapi.source_ip(request), **(body or {})}
     if session is not None:
         doc["session"] = session.sid
         doc["auth_time"] = rfc3339(session.auth_time)
@@ -208,7 +204,7 @@ def _listing_input(c: Components, principal: Principal, request: Request, tools:
         "contract_version": CONTRACT_VERSION,
         "kind": "list",
         "principal": principal.as_input(),
-        "request": _request_facts(uuid.uuid4().hex, "tools/list", _source_ip(request)),
+        "request": _request_facts(uuid.uuid4().hex, "tools/list", adminapi.source_ip(request)),
         "tools": c.catalog.policy_views if tools else [],
     }
 
@@ -494,7 +490,12 @@ async def _approval_view(request: Request, session: Session, result: dict[str, A
         # the same question a vote asks, without voting: may this person vote, and with which sign-in age
         verdict = await c.decisions.may_approve(
             approve_input(
-                req, session.principal, "approve", _source_ip(request), auth_time=session.auth_time, via="console"
+                req,
+                session.principal,
+                "approve",
+                adminapi.source_ip(request),
+                auth_time=session.auth_time,
+                via="console",
             )
         )
         may = {
@@ -543,7 +544,7 @@ async def approval_vote(request: Request) -> Response:
             note,
             auth_time=session.auth_time,
             via="console",
-            source_ip=_source_ip(request),
+            source_ip=adminapi.source_ip(request),
         )
     except NotFound:
         return render(request, "message.html", 404, title="Vote", message="No such approval request.")
@@ -891,7 +892,9 @@ async def whatif_page(request: Request) -> Response:
         digest = arguments_digest(tool.name, args, dry_run=dry_run)
         target = await c.targets.resolve(tool, args, cluster)  # reads, as a live call does; sends nothing
         zero = {"1m": 0, "1h": 0, "24h": 0}
-        call = CallRequest("whatif-" + uuid.uuid4().hex, principal, tool.name, args, "console", _source_ip(request))
+        call = CallRequest(
+            "whatif-" + uuid.uuid4().hex, principal, tool.name, args, "console", adminapi.source_ip(request)
+        )
         input_doc = policy_input(call, tool, args, digest, target, None, {"tool": zero, "all": dict(zero)}, dry_run)
         if tool.allocates:
             input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
