@@ -845,6 +845,17 @@ class AuditLog:
             out.append(d)
         return out
 
+    async def console_sign_ins(self, since: float, sub: str | None = None) -> set[str]:
+        """The subjects who signed in to the console since `since` (of `sub` only, when given, by the
+        principal index): the people whose sessions may still be open (none outlives
+        console.max_session_seconds)."""
+        sql = "SELECT principal, body FROM audit WHERE ts >= ? AND kind = 'console' AND outcome = 'ok' AND "
+        if sub is None:
+            rows = await self._read(sql + "principal IS NOT NULL", since)
+        else:
+            rows = await self._read(sql + "principal = ?", since, sub)
+        return {str(r[0]) for r in rows if json.loads(r[1]).get("action") == "sign_in"}
+
     async def allowed_since(self, since: float) -> list[tuple[float, str, str]]:
         """(ts, principal, tool) of calls allowed or held for approval since `since`: usage counters' memory."""
         sql = (

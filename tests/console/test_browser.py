@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp_types import ElicitRequestURLParams, ElicitResult
 
+from gateway.cli import main as cli
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT
 from tests.console.conftest import console_extra, console_policy
-from tests.support import GatewayThread, free_port
+from tests.support import GatewayThread, audit_rows, free_port
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -241,6 +245,19 @@ async def test_a_viewer_cannot_approve_and_sees_why(
     assert await page.inner_text("#state") == "pending"
     await page.goto(base(benv) + "/admin/audit")  # bob's roles do not open the audit
     assert "does not open" in await page.inner_text("#message")
+
+    # the operator signs bob out everywhere by his subject, which his real sign-in put in the audit
+    bodies = [(row["principal"], json.loads(row["body"])) for row in audit_rows(benv.config.audit_path)]
+    subs = {sub for sub, body in bodies if body.get("action") == "sign_in" and body.get("name") == "bob"}
+    assert len(subs) == 1, subs
+    cookie = {c["name"]: c["value"] for c in await page.context.cookies() if c["name"] == "pvegate_console"}
+    tls = ssl.create_default_context(cafile=str(benv.ca_file))
+    async with httpx.AsyncClient(verify=tls, cookies=cookie, headers={"accept": "text/html"}) as http:
+        assert (await http.get(base(benv) + "/admin/approvals")).status_code == 200  # the browser's session
+        argv = ["console", "sign-out", "--sub", subs.pop(), "--config", str(benv.config_path)]
+        assert await asyncio.to_thread(cli, argv) == 0
+        r = await http.get(base(benv) + "/admin/approvals")
+    assert r.status_code == 303 and r.headers["location"].startswith("/admin/login"), r
     await page.context.close()
 
 

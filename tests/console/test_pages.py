@@ -14,6 +14,8 @@ import pytest
 
 from gateway.admin.console.session import SESSION_COOKIE, Session
 from gateway.dev.devenv import DevEnv
+from gateway.store.audit import AuditLog, AuditRecord
+from gateway.store.pgsync import audit_location
 from tests.approvals.conftest import Api, outcome
 from tests.console.conftest import STEP_UP_SECONDS, Browser, cookie_value, human
 from tests.support import GatewayThread, audit_rows
@@ -49,6 +51,22 @@ def dave(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
     b = Browser(cenv, DAVE)
     yield b
     b.close()
+
+
+def sign_in_on_record(env: DevEnv, sub: str) -> None:
+    """The audit record a real sign-in writes before it hands out its cookie (these sessions are
+    minted without one; tests/console/test_browser.py signs in for real)."""
+
+    async def write() -> None:
+        log = AuditLog(audit_location(env.config), head_key=env.config.audit_key_path)
+        await log.open()
+        try:
+            body = {"action": "sign_in", "surface": "console", "name": sub}
+            await log.append(AuditRecord("sign-in-" + sub, "console", sub, None, None, "ok", body))
+        finally:
+            await log.close()
+
+    asyncio.run(write())
 
 
 def pending(api: Api, vmid: int = 100) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -282,7 +300,9 @@ def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
     copy.close()
 
 
-def test_signing_out_everywhere_ends_every_session_of_that_person(cgw: GatewayThread, cenv: DevEnv) -> None:
+def test_signing_out_everywhere_ends_every_session_of_that_person(
+    cgw: GatewayThread, cenv: DevEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
     """From the console ("Sign out everywhere") or by the operator (`pvegate console sign-out`, e.g.
     for someone who left: the provider disabling them does not end a live session): every session
     of that person begun until then is refused on its next request; other people's are not, and
@@ -303,10 +323,17 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(cgw: GatewayTh
     again = Browser(cenv, CAROL)  # signed in afterwards
     assert again.get("/admin/approvals").status_code == 200
 
+    sign_in_on_record(cenv, "carol")
     assert cli(["console", "sign-out", "--sub", "carol", "--config", str(cenv.config_path)]) == 0
     assert again.get("/admin/approvals").status_code == 303
     assert erin.get("/admin/approvals").status_code == 200
     assert cli(["console", "sign-out", "--sub", " ", "--config", str(cenv.config_path)]) == 2
+    # a subject nobody signed in as (a typo) ends nothing and says so, naming who it may have meant
+    capsys.readouterr()
+    assert cli(["console", "sign-out", "--sub", "carl", "--config", str(cenv.config_path)]) == 1
+    err = capsys.readouterr().err
+    assert "nothing was signed out" in err and "did you mean carol" in err and "--force" in err, err
+    assert cli(["console", "sign-out", "--sub", "carl", "--force", "--config", str(cenv.config_path)]) == 0
     time.sleep(0.01)
     fresh = Browser(cenv, CAROL)
     assert fresh.get("/admin/approvals").status_code == 200
@@ -318,6 +345,8 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(cgw: GatewayTh
         and json.loads(row["body"])["action"] == "sign_out_everywhere"
     ]
     assert records[-3:] == [("console", "csrf_refused"), ("console", "ok"), ("cli", "ok")]
+    forced = [r for r in audit_rows(cenv.config.audit_path) if r["kind"] == "console" and r["principal"] == "carl"]
+    assert [json.loads(r["body"])["action"] for r in forced] == ["sign_out_everywhere"]  # the forced one only
     for b in (here, laptop, erin, again, fresh):
         b.close()
 

@@ -383,6 +383,26 @@ async def test_reconciliation_reads_open_calls(store: Store) -> None:
     assert (calls[0].owner is not None) == (store.backend == "postgresql")
 
 
+async def test_console_sign_ins_are_read_by_subject_and_window(store: Store) -> None:
+    """What `pvegate console sign-out` asks before it signs anyone out: who signed in, since when."""
+
+    def console(i: int, sub: str, action: str, outcome: str = "ok") -> AuditRecord:
+        return AuditRecord(f"c-{i}", "console", sub, None, None, outcome, {"action": action, "surface": "console"})
+
+    log = store.log()
+    await log.open()
+    try:
+        await log.append(console(1, "carol", "sign_in"), console(2, "dave", "sign_in", "refused"))
+        await log.append(console(3, "erin", "audit_search"), rec(4))
+        since = time.time() - 60
+        assert await log.console_sign_ins(since) == {"carol"}  # dave's was refused; erin never signed in
+        assert await log.console_sign_ins(since, "carol") == {"carol"}
+        assert await log.console_sign_ins(since, "erin") == set()
+        assert await log.console_sign_ins(time.time() + 60, "carol") == set()  # outside the window
+    finally:
+        await log.close()
+
+
 async def test_an_audit_schema_newer_than_this_pvegate_is_refused(store: Store) -> None:
     await filled(store, 1)
     store.sql("UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")

@@ -6,15 +6,21 @@ This records, in the shared database, that every session of SUB begun until now 
 the next console request of each is refused and sent to sign in again (a new sign-in works,
 if the provider still lets them). It is an operator action on the database, like
 `pvegate approvals withdraw`: it only ever takes access away, and it is audited.
+
+A subject nobody signed in as within console.max_session_seconds (per the audit) has no
+session to end: that is refused as a likely typo, with the nearest subjects that did sign in,
+unless --force says the operator means it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import os
 import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +34,16 @@ from gateway.store.handoffs import MIGRATIONS, SharedStates
 from gateway.store.migrations import SchemaError, check
 from gateway.store.outcomes import STORE_ERRORS
 from gateway.store.pgsync import audit_location
+
+CLOCK_MARGIN_SECONDS = 300.0  # replicas' clocks stamp the audit; this host's clock draws the window
+
+
+class NoSession(Exception):
+    """Nobody signed in as that subject within the window: nothing to sign out; likely a typo."""
+
+    def __init__(self, nearest: list[str]) -> None:
+        super().__init__("no console sign-in on record")
+        self.nearest = nearest
 
 
 class Unaudited(Exception):
@@ -47,7 +63,7 @@ def operator_name() -> str:
         return f"uid {os.getuid()}"
 
 
-async def _sign_out(cfg: Config, sub: str) -> float:
+async def _sign_out(cfg: Config, sub: str, force: bool) -> float:
     by = operator_name()  # before anything is changed: nothing after the sign-out may fail but its record
     db = database(cfg)
     audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
@@ -55,6 +71,15 @@ async def _sign_out(cfg: Config, sub: str) -> float:
     await audit.open()
     try:
         await check(db, "handoffs", MIGRATIONS)
+        if not force:
+            since = time.time() - cfg.console.max_session_seconds - CLOCK_MARGIN_SECONDS
+            try:
+                known = bool(await audit.console_sign_ins(since, sub))
+            except (*STORE_ERRORS, OSError):
+                known = True  # cannot tell: take the access away anyway (its record will say if it failed)
+            if not known:
+                everyone = await audit.console_sign_ins(since)
+                raise NoSession(difflib.get_close_matches(sub, sorted(everyone), n=3, cutoff=0.6))
         before = await SharedStates(db).sign_out_person(sub, cfg.console.max_session_seconds)
         body = {"action": "sign_out_everywhere", "surface": "cli", "by": by, "before": before}
         try:
@@ -75,9 +100,19 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load(args.config)
     refuse_unshared(cfg)
     try:
-        before = asyncio.run(_sign_out(cfg, sub))
+        before = asyncio.run(_sign_out(cfg, sub, args.force))
     except SchemaError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except NoSession as exc:
+        hours = cfg.console.max_session_seconds / 3600
+        hint = f"; did you mean {' or '.join(exc.nearest)}?" if exc.nearest else ""
+        print(
+            f"error: nothing was signed out: nobody signed in to the console as {sub!r} in the last "
+            f"{hours:g} h (console.max_session_seconds, per the audit), so no session of theirs can be "
+            f"open{hint} (--force records the sign-out anyway)",
+            file=sys.stderr,
+        )
         return 1
     except Unaudited as exc:
         print(
@@ -105,5 +140,10 @@ def register(sub: Any) -> None:
         help="end every console session of a person now, on every replica (e.g. someone who left)",
     )
     s.add_argument("--sub", required=True, help="the person's subject (the `sub` of their token)")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="sign out even a subject with no console sign-in on record in the session window",
+    )
     s.add_argument("--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the gateway's pvegate.yaml")
     s.set_defaults(func=_run)
