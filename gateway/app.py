@@ -84,6 +84,17 @@ def opa_api_token(config: Config, sidecar: OPASidecar | None) -> str | None:
     return None if sidecar is not None else external_opa_token(config)
 
 
+def bundle_signed(config: Config) -> bool | None:
+    """Whether the managed OPA checks its bundles' signatures; None: no bundle (a policy directory
+    on this host, or an external OPA that loads its own)."""
+    opa = config.opa
+    if opa.mode == "external" or not (opa.bundle or opa.bundles):
+        return None
+    if opa.bundle is not None:
+        return opa.verification_key is not None
+    return all((entry.get("signing") or {}).get("keyid") for entry in opa.bundles.values())
+
+
 def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar | None]:
     """Start the managed sidecar (or use the external URL); returns the URL to ask.
 
@@ -96,6 +107,11 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
         external_opa_token(config)  # fail at start, not at the first call
         refuse_open_opa(config.opa.url)
         return config.opa.url, None
+    if bundle_signed(config) is False:
+        log.warning(
+            "opa.allow_unsigned: the policy bundle's signature is NOT checked; anyone who can change the "
+            "bundle decides every call (development only)"
+        )
     sidecar = OPASidecar(
         policies=config.opa.policies or default_policy_paths(),
         bundle=config.opa.bundle,
@@ -179,6 +195,7 @@ async def _build_with(
             policy_status=policy_status,
             audit_min_free_bytes=int(config.audit_min_free_mb * 1024 * 1024),
             external_opa_url=config.opa.url if config.opa.mode == "external" else None,
+            bundle_signed=bundle_signed(config),
         ),
         clients=clients,
     )

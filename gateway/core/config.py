@@ -122,6 +122,7 @@ class OPAConfig:
     policies: tuple[Path, ...] = ()
     bundle: Path | None = None
     verification_key: Path | None = None
+    allow_unsigned: bool = False  # development only: opa.bundle / opa.bundles without a signature check
     timeout_ms: int = 500
     # OPA's console decision log duplicates the audit into state_dir/opa.log (~1.8 KB per
     # call, never rotated by OPA) and costs OPA 0.3-0.5 ms per decision: opt-in.
@@ -455,6 +456,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 policies=tuple(_path(p, base) for p in opa_raw.get("policies", [])),
                 bundle=_opt_path(opa_raw.get("bundle"), base),
                 verification_key=_opt_path(opa_raw.get("verification_key"), base),
+                allow_unsigned=bool(opa_raw.get("allow_unsigned", False)),
                 timeout_ms=int(opa_raw.get("timeout_ms", 500)),
                 decision_logs=bool(opa_raw.get("decision_logs", False)),
                 services=dict(opa_raw.get("services") or {}),

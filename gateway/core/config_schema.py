@@ -269,7 +269,16 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append("opa.url: required when opa.mode is external")
         if not opa.get("token"):
             out.append("opa.token: required when opa.mode is external (the token OPA's API admits)")
-        for key in ("binary", "policies", "bundle", "verification_key", "services", "bundles", "keys"):
+        for key in (
+            "binary",
+            "policies",
+            "bundle",
+            "verification_key",
+            "allow_unsigned",
+            "services",
+            "bundles",
+            "keys",
+        ):
             if opa.get(key):
                 out.append(f"opa.{key}: only used when opa.mode is managed (the external OPA loads its own policies)")
     else:
@@ -285,10 +294,27 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append("opa.bundles: OPA follows a bundle service instead of opa.bundle / opa.policies; give one")
         if opa.get("watch_bundle") and not opa.get("bundle"):
             out.append("opa.watch_bundle: only used with opa.bundle")
-        for name in (opa.get("bundles") or {}).values():
-            svc = name.get("service") if isinstance(name, dict) else None
+        unsigned_ok = bool(opa.get("allow_unsigned"))
+        if opa.get("bundle") and not opa.get("verification_key") and not unsigned_ok:
+            out.append(
+                "opa.verification_key: required with opa.bundle (the public key its signature must verify "
+                "against; `pvegate bundle keygen`); opa.allow_unsigned: true lets an unsigned bundle load, "
+                "for development only"
+            )
+        for bname, entry in (opa.get("bundles") or {}).items():
+            svc = entry.get("service")
             if svc is not None and svc not in (opa.get("services") or {}):
-                out.append(f"opa.bundles: service {svc!r} is not in opa.services")
+                out.append(f"opa.bundles.{bname}.service: {svc!r} is not in opa.services")
+            keyid = (entry.get("signing") or {}).get("keyid")
+            if keyid is None and not unsigned_ok:
+                out.append(
+                    f"opa.bundles.{bname}.signing.keyid: required (the key in opa.keys its signature must "
+                    "verify against); opa.allow_unsigned: true lets an unsigned bundle load, for development only"
+                )
+            elif keyid is not None and keyid not in (opa.get("keys") or {}):
+                out.append(f"opa.bundles.{bname}.signing.keyid: {keyid!r} is not in opa.keys")
+        if unsigned_ok and not (opa.get("bundle") or opa.get("bundles")):
+            out.append("opa.allow_unsigned: only used with opa.bundle or opa.bundles")
         upload = opa.get("decision_logs_upload") or {}
         if upload.get("service") is not None and upload["service"] not in (opa.get("services") or {}):
             out.append(f"opa.decision_logs_upload.service: {upload['service']!r} is not in opa.services")

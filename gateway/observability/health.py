@@ -140,6 +140,7 @@ class HealthMonitor:
     audit_min_free_bytes: int = 16 * 1024 * 1024
     # opa.mode external: asked each OPA probe whether it answers without a token (policy/opa_guard.py)
     external_opa_url: str | None = None
+    bundle_signed: bool | None = None  # app.bundle_signed: False only under opa.allow_unsigned
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
     # OPA probe
     opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
@@ -342,6 +343,8 @@ class HealthMonitor:
             "since": _iso(self.revision_since),
             "data_valid": None if data is None else data.valid,
         }
+        if self.bundle_signed is not None:
+            policy["signature_checked"] = self.bundle_signed
         if self.policy_status is not None and self.policy_status.bundles:
             # a refused bundle leaves the previous revision deciding: still ready, but it shows here
             st = self.policy_status

@@ -127,7 +127,26 @@ def test_value_problems(base: dict[str, Any], change: Any, expected: str) -> Non
             lambda c: c.update(opa={"mode": "external", "url": "http://o", "token": TOKEN, "bundle": "b"}),
             "opa.bundle: only used",
         ),
-        (lambda c: c.update(opa={"bundle": "b", "policies": ["p"]}), "opa.policies: not used when opa.bundle"),
+        (
+            lambda c: c.update(opa={"bundle": "b", "verification_key": "k", "policies": ["p"]}),
+            "opa.policies: not used when opa.bundle",
+        ),
+        # an unsigned bundle: anyone who can change the file, or answer for the service, decides every call
+        (lambda c: c.update(opa={"bundle": "b"}), "opa.verification_key: required with opa.bundle"),
+        (
+            lambda c: c.update(opa={"services": {"s": {"url": "https://s"}}, "bundles": {"p": {"service": "s"}}}),
+            "opa.bundles.p.signing.keyid: required",
+        ),
+        (
+            lambda c: c.update(
+                opa={
+                    "services": {"s": {"url": "https://s"}},
+                    "bundles": {"p": {"service": "s", "signing": {"keyid": "k"}}},
+                }
+            ),
+            "opa.bundles.p.signing.keyid: 'k' is not in opa.keys",
+        ),
+        (lambda c: c.update(opa={"allow_unsigned": True}), "opa.allow_unsigned: only used with opa.bundle"),
         (lambda c: c.update(opa={"verification_key": "k"}), "opa.verification_key: only used with opa.bundle"),
         (lambda c: c.update(tls={}), "tls: tls.cert and tls.key are required"),
         (lambda c: c.update(tls={"cert": "c"}), "tls: tls.cert and tls.key are required"),
@@ -144,6 +163,26 @@ def test_contradictions_and_silently_ignored_settings(base: dict[str, Any], chan
     change(base)
     found = problems(base)
     assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_a_mistyped_bundle_setting_is_not_passed_to_opa_to_be_ignored(base: dict[str, Any]) -> None:
+    """OPA ignores fields it does not know: `signnig` would have loaded the bundle unsigned."""
+    svc = {"s": {"url": "https://s"}}
+    keys = {"k": {"key": "PEM", "algorithm": "RS256"}}
+    base["opa"] = {"services": svc, "keys": keys, "bundles": {"p": {"service": "s", "signnig": {"keyid": "k"}}}}
+    found = problems(base)
+    assert found == ["opa.bundles.p.signnig: unknown setting; did you mean opa.bundles.p.signing?"], found
+    base["opa"]["bundles"]["p"] = {"service": "s", "signing": {"keyid": "k", "kid": "x"}}
+    assert problems(base)[0].startswith("opa.bundles.p.signing.kid: unknown setting"), problems(base)
+    base["opa"]["bundles"]["p"] = {"service": "s", "signing": {"keyid": "k"}}
+    assert problems(base) == []
+
+
+def test_allow_unsigned_lets_an_unsigned_bundle_load_and_says_so(base: dict[str, Any]) -> None:
+    base["opa"] = {"bundle": "b", "allow_unsigned": True}
+    assert problems(base) == []
+    base["opa"] = {"services": {"s": {"url": "https://s"}}, "bundles": {"p": {"service": "s"}}, "allow_unsigned": True}
+    assert problems(base) == []
 
 
 @pytest.mark.parametrize(
@@ -295,3 +334,15 @@ def test_the_docs_samples_are_found() -> None:
     names = [name for name, _ in _doc_samples()]
     assert any(n.startswith("deployment.md#") for n in names)
     assert any(n.startswith("audit.md#") for n in names)
+
+
+def test_health_says_whether_the_bundles_signature_is_checked(tmp_path: Path) -> None:
+    from gateway.app import bundle_signed
+    from tests.config.conftest import minimal, write
+
+    raw = minimal(tmp_path)
+    assert bundle_signed(load(write(tmp_path, raw))) is None  # a policy directory on this host
+    raw["opa"] = {"bundle": "b.tar.gz", "verification_key": "k.pem"}
+    assert bundle_signed(load(write(tmp_path, raw))) is True
+    raw["opa"] = {"bundle": "b.tar.gz", "allow_unsigned": True}
+    assert bundle_signed(load(write(tmp_path, raw))) is False
