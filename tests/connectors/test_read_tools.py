@@ -7,6 +7,7 @@ online or a disabled storage run a second simulator on a scenario derived from `
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,9 @@ async def ok(env: DevEnv, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return dict(res.structured_content)
 
 
+ENV_SECRET, LXC_SECRET = "SimLeakEnv-9f8e7d", "SimLeakLxc-1a2b3c"
+
+
 @pytest.fixture(scope="module")
 def online_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """`small` with every node online, a disabled storage and a second, VLAN-tagged NIC on VM 103."""
@@ -49,6 +53,11 @@ def online_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             g["config"] = {"net1": "e1000=BC:24:11:00:01:03,bridge=vmbr1,tag=20,firewall=0"}
         if g["vmid"] == 101:  # cloud-init asks for DHCP: only the guest agent knows the address
             g["config"] = {"ipconfig0": "ip=dhcp"}
+        if g["vmid"] == 200:  # a container's environment: PVE 9 `env` (NUL-separated), raw `lxc.environment`
+            g["config"] = {
+                "env": f"DB_PASSWORD={ENV_SECRET}\0TZ=UTC",
+                "lxc": [["lxc.environment", f"KEY={LXC_SECRET}"]],
+            }
     wd = tmp_path_factory.mktemp("online-sim")
     path = wd / "online.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -176,6 +185,17 @@ async def test_guest_config_breaks_out_network_interfaces(online: tuple[DevEnv, 
         "eth0", "veth", "10.10.2.200/24", "10.10.2.1", "config",
     )  # fmt: skip
     assert "cipassword" not in str(vm) and vm["agent"] is None  # no agent configured: not asked
+
+
+async def test_a_containers_environment_never_leaves(online: tuple[DevEnv, Any]) -> None:
+    """Proxmox returns a container's environment variables in its configuration (`env`, and raw
+    `lxc.environment` lines in `lxc`): secrets, by the project's rule, like cloud-init passwords."""
+    env, _ = online
+    for tool in ("get_guest_config", "get_guest_stored_config", "get_guest_pending"):
+        res = await call(env, tool, {"vmid": 200})
+        assert not res.is_error, text(res)
+        shown = json.dumps(res.structured_content) + text(res)
+        assert ENV_SECRET not in shown and LXC_SECRET not in shown, (tool, shown)
 
 
 async def test_guest_config_adds_what_the_guest_agent_knows(online: tuple[DevEnv, Any]) -> None:
