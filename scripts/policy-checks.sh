@@ -106,10 +106,11 @@ step "opa fmt --list --fail ${POLICY_DIRS[*]}"
 "${OPA}" fmt --list --fail "${POLICY_DIRS[@]}" || fail "opa fmt (run: ${OPA} fmt -w ${POLICIES})"
 
 step "opa test ${POLICY_DIRS[*]} --coverage --threshold ${THRESHOLD}"
-# the pretty run shows each failing test; the coverage run enforces the threshold
-if "${OPA}" test "${POLICY_DIRS[@]}"; then
+# the pretty run shows each failing test; the coverage run enforces the threshold. A generous
+# per-test timeout: OPA's default 5 s cancels tests on a busy 2-core host (CI beside other work)
+if "${OPA}" test --timeout 60s "${POLICY_DIRS[@]}"; then
 	cov_json="$(mktemp)"
-	"${OPA}" test "${POLICY_DIRS[@]}" --coverage --threshold "${THRESHOLD}" --format json >"${cov_json}"
+	"${OPA}" test --timeout 60s "${POLICY_DIRS[@]}" --coverage --threshold "${THRESHOLD}" --format json >"${cov_json}"
 	cov_rc=$?
 	python3 - "${cov_json}" "${THRESHOLD}" <<'PY'
 import json, sys

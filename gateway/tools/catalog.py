@@ -114,6 +114,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         raise CatalogError(f"{where}: bad parameters schema: {exc.message}") from exc
     _check_strict(params, where)
     target = {"cluster": "cluster", **dict(raw.get("target", {}))}
+    destination = dict(target.pop("destination", None) or {})
     tool = Tool(
         name=name,
         title=raw.get("title", name),
@@ -129,6 +130,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         sensitive=tuple(raw.get("sensitive", [])),
         secret_output=tuple(raw.get("secret_output", [])),
         allocates=dict(raw.get("allocates") or {}),
+        destination=destination,
         pve_versions={k: str(v) for k, v in (raw.get("pve_versions") or {}).items()},
         spec=dict(raw[connector]),
         output=dict(raw.get("output", {})),
@@ -158,6 +160,9 @@ def _check_placeholders(tool: Tool, where: str) -> None:
     for field_name, param in tool.target.items():
         if param not in props:
             raise CatalogError(f"{where}: target {field_name} names undeclared parameter {param}")
+    for field_name, param in tool.destination.items():
+        if param not in props:
+            raise CatalogError(f"{where}: target.destination {field_name} names undeclared parameter {param}")
     if tool.connector == "pve_api":
         schemas = tool.parameters["properties"]
         for mapping in (tool.spec.get("query") or {}, tool.spec.get("body") or {}):

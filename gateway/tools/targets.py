@@ -32,6 +32,21 @@ def unknown_target(cluster: str | None) -> dict[str, Any]:
     }
 
 
+def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """The guest as the call leaves it: the target's facts, with what the call names instead. A
+    declared pool not given is no pool (Proxmox puts the new guest in none); a node not given is
+    the target's (a clone stays on its source's node)."""
+    names = tool.destination
+    vmid = arguments.get(names["vmid"]) if "vmid" in names else target.get("vmid")
+    return {
+        "cluster": target.get("cluster"),
+        "node": arguments.get(names["node"], target.get("node")) if "node" in names else target.get("node"),
+        "vmid": int(vmid) if vmid is not None else None,
+        "pool": arguments.get(names["pool"]) if "pool" in names else target.get("pool"),
+        "tags": list(target.get("tags") or []),  # a clone copies its source's tags; a migration keeps them
+    }
+
+
 def url_host(url: Any) -> str | None:
     """The lower-case host name of an http(s) URL; None when there is none to trust (a
     userinfo part such as http://allowed.example@evil.example is refused outright)."""
@@ -127,6 +142,14 @@ class TargetResolver:
         self._cache.pop(cluster, None)
 
     async def resolve(self, tool: Tool, arguments: dict[str, Any], cluster: str) -> dict[str, Any]:
+        """What the call names, as the policy sees it; with `destination` for a tool that puts a
+        guest somewhere (a clone, a migration), so a binding's scope must cover both ends."""
+        target = await self._resolve(tool, arguments, cluster)
+        if tool.destination:
+            target["destination"] = destination(tool, arguments, target)
+        return target
+
+    async def _resolve(self, tool: Tool, arguments: dict[str, Any], cluster: str) -> dict[str, Any]:
         target = unknown_target(cluster)
         vmid_param = tool.target.get("vmid")
         node_param = tool.target.get("node")

@@ -86,6 +86,14 @@ async def test_prune_with_preview(gateway: GatewayThread, env: DevEnv, sim: Any)
     assert [parse_qs(q) for q in deletes] == [{"prune-backups": ["keep-last=1"], "vmid": ["103"]}]
     assert await backups_of(env, "pve2", "local", 103) == [newest["volid"]]
 
+    # a protected guest's backups are the protected guest's: its tag stops the prune, as a snapshot delete
+    sim.clear_logs()
+    res = await call(
+        env, admin(env), "backup_prune", {"node": "pve1", "storage": "local", "keep": "keep-last=1", "vmid": 101}
+    )
+    assert res.is_error and "guardrail.protected_tag" in res.structured_content["codes"], text(res)
+    assert [e for e in sim.requests_log() if e["method"] == "DELETE"] == []
+
 
 async def test_backup_jobs_and_schedules(gateway: GatewayThread, env: DevEnv, sim: Any) -> None:
     runs = (await read(env, "backup_schedule_preview", {"schedule": "sat 03:00", "iterations": 3}))["items"]

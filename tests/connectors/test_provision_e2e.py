@@ -310,6 +310,18 @@ async def test_provisioner_agent_quota(gateway: GatewayThread, env: DevEnv, sim:
     assert not ok.is_error, text(ok)
     assert (await guests(env))[184]["pool"] == "sandbox"
 
+    # a clone of a sandbox guest is a new guest: it too must land in the sandbox (the policy sees
+    # target.destination); out of it, or in no pool at all, no binding of the agent covers it
+    sim.clear_logs()
+    for pool in ("prod", None):
+        args = {"vmid": 184, "newid": 185, "name": "out-of-sandbox", **({"pool": pool} if pool else {})}
+        out = await call(env, tok, "guest_clone", args)
+        assert out.is_error and "no role" in text(out) and "into guest 185" in text(out), text(out)
+    assert sent(sim) == [] and 185 not in await guests(env)
+    inside = await call(env, tok, "guest_clone", {"vmid": 184, "newid": 185, "name": "in-sandbox", "pool": "sandbox"})
+    assert not inside.is_error, text(inside)
+    assert (await guests(env))[185]["pool"] == "sandbox"
+
 
 def test_cloudinit_secrets_never_reach_audit_or_results(gateway: GatewayThread, env: DevEnv) -> None:
     """The cloud-init and root passwords sent above: not in the audit database, its WAL, or

@@ -105,8 +105,18 @@ vmid_ok(scope, target) if {
 	target.vmid <= r.to
 }
 
-# applies(b, target): the binding's scope covers the target.
-applies(b, target) if scope_covers(object.get(b, "scope", {}), target)
+# applies(b, target): the binding's scope covers the target, and where the call
+# puts a guest (target.destination: a clone, a migration), that too: a binding
+# scoped to a pool or nodes never lets a guest out of them.
+applies(b, target) if {
+	scope := object.get(b, "scope", {})
+	scope_covers(scope, target)
+	destination_covered(scope, target)
+}
+
+destination_covered(_, target) if not "destination" in object.keys(target)
+
+destination_covered(scope, target) if scope_covers(scope, target.destination)
 
 # --- role permissions ----------------------------------------------------------
 
@@ -233,17 +243,25 @@ denials contains lib.reason("rbac.not_granted", "pvegate.rbac.granting_bindings"
 	)
 }
 
-# target_text describes the target for messages.
-default target_text := "an unresolved target"
+# target_text describes the target, and where the call puts it, for messages.
+target_text := concat("", [subject_text, destination_text])
 
-target_text := sprintf("guest %v on node %v (pool %v)", [input.target.vmid, input.target.node, input.target.pool]) if {
+default subject_text := "an unresolved target"
+
+subject_text := sprintf("guest %v on node %v (pool %v)", [input.target.vmid, input.target.node, input.target.pool]) if {
 	input.target.known == true
 	input.target.vmid != null
 }
 
-target_text := sprintf("node %v", [input.target.node]) if {
+subject_text := sprintf("node %v", [input.target.node]) if {
 	input.target.known == true
 	input.target.vmid == null
+}
+
+default destination_text := ""
+
+destination_text := sprintf(" into guest %v on node %v (pool %v)", [d.vmid, d.node, d.pool]) if {
+	d := input.target.destination
 }
 
 # --- tools/list ---------------------------------------------------------------

@@ -199,3 +199,48 @@ test_caller_bindings_keep_the_kind_filter_and_defined_roles if {
 	org := {"roles": {}, "bindings": [{"name": "x", "role": "ghost", "subjects": [fx.admin.sub]}]}
 	count(rbac.caller_bindings) == 0 with input as call with data.data as org
 }
+
+# --- where a call puts a guest (target.destination) -----------------------------
+
+clone_tool := fx.tool("guest_clone", "guest", "write", "guest", ["provision"])
+
+sandbox_org := {
+	"roles": {"provisioner": {"allow": [{"tools": ["guest_clone", "guest_migrate"]}], "approve": true}},
+	"bindings": [{
+		"name": "sandbox-only", "role": "provisioner", "subjects": ["mallory"],
+		"scope": {"pools": ["sandbox"], "nodes": ["pve1"]},
+	}],
+}
+
+sandbox_guest := fx.guest(189, [], "sandbox", null)
+
+# into(target, changes): the target with a destination: the same guest, changed as the call says
+into(target, changes) := object.union(target, {"destination": object.union(
+	{"cluster": target.cluster, "node": target.node, "vmid": target.vmid, "pool": target.pool, "tags": target.tags},
+	changes,
+)})
+
+test_a_clone_must_land_inside_the_bindings_scope if {
+	inside := into(sandbox_guest, {"vmid": 190})
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, clone_tool, inside) with data.data as sandbox_org
+
+	prod := into(sandbox_guest, {"vmid": 190, "pool": "prod"})
+	reasons := rbac.deny with input as fx.call(fx.nobody, clone_tool, prod) with data.data as sandbox_org
+	fx.has_reason(reasons, "on guest 189 on node pve1 (pool sandbox) into guest 190 on node pve1 (pool prod)")
+
+	no_pool := into(sandbox_guest, {"vmid": 191, "pool": null}) # Proxmox puts it in no pool
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, clone_tool, no_pool) with data.data as sandbox_org
+}
+
+test_a_migration_must_land_on_a_node_of_the_scope if {
+	stays := into(sandbox_guest, {"node": "pve1"})
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, fx.guest_migrate, stays) with data.data as sandbox_org
+	leaves := into(sandbox_guest, {"node": "pve2"})
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, fx.guest_migrate, leaves) with data.data as sandbox_org
+}
+
+test_an_approver_must_cover_the_destination_too if {
+	approver := fx.principal("mallory", "human", [], [])
+	rbac.may_approve(approver, into(sandbox_guest, {"vmid": 190})) with data.data as sandbox_org
+	not rbac.may_approve(approver, into(sandbox_guest, {"vmid": 190, "pool": "prod"})) with data.data as sandbox_org
+}
