@@ -85,7 +85,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         return CallResult("invalid" if outcome == "unsupported_version" else "failed", why, is_error=True)
 
     dry_run = bool(req.meta.get("dry_run", False))
-    digest = arguments_digest(tool.name, args, dry_run=dry_run)
+    digest = arguments_digest(tool.name, args, dry_run=dry_run, sensitive=tool.sensitive)
     try:
         target = await c.targets.resolve(tool, args, cluster)
     except UpstreamError as exc:  # no facts to decide on: not a policy deny, and nothing was sent
@@ -323,6 +323,9 @@ async def _audit_decision(
     # the whole input, as the audit may keep it, so `pvegate policy replay` can ask a candidate policy
     body["input_redacted"] = redacted_paths(args, kept_args)
     replayable = {**input_doc, "arguments": kept_args}
+    if body["input_redacted"]:  # digests of what is kept: a digest over a hidden value would give it away
+        replayable["arguments_digest"] = arguments_digest(tool.name, kept_args, dry_run=bool(input_doc["dry_run"]))
+        body["input_digest"] = digest_json(replayable)
     owner = await c.audit.append(
         AuditRecord(req.request_id, "received", who, tool.name, tkey, None, received),
         AuditRecord(req.request_id, "decision", who, tool.name, tkey, outcome, body, policy_input=replayable),

@@ -15,10 +15,12 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from gateway.core.canonical import digest_json
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
+from gateway.tools.tool import arguments_digest
 from tests.approvals.conftest import Api
 from tests.support import GatewayThread, audit_rows, database_bytes, per_module
 
@@ -336,3 +338,20 @@ def test_cloudinit_secrets_never_reach_audit_or_results(gateway: GatewayThread, 
     assert decisions, "the create calls were audited"
     kept = [auditlib.unpack_input(json.loads(r["body"])) for r in decisions]
     assert any(k and k["arguments"].get("cipassword") == "[redacted]" for k in kept)
+    # nor as a digest: with the other arguments beside it, an unsalted hash over a password gives it
+    # back to a word list. Put each password back where it was redacted: no recorded digest matches.
+    checked = 0
+    for row, doc in zip(decisions, kept, strict=True):
+        assert doc is not None
+        hidden = [k for k, v in doc["arguments"].items() if v == "[redacted]"]
+        if not hidden:
+            continue
+        checked += 1
+        body = json.loads(row["body"])
+        for secret in (CI_PASSWORD, CI_PASSWORD_2, CT_PASSWORD):
+            guess = {**doc["arguments"], **dict.fromkeys(hidden, secret)}
+            raw_digest = arguments_digest(row["tool"], guess, dry_run=doc["dry_run"])
+            assert raw_digest != doc["arguments_digest"]
+            assert digest_json({**doc, "arguments": guess}) != body["input_digest"]
+            assert digest_json({**doc, "arguments": guess, "arguments_digest": raw_digest}) != body["input_digest"]
+    assert checked >= 3  # the two cloud-init passwords and the container's root password

@@ -889,7 +889,7 @@ async def whatif_page(request: Request) -> Response:
         args = tool.validate(raw_args)
         cluster = c.cluster_for(tool, args)
         dry_run = params.get("dry_run") == "on"
-        digest = arguments_digest(tool.name, args, dry_run=dry_run)
+        digest = arguments_digest(tool.name, args, dry_run=dry_run, sensitive=tool.sensitive)
         target = await c.targets.resolve(tool, args, cluster)  # reads, as a live call does; sends nothing
         zero = {"1m": 0, "1h": 0, "24h": 0}
         call = CallRequest(
