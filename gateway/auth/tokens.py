@@ -6,6 +6,7 @@ The accepted algorithms come from configuration, never from the token header.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from collections import OrderedDict
@@ -45,6 +46,44 @@ def _check_text(doc: dict[str, Any], part: str) -> None:
     into the principal: it could be neither audited nor decided on."""
     if (where := unencodable_path(doc)) is not None:
         raise AuthError(f"token {part} {describe(where)} is not valid Unicode text")
+
+
+# NumericDate claims (RFC 7519 §2) taken: seconds from 1970 to the end of year 9999. PyJWT would
+# take "1700000000" (a string) through int(), and a signed exp of 10**400 overflowed float() into a 500.
+NUMERIC_DATE_CLAIMS = ("exp", "iat", "nbf")
+MAX_NUMERIC_DATE = 253402300799  # 9999-12-31T23:59:59Z
+
+
+class _ClaimTypeError(jwt.DecodeError):
+    """A time claim that is not a NumericDate we take, or a payload with NaN/Infinity."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _ClaimTypeError(f"token payload holds {name}, which is not JSON")
+
+
+class _StrictJWT(jwt.PyJWT):
+    """PyJWT with the payload held to JSON and the time claims to numbers in range; checked
+    after the signature (the payload is decoded only then) and before PyJWT reads the claims."""
+
+    def _decode_payload(self, decoded: dict[str, Any]) -> dict[str, Any]:
+        try:
+            payload = json.loads(decoded["payload"], parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:  # as PyJWT's own _decode_payload
+            raise jwt.DecodeError(f"Invalid payload string: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise jwt.DecodeError("Invalid payload string: must be a json object")
+        for name in NUMERIC_DATE_CLAIMS:
+            if name not in payload:
+                continue  # a missing required one is PyJWT's to name
+            value = payload[name]
+            # RFC 7519 allows a fraction; 1e400 parses as inf and fails the range
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_NUMERIC_DATE:
+                raise _ClaimTypeError(f"token {name} claim must be a number (seconds since 1970, before year 10000)")
+        return payload
+
+
+_JWT = _StrictJWT()
 
 
 # how many verified tokens are remembered (the most recently used); a token is verified again
@@ -140,7 +179,7 @@ class Authenticator:
         """Verify the token: the Principal, its exp (None when not a number), the algorithm."""
         alg, key = await self._key_for(token)
         try:
-            claims: dict[str, Any] = jwt.decode(
+            claims: dict[str, Any] = _JWT.decode(
                 token,
                 key=key,
                 algorithms=[alg],  # the one configured algorithm this key serves
@@ -161,6 +200,8 @@ class Authenticator:
             raise AuthError("token signature does not verify") from exc
         except jwt.MissingRequiredClaimError as exc:
             raise AuthError(f"token lacks the {exc.claim!r} claim") from exc
+        except _ClaimTypeError as exc:
+            raise AuthError(str(exc)) from exc
         except jwt.PyJWTError as exc:
             raise AuthError(f"invalid token: {type(exc).__name__}") from exc
         except (TypeError, ValueError) as exc:  # pyjwt's word for a key that does not fit the algorithm

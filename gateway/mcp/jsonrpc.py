@@ -7,6 +7,7 @@ both protocol eras), so the wire answer for a fault is the spec's, not ours.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,10 +101,36 @@ def fault_response(fault: RpcFault) -> Response:
     return error_response(fault.id, fault.code, fault.message, fault.data)
 
 
+class _NotJson(ValueError):
+    """NaN, Infinity or -Infinity: json accepts them, JSON (RFC 8259) does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJson(f"Parse error: {name} is not a JSON value")
+
+
+def _finite(literal: str) -> float:
+    """A number too large for a double (1e400) would come out as Infinity: refused as that is."""
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NotJson(f"Parse error: the number {literal[:40]} is out of range")
+    return value
+
+
 def parse_message(body: bytes) -> Message:
-    """Decode a POST body into one request or notification, or raise the spec's fault."""
+    """Decode a POST body (or a stdio line) into one request or notification, or raise the spec's fault."""
     try:
-        doc = json.loads(body)
+        # JSON text is UTF-8 without a byte order mark (RFC 8259 §8.1); json.loads(bytes) would also
+        # take UTF-16/32 and a BOM. surrogatepass: an encoded lone surrogate is refused below, saying where.
+        text = body.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise RpcFault(PARSE_ERROR, "Parse error: the body is not UTF-8 text") from exc
+    if text.startswith("\ufeff"):
+        raise RpcFault(PARSE_ERROR, "Parse error: the body starts with a byte order mark (JSON text has none)")
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+    except _NotJson as exc:
+        raise RpcFault(PARSE_ERROR, str(exc)) from exc
     except (ValueError, RecursionError) as exc:  # huge int literals raise ValueError, deep nesting RecursionError
         raise RpcFault(PARSE_ERROR, "Parse error: the body is not valid JSON") from exc
     if isinstance(doc, list):

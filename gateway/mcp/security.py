@@ -7,6 +7,7 @@ oversize body is refused before any token work, and each refusal is audited.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections import defaultdict
@@ -28,6 +29,10 @@ _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 # take no credential, change nothing and return no secret, so they answer whatever the Host, and a
 # misaddressed probe every two seconds does not fill the audit with refusals.
 PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz"})
+# How long a client may take to send its body once the headers are in. A request holds one of its
+# address's max_inflight_per_client slots while the body arrives, so without a deadline a few
+# stalled uploads lock that address out for good.
+BODY_DEADLINE_SECONDS = 30.0
 
 
 def _host_only(value: str) -> str:
@@ -61,8 +66,20 @@ def allowed_origins(config: Config) -> frozenset[str]:
     return frozenset(origins)
 
 
+class BodyRefused(Exception):
+    """The request body is not handed on: too large, cut short, or too slow."""
+
+    def __init__(self, status: int, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.outcome = outcome
+        self.message = message
+
+
 class TransportGuard:
     """ASGI middleware: refuses what must never reach a handler, with the HTTP status the spec names."""
+
+    body_deadline: float = BODY_DEADLINE_SECONDS  # a class attribute: tests shorten it on the live gateway
 
     def __init__(self, app: ASGIApp, config: Config) -> None:
         self.app = app
@@ -110,16 +127,13 @@ class TransportGuard:
         self.inflight[source_ip] += 1
         try:
             if scope["method"] == "POST":
-                body = await _read_capped(receive, headers, self.max_body)
-                if body is None:
+                try:
+                    body = await _read_capped(receive, headers, self.max_body, self.body_deadline)
+                except BodyRefused as refused:
+                    # too slow or cut short: the connection is not reused (RFC 9110 §15.5.9 for the 408)
+                    close = refused.status != 413
                     await self._refuse(
-                        scope,
-                        receive,
-                        send,
-                        413,
-                        "body_too_large",
-                        f"request body exceeds {self.max_body} bytes",
-                        source_ip,
+                        scope, receive, send, refused.status, refused.outcome, refused.message, source_ip, close=close
                     )
                     return
                 receive = _replay(body, receive)
@@ -130,7 +144,16 @@ class TransportGuard:
                 del self.inflight[source_ip]
 
     async def _refuse(
-        self, scope: Scope, receive: Receive, send: Send, status: int, outcome: str, message: str, source_ip: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status: int,
+        outcome: str,
+        message: str,
+        source_ip: str,
+        *,
+        close: bool = False,
     ) -> None:
         app = scope.get("app")
         components = getattr(getattr(app, "state", None), "components", None)
@@ -146,31 +169,49 @@ class TransportGuard:
                 )
             except STORE_ERRORS as exc:  # still refused (nothing ran); the health signal learns of the store
                 components.outcomes.store_failed(exc)
-        await error_response(None, INVALID_REQUEST, message, status=status)(scope, receive, send)
+        response = error_response(None, INVALID_REQUEST, message, status=status)
+        if close:
+            response.headers["Connection"] = "close"
+        await response(scope, receive, send)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _read_capped(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:
-    """The whole body, or None as soon as it is known to exceed `limit` (never buffers more)."""
+async def _read_capped(receive: Receive, headers: dict[str, str], limit: int, deadline: float) -> bytes:
+    """The whole body, or BodyRefused: over `limit` (as soon as that is known, never buffering more),
+    cut short (the client left, or fewer bytes than Content-Length said), or not in within `deadline` s.
+
+    A body cut short is never handed on: a truncated request could still parse as another one."""
     declared = headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        return None
+        raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
+    try:
+        async with asyncio.timeout(deadline):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise BodyRefused(
+                        400, "body_incomplete", "the connection closed before the request body was complete"
+                    )
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError as exc:
+        raise BodyRefused(
+            408, "body_timeout", f"the request body was not complete within {deadline:g} seconds"
+        ) from exc
+    if declared is not None and size != int(declared):
+        raise BodyRefused(
+            400, "body_incomplete", f"the request body has {size} bytes, Content-Length declared {declared}"
+        )
     return b"".join(chunks)
 
 

@@ -32,9 +32,18 @@ from gateway.components import Components
 from gateway.core.config import LocalPrincipal
 from gateway.core.principal import Principal
 from gateway.mcp import handoff, methods, modern, transport
-from gateway.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, Message, RpcFault, encode, parse_message
+from gateway.mcp.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    Message,
+    RpcFault,
+    encode,
+    parse_message,
+)
 from gateway.mcp.request_state import RequestStates, Sealer
 from gateway.store.audit import AuditRecord
+from gateway.store.outcomes import AUDIT_UNAVAILABLE, STORE_ERRORS, AuditUnavailable
 
 log = logging.getLogger("pvegate.stdio")
 
@@ -71,22 +80,34 @@ class StdioSession:
         return methods.Exchange(self.c, self.principal, version, modern_era, None, url_elicitation, self.states)
 
     async def handle(self, line: bytes) -> dict[str, Any] | None:
-        """One message in; the reply document, or None for a notification."""
+        """One message in; the reply document, or None for a notification. Never raises: the client
+        waits for a reply to each request, so an audit that cannot take writes, or a bug, is answered
+        too: AUDIT_UNAVAILABLE as over HTTP, or INTERNAL_ERROR without internals (the log has them)."""
         msg: Message | None = None
+        reply_id: str | int | None = None
         try:
-            msg = parse_message(line)
-            if msg.is_notification:
-                return None  # notifications/initialized, cancelled, ...: nothing to answer
-            return {"jsonrpc": "2.0", "id": msg.id, "result": await self._dispatch(msg)}
-        except RpcFault as fault:
-            if fault.id is None and msg is not None:
-                fault.id = msg.id
-            if not fault.audited:
-                await self._refuse(fault)
-            error: dict[str, Any] = {"code": fault.code, "message": fault.message}
-            if fault.data is not None:
-                error["data"] = fault.data
-            return {"jsonrpc": "2.0", "id": fault.id, "error": error}
+            try:
+                msg = parse_message(line)
+                reply_id = msg.id
+                if msg.is_notification:
+                    return None  # notifications/initialized, cancelled, ...: nothing to answer
+                return {"jsonrpc": "2.0", "id": msg.id, "result": await self._dispatch(msg)}
+            except RpcFault as fault:
+                if fault.id is None:
+                    fault.id = reply_id
+                reply_id = fault.id
+                if not fault.audited:
+                    await self._refuse(fault)
+                return _error(fault.id, fault.code, fault.message, fault.data)
+        except (AuditUnavailable, *STORE_ERRORS) as exc:  # fail closed, and say why
+            message = transport.audit_unavailable_message(self.c, exc)
+            return None if msg is not None and msg.is_notification else _error(reply_id, AUDIT_UNAVAILABLE, message)
+        except Exception:
+            request_id = uuid.uuid4().hex
+            log.exception("internal error handling a stdio message (request %s)", request_id)
+            if msg is not None and msg.is_notification:
+                return None
+            return _error(reply_id, INTERNAL_ERROR, f"Internal error (request {request_id})")
 
     async def _dispatch(self, msg: Message) -> dict[str, Any]:
         if _is_modern(msg):
@@ -108,8 +129,14 @@ class StdioSession:
             return await methods.call(x, msg.params)
         raise RpcFault(METHOD_NOT_FOUND, f"Method not found: {msg.method}", id_=msg.id)
 
-    async def refuse_too_long(self) -> None:
-        await self._refuse(RpcFault(INVALID_REQUEST, "message larger than max_body_bytes"))
+    async def refuse_too_long(self, limit: int) -> dict[str, Any]:
+        """The reply to a line over the limit: nothing of it was parsed, so no id to answer (as an
+        HTTP 413 has none). Audited first; an audit that cannot take it is said instead."""
+        try:
+            await self._refuse(RpcFault(INVALID_REQUEST, "message larger than max_body_bytes"))
+        except (AuditUnavailable, *STORE_ERRORS) as exc:
+            return _error(None, AUDIT_UNAVAILABLE, transport.audit_unavailable_message(self.c, exc))
+        return too_long_reply(limit)
 
     async def _refuse(self, fault: RpcFault) -> None:
         """A protocol-level refusal is audited like one over HTTP (there is no source address)."""
@@ -188,8 +215,8 @@ async def serve_stdio(
 
     async def one(line: bytes) -> None:
         try:
-            doc = await session.handle(line)
-        except Exception:  # never a stack trace on stdout; the log has it
+            doc = await session.handle(line)  # answers its own failures too
+        except Exception:  # a last resort: never a stack trace on stdout; the log has it
             log.exception("internal error handling a stdio message")
             doc = None
         finally:
@@ -200,9 +227,8 @@ async def serve_stdio(
     if on_ready is not None:
         await on_ready()
     while (line := await lines.next()) is not None:
-        if line == TOO_LONG:  # nothing of it was parsed: no id to answer, as an HTTP 413 has none
-            await session.refuse_too_long()
-            await reply(too_long_reply(c.config.max_body_bytes))
+        if line == TOO_LONG:
+            await reply(await session.refuse_too_long(c.config.max_body_bytes))
             continue
         if not line.strip():
             continue
@@ -214,6 +240,13 @@ async def serve_stdio(
         await asyncio.gather(*running, return_exceptions=True)
     with contextlib.suppress(OSError):
         out.flush()
+
+
+def _error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": id_, "error": error}
 
 
 def too_long_reply(limit: int) -> dict[str, Any]:

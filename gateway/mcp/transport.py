@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import uuid
 from typing import Any
@@ -102,11 +103,27 @@ def _media_type(value: str) -> str:
     return value.split(";")[0].strip().lower()
 
 
+# RFC 9110 §12.5.1: a weight is 0 to 1 with at most three decimals; q=0 means "not acceptable"
+_QVALUE = re.compile(r"0(\.\d{0,3})?|1(\.0{0,3})?")
+# most specific first: the most specific range that names JSON gives its weight (§12.5.1)
+_JSON_RANGES = ("application/json", "application/*", "*/*")
+
+
 def _accepts_json(accept: str | None) -> bool:
     if accept is None:
         return True  # lenient with minimal clients; a present header must allow JSON
-    types = {_media_type(part) for part in accept.split(",")}
-    return bool(types & {"application/json", "application/*", "*/*"})
+    weights: dict[str, float] = {}
+    for part in accept.split(","):
+        media_type, *params = part.split(";")
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                value = value.strip()
+                # a weight that is not one: the range is not taken as allowing anything (fail closed)
+                weight = float(value) if _QVALUE.fullmatch(value) else 0.0
+        weights.setdefault(media_type.strip().lower(), weight)
+    return next((weights[r] for r in _JSON_RANGES if r in weights), 0.0) > 0
 
 
 async def handle_mcp(request: Request) -> Response:
@@ -119,18 +136,20 @@ async def handle_mcp(request: Request) -> Response:
     try:
         return await _handle_mcp(c, request)
     except (AuditUnavailable, *STORE_ERRORS) as exc:  # fail closed, and say why: never a bare 500
-        if not isinstance(exc, AuditUnavailable):
-            c.outcomes.store_failed(exc)
-        if isinstance(exc, ClaimLost):
-            return await _unavailable(
-                request, AUDIT_UNAVAILABLE, f"{exc}; nothing was sent to Proxmox. Retry (on any replica)"
-            )
-        return await _unavailable(
-            request,
-            AUDIT_UNAVAILABLE,
-            "the audit store cannot take writes, so no call is run; nothing was sent to Proxmox. "
-            f"Retry later ({exc if isinstance(exc, AuditUnavailable) else c.outcomes.last_store_error})",
-        )
+        return await _unavailable(request, AUDIT_UNAVAILABLE, audit_unavailable_message(c, exc))
+
+
+def audit_unavailable_message(c: Components, exc: Exception) -> str:
+    """The AUDIT_UNAVAILABLE error message for an audit failure (shared with the stdio transport);
+    a raw store error is remembered for the health signal first."""
+    if not isinstance(exc, AuditUnavailable):
+        c.outcomes.store_failed(exc)
+    if isinstance(exc, ClaimLost):
+        return f"{exc}; nothing was sent to Proxmox. Retry (on any replica)"
+    return (
+        "the audit store cannot take writes, so no call is run; nothing was sent to Proxmox. "
+        f"Retry later ({exc if isinstance(exc, AuditUnavailable) else c.outcomes.last_store_error})"
+    )
 
 
 async def _unavailable(request: Request, code: int, message: str) -> Response:

@@ -82,6 +82,46 @@ def test_bad_claims_are_refused(tmp_path: Path, idp: IdP, claims: dict[str, obje
     assert err.status == 401 and err.error == "invalid_token" and reason in str(err)
 
 
+def signed_payload(payload: bytes) -> str:
+    """An HS256 token over exactly these payload bytes (what a careless or hostile issuer signs)."""
+    return jwt.api_jws.encode(payload, HS_SECRET, algorithm="HS256")
+
+
+def numeric_date_cases() -> list[tuple[str, str]]:
+    now = int(time.time())
+    body = json.dumps(claims_for())[1:-1]  # the valid claims, then one that overrides (the last one counts)
+    cases = {
+        "exp_huge": ("exp", str(10**400)),  # a 500 before: float() overflowed
+        "exp_string": ("exp", f'"{now + 600}"'),  # PyJWT's int() took it
+        "exp_overflowing_float": ("exp", "1e400"),
+        "exp_infinity": ("exp", "Infinity"),
+        "exp_nan": ("exp", "NaN"),
+        "exp_bool": ("exp", "true"),
+        "exp_negative": ("exp", "-1"),
+        "exp_after_year_9999": ("exp", "253402300800"),
+        "iat_string": ("iat", f'"{now}"'),
+        "nbf_huge": ("nbf", str(10**400)),
+        "nbf_null": ("nbf", "null"),
+    }
+    return [(name, "{" + body + f', "{claim}": {value}' + "}") for name, (claim, value) in cases.items()]
+
+
+@pytest.mark.parametrize(("name", "payload"), numeric_date_cases(), ids=[c[0] for c in numeric_date_cases()])
+def test_time_claims_must_be_numbers_in_range(tmp_path: Path, idp: IdP, name: str, payload: str) -> None:
+    """Signed, so only the claims are at fault: each is a clear 401, never a 500 nor accepted."""
+    err = refused(make_auth(tmp_path, idp), signed_payload(payload.encode()))
+    assert err.status == 401 and err.error == "invalid_token", (name, err)
+    claim = name.split("_", 1)[0]
+    assert f"token {claim} claim must be a number" in str(err) or "is not JSON" in str(err), (name, str(err))
+
+
+def test_time_claims_at_their_edges_are_accepted(tmp_path: Path, idp: IdP) -> None:
+    body = json.dumps({**claims_for(), "exp": 253402300799, "nbf": 0})
+    assert run(make_auth(tmp_path, idp), signed_payload(body.encode()))
+    fraction = json.dumps({**claims_for(), "exp": time.time() + 600.5})  # RFC 7519 NumericDate: a fraction is fine
+    assert run(make_auth(tmp_path, idp), signed_payload(fraction.encode()))
+
+
 def test_small_leeway_tolerates_clock_skew(tmp_path: Path, idp: IdP) -> None:
     token = idp.token("es256", exp=int(time.time()) - 5)
     assert run(make_auth(tmp_path, idp), token)

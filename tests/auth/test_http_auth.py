@@ -111,6 +111,14 @@ CASES: dict[str, tuple[Any, int, str, str]] = {
     "unknown_kid": (_stranger, 401, "invalid_token", "unknown signing key"),
     "tampered": (_tampered, 401, "invalid_token", "signature"),
     "missing_scope": (lambda g: g.idp.token("rs256", scope="openid"), 403, "insufficient_scope", "missing scope"),
+    # validly signed: a 500 before (float overflow), and a string exp was taken
+    "exp_huge": (lambda g: g.idp.token("rs256", exp=10**400), 401, "invalid_token", "exp claim must be a number"),
+    "exp_string": (
+        lambda g: g.idp.token("es256", exp=str(int(time.time()) + 600)),
+        401,
+        "invalid_token",
+        "exp claim must be a number",
+    ),
 }
 
 

@@ -6,15 +6,22 @@ Planted in review and not caught before: an Origin check by prefix (so
 
 from __future__ import annotations
 
+import json
+import socket
 import ssl
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from starlette.types import Message, Receive
 
 from gateway.dev.devenv import DevEnv
+from gateway.mcp.security import BodyRefused, TransportGuard, _read_capped
 from tests.adversarial.test_corpus import max_seq, rows_after
-from tests.support import GatewayThread
+from tests.support import GatewayThread, audit_rows
 
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
 
@@ -88,3 +95,112 @@ def test_body_cap_at_its_exact_boundary(gateway: GatewayThread, env: DevEnv, str
         over = send(padded(limit + 1))
         assert over.status_code == 413, over.text[:300]
         assert over.json()["error"]["code"] == -32600
+
+
+# --- bodies cut short or stalled (found in review: a cut body ran, a stalled one held its slot) ---------
+
+
+def tls_socket(env: DevEnv) -> ssl.SSLSocket:
+    url = urlsplit(env.url)
+    assert url.hostname and url.port
+    ctx = ssl.create_default_context(cafile=str(env.ca_file))
+    return ctx.wrap_socket(socket.create_connection((url.hostname, url.port), timeout=30), server_hostname=url.hostname)
+
+
+def request_head(env: DevEnv, token: str | None, framing: str) -> bytes:
+    lines = [
+        "POST /mcp HTTP/1.1",
+        f"Host: {urlsplit(env.url).netloc}",
+        "Content-Type: application/json",
+        "Accept: application/json",
+        "MCP-Protocol-Version: 2025-06-18",
+        framing,
+    ]
+    if token:
+        lines.append(f"Authorization: Bearer {token}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def wait_for_rows(db: Path, after: int, outcome: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r["outcome"] == outcome for r in rows_after(db, after)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no {outcome} refusal recorded: {rows_after(db, after)}")
+
+
+def read_to_close(s: ssl.SSLSocket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_cut_short_is_never_dispatched(gateway: GatewayThread, env: DevEnv, framing: str) -> None:
+    """A whole tools/call, but the connection closes before the declared end: nothing may run."""
+    sub = f"guard-cut-{framing}"
+    call = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                       "params": {"name": "list_nodes", "arguments": {}}}).encode()  # fmt: skip
+    if framing == "content-length":
+        head, body = request_head(env, env.token(sub, ["operator"]), f"Content-Length: {len(call) + 100}"), call
+    else:  # one chunk holding the whole message, and no last chunk
+        head = request_head(env, env.token(sub, ["operator"]), "Transfer-Encoding: chunked")
+        body = f"{len(call):x}\r\n".encode() + call + b"\r\n"
+    db = env.config.audit_path
+    before = max_seq(db)
+    with tls_socket(env) as s:
+        s.sendall(head + body)
+        time.sleep(0.3)  # the body is in before the close: only the missing end tells it apart
+    wait_for_rows(db, before, "body_incomplete")
+    time.sleep(0.5)  # a call that did run would have left its rows by now
+    rows = rows_after(db, before)
+    assert [(r["kind"], r["outcome"]) for r in rows] == [("refusal", "body_incomplete")], rows
+    assert not [r for r in audit_rows(db) if r["principal"] == sub]
+
+
+def test_a_stalled_upload_is_408_and_frees_its_slot(
+    gateway: GatewayThread, env: DevEnv, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot of an address taken by uploads that never finish: refused with 408 at the body
+    deadline, after which the address is served again (before, it was locked out until they closed)."""
+    monkeypatch.setattr(TransportGuard, "body_deadline", 2.0)
+    db = env.config.audit_path
+    before = max_seq(db)
+    stalled = [tls_socket(env) for _ in range(env.config.max_inflight_per_client)]
+    try:
+        for s in stalled:
+            s.sendall(request_head(env, None, "Content-Length: 1000") + b"{")
+        time.sleep(0.5)
+        locked_out = http.post(env.url, content=LIST, headers=headers(env))
+        assert locked_out.status_code == 429, locked_out.text
+        for s in stalled:
+            answer = read_to_close(s).decode("latin-1")
+            assert answer.startswith("HTTP/1.1 408 "), answer[:200]
+            assert "connection: close" in answer.lower() and "within 2 seconds" in answer, answer
+        served = http.post(env.url, content=LIST, headers=headers(env))
+        assert served.status_code == 200 and "tools" in served.json()["result"], served.text[:300]
+    finally:
+        for s in stalled:
+            s.close()
+    outcomes = [r["outcome"] for r in rows_after(db, before) if r["kind"] == "refusal"]
+    assert outcomes.count("body_timeout") == len(stalled) and "too_many_requests" in outcomes
+
+
+async def _receive_from(messages: list[Message]) -> Receive:
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    return receive
+
+
+async def test_fewer_bytes_than_content_length_are_refused() -> None:
+    """What a server that ends the body early would hand on (uvicorn disconnects instead): refused too."""
+    receive = await _receive_from([{"type": "http.request", "body": b'{"a":1}', "more_body": False}])
+    with pytest.raises(BodyRefused) as refused:
+        await _read_capped(receive, {"content-length": "9"}, 1024, 5.0)
+    assert (refused.value.status, refused.value.outcome) == (400, "body_incomplete")
+    whole = await _receive_from([{"type": "http.request", "body": b'{"a":1}', "more_body": False}])
+    assert await _read_capped(whole, {"content-length": "7"}, 1024, 5.0) == b'{"a":1}'

@@ -5,11 +5,13 @@ policy, the simulator, the audit on disk, approvals handed off by URL (and appro
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,8 +22,14 @@ from mcp.client.client import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from gateway.app import build_components
+from gateway.components import Components
+from gateway.core.principal import Principal
 from gateway.dev.devenv import DevEnv, make_env
+from gateway.mcp import methods
+from gateway.mcp.stdio import local_principal, serve_stdio
 from gateway.sim.harness import start_simulator
+from gateway.store.outcomes import AUDIT_UNAVAILABLE
 from tests.support import audit_rows, free_port
 
 PVEGATE = Path(sys.executable).with_name("pvegate")
@@ -188,3 +196,76 @@ def test_stdout_carries_only_protocol_messages(stdio_env: DevEnv) -> None:
     assert [e["code"] for e in errors] == [-32700, -32600]  # the parse error, then the over-long line
     assert "at most 1048576 bytes" in errors[1]["message"]
     assert len(replies) == 4
+
+
+async def exchange(c: Components, principal: Principal, lines: list[bytes]) -> list[dict[str, Any]]:
+    """Lines in through a pipe to the stdio server itself (in this process), its replies out."""
+    read_end, write_end = os.pipe()
+
+    def feed() -> None:  # in a thread: the input may be larger than the pipe's buffer
+        with open(write_end, "wb") as pipe:
+            pipe.write(b"".join(line + b"\n" for line in lines))
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    out = io.BytesIO()
+    with open(read_end, "rb", buffering=0) as stdin:
+        await serve_stdio(c, principal, stdin, out)
+    writer.join()
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def rpc(id_: Any, method: str, params: dict[str, Any] | None = None) -> bytes:
+    doc: dict[str, Any] = {"jsonrpc": "2.0", "method": method, **({"id": id_} if id_ is not None else {})}
+    if params is not None:
+        doc["params"] = params
+    return json.dumps(doc).encode()
+
+
+async def test_a_message_that_fails_is_still_answered(
+    stdio_env: DevEnv, sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in review: when handling a message raised (the audit store unavailable, a bug), nothing
+    was written back and the client waited for ever. Now each request gets its error under its id,
+    as over HTTP; notifications still get nothing. The same parser as HTTP refuses what is not JSON."""
+    c = await build_components(stdio_env.config)
+    me = local_principal(stdio_env.config.local_principals["desk-agent"])
+    try:
+
+        async def broken(x: Any) -> dict[str, Any]:
+            raise RuntimeError("internals the client must not see")
+
+        monkeypatch.setattr(methods, "list_tools", broken)
+        replies = await exchange(c, me, [
+            rpc(1, "tools/list"),
+            rpc(None, "notifications/initialized"),
+            b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"a":NaN}}',
+            b"\xef\xbb\xbf" + rpc(3, "ping"),
+            rpc(4, "ping"),
+        ])  # fmt: skip
+        by_id = {r["id"]: r for r in replies}
+        assert len(replies) == 4 and by_id[4]["result"] == {}
+        assert by_id[1]["error"]["code"] == -32603 and "internals" not in json.dumps(by_id[1])
+        assert re.fullmatch(r"Internal error \(request [0-9a-f]{32}\)", by_id[1]["error"]["message"])
+        assert [r["error"]["code"] for r in replies if r["id"] is None] == [-32700, -32700]  # NaN, then the BOM
+        monkeypatch.undo()
+
+        await c.audit.close()  # the store takes no more writes
+        sim.clear_logs()
+        replies = await exchange(c, me, [
+            rpc("a", "tools/call", {"name": "list_nodes", "arguments": {}}),
+            rpc(2, "resources/list"),  # a refusal that cannot be recorded
+            rpc(None, "notifications/cancelled"),
+            rpc(3, "ping"),
+            b"{not json",
+            b"x" * (c.config.max_body_bytes + 1),
+        ])  # fmt: skip
+        by_id = {r["id"]: r for r in replies}
+        assert len(replies) == 5 and by_id[3]["result"] == {}
+        for id_ in ("a", 2, None):
+            error = by_id[id_]["error"]
+            assert error["code"] == AUDIT_UNAVAILABLE and "nothing was sent to Proxmox" in error["message"], error
+        assert [r["error"]["code"] for r in replies if r["id"] is None] == [AUDIT_UNAVAILABLE] * 2
+        assert sim.requests_log() == []
+    finally:
+        await c.close()

@@ -45,6 +45,8 @@ def error_of(r: httpx.Response) -> dict[str, Any]:
     return dict(doc["error"])
 
 
+PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+
 LEGACY_FAULTS = [
     # (name, raw body, extra headers, status, code)
     ("parse_error", b"{not json", {}, 400, -32700),
@@ -84,7 +86,16 @@ LEGACY_FAULTS = [
         400,
         -32600,
     ),
-]
+    # not JSON (RFC 8259), though Python's json takes them: found in review reaching a tool call
+    ("nan_argument", b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+     b'"params":{"name":"list_nodes","arguments":{"x":NaN}}}', {}, 400, -32700),
+    ("infinity_param", b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":-Infinity}}', {}, 400, -32700),
+    ("overflowing_number", b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":1e400}}', {}, 400, -32700),
+    ("utf8_bom", b"\xef\xbb\xbf" + PING, {}, 400, -32700),
+    ("utf16", PING.decode().encode("utf-16"), {}, 400, -32700),
+    ("utf16_without_bom", PING.decode().encode("utf-16-le"), {}, 400, -32700),
+    ("utf32", PING.decode().encode("utf-32"), {}, 400, -32700),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", LEGACY_FAULTS, ids=[c[0] for c in LEGACY_FAULTS])
@@ -112,6 +123,28 @@ def test_accept_without_json_is_406(gateway: GatewayThread, env: DevEnv, http: h
         headers=legacy_headers(token, accept="text/html"),
     )
     assert r.status_code == 406
+
+
+@pytest.mark.parametrize(
+    ("accept", "status"),
+    [
+        ("application/json;q=0", 406),
+        ("application/json; q=0.000", 406),
+        ("application/json;q=0, */*", 406),  # the most specific range decides (RFC 9110 §12.5.1)
+        ("*/*;q=0", 406),
+        ("application/json;q=2", 406),  # not a weight
+        ("application/json;q=0.001", 200),
+        ("text/html;q=0, application/*;q=0.5", 200),
+        ("application/json;q=0.5, text/event-stream", 200),
+    ],
+)
+def test_accept_weights_are_honoured(
+    gateway: GatewayThread, env: DevEnv, http: httpx.Client, token: str, accept: str, status: int
+) -> None:
+    r = http.post(env.url, content=PING, headers=legacy_headers(token, accept=accept))
+    assert r.status_code == status, r.text
+    if status == 406:
+        assert error_of(r)["message"] == "Accept must allow application/json"
 
 
 def test_get_and_delete_are_405(gateway: GatewayThread, env: DevEnv, http: httpx.Client, token: str) -> None:
