@@ -68,7 +68,8 @@ def check_state_dir(path: Path, setting: str = "state_dir") -> None:
 
 def check_secrets(config: Config) -> None:
     refs: list[SecretRef] = [c.token for c in config.clusters.values()]
-    refs += [r for r in (config.auth.hs256_secret, config.admin.token) if r is not None]
+    # metrics.token too: otherwise first read at the first scrape, and a mistyped path only ever answers 401
+    refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.metrics.token) if r is not None]
     for ref in refs:
         try:
             if not ref.read():

@@ -7,6 +7,7 @@ the file names where to read them from (a file path or an environment variable).
 from __future__ import annotations
 
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,19 +313,39 @@ def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[
                 "they are one database, name it once (storage.url)"
             )
         return StorageConfig("sqlite", url, password, pool), sqlite_file
+    moved = "; a password is named in storage.password ({file: PATH} or {env: NAME}), not in the URL"
     try:
         parts = urlsplit(str(url))
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError as exc:
-        raise ConfigError(f"storage.url: not a valid PostgreSQL URL: {exc}") from None
+        # urlsplit's text quotes the port or the whole user:password@host: never shown
+        raise ConfigError(f"storage.url: not a valid PostgreSQL URL: {_urlsplit_reason(exc)}{moved}") from None
     if parts.password is not None:
         raise ConfigError(
             "storage.url: holds a password; secrets are not kept in this file: "
             "remove it from the URL and name it in storage.password ({file: PATH} or {env: NAME})"
         )
+    if "@" in f"{parts.path}?{parts.query}#{parts.fragment}":
+        # user:pass/word@host splits as host `user`, port `pass` and a path holding the rest of the password
+        raise ConfigError(
+            "storage.url: has an '@' after the host: a password with '/', '?' or '#' in it would end the "
+            f"host part early (write a literal '@' as %40){moved}"
+        )
     if not parts.hostname:
         raise ConfigError("storage.url: names no host (postgresql://USER@HOST:PORT/DATABASE)")
     return StorageConfig("postgresql", str(url), password, pool), None
+
+
+def _urlsplit_reason(exc: ValueError) -> str:
+    """What urlsplit found wrong, in words of our own."""
+    text = str(exc)
+    if text.startswith("Port"):
+        return "the port after ':' is not a number from 0 to 65535"
+    if "IPv6" in text:
+        return "an unbalanced '[' or ']' in the host part"
+    if "NFKC" in text:
+        return "characters a host name cannot hold"
+    return "it does not split into scheme, user, host, port and path"
 
 
 def _claim_paths(raw: str | list[str]) -> tuple[str, ...]:
@@ -359,7 +380,10 @@ def _console(raw: dict[str, Any] | None, base: Path, public_url: str | None) -> 
     from urllib.parse import urlsplit
 
     issuer = str(raw["issuer"]).rstrip("/")
-    parts = urlsplit(issuer)
+    try:
+        parts = urlsplit(issuer)
+    except ValueError as exc:
+        raise ConfigError(f"console.issuer: not a valid URL: {_urlsplit_reason(exc)}") from None
     if raw.get("enabled") and not (
         parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1"))
     ):
@@ -389,7 +413,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
     The mapping must satisfy schemas/config.schema.json (an unknown key is a mistake, not
     something to ignore): otherwise ConfigError lists every problem, one line each.
     """
-    from gateway.core.config_schema import problems
+    from gateway.core.config_schema import problems, redact
 
     found = problems(raw)
     if found:
@@ -513,16 +537,59 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
     except ConfigError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid configuration: {exc!r}") from exc
+        # not chained: the exception's own text (logged with -v) might quote a URL's password
+        raise ConfigError(redact(f"invalid configuration: {exc!r}")) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is noted in `duplicates`:
+    YAML keeps the last one silently, so a second `opa:` section would drop every setting of the first."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[tuple[int, str]] = []  # (line, problem)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: a key of this mapping overrides a merged one on purpose
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                self.duplicates.append(
+                    (
+                        line,
+                        f"{key}: given twice in the same mapping (lines {seen[key]} and {line}); "
+                        "the second would silently replace the first: keep one",
+                    )
+                )
+            else:
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(text: str) -> Any:
+    """The configuration file's YAML, as yaml.safe_load reads it; ConfigError if a key is given twice."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        data = loader.get_single_data()
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        raise ConfigError(*(problem for _, problem in sorted(loader.duplicates)))
+    return data
 
 
 def load(path: Path) -> Config:
     """Read and check a configuration file; ConfigError (with `source` set) lists what is wrong."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"cannot read the configuration: {reason}", source=path) from exc
+    except ConfigError as exc:
+        raise ConfigError(*exc.problems, source=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("the top level must be a mapping of settings", source=path)
     try:

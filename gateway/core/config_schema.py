@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from functools import cache
@@ -83,8 +84,18 @@ def settings() -> Iterator[tuple[str, dict[str, Any]]]:
 # -- problems -------------------------------------------------------------------------------
 
 
+# scheme://user:password@ up to the last '@' before a space or quote (a password may hold '/', '?' or '#');
+# not the USER@HOST placeholder of a hint
+_USERINFO = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)(?!USER@)[^\s'"]*@""")
+
+
+def redact(text: str) -> str:
+    """`text` with the user name and password of every URL in it replaced by `***`: never shown."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def _show(value: Any) -> str:
-    """A value as the YAML author wrote it, short."""
+    """A value as the YAML author wrote it, short (a URL without its password)."""
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):
@@ -93,7 +104,13 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    text = repr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+    if isinstance(value, str) and "://" in value:
+        # everything from the scheme to the last '@' (no quote or space stops it here); redact() on the result
+        # covers a second URL in the value
+        value = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://).*@", r"\1***@", value, flags=re.S)
+    text = redact(repr(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -210,15 +227,40 @@ def _position(root: Any, path: Sequence[str | int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _non_finite(node: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], float]]:
+    """Every .nan, .inf and -.inf in the file, passed-through sections included, with its path."""
+    if isinstance(node, float) and not math.isfinite(node):
+        yield path, node
+    elif isinstance(node, dict):
+        for key, sub in node.items():
+            yield from _non_finite(sub, (*path, key))
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            yield from _non_finite(sub, (*path, i))
+
+
 def problems(raw: Any) -> list[str]:
     """Everything wrong with a parsed configuration file, one readable line each; [] if nothing."""
     found: list[tuple[tuple[int, ...], str]] = []
+    # JSON Schema takes .nan for a number and never finds it out of range (every comparison with it is
+    # false), and .inf is in range wherever there is no maximum: both would be used as given
+    non_finite = dict(_non_finite(raw))
+    mistyped: set[tuple[str | int, ...]] = set()
     for error in _validator().iter_errors(raw):
+        at = tuple(error.absolute_path)
+        if at in non_finite and error.validator not in ("type", "enum"):
+            continue  # a range problem of a non-finite number: said below, once
+        if at in non_finite:
+            mistyped.add(at)  # `expected a string, got .nan` says more than "finite"
         for key, path, message in _messages(error, raw):
-            where = [*error.absolute_path, *([key] if key is not None else [])]
-            found.append((_position(raw, where), f"{path}: {message}"))
+            where = [*at, *([key] if key is not None else [])]
+            found.append((_position(raw, where), redact(f"{path}: {message}")))
+    for at, value in non_finite.items():
+        if at not in mistyped:
+            line = f"{_display_path(raw, list(at))}: must be a finite number, got {_show(value)}"
+            found.append((_position(raw, list(at)), redact(line)))
     if not found:
-        return _consistency(raw)
+        return [redact(line) for line in _consistency(raw)]
     unique = dict.fromkeys(line for _, line in sorted(found, key=lambda f: f[0]))
     return list(unique)
 
@@ -452,6 +494,8 @@ def reference() -> str:
         "`auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a cluster's `fingerprint`",
         "together with its `ca_file` or with `verify_tls: false`. A `trusted_proxies` entry must be an IP",
         "address or CIDR network: `*` (believe every client's `X-Forwarded-For`) and names are refused.",
+        "A key given twice in one mapping (YAML would keep the last silently) and a number that is",
+        "`.nan`, `.inf` or `-.inf` are refused too. A problem never shows a URL's user name or password.",
         "",
         "## When the gateway cannot start",
         "",

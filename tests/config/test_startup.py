@@ -112,6 +112,17 @@ def test_unset_secret_variable(base: dict[str, Any], tmp_path: Path) -> None:
     assert reason == "auth.hs256_secret: environment variable PVEGATE_TEST_UNSET_SECRET is not set"
 
 
+def test_missing_or_empty_metrics_token(base: dict[str, Any], tmp_path: Path) -> None:
+    """It was first read at the first scrape: a mistyped path started a gateway whose every scrape got 401."""
+    base["metrics"] = {"token": {"file": "secrets/metrics-tokn"}}
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    missing = tmp_path / "secrets" / "metrics-tokn"
+    assert reason == f"metrics.token: cannot read secret file {missing}: No such file or directory"
+    (tmp_path / "secrets" / "metrics-tokn").write_text("\n")
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason == "metrics.token: the secret is empty"
+
+
 def test_state_dir_that_cannot_be_written(base: dict[str, Any], tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a regular file\n")
