@@ -13,8 +13,10 @@ the log: a client only ever sees "internal error (request <id>)".
 from __future__ import annotations
 
 import contextvars
+import copy
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -78,11 +80,40 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str, ensure_ascii=False)
 
 
+# C0, DEL and C1 controls, the Unicode line/paragraph separators and the bidi overrides: any of
+# them in client text (a tool name, a path) could start a forged line or disguise this one
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+MAX_MESSAGE = 8192  # characters of one record's message in the text log, after escaping
+
+
+def _escape(ch: re.Match[str]) -> str:
+    c = ch.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` as one bounded line: controls escaped (\\n, \\x1b, \\u2028), cut past `limit` characters."""
+    safe = _UNSAFE.sub(_escape, text)
+    if len(safe) > limit:
+        safe = f"{safe[:limit]}... [cut {len(safe) - limit} characters]"
+    return safe
+
+
 class TextFormatter(logging.Formatter):
-    """The classic `LEVEL logger: message`, with `[request <id>]` while a request is bound."""
+    """The classic `LEVEL logger: message`, with `[request <id>]` while a request is bound.
+
+    The message is one line, whatever client text it carries (one_line): only a traceback,
+    which follows it, spans lines. The JSON formatter needs none of this: json.dumps escapes.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        shown = copy.copy(record)  # other handlers format the same record: leave it as it came
+        shown.message = one_line(record.message)
+        return super().formatMessage(shown)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -90,7 +121,7 @@ class TextFormatter(logging.Formatter):
         if ctx is None:
             return text
         head, sep, rest = text.partition("\n")  # a traceback follows the first line
-        return f"{head} [request {ctx.request_id}]{sep}{rest}"
+        return f"{head} [request {one_line(ctx.request_id, 200)}]{sep}{rest}"
 
 
 def formatter(fmt: str) -> logging.Formatter:

@@ -121,18 +121,41 @@ def roots_of(files: list[Path], root: Path) -> list[str]:
     return sorted(roots)
 
 
-def keygen(directory: Path) -> tuple[Path, Path]:
-    """An RSA key pair for RS256 bundle signing (private key 0600)."""
+KEY_FILES = ("bundle-signing.pem", "bundle-verify.pem")
+
+
+def keygen(directory: Path, *, force: bool = False) -> tuple[Path, Path]:
+    """An RSA key pair for RS256 bundle signing (private key 0600).
+
+    Never overwrites a pair (a lost signing key strands every bundle signed with it) unless
+    `force`; the files are created with O_EXCL, so the private key is 0600 from its first byte
+    and a link planted at either path is refused rather than followed.
+    """
     directory.mkdir(parents=True, exist_ok=True)
+    priv, pub = (directory / name for name in KEY_FILES)
+    for path in (priv, pub):
+        if not force and (path.exists() or path.is_symlink()):  # (a dangling link: exists() says no)
+            raise BundleError(f"{path} already exists: give --force to replace the key pair")
     key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
-    priv, pub = directory / "bundle-signing.pem", directory / "bundle-verify.pem"
-    priv.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    priv.chmod(0o600)
-    pub.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if force:  # removed, not truncated: the new files are created afresh, mode included
+        for path in (priv, pub):
+            path.unlink(missing_ok=True)
+    written: list[Path] = []
+    try:
+        for path, data, mode in ((priv, pem, 0o600), (pub, public, 0o644)):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
+            except FileExistsError:  # created since the check above
+                raise BundleError(f"{path} already exists: give --force to replace the key pair") from None
+            written.append(path)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+    except BaseException:
+        for path in written:  # no half pair left behind
+            path.unlink(missing_ok=True)
+        raise
     return priv, pub
 
 

@@ -186,6 +186,10 @@ class Candidate:
     bundle: Path | None = None
     verification_key: Path | None = None
 
+    def __post_init__(self) -> None:
+        if self.verification_key is not None and self.bundle is None:  # else the key would be ignored
+            raise ReplayError("a verification key needs a bundle: a policy directory carries no signature")
+
     def describe(self) -> str:
         if self.bundle is not None:
             return f"bundle {self.bundle}" + (" (signature verified)" if self.verification_key else "")

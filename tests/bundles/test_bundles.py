@@ -214,3 +214,142 @@ def test_a_bundle_without_the_api_guard_serves_the_managed_sidecar(tmp_path: Pat
         assert r.status_code == 200 and r.json()["result"]["allow"] is False
     finally:
         opa.stop()
+
+
+# --- keygen never overwrites a key pair; the private key is never readable by others ---------------
+
+
+def test_keygen_refuses_to_overwrite_a_key_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys"
+    priv, pub = keys / "bundle-signing.pem", keys / "bundle-verify.pem"
+    assert main(["bundle", "keygen", "--out", str(keys)]) == 0
+    assert priv.stat().st_mode & 0o777 == 0o600
+    first = priv.read_bytes(), pub.read_bytes()
+    capsys.readouterr()
+    assert main(["bundle", "keygen", "--out", str(keys)]) == 1
+    out, err = capsys.readouterr()
+    assert "already exists" in err and "--force" in err and str(priv) in err and not out
+    assert (priv.read_bytes(), pub.read_bytes()) == first
+    pub.unlink()  # either file alone is a key pair in use: still refused, nothing written
+    assert main(["bundle", "keygen", "--out", str(keys)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert priv.read_bytes() == first[0] and not pub.exists()
+    with pytest.raises(BundleError, match="already exists"):
+        keygen(keys)
+
+
+def test_keygen_force_replaces_the_pair_with_a_private_key_of_mode_0600(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    old_priv, old_pub = keygen(keys)
+    before = old_priv.read_bytes(), old_pub.read_bytes()
+    old_priv.chmod(0o644)  # a key left readable: --force does not inherit its mode
+    assert main(["bundle", "keygen", "--out", str(keys), "--force"]) == 0
+    assert "signing key (keep secret)" in capsys.readouterr().out
+    assert old_priv.read_bytes() != before[0] and old_pub.read_bytes() != before[1]
+    assert old_priv.stat().st_mode & 0o777 == 0o600
+
+
+def test_keygen_does_not_follow_a_planted_symlink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The key files are created, never opened: a link at their path is refused, its target never written."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    target = tmp_path / "elsewhere.pem"
+    (keys / "bundle-signing.pem").symlink_to(target)  # dangling: exists() says no, O_EXCL still refuses
+    assert main(["bundle", "keygen", "--out", str(keys)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert not target.exists() and not (keys / "bundle-verify.pem").exists()
+
+
+def test_keygen_into_a_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "f").write_text("")
+    assert main(["bundle", "keygen", "--out", str(tmp_path / "f")]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+# --- verify: a clear error on stderr for anything that is not a verified bundle ---------------------
+
+
+@pytest.fixture(scope="module")
+def verifiable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A signed bundle and its key, built without the checks (`signed` covers the checked build)."""
+    d = tmp_path_factory.mktemp("verify")
+    priv, pub = keygen(d / "keys")
+    build(REPO_ROOT / "policies", d / "pvegate.tar.gz", priv, checks=False)
+    return d / "pvegate.tar.gz", pub
+
+
+def _verify(bundle: Path, key: Path) -> int:
+    return main(["bundle", "verify", str(bundle), "--verification-key", str(key)])
+
+
+def test_verify_accepts_the_signed_bundle_and_writes_nothing_beside_it(
+    verifiable: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = tmp_path / "pvegate.tar.gz"
+    shutil.copy2(verifiable[0], bundle)
+    (tmp_path / "pvegate.tar.verified.tmp").mkdir()  # where the intermediate output used to go
+    before = sorted(tmp_path.iterdir())
+    assert _verify(bundle, verifiable[1]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"OK: {bundle} is signed") and not err
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_verify_refusal_goes_to_stderr(
+    verifiable: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, other_pub = keygen(tmp_path / "other")
+    assert _verify(verifiable[0], other_pub) == 1
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("REFUSED: ")
+
+
+def test_verify_names_a_missing_key_or_bundle(
+    verifiable: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle, pub = verifiable
+    missing = tmp_path / "nope.pem"
+    assert _verify(bundle, missing) == 1
+    out, err = capsys.readouterr()
+    assert not out and err == f"error: verification key {missing} not found\n"  # not OPA's "PEM block"
+    assert _verify(bundle, tmp_path) == 1  # a directory is no key either
+    assert "verification key" in capsys.readouterr().err
+    assert _verify(tmp_path / "nope.tar.gz", pub) == 1
+    out, err = capsys.readouterr()
+    assert not out and err == f"error: bundle {tmp_path / 'nope.tar.gz'} not found\n"
+
+
+def _no_opa(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No opa anywhere find_opa looks (the checkout's own .tools/bin included)."""
+    monkeypatch.delenv("PVEGATE_OPA", raising=False)
+    monkeypatch.setattr("gateway.policy.opa_sidecar.REPO_ROOT", tmp_path)
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+
+
+def test_without_opa_verify_and_build_say_so(
+    verifiable: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _no_opa(monkeypatch, tmp_path)
+    assert _verify(verifiable[0], verifiable[1]) == 1
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("error: no opa binary found") and "Traceback" not in err
+    out_file = tmp_path / "b.tar.gz"
+    assert main(["bundle", "build", "--unsigned", "-o", str(out_file)]) == 1
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("error: no opa binary found") and not out_file.exists()
+
+
+def test_an_opa_that_cannot_run_is_a_clear_error(
+    verifiable: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "opa"
+    broken.write_bytes(b"\x7fELF not really\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PVEGATE_OPA", str(broken))
+    assert _verify(verifiable[0], verifiable[1]) == 1
+    out, err = capsys.readouterr()
+    assert not out and err.startswith(f"error: cannot verify {verifiable[0]}: ") and str(broken) in err
+    assert "Traceback" not in err

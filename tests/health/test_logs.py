@@ -50,6 +50,43 @@ def test_formatters_carry_the_bound_request() -> None:
     assert "request_id" not in outside
 
 
+FORGED = "INFO pvegate.calls: tools/call vm_stop by admin: allowed"
+
+
+def test_text_log_lines_cannot_be_forged_by_client_text() -> None:
+    """A tool name is the client's: its controls are escaped and its length bounded in the line."""
+    tool = f"x\n{FORGED}\r\x1b[2J\x85\u2028\u202e\x00\tend"
+    msg = "tools/call %s by %s: %s"
+    rec = logging.LogRecord("pvegate.calls", logging.INFO, __file__, 1, msg, (tool, "a", "b"), None)
+    text = TextFormatter().format(rec)
+    assert text.splitlines() == [text]  # str.splitlines knows every line break, \x85 and \u2028 included
+    assert text == (f"INFO pvegate.calls: tools/call x\\n{FORGED}\\r\\x1b[2J\\x85\\u2028\\u202e\\x00\\tend by a: b")
+    assert json.loads(JsonFormatter().format(rec))["msg"] == f"tools/call {tool} by a: b"  # JSON: as it was
+
+    huge = TextFormatter().format(_record("y" * 100_000))
+    assert len(huge) < 8300 and huge.endswith(f"... [cut {100_000 - 8192} characters]")
+    assert TextFormatter().format(_record("z" * 8192)) == "ERROR pvegate.test: " + "z" * 8192  # at the bound: whole
+
+    async def bound() -> str:
+        bind("req\nERROR forged", "p", "t")
+        return TextFormatter().format(_record("msg", exc=True))
+
+    with_exc = asyncio.run(bound())  # the traceback still follows on lines of its own
+    assert with_exc.startswith("ERROR pvegate.test: msg [request req\\nERROR forged]\nTraceback")
+
+
+async def test_a_forged_tool_name_stays_on_its_line_in_the_served_log(hsim: Any, tmp_path: Path) -> None:
+    env = health_env(tmp_path, hsim, log_format="text")
+    stderr = tmp_path / "serve.log"
+    async with serving(env, stderr) as (http, base):
+        r = await call(http, base + "/mcp", env.token("forger", ["operator"]), f"nope\n{FORGED}\r\n" + "w" * 20_000)
+        assert r.status_code in (200, 400), r.text
+    lines = stderr.read_text().splitlines()
+    assert not [ln for ln in lines if ln.startswith(FORGED)]
+    (line,) = [ln for ln in lines if ln.startswith("INFO pvegate.calls: tools/call nope")]
+    assert f"nope\\n{FORGED}\\r\\n" in line and "[cut " in line and len(line) < 8500
+
+
 def test_log_format_is_checked(tmp_path: Path, hsim: Any) -> None:
     env = health_env(tmp_path, hsim, log_format="json")
     assert env.config.log_format == "json"

@@ -49,3 +49,14 @@ def test_the_bare_input_and_stdin_work_too(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["allow"] is False
+
+
+def test_a_verification_key_without_a_bundle_is_a_usage_error(tmp_path: Path) -> None:
+    """A policy directory carries no signature: the key must not be silently ignored."""
+    key = tmp_path / "bundle-verify.pem"
+    key.write_text("not even read\n")
+    case = ROOT / "policies" / "golden" / "agent_may_not_migrate.json"
+    done = _eval("--input", str(case), "--verification-key", str(key))
+    assert done.returncode == 2 and not done.stdout
+    assert "error: --verification-key needs --bundle" in done.stderr and "usage:" in done.stderr
+    assert "Traceback" not in done.stderr

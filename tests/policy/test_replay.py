@@ -25,6 +25,7 @@ from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.store.audit import unpack_input, verify
+from gateway.store.replay import Candidate, ReplayError
 from tests.support import GatewayThread, free_port
 
 # principal -> (roles, groups, kind)
@@ -229,3 +230,17 @@ def test_unchanged_candidate_changes_nothing(recorded: tuple[DevEnv, Path], tmp_
     env, tree = recorded
     rc, report = _replay(env, tree, tmp_path, "--fail-on", "any", "--engine", "eval")
     assert rc == 0 and report["changed"] == 0 and report["replayed"] >= 250
+
+
+def test_a_verification_key_without_a_bundle_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The candidate would be the unverified policy directory: refused before anything is read."""
+    args = ["policy", "replay", "--db", str(tmp_path / "none.db"), "--policies", str(REPO_ROOT / "policies")]
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--verification-key", str(tmp_path / "k.pem")])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert not out and "error: --verification-key needs --bundle" in err
+    with pytest.raises(ReplayError, match="needs a bundle"):  # and the library refuses it as well
+        Candidate(policies=(REPO_ROOT / "policies",), verification_key=tmp_path / "k.pem")

@@ -5,15 +5,20 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from gateway.policy.bundles import BundleError, build, built_optimized, keygen
-from gateway.policy.opa_sidecar import REPO_ROOT, find_opa
+from gateway.policy.opa_sidecar import REPO_ROOT, OPAUnavailable, find_opa
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    priv, pub = keygen(args.out)
+    try:
+        priv, pub = keygen(args.out, force=args.force)
+    except (BundleError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"signing key (keep secret): {priv}\nverification key: {pub}")
     return 0
 
@@ -23,8 +28,11 @@ def _build(args: argparse.Namespace) -> int:
         rev = build(
             args.policies, args.output, args.signing_key, args.revision, unsigned=args.unsigned, optimize=not args.plain
         )
-    except BundleError as exc:
+    except (BundleError, OPAUnavailable, subprocess.TimeoutExpired) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: cannot build {args.output}: {exc}", file=sys.stderr)
         return 1
     print(
         f"built {args.output} (revision {rev}{', signed' if args.signing_key else ', UNSIGNED'}; policy checks passed; "
@@ -34,16 +42,41 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    # `opa build` verifies the signatures of an input bundle before re-packaging it.
-    out = args.bundle.with_suffix(".verified.tmp")
-    done = subprocess.run(
-        [str(find_opa()), "build", "-b", str(args.bundle), "--verification-key", str(args.verification_key),
-         "-o", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    out.unlink(missing_ok=True)
+    # Checked here: OPA takes an unreadable --verification-key for the key's PEM text itself
+    # ("failed to parse PEM block"), and a missing bundle is no refusal of its signature.
+    if not args.bundle.exists():
+        print(f"error: bundle {args.bundle} not found", file=sys.stderr)
+        return 1
+    try:
+        args.verification_key.read_bytes()
+    except FileNotFoundError:
+        print(f"error: verification key {args.verification_key} not found", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: cannot read the verification key {args.verification_key}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        opa = find_opa()
+    except OPAUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        # `opa build` verifies the signatures of an input bundle before re-packaging it; the copy
+        # goes to a directory of our own, never beside the bundle.
+        with tempfile.TemporaryDirectory(prefix="pvegate-verify-") as tmp:
+            done = subprocess.run(
+                [str(opa), "build", "-b", str(args.bundle), "--verification-key", str(args.verification_key),
+                 "-o", str(Path(tmp) / "verified.tar.gz")],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        print(f"error: {opa} did not verify {args.bundle} within 120 s", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: cannot verify {args.bundle}: {exc}", file=sys.stderr)
+        return 1
     if done.returncode != 0:
-        print(f"REFUSED: {done.stderr.strip() or done.stdout.strip()}")
+        print(f"REFUSED: {done.stderr.strip() or done.stdout.strip()}", file=sys.stderr)
         return 1
     print(f"OK: {args.bundle} is signed by the key {args.verification_key}")
     return 0
@@ -54,6 +87,11 @@ def register(sub: Any) -> None:
     bsub = b.add_subparsers(dest="bundle_command", required=True)
     k = bsub.add_parser("keygen", help="create an RS256 signing key pair")
     k.add_argument("--out", type=Path, default=REPO_ROOT / "bundles" / "keys", help="directory for the key pair")
+    k.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing key pair (bundles signed with the old key no longer verify)",
+    )
     k.set_defaults(func=_keygen)
     p = bsub.add_parser(
         "build", help="run the policy checks, then build a bundle from policies/ signed with --signing-key"

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.commands.replay import register_replay
+from gateway.cli.commands.replay import key_needs_bundle, register_replay
 from gateway.policy.authoring import AuthoringError, check_data, explain
 from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
@@ -166,9 +166,11 @@ def register(sub: Any) -> None:
         "--policies", type=Path, default=REPO_ROOT / "policies", help="policy directory for the temporary OPA"
     )
     e.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
-    e.add_argument("--verification-key", type=Path, help="public key the bundle must be signed with")
+    e.add_argument(
+        "--verification-key", type=Path, help="public key the --bundle must be signed with (only with --bundle)"
+    )
     e.add_argument("--opa-url", help="ask this running OPA (its API token, if any, in $PVEGATE_OPA_TOKEN)")
-    e.set_defaults(func=_eval)
+    e.set_defaults(func=key_needs_bundle(e, _eval))
     c = psub.add_parser("check", help="check policy data against its schema and the policy's own checks")
     c.add_argument("--data", type=Path, help="the data file to check (default: <policies>/data/data.yaml)")
     c.add_argument(

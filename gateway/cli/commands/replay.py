@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,20 @@ from gateway.store.replay import (
     read_export,
     replay,
 )
+
+
+def key_needs_bundle(
+    parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]
+) -> Callable[[argparse.Namespace], int]:
+    """`handler`, refusing --verification-key without --bundle as a usage error (exit 2): a policy
+    directory carries no signature, and deciding with it anyway would pass for a verified answer."""
+
+    def checked(args: argparse.Namespace) -> int:
+        if args.verification_key is not None and args.bundle is None:
+            parser.error("--verification-key needs --bundle: only a bundle carries a signature to verify")
+        return handler(args)
+
+    return checked
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -107,7 +122,11 @@ def register_replay(psub: Any) -> None:
         "--data", type=Path, action="append", help="more data files or directories, loaded as `opa run` loads them"
     )
     cand.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
-    cand.add_argument("--verification-key", type=Path, help="the bundle's signature must verify against this key")
+    cand.add_argument(
+        "--verification-key",
+        type=Path,
+        help="the --bundle's signature must verify against this key (only with --bundle)",
+    )
     out = r.add_argument_group("report and gate")
     out.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
     out.add_argument("--out", "-o", type=Path, help="write the report to this file")
@@ -126,4 +145,4 @@ def register_replay(psub: Any) -> None:
         help="ask a loopback `opa run --server`, or run `opa eval` per batch",
     )
     eng.add_argument("--concurrency", type=int, default=4, help="batches in flight (server engine)")
-    r.set_defaults(func=_run)
+    r.set_defaults(func=key_needs_bundle(r, _run))
