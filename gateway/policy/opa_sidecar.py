@@ -55,9 +55,13 @@ class OPAUnavailable(Exception):
 
 
 def find_opa(explicit: Path | None = None) -> Path:
-    """The pinned opa binary: explicit path, $PVEGATE_OPA, the repo's .tools/bin, then PATH."""
+    """The pinned opa binary: explicit path, $PVEGATE_OPA, the repo's .tools/bin, then PATH. An
+    explicit one (opa.binary) that is not there is an error, never a quiet fall back to another opa."""
+    if explicit is not None:
+        if explicit.is_file() and os.access(explicit, os.X_OK):
+            return explicit
+        raise OPAUnavailable(f"opa.binary {explicit} is not an executable file")
     candidates = [
-        explicit,
         Path(os.environ["PVEGATE_OPA"]) if os.environ.get("PVEGATE_OPA") else None,
         REPO_ROOT / ".tools" / "bin" / "opa",
         Path(p) if (p := shutil.which("opa")) else None,
@@ -356,6 +360,13 @@ class OPASidecar:
         self.reap_stale()
         private_dir(self.socket_dir)
         self._owns_socket_dir = True
+        try:
+            self._launch(timeout)
+        except BaseException:  # no opa binary, a bad policy, a start timeout, an interrupt: nothing left behind
+            self.stop()  # its log handle, config and socket directory too, not just the process
+            raise
+
+    def _launch(self, timeout: float) -> None:
         # a socket left by an OPA that was killed would make the new one's bind fail
         self.socket_path.unlink(missing_ok=True)
         self._write_config()
@@ -372,11 +383,7 @@ class OPASidecar:
         log.info("starting OPA sidecar: %s", " ".join(cmd))
         self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
         self._claim_pid_file()
-        try:
-            self.wait_healthy(timeout)
-        except OPAUnavailable:
-            self.stop()  # its log handle, config and socket directory too, not just the process
-            raise
+        self.wait_healthy(timeout)
 
     def _build_optimized(self) -> None:
         """The policy directory partially evaluated with its data, from the files as they are now."""

@@ -8,8 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from gateway.policy.opa_sidecar import OPASidecar
 
@@ -123,3 +127,23 @@ def test_the_socket_directory_of_an_opa_killed_with_its_gateway_is_removed(tmp_p
     pid_file.write_text(f"{pid} {gw.pid} {foreign}\n")
     OPASidecar(pid_file=pid_file).reap_stale()
     assert foreign.is_symlink() and tmp_path.is_dir()
+
+
+def test_a_start_that_fails_before_opa_runs_leaves_no_directory(tmp_path: Path, monkeypatch: Any) -> None:
+    """No opa binary, a policy tree that cannot be read: the private config and socket directories
+    made for the start are removed, not left in $TMPDIR one per attempt."""
+    from gateway.policy.opa_sidecar import OPAUnavailable
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # mkdtemp reads $TMPDIR afresh
+    try:
+        missing = OPASidecar(policies=(Path("policies"),), binary=tmp_path / "no-opa", decision_logs=False)
+        with pytest.raises(OPAUnavailable):
+            missing.start(timeout=5)
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pvegate-opa-")] == []
+        gone = OPASidecar(policies=(tmp_path / "no-such-policies",), decision_logs=False)
+        with pytest.raises(Exception):  # whatever the failure, nothing stays behind
+            gone.start(timeout=5)
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pvegate-opa-")] == []
+    finally:
+        tempfile.tempdir = None
