@@ -95,6 +95,10 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         req.meta, req.principal, tool.name, digest, target, request_id=req.request_id
     )
     if refusal:
+        waiting = await c.approvals.waiting(req.meta, req.principal, tool.name, digest, target)
+        if waiting is not None:  # retried before the approver voted: still held, the same approval
+            await _refuse(c, req, tool.name, target, "approval_pending", refusal)
+            return c.approvals.held(waiting, tool.name, waiting.reason, [])
         await _refuse(c, req, tool.name, target, "approval_refused", refusal)
         return CallResult("denied", refusal, is_error=True)
     usage, slot = await c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas

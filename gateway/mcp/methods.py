@@ -59,9 +59,12 @@ def raw_meta_lacks_token(meta: dict[str, Any]) -> bool:
     return meta.get("pvegate/approval") is None  # an explicit one-time token takes precedence
 
 
-def request_digest(name: str, arguments: Any) -> str:
-    """What a requestState is bound to: the tool and its exact arguments (the approval binding's digest)."""
-    return arguments_digest(name, arguments if arguments is not None else {})
+def request_digest(x: Exchange, name: str, arguments: Any) -> str:
+    """What a requestState is bound to: the tool and its exact arguments (the approval binding's
+    digest, the tool's sensitive arguments counted as redacted: it is stored for the legacy handoff)."""
+    tool = x.c.catalog.get(name)
+    sensitive = tool.sensitive if tool is not None else ()
+    return arguments_digest(name, arguments if isinstance(arguments, dict) else {}, sensitive=sensitive)
 
 
 async def list_tools(x: Exchange) -> dict[str, Any]:
@@ -155,7 +158,7 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     retry = x.modern and params.get("requestState") is not None
     if retry:
         try:
-            state = await x.states.redeem(params["requestState"], x.principal, request_digest(name, arguments))
+            state = await x.states.redeem(params["requestState"], x.principal, request_digest(x, name, arguments))
         except StateError as exc:
             await x.c.audit.append(
                 AuditRecord(
@@ -169,21 +172,22 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             ) from exc
         meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
     elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
-        recalled = await x.states.recall(x.principal, request_digest(name, arguments))
+        recalled = await x.states.recall(x.principal, request_digest(x, name, arguments))
         if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
             meta[handoff.APPROVAL_REQUEST_META] = recalled
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
     result = await _run(x, req)
     aid = handoff.approval_id(result)
-    if result.outcome == "pending_approval" and aid and x.url_elicitation and not retry:
+    # also after a retry: one made before the approver voted is held again, with a fresh handle
+    if result.outcome == "pending_approval" and aid and x.url_elicitation:
         if x.modern:
-            token = x.states.mint(x.principal, request_digest(name, arguments), aid)
+            token = x.states.mint(x.principal, request_digest(x, name, arguments), aid)
             out = handoff.input_required(x.c.config, result, aid, token)
             out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
             return out
         if x.version >= "2025-11-25":
-            await x.states.remember(x.principal, request_digest(name, arguments), aid)
+            await x.states.remember(x.principal, request_digest(x, name, arguments), aid)
             raise RpcFault(
                 URL_ELICITATION_REQUIRED,
                 "This call needs a human approval: open the URL, then retry the call",

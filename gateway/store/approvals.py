@@ -594,6 +594,27 @@ class Approvals:
         )
         return self.facts(req), None
 
+    async def waiting(
+        self, meta: dict[str, Any], principal: Principal, tool: str, digest: str, target: dict[str, Any]
+    ) -> ApprovalRequest | None:
+        """The approval a verified retry names (requestState, or the legacy handoff), when it is still
+        pending for exactly this call: the agent retried before the approver voted. That is an
+        answer of "still held", not a refusal, and the retry handle must not be lost with it."""
+        by_id = meta.get(APPROVAL_REQUEST_META)
+        if self.store is None or by_id is None or meta.get(APPROVAL_META_KEY) is not None:
+            return None
+        try:
+            req = await self.store.get(str(by_id))
+        except NotFound:
+            return None
+        same = (req.requester, req.tool, req.arguments_digest, req.target_key) == (
+            principal.sub,
+            tool,
+            digest,
+            target_key(target),
+        )
+        return req if same and req.state == "pending" and req.expires_at > time.time() else None
+
     @staticmethod
     def facts(req: ApprovalRequest) -> dict[str, Any]:
         """input.approval: the facts of a verified, consumed approval (the policy decides with them)."""
@@ -661,9 +682,13 @@ class Approvals:
             },
             target,
         )
+        return self.held(pending, tool.name, reason, decision.approval_codes)
+
+    def held(self, pending: ApprovalRequest, tool: str, reason: str, codes: list[str]) -> CallResult:
+        """The answer to a call held for `pending`: how a human approves it, and how to retry."""
         how = self.how_to_approve(pending.id)
         text = (
-            f"Not executed: {tool.name} needs a human approval ({reason}). "
+            f"Not executed: {tool} needs a human approval ({reason}). "
             f"Approval request {pending.id} is pending until {rfc3339(pending.expires_at)}; "
             f"it needs {pending.min_approvals} approval(s) from {', '.join(pending.approver_groups) or 'an approver'}. "
             f"A human approves it at {how['url'] or '(admin API not enabled)'} or with `{how['cli']}`. "
@@ -676,7 +701,7 @@ class Approvals:
                 "id": pending.id,
                 "status": "pending",
                 "reason": reason,
-                "codes": decision.approval_codes,
+                "codes": codes,
                 "expires_at": rfc3339(pending.expires_at),
                 "approver_groups": pending.approver_groups,
                 "min_approvals": pending.min_approvals,

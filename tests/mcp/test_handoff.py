@@ -22,6 +22,7 @@ from gateway.dev.client import mcp_client
 from tests.approvals.conftest import Api
 from tests.mcp.test_inspector import CLI
 from tests.mcp.wire import modern_body, modern_headers
+from tests.support import audit_rows
 
 _timeouts = itertools.count(501)
 URL_ELICITATION = {"elicitation": {"url": {}}}
@@ -132,6 +133,88 @@ def test_request_state_is_single_use_and_bound_to_the_call(api: Api, asim: Any) 
         assert ok["_meta"]["pvegate/outcome"] in ("allowed", "failed"), ok
         replay = post({"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses})
         assert replay.status_code == 400 and "already used" in replay.json()["error"]["message"]
+    assert shutdowns(asim, args["timeout"]) == 1
+
+
+def test_a_retry_before_the_vote_is_held_again_and_keeps_the_approval(api: Api, asim: Any) -> None:
+    """A client's "accept" of a URL elicitation means the page was opened, not approved: real clients
+    retry at once. That retry must neither burn the hand-off nor orphan the approval."""
+    import asyncio
+
+    args = shutdown_args()
+    token = api.agent()
+    ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
+    responses = {"pvegate_approval": {"action": "accept"}}
+
+    def post(params: dict[str, Any]) -> httpx.Response:
+        body = modern_body("tools/call", params, capabilities=URL_ELICITATION)
+        return http.post(api.env.url, json=body, headers=modern_headers(token, "tools/call", "vm_shutdown"))
+
+    def retry(state: str) -> httpx.Response:
+        return post({"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses})
+
+    with httpx.Client(verify=ctx, timeout=30) as http:
+        first = post({"name": "vm_shutdown", "arguments": args}).json()["result"]
+        url = first["inputRequests"]["pvegate_approval"]["params"]["url"]
+        early = post(
+            {
+                "name": "vm_shutdown",
+                "arguments": args,
+                "requestState": first["requestState"],
+                "inputResponses": responses,
+            }
+        ).json()["result"]
+        assert early["resultType"] == "input_required", early  # still held: the same approval, a fresh state
+        assert early["inputRequests"]["pvegate_approval"]["params"]["url"] == url
+        assert early["requestState"] != first["requestState"]
+        assert asyncio.run(api.vote(url.rsplit("/", 1)[-1], approver(api))).status_code == 200
+        old = post(
+            {
+                "name": "vm_shutdown",
+                "arguments": args,
+                "requestState": first["requestState"],
+                "inputResponses": responses,
+            }
+        )
+        assert old.status_code == 400 and "already used" in old.json()["error"]["message"]
+        ok = post(
+            {
+                "name": "vm_shutdown",
+                "arguments": args,
+                "requestState": early["requestState"],
+                "inputResponses": responses,
+            }
+        ).json()["result"]
+        assert ok["_meta"]["pvegate/outcome"] in ("allowed", "failed"), ok
+    assert shutdowns(asim, args["timeout"]) == 1
+    held = [
+        r
+        for r in audit_rows(api.env.config.audit_path)
+        if r["kind"] == "refusal" and r["outcome"] == "approval_pending"
+    ]
+    assert held, "the early retry is audited"
+
+
+async def test_2025_11_25_a_retry_before_the_vote_gets_the_same_elicitation(api: Api, asim: Any) -> None:
+    args = shutdown_args()
+
+    async def on_elicit(context: Any, params: Any) -> ElicitResult:
+        return ElicitResult(action="accept")
+
+    async with mcp_client(
+        api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=on_elicit
+    ) as client:
+        ids = []
+        for _ in range(2):  # the call, then an immediate retry before anyone voted
+            with pytest.raises(MCPError) as info:
+                await client.call_tool("vm_shutdown", args)
+            assert info.value.error.code == -32042
+            ids.append(info.value.error.data["elicitations"][0]["elicitationId"])
+        assert ids[0] == ids[1]  # the same approval, not a new one
+        vote = await api.vote(ids[0], approver(api))
+        assert vote.status_code == 200, vote.text
+        res = await client.call_tool("vm_shutdown", args)
+    assert res.meta and res.meta["pvegate/outcome"] in ("allowed", "failed"), res
     assert shutdowns(asim, args["timeout"]) == 1
 
 
