@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
@@ -291,9 +292,37 @@ def _trusted_proxy(i: int, entry: str) -> list[str]:
     return []
 
 
+def _url_credentials(raw: dict[str, Any]) -> list[str]:
+    """A user name or password inside a URL setting: it would be shown wherever the URL is (logs,
+    /admin/health, errors); credentials belong in the secret settings made for them."""
+    urls: list[tuple[str, Any]] = [
+        ("public_url", raw.get("public_url")),
+        ("auth.issuer", (raw.get("auth") or {}).get("issuer")),
+        ("auth.jwks_url", (raw.get("auth") or {}).get("jwks_url")),
+        ("opa.url", (raw.get("opa") or {}).get("url")),
+        ("console.issuer", (raw.get("console") or {}).get("issuer")),
+    ]
+    urls += [
+        (f"{_display_path(raw, ['clusters', i])}.api_url", c.get("api_url")) for i, c in enumerate(raw["clusters"])
+    ]
+    return [
+        f"{where}: a user name or password in the URL would be shown wherever the URL is; "
+        "give credentials in the settings made for them (a token, a secret reference)"
+        for where, url in urls
+        if isinstance(url, str) and "@" in _netloc(url)
+    ]
+
+
+def _netloc(url: str) -> str:
+    try:
+        return urlsplit(url).netloc
+    except ValueError:  # not a URL urlsplit can read: the schema's pattern and the loader say so
+        return ""
+
+
 def _consistency(raw: dict[str, Any]) -> list[str]:
     """Settings that are each valid but contradict each other, or one that would be silently ignored."""
-    out: list[str] = []
+    out: list[str] = _url_credentials(raw)
     names = [c["name"] for c in raw["clusters"]]
     for i, name in enumerate(names):
         if names.index(name) != i:

@@ -346,3 +346,19 @@ def test_health_says_whether_the_bundles_signature_is_checked(tmp_path: Path) ->
     assert bundle_signed(load(write(tmp_path, raw))) is True
     raw["opa"] = {"bundle": "b.tar.gz", "allow_unsigned": True}
     assert bundle_signed(load(write(tmp_path, raw))) is False
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda c: c.update(public_url="https://ops:pw@gw.example"), "public_url"),
+        (lambda c: c["auth"].update(jwks_url="https://u:secret@idp.example/jwks"), "auth.jwks_url"),
+        (lambda c: c["clusters"][0].update(api_url="https://root:pw@pve.example:8006"), "clusters.default.api_url"),
+    ],
+)
+def test_a_url_setting_with_credentials_is_refused(base: dict[str, Any], change: Any, where: str) -> None:
+    """They would be shown wherever the URL is (logs, health, errors); and never in the message itself."""
+    change(base)
+    found = problems(base)
+    assert any(line.startswith(f"{where}: a user name or password in the URL") for line in found), found
+    assert not any("pw@" in line or ":secret@" in line for line in found), found
