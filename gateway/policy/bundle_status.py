@@ -1,8 +1,8 @@
 """Which policy is active, and did the last bundle fail? OPA's status API, read by the gateway.
 
 OPA's bundle plugin downloads and activates new revisions on its own (from a bundle
-service, or from the bundle file the gateway serves it on loopback, `BundleFileServer`);
-a bundle it rejects (bad signature, digest mismatch, compile error) leaves the previous
+service, or from the bundle file the gateway serves it on loopback, to that OPA alone:
+`BundleFileServer`); a bundle it rejects (bad signature, digest mismatch, compile error) leaves the previous
 revision active and is reported only through its status API (`GET /v1/status`, enabled
 by the status plugin). `PolicyStatus` polls that API and keeps what the operator needs:
 the active revision, when it was activated, and the last error; the admin API
@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import http.server
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -192,21 +194,47 @@ class BundleFileServer:
     OPA polls it like any bundle service, so a new file activates without a restart, and
     verifies its signature like any downloaded bundle. The ETag (the file's SHA-256) lets
     OPA skip an unchanged file.
+
+    Only the OPA that was given `token` gets the file: a loopback port is open to every local
+    process (another container in the network namespace, a browser through DNS rebinding, a
+    request forged through a local HTTP client), and OPA's REST client cannot reach a Unix
+    socket (Go's transport: `unsupported protocol scheme "unix"`). So a request must name this
+    server as its Host (403 otherwise: a rebinding browser sends its own host name) and carry
+    `Authorization: Bearer <token>` (401 otherwise). The token is random, replaced by
+    `new_token()` for each OPA start, handed to OPA only in its private configuration file
+    (the service's `credentials.bearer`), and never logged, neither here nor by OPA (which
+    masks the Authorization header even at debug level).
     """
 
     resource = "bundle.tar.gz"
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        bundle_path = path
+        self._token = secrets.token_urlsafe(32)
+        server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def _refuse(self, code: int) -> None:
+                self.send_response(code)
+                if code == 401:
+                    self.send_header("WWW-Authenticate", 'Bearer realm="pvegate-bundle-file"')
+                self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+
             def do_GET(self) -> None:
+                if self.headers.get("Host") != server.host:
+                    self._refuse(403)
+                    return
+                if not server.authorized(self.headers.get("Authorization")):
+                    self._refuse(401)
+                    return
                 if self.path.split("?")[0] != "/" + BundleFileServer.resource:
                     self.send_error(404)
                     return
                 try:
-                    data = bundle_path.read_bytes()
+                    data = server.path.read_bytes()
                 except OSError:
                     self.send_error(404, "bundle file missing")
                     return
@@ -224,14 +252,35 @@ class BundleFileServer:
                 self.wfile.write(data)
 
             def log_message(self, format: str, *args: Any) -> None:
-                return  # OPA's own status reports what matters
+                return  # OPA's own status reports what matters; the request line is not logged either
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="pvegate-bundle-file")
 
+    def __repr__(self) -> str:  # never the token
+        return f"BundleFileServer({self.url}, {str(self.path)!r})"
+
+    @property
+    def host(self) -> str:
+        """The only Host header accepted: the one OPA sends for `url`."""
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self.host}"
+
+    def new_token(self) -> str:
+        """A fresh bearer token for the OPA about to start; the previous one stops working."""
+        self._token = secrets.token_urlsafe(32)
+        return self._token
+
+    def credentials(self) -> dict[str, Any]:
+        """OPA's service `credentials` section carrying the current token (for its private config file only)."""
+        return {"bearer": {"token": self._token, "scheme": "Bearer"}}
+
+    def authorized(self, header: str | None) -> bool:
+        scheme, _, value = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self._token.encode())
 
     def start(self) -> BundleFileServer:
         self._thread.start()

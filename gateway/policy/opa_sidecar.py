@@ -163,7 +163,8 @@ class OPASidecar:
     bundles: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, Any] = field(default_factory=dict)
     decision_logs_upload: dict[str, Any] | None = None
-    # serve `bundle` to OPA's bundle plugin from loopback, so a new file activates without a restart
+    # serve `bundle` to OPA's bundle plugin from loopback (to it alone: a bearer token and a Host
+    # check, BundleFileServer), so a new file activates without a restart
     watch_bundle: bool = False
     bundle_poll_seconds: int = 5
     # Go's collector at its default (100) costs OPA ~15 % of its CPU and most of its
@@ -202,14 +203,23 @@ class OPASidecar:
         return "policies"
 
     def opa_config(self) -> dict[str, Any]:
-        """OPA's configuration file: the passed-through sections, and the watched bundle file's service."""
+        """OPA's configuration file: the passed-through sections, and the watched bundle file's service.
+
+        With a watched bundle it holds that service's bearer token: written only by `_write_config`
+        (each call issues a new token, the previous one stops working), never logged."""
         services = dict(self.services)
         bundles = dict(self.bundles)
         keys = dict(self.keys)
         if self.bundle is not None and self.watch_bundle:
             if self._file_server is None:
                 self._file_server = BundleFileServer(self.bundle).start()
-            services["pvegate-bundle-file"] = {"url": self._file_server.url}
+            # the file server answers only this OPA: a fresh bearer token for each start, given to
+            # OPA in this (0600) file alone; without it, or with another Host, the server refuses
+            self._file_server.new_token()
+            services["pvegate-bundle-file"] = {
+                "url": self._file_server.url,
+                "credentials": self._file_server.credentials(),
+            }
             delay = max(1, self.bundle_poll_seconds)
             bundle: dict[str, Any] = {
                 "service": "pvegate-bundle-file",

@@ -16,6 +16,7 @@ import hashlib
 import http.server
 import io
 import json
+import logging
 import secrets
 import shutil
 import ssl
@@ -291,5 +292,79 @@ def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], 
         with opa.client() as c:
             r = c.post("/v1/data/pvegate/decision?provenance=true", json={"input": {}})
         assert r.json()["provenance"]["bundles"]["pvegate"]["revision"] == bundles["rev2"]
+    finally:
+        opa.stop()
+
+
+def test_watched_bundle_file_is_served_to_its_opa_alone(
+    bundles: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loopback file server refuses any other local client (a process, another container in the
+    namespace, a DNS-rebinding browser): no bearer token, 401; another Host, 403. OPA, given the
+    token in its private config file, still loads and follows the file."""
+    caplog.set_level(logging.DEBUG)
+    live = tmp_path / "pvegate.tar.gz"
+    shutil.copy(bundles["dir"] / "rev1.tar.gz", live)
+    opa = OPASidecar(
+        bundle=live,
+        verification_key=bundles["pub"],
+        watch_bundle=True,
+        bundle_poll_seconds=1,
+        log_file=tmp_path / "opa.log",
+    )
+    opa.start()
+    try:
+        server = opa._file_server
+        assert server is not None
+        url = f"{server.url}/{server.resource}"
+        with httpx.Client(trust_env=False, timeout=5) as c:
+            # the review's repro: any local client, any Host
+            anon = c.get(url, headers={"Host": "evil.example"})
+            assert anon.status_code == 403 and b"pvegate" not in anon.content
+            anon = c.get(url)  # the right Host, no credential
+            assert anon.status_code == 401 and not anon.content
+            assert anon.headers["WWW-Authenticate"].startswith("Bearer")
+            assert c.get(url, headers={"Authorization": "Bearer " + secrets.token_urlsafe(32)}).status_code == 401
+            assert c.get(url, headers={"Authorization": "Basic b3BhOm9wYQ=="}).status_code == 401
+
+            # the token exists only in OPA's private config file
+            cfg_file = Path(opa._config_dir or "") / "opa-config.json"
+            assert cfg_file.stat().st_mode & 0o777 == 0o600
+            service = json.loads(cfg_file.read_text())["services"]["pvegate-bundle-file"]
+            token = service["credentials"]["bearer"]["token"]
+            assert len(token) >= 32 and service["url"] == server.url
+            auth = {"Authorization": f"Bearer {token}"}
+            # with the token but another Host (a rebinding browser that somehow had it): still refused
+            assert c.get(url, headers={**auth, "Host": "evil.example"}).status_code == 403
+            assert c.get(url, headers={**auth, "Host": "localhost"}).status_code == 403
+            # OPA's own request: the file, with its ETag; an unchanged file is a 304
+            ok = c.get(url, headers=auth)
+            assert ok.status_code == 200 and ok.content == live.read_bytes()
+            again = c.get(url, headers={**auth, "If-None-Match": ok.headers["ETag"]})
+            assert again.status_code == 304 and again.headers["ETag"] == ok.headers["ETag"]
+
+        # OPA authenticates: the first revision is active (start waits for it), a new file follows
+        status = PolicyStatus(opa.url, opa.source)
+
+        def refreshed() -> PolicyStatus:
+            async def go() -> None:
+                async with httpx_async_client(opa.url, timeout=2) as c:
+                    await status.refresh(c)
+
+            asyncio.run(go())
+            return status
+
+        assert refreshed().revision == f"pvegate@{bundles['rev1']}" and not status.bundle_error
+        shutil.copy(bundles["dir"] / "rev2.tar.gz", live)
+        _wait(lambda: refreshed().revision == f"pvegate@{bundles['rev2']}", "the new file's revision")
+        assert not status.bundle_error
+
+        # the token is in no log and no repr
+        assert token not in caplog.text and token not in repr(opa) and token not in repr(server)
+        assert token not in (tmp_path / "opa.log").read_text()
+        # the next OPA start gets a new token: the old one stops working
+        opa._write_config()
+        with httpx.Client(trust_env=False, timeout=5) as c:
+            assert c.get(url, headers=auth).status_code == 401
     finally:
         opa.stop()
