@@ -39,7 +39,7 @@ from gateway.store.handoffs import MIGRATIONS as HANDOFF_MIGRATIONS
 from gateway.store.handoffs import SharedStates
 from gateway.store.migrations import check
 from gateway.store.pgsync import audit_location
-from gateway.store.reconcile import Reconciler, reconcile_loop
+from gateway.store.reconcile import Reconciler
 from gateway.store.shared_keys import state_key
 from gateway.store.usage import build_quotas
 from gateway.tools.catalog import Catalog
@@ -260,7 +260,9 @@ def create_app(
         built.outcomes.start()
         # what earlier runs left open (killed, cut off): settled from Proxmox's answers, in the background
         reconciler = Reconciler(config, built.catalog, built.outcomes, built.clients)
-        reconciling = asyncio.create_task(reconcile_loop(reconciler, started_at), name="reconcile")
+        reconciling = reconciler.start(started_at)
+        if built.health is not None:  # its task, last pass and open calls: /readyz, /admin/health, /metrics
+            built.health.reconciler = reconciler
         if test_fault("kill-after-dispatch-response"):
             log.warning("test fault %s is set: this gateway kills itself after a mutation", TEST_FAULT_ENV)
         if test_fault("stop-before-send") or test_fault("stop-after-decision"):

@@ -186,7 +186,8 @@ async def health(request: Request) -> Response:
     c = _components(request)
     assert c.health is not None
     ready, doc = c.health.readiness()
-    pending = len(await c.approvals.store.list("pending")) if c.approvals.store else None
+    # one COUNT, bounded: a slow or down approvals database is shown here, never a 500 or a hang
+    counts, approvals_error = await metricslib.approval_counts(c) if c.approvals.store else (None, None)
     doc["audit"] = {
         "path": str(c.audit.path),
         "commits": c.audit.commits,
@@ -205,7 +206,10 @@ async def health(request: Request) -> Response:
     if ready and policy is not None and policy["error"]:
         # a refused bundle leaves the previous revision deciding: ready, but someone must look
         doc["status"] = "degraded"
-    doc["approvals_pending"] = pending
+    doc["approvals_pending"] = None if counts is None else counts.get("pending", 0)
+    doc["approvals_error"] = approvals_error
+    # the outcome reconciler: its task, last pass and the calls it still tries to settle
+    doc["reconcile"] = c.health.reconciler.status() if c.health.reconciler is not None else None
     return JSONResponse(doc, status_code=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 

@@ -15,6 +15,9 @@ a load balancer may send agents here:
   commit (real, or a probe that writes outside the hash chain) recently, and free
   space on its file system above a floor.
 - draining: the gateway is not shutting down.
+- reconcile: the reconciler's background task (gateway/store/reconcile.py) still runs. Calls
+  it leaves open (a Proxmox down, a task still running) do not make the gateway unready: they
+  are the work it keeps doing, shown with its last pass; a task that died settles nothing more.
 
 Proxmox reachability per cluster is probed too and reported (and counted in
 metrics), but never makes the gateway unready: one cluster down must not take the
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from gateway.policy.decisions import DecisionClient
     from gateway.policy.opa_sidecar import OPASidecar
     from gateway.store.audit import AuditLog
+    from gateway.store.reconcile import Reconciler
     from gateway.tools.runtimes.pve_api import PveApiClient
 
 log = logging.getLogger("pvegate.health")
@@ -142,6 +146,8 @@ class HealthMonitor:
     external_opa_url: str | None = None
     bundle_signed: bool | None = None  # app.bundle_signed: False only under opa.allow_unsigned
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
+    # the outcome reconciler, attached once its task runs (app.py); None: no `reconcile` check
+    reconciler: Reconciler | None = None
     # OPA probe
     opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
     opa_error: str | None = "not probed yet"
@@ -371,7 +377,17 @@ class HealthMonitor:
             "free_bytes": self.audit_free_bytes,
         }
         draining = {"ok": not self.draining, "detail": "shutting down" if self.draining else None}
-        return {"opa": opa, "policy": policy, "audit": audit, "draining": draining}
+        checks: dict[str, dict[str, Any]] = {"opa": opa, "policy": policy, "audit": audit, "draining": draining}
+        if self.reconciler is not None:
+            r = self.reconciler
+            dead = r.task_error()
+            checks["reconcile"] = {
+                "ok": dead is None,
+                "detail": dead,
+                "last_pass_age_seconds": None if r.last_pass_at is None else round(time.time() - r.last_pass_at, 3),
+                "open_calls": r.open_calls(),
+            }
+        return checks
 
     def clusters_view(self) -> dict[str, dict[str, Any]]:
         now = time.monotonic()
@@ -458,6 +474,18 @@ class HealthMonitor:
                 state.add_metric([name, s], int(st.state == s))
         yield up
         yield state
+        if self.reconciler is not None:
+            r = self.reconciler
+            yield GaugeMetricFamily(
+                "pvegate_reconcile_last_pass_timestamp_seconds",
+                "Unix time the outcome reconciler last finished a round without an error (0: not yet).",
+                value=r.last_pass_at or 0,
+            )
+            yield GaugeMetricFamily(
+                "pvegate_reconcile_open_calls",
+                "Allowed calls without a recorded outcome that the reconciler still tries to settle.",
+                value=r.open_calls(),
+            )
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,10 +13,12 @@ outcomes, clusters, connector kinds), and a scrape reveals no identities.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import (
@@ -30,12 +32,19 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.store.db import DatabaseUnavailable
 from gateway.tools.runtimes.base import UpstreamError
 
 if TYPE_CHECKING:
     from gateway.components import Components
 
+log = logging.getLogger("pvegate.metrics")
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# how long a scrape (or /admin/health) waits on the approvals database: well inside Prometheus'
+# default scrape timeout (10 s), so a database that hangs costs one series, never the scrape
+APPROVALS_TIMEOUT_SECONDS = 2.0
+APPROVAL_STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
 
 # no `*_created` series next to every counter and histogram: they double the exposition, and the
 # classic text format's consumers (Prometheus alert rules) do not use them
@@ -129,6 +138,8 @@ class Metrics:
             "Readiness probes of OPA that got no decision inside the contract in time.",
             registry=r,
         )
+        # the approvals count being read (approval_counts): one at a time, however many scrapes wait
+        self._counting: asyncio.Task[dict[str, int]] | None = None
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -217,13 +228,54 @@ def gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = Non
     return g
 
 
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failure nobody waited for any more is not logged as never retrieved
+
+
+async def approval_counts(
+    c: Components, within: float = APPROVALS_TIMEOUT_SECONDS
+) -> tuple[dict[str, int] | None, str | None]:
+    """Approval requests by state (one COUNT query), or None and why the store gave no answer within
+    `within` seconds. A query that outlives its caller is not cancelled (the database's own timeout
+    ends it) but shared: the next caller waits on it rather than stacking another on a stuck server."""
+    store = c.approvals.store
+    if store is None:
+        return {}, None
+    task = c.metrics._counting
+    if task is None or task.done():
+        task = c.metrics._counting = asyncio.ensure_future(store.state_counts())
+        task.add_done_callback(_retrieved)
+    done, _ = await asyncio.wait({task}, timeout=within)
+    if not done:
+        return None, f"the approvals database did not answer within {within:g} s"
+    if task.cancelled():
+        return None, "the approvals count was cancelled"
+    exc = task.exception()
+    if exc is not None:
+        # DatabaseUnavailable says what is wrong in its own words; anything else by its type only
+        why = str(exc) if isinstance(exc, DatabaseUnavailable) else type(exc).__name__
+        log.warning("approvals state counts unavailable: %s", why)
+        return None, f"the approvals database refused the count ({why})"
+    return task.result(), None
+
+
 async def approvals_gauge(c: Components) -> list[str]:
-    """Approval requests by state, as exposition lines (read from the store: async, so not in the collector)."""
+    """Approval requests by state, as exposition lines (read from the store: async, so not in the
+    collector), and whether they could be read: a database that is down or slow never fails the scrape."""
     if c.approvals.store is None:
         return []
-    counts = await c.approvals.store.state_counts()
-    lines = ["# HELP pvegate_approvals Approval requests by state.", "# TYPE pvegate_approvals gauge"]
-    for state in ("pending", "approved", "denied", "withdrawn", "expired", "used"):
+    counts, _ = await approval_counts(c)
+    lines = [
+        "# HELP pvegate_approvals_state_unavailable 1 when this scrape could not read the approval counts "
+        "(the approvals database is down or slow): pvegate_approvals is absent then.",
+        "# TYPE pvegate_approvals_state_unavailable gauge",
+        f"pvegate_approvals_state_unavailable {int(counts is None)}",
+    ]
+    if counts is None:
+        return lines
+    lines += ["# HELP pvegate_approvals Approval requests by state.", "# TYPE pvegate_approvals gauge"]
+    for state in APPROVAL_STATES:
         lines.append(f'pvegate_approvals{{state="{state}"}} {counts.get(state, 0)}')
     return lines
 

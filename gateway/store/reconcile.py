@@ -17,10 +17,16 @@ For each open call, oldest first:
   Found: as above (`found_by: task_list`). Nothing: `reconciled` with `proxmox:
   not_found` (the request never reached Proxmox, or Proxmox refused it before starting
   a task; a tool without a task leaves nothing to find: `synchronous: true`).
+- a mutation on a cluster the configuration no longer names: `reconciled` with `proxmox:
+  unverifiable` and the reason (nobody here can ask that Proxmox; see Reconciler.settle).
 If Proxmox cannot be asked, the call stays open and is tried again later.
 
 The gateway runs this at start-up for calls decided before it started (then again,
 with back-off, while some are left open); `pvegate audit reconcile` runs it by hand.
+Calls of earlier runs still open never hold up the rest: the same loop settles this
+process's own interrupted calls and (PostgreSQL) those of replicas that are gone every
+`interval` meanwhile. Its last pass, the calls it left open and whether its task still runs
+are what health (/readyz, /admin/health) and /metrics report (Reconciler.status).
 
 Several replicas on PostgreSQL share one audit, so a call open in the audit may be one another
 replica is still running. Every decision (and dispatch) record names its replica, and every
@@ -163,6 +169,54 @@ class Reconciler:
         self.outcomes = outcomes
         self.clients = clients
         self._users: dict[str, str | None] = {}
+        # what the background loop did last, for health and metrics (never read on the hot path)
+        self.task: asyncio.Task[None] | None = None
+        self.last_pass_at: float | None = None  # wall time of the loop's last round without an error
+        self.last_error: str | None = None  # the last round's failure, until a round succeeds
+        self.earlier_open = 0  # calls decided before this process started, left open by the last pass
+        self.earlier_done = False  # none of those is left: only the periodic passes remain
+        self.stale_open = 0  # gone replicas' calls left open by the last pass over them (PostgreSQL)
+
+    def open_calls(self) -> int:
+        """Calls this process knows to be open: earlier runs', its own interrupted ones, gone replicas'."""
+        return self.earlier_open + len(self.outcomes.unsettled) + self.stale_open
+
+    def task_error(self) -> str | None:
+        """Why the background task no longer runs; None while it runs (or was never started)."""
+        task = self.task
+        if task is None or not task.done():
+            return None
+        if task.cancelled():
+            return "the reconciler task was cancelled"
+        exc = task.exception()
+        if exc is None:
+            return "the reconciler task ended"
+        text = str(exc)
+        return f"the reconciler task died ({type(exc).__name__}{': ' + text[:200] if text else ''})"
+
+    def status(self) -> dict[str, Any]:
+        """The operator's view (/admin/health)."""
+        return {
+            "task_alive": self.task is not None and not self.task.done(),
+            "task_error": self.task_error(),
+            "last_pass_at": self.last_pass_at,
+            "last_pass_age_seconds": None if self.last_pass_at is None else round(time.time() - self.last_pass_at, 3),
+            "last_error": self.last_error,
+            "open_calls": self.open_calls(),
+            "open": {
+                "earlier_runs": self.earlier_open,
+                "own_interrupted": len(self.outcomes.unsettled),
+                "stale_replicas": self.stale_open,
+            },
+            "earlier_runs_settled": self.earlier_done,
+        }
+
+    def start(self, before: float, interval: float = 10.0) -> asyncio.Task[None]:
+        """Run reconcile_loop in the background; its end (it never ends on its own) is logged and
+        turns readiness red (health.py), so a dead reconciler is never silent."""
+        self.task = asyncio.create_task(reconcile_loop(self, before, interval), name="reconcile")
+        self.task.add_done_callback(_log_end)
+        return self.task
 
     def token_user(self, cluster: str) -> str | None:
         """The user Proxmox records on the gateway's tasks: the token id, without its secret."""
@@ -271,7 +325,24 @@ class Reconciler:
         cluster = str(call.target.get("cluster") or self.config.default_cluster)
         client = self.clients.get(cluster)
         if client is None:
-            return Settled(call.request_id, call.tool, "open", detail=f"cluster {cluster} is not configured")
+            # Nobody here can ask that Proxmox, now or later (this configuration has no URL or token
+            # for it): left open, the call would stay open forever and say nothing. What a reader of
+            # the audit needs is a final record that says the outcome was not checked and why; the
+            # UPID, when there is one, lets a person look the task up on that cluster by hand.
+            why = f"cluster {cluster} is not in this configuration: its Proxmox cannot be asked"
+            await self._write(
+                call,
+                "reconciled",
+                {
+                    "proxmox": "unverifiable",
+                    "reason": why,
+                    "cluster": cluster,
+                    "task_id": call.task_id,
+                    "found_by": None,
+                    "decided_at": call.ts,
+                },
+            )
+            return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
         found_by = "upid"
         task_id = call.task_id
         try:
@@ -383,46 +454,71 @@ def summary(settled: list[Settled]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to reconcile"
 
 
+def _log_end(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return  # shutdown
+    exc = task.exception()
+    log.error("the reconciler stopped: calls left open are no longer settled", exc_info=exc)
+
+
+async def _earlier_pass(reconciler: Reconciler, before: float) -> list[Settled] | None:
+    """One pass over what earlier runs left open; None while another replica reconciles."""
+    # replicas starting together take turns (PostgreSQL), so no call is settled twice
+    async with reconciler.outcomes.audit.exclusive("pvegate-reconcile") as turn:
+        return await reconciler.run_once(before) if turn else None
+
+
 async def reconcile_loop(reconciler: Reconciler, before: float, interval: float = 10.0) -> None:
     """At start-up: settle what earlier runs left open (decided before `before`, this process's
-    start); retry, with back-off, what is still running or unreachable. Then, every `interval`,
-    settle the calls this process itself left open (`interrupted`: contact with Proxmox lost while
-    waiting): only those, by request id, never a call still in flight. (A call decided and then
-    refused unsent closes itself with its refusal record: nothing to look up in Proxmox.)"""
+    start); retry, with back-off, what is still running or unreachable. Every `interval`, from the
+    start and whatever earlier runs left open: settle the calls this process itself left open
+    (`interrupted`: contact with Proxmox lost while waiting), only those, by request id, never a
+    call still in flight; on PostgreSQL, the calls of replicas that are gone. (A call decided and
+    then refused unsent closes itself with its refusal record: nothing to look up in Proxmox.)"""
     delay = 2.0
-    audit = reconciler.outcomes.audit
-    while True:
-        try:
-            # replicas starting together take turns (PostgreSQL), so no call is settled twice
-            async with audit.exclusive("pvegate-reconcile") as turn:
-                settled = await reconciler.run_once(before) if turn else None
-        except Exception:  # never take the gateway down; say so and try again
-            log.exception("reconciliation pass failed")
-            settled = [Settled("", None, "open")]
-        if settled is None:  # another replica is reconciling: after it, this one looks again
-            await asyncio.sleep(delay)
-            continue
-        if settled:
-            log.warning("reconciliation: %s", summary(settled))
-        if not any(s.action == "open" for s in settled):
-            break
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 60.0)
     outcomes = reconciler.outcomes
+    earlier_due: float | None = time.monotonic()  # None once nothing decided before `before` is open
+    periodic_due = time.monotonic() + interval
     while True:
-        await asyncio.sleep(interval)
-        if outcomes.audit.pg:  # replicas that are gone: their calls in flight are for the living to settle
+        failed: str | None = None
+        if earlier_due is not None and time.monotonic() >= earlier_due:
             try:
-                settled = await reconciler.settle_stale_replicas()
-            except Exception:
-                log.exception("reconciliation of stale replicas failed")
-                settled = []
-            if settled:
-                log.warning("reconciliation of stale replicas: %s", summary(settled))
-        try:
-            own = await reconciler.settle_own(before)
-        except Exception:
-            log.exception("reconciliation pass failed")
-            continue
-        if own:
-            log.warning("reconciliation: %s", summary(own))
+                settled = await _earlier_pass(reconciler, before)
+            except Exception as exc:  # never take the gateway down; say so and try again
+                log.exception("reconciliation pass failed")
+                failed, settled = f"reconciliation pass failed: {type(exc).__name__}", [Settled("", None, "open")]
+            if settled is None:  # another replica is reconciling: after it, this one looks again
+                earlier_due = time.monotonic() + delay
+            else:
+                if settled and failed is None:
+                    log.warning("reconciliation: %s", summary(settled))
+                    reconciler.earlier_open = sum(s.action == "open" for s in settled)
+                if any(s.action == "open" for s in settled):
+                    earlier_due = time.monotonic() + delay
+                    delay = min(delay * 2, 60.0)
+                else:
+                    reconciler.earlier_open, reconciler.earlier_done, earlier_due = 0, True, None
+        if time.monotonic() >= periodic_due:
+            if outcomes.audit.pg:  # replicas that are gone: their calls in flight are for the living to settle
+                try:
+                    stale = await reconciler.settle_stale_replicas()
+                    reconciler.stale_open = sum(s.action == "open" for s in stale)
+                except Exception as exc:
+                    log.exception("reconciliation of stale replicas failed")
+                    failed, stale = f"reconciliation of stale replicas failed: {type(exc).__name__}", []
+                if stale:
+                    log.warning("reconciliation of stale replicas: %s", summary(stale))
+            try:
+                own = await reconciler.settle_own(before)
+            except Exception as exc:
+                log.exception("reconciliation pass failed")
+                failed, own = f"reconciliation pass failed: {type(exc).__name__}", None
+            if own:
+                log.warning("reconciliation: %s", summary(own))
+            periodic_due = time.monotonic() + interval
+        # the heartbeat health and metrics show: a round that failed leaves it where it was
+        reconciler.last_error = failed
+        if failed is None:
+            reconciler.last_pass_at = time.time()
+        wake = periodic_due if earlier_due is None else min(periodic_due, earlier_due)
+        await asyncio.sleep(max(0.0, wake - time.monotonic()))

@@ -37,6 +37,7 @@ from gateway.components import Components
 from gateway.core.calls import CallRequest
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
+from gateway.observability import metrics as metricslib
 from gateway.pipeline import policy_input
 from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
 from gateway.store import audit as auditlib
@@ -757,6 +758,7 @@ async def status_page(request: Request) -> Response:
     registry = c.metrics.registry
     failed_closed = registry.get_sample_value("pvegate_decisions_total", {"outcome": "failed_closed"}) or 0
     probe_failures = registry.get_sample_value("pvegate_opa_probe_failures_total") or 0
+    counts, counts_error = await metricslib.approval_counts(c)
     return render(
         request,
         "status.html",
@@ -767,7 +769,9 @@ async def status_page(request: Request) -> Response:
         rates=await _decision_rates(c),
         failed_closed=int(failed_closed),
         probe_failures=int(probe_failures),
-        approvals=await c.approvals.store.state_counts() if c.approvals.store else {},
+        # bounded, shared with /metrics: a database that is down or slow never fails the page
+        approvals=counts if counts is not None else {},
+        approvals_error=counts_error,
     )
 
 
