@@ -88,6 +88,11 @@ def _check_strict(params: dict[str, Any], where: str) -> None:
                 raise CatalogError(f"{where}: parameter {name} pattern must use [0-9]/explicit classes, not \\d or \\w")
             if t == "integer" and ("minimum" not in sub or "maximum" not in sub):
                 raise CatalogError(f"{where}: integer parameter {name} needs minimum and maximum")
+        if "default" in schema:  # filled in and sent as if the caller had passed it: it must pass too
+            default = schema["default"]
+            wrong_int = schema.get("type") == "integer" and type(default) is not int
+            if wrong_int or not jsonschema.Draft202012Validator(schema).is_valid(default):
+                raise CatalogError(f"{where}: the default of parameter {name} does not satisfy its own schema")
 
 
 def _output_schema(raw: dict[str, Any]) -> dict[str, Any]:
@@ -216,14 +221,47 @@ def _check_allocates(tool: Tool, where: str, props: set[str]) -> None:
         return
     if tool.effect == "read":
         raise CatalogError(f"{where}: a read tool allocates nothing")
-    named = [a.get("copy_of"), a.get("pool")] + [q.get("param") for q in _quantities(a) if isinstance(q, dict)]
+    named = [a.get("copy_of"), a.get("pool"), a.get("resize_of")]
+    named += [q.get("param") for q in _quantities(a) if isinstance(q, dict)]
     for p in named:
         if p is not None and p not in props:
             raise CatalogError(f"{where}: allocates names undeclared parameter {p}")
+    schemas = tool.parameters["properties"]
+    required = set(tool.parameters.get("required", []))
+    if "resize_of" in a:
+        # the gateway works the guest's final size out itself (a VM's sockets, a container's
+        # swap, read from its config): only the new absolute cores and memory are declared;
+        # absent, a size is unchanged, so no default applies
+        sizes = {k: v for k, v in a.items() if k != "resize_of"}
+        plain = all(isinstance(v, dict) and set(v) == {"param"} for v in sizes.values())
+        if set(sizes) - {"cores", "memory_mib"} or not plain:
+            raise CatalogError(f"{where}: allocates.resize_of takes only cores and memory_mib, each a plain {{param}}")
+        if a["resize_of"] != tool.target.get("vmid"):  # the pool that grows is the target guest's
+            raise CatalogError(f"{where}: allocates.resize_of must name the target's vmid parameter")
+        return
+    for q in _quantities(a):
+        if not isinstance(q, dict):
+            continue
+        p = q["param"]
+        # what the policy counts must be what Proxmox gets: an omitted size is never left to
+        # Proxmox's default (a container without `cores` may use every core of its node)
+        if "default" in schemas[p]:
+            if "default" in q:
+                raise CatalogError(f"{where}: allocates counts {p} at its parameter default; drop default: 0")
+        elif p not in required and "default" not in q:
+            raise CatalogError(
+                f"{where}: allocates counts optional parameter {p}, which has no default: give the parameter a "
+                "default (filled in and sent), or say default: 0 if nothing is allocated without it"
+            )
 
 
 def _quantities(a: dict[str, Any]) -> list[Any]:
-    return [a[k] for k in ("cores", "sockets", "memory_mib") if k in a] + list(a.get("disk_gib", []))
+    """Every quantity of an `allocates:` block (memory_mib and disk_gib may list several, summed)."""
+    out: list[Any] = []
+    for k in ("cores", "sockets", "memory_mib", "disk_gib"):
+        v = a.get(k)
+        out += v if isinstance(v, list) else ([] if v is None else [v])
+    return out
 
 
 def _check_reducers(tools: Any) -> None:

@@ -213,7 +213,9 @@ class TargetResolver:
         policy's resource quotas); None for a tool that allocates nothing.
 
         `pool_usage` is null when the call names no pool or the pool could not be summed:
-        the policy refuses what it cannot check against a pool limit."""
+        the policy refuses what it cannot check against a pool limit. A call that resizes an
+        existing guest (`resize_of`) also carries `final`, the sizes it sets as the guest ends
+        up with them (null when they could not be worked out: the policy refuses)."""
         a = tool.allocates
         if not a:
             return None
@@ -221,16 +223,27 @@ class TargetResolver:
         def qty(q: Any) -> int:
             if isinstance(q, int):
                 return q
+            # validation filled in every parameter default (it is sent too); the catalog lets a
+            # parameter without one be counted only with `default: 0`: absent, nothing is sent
             return int(arguments.get(q["param"], q.get("default", 0)))
+
+        def total(q: Any) -> int:  # memory_mib and disk_gib may list several quantities: summed
+            return sum(qty(x) for x in q) if isinstance(q, list) else qty(q)
 
         requested = {
             "guests": int(a.get("guests", 0)),
             "cores": qty(a.get("cores", 0)) * (qty(a["sockets"]) if "sockets" in a else 1),
-            "memory_mib": qty(a.get("memory_mib", 0)),
-            "disk_gib": sum(qty(q) for q in a.get("disk_gib", [])),
+            "memory_mib": total(a.get("memory_mib", 0)),
+            "disk_gib": total(a.get("disk_gib", [])),
         }
         pool_param = a.get("pool")
         pool = arguments.get(pool_param) if pool_param else target.get("pool")
+        facts: dict[str, Any] = {}
+        if "resize_of" in a:
+            try:
+                requested, facts["final"] = await self._resize(a, arguments, cluster)
+            except Exception:  # the guest's size is unknown: so is what the call makes of it; the policy refuses
+                facts["final"] = None
         usage: dict[str, int] | None = None
         try:
             index = await self._index(cluster)
@@ -252,4 +265,35 @@ class TargetResolver:
                 }
         except Exception:  # unknown usage: the policy decides (it refuses pool limits it cannot check)
             usage = None
-        return {"requested": requested, "pool": pool, "pool_usage": usage}
+        return {"requested": requested, **facts, "pool": pool, "pool_usage": usage}
+
+    async def _resize(
+        self, a: dict[str, Any], arguments: dict[str, Any], cluster: str
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """(growth, final) for a call that sets an existing guest's cores and/or memory to new
+        absolute values. `final` holds the sizes the call sets as the guest ends up with them
+        (max_per_guest caps those: a size the call leaves alone is not its to answer for);
+        the growth over the current size is what the pool gains (max_pool_total; a shrink adds
+        nothing). Counted as a create counts them: a VM's cores times its sockets, a
+        container's memory plus its swap; both read from the guest's config."""
+        sets = {k: int(arguments[q["param"]]) for k, q in a.items() if k != "resize_of" and q["param"] in arguments}
+        growth = {"guests": 0, "cores": 0, "memory_mib": 0, "disk_gib": 0}
+        if not sets:  # tags, a description, onboot: no size changes
+            return growth, {}
+        row = (await self._index(cluster))["guests"].get(int(arguments[a["resize_of"]]))
+        if row is None:
+            raise LookupError("guest not visible")
+        kind = row.get("type")
+        config = await self.clients[cluster].request("GET", f"/nodes/{row['node']}/{kind}/{int(row['vmid'])}/config")
+        config = config if isinstance(config, dict) else {}
+        sockets = int(config.get("sockets") or 1) if kind == "qemu" else 1
+        swap = int(config.get("swap", 512)) if kind == "lxc" else 0  # PVE's default swap for a container: 512 MiB
+        final: dict[str, int] = {}
+        if "cores" in sets:
+            final["cores"] = sets["cores"] * sockets
+        if "memory_mib" in sets:
+            final["memory_mib"] = sets["memory_mib"] + swap
+        # the current size as the pool's usage counts it (its maxcpu and maxmem), the container's swap added
+        current = {"cores": int(row.get("maxcpu") or 0), "memory_mib": int(row.get("maxmem") or 0) // MiB + swap}
+        growth.update({k: max(v - current[k], 0) for k, v in final.items()})
+        return growth, final

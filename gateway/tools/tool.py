@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -127,7 +128,11 @@ class Tool:
             # Python's `$` matches before a trailing newline: refuse control characters outright.
             if isinstance(value, str) and CONTROL.search(value):
                 raise ArgumentError(f"invalid argument {key}: control characters are not allowed")
-        return dict(arguments)
+        # A declared default is filled in here, before anything else sees the arguments: the
+        # policy decides on it, the approval digest covers it and the connector sends it. A size
+        # the resource quotas count is never left to Proxmox's own default (connectors/provision.yaml).
+        defaults = {k: copy.deepcopy(p["default"]) for k, p in props.items() if "default" in p and k not in arguments}
+        return {**arguments, **defaults}
 
     def placeholders(self) -> set[str]:
         """Parameter names a pve_api path or an ssh argv template uses."""

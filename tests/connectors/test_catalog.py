@@ -6,6 +6,7 @@ import fnmatch
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -220,3 +221,49 @@ def test_cli_check_show_and_least_privilege() -> None:
     assert r.returncode == 0 and "pveum role add PVEGate" in r.stdout and "VM.PowerMgmt" not in r.stdout
     r = _cli("tools", "list")
     assert r.returncode == 0 and len(r.stdout.splitlines()) >= 60
+
+
+def _tool(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(t for t in doc["tools"] if t["name"] == name)
+
+
+def _counts_no_default(d: dict[str, Any]) -> None:
+    _tool(d, "lxc_create")["params"]["cores"].pop("default")
+
+
+def _bad_default(d: dict[str, Any]) -> None:
+    _tool(d, "lxc_create")["params"]["cores"]["default"] = 0
+
+
+def _resize_with_guests(d: dict[str, Any]) -> None:
+    _tool(d, "vm_create")["allocates"] = {"resize_of": "vmid", "guests": 1, "cores": {"param": "cores"}}
+
+
+ALLOCATES_BAD = [
+    # what the quota counts must be what is sent: no size is left to Proxmox's own default
+    ("counted optional without default", _counts_no_default, "optional parameter cores, which has no default"),
+    ("default breaks its schema", _bad_default, "default of parameter cores does not satisfy its own schema"),
+    ("resize with more", _resize_with_guests, "resize_of takes only cores and memory_mib"),
+]
+
+
+@pytest.mark.parametrize(("label", "mutate", "message"), ALLOCATES_BAD, ids=[b[0] for b in ALLOCATES_BAD])
+def test_loader_refuses_uncounted_sizes(tmp_path: Path, label: str, mutate: Any, message: str) -> None:
+    doc = yaml.safe_load((CONNECTORS / "provision.yaml").read_text())
+    mutate(doc)
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    with pytest.raises(CatalogError) as exc:
+        Catalog.load(tmp_path)
+    assert message in str(exc.value)
+
+
+def test_validation_fills_in_the_counted_defaults(catalog: Catalog) -> None:
+    """The defaults reach the policy (input.arguments), the digest and the request alike."""
+    tool = catalog.get("lxc_create")
+    assert tool is not None
+    args = {"node": "pve1", "vmid": 190, "template_storage": "local", "template": "d.tar.zst", "disk_storage": "x1"}
+    args["disk_gib"] = 8
+    assert tool.validate({**args, "cores": 2}) == {**args, "cores": 2, "memory": 512, "swap": 512}
+    assert tool.validate(args)["cores"] == 1
+    assert tool.mcp_view["inputSchema"]["properties"]["cores"]["default"] == 1  # clients are told, too

@@ -120,6 +120,18 @@ async def guests(env: DevEnv) -> dict[int, dict[str, Any]]:
 API = "/api2/json/nodes"
 
 
+def sent_sizes(sim: Any, env: DevEnv, res: Any, keys: tuple[str, ...]) -> dict[str, int]:
+    """The sizes one create sent to Proxmox, after checking that they are the arguments the
+    policy decided on (the audit's `received` record): the quota counts what is sent."""
+    posted = [body for method, _, body in sent(sim) if method == "POST"]
+    assert len(posted) == 1, sent(sim)
+    rows = audit_rows(env.config.audit_path, res.meta["pvegate/request_id"])
+    decided = next(json.loads(r["body"])["arguments"] for r in rows if r["kind"] == "received")
+    body = posted[0] or {}
+    assert {k: str(decided.get(k)) for k in keys} == {k: body.get(k) for k in keys}, (decided, body)
+    return {k: int(body[k]) for k in keys}
+
+
 async def test_create_and_configure_a_vm(gateway: GatewayThread, env: DevEnv, sim: Any) -> None:
     args = {
         "node": "pve1", "vmid": 180, "name": "ci-vm", "cores": 2, "memory": 2048, "ostype": "l26",
@@ -129,7 +141,7 @@ async def test_create_and_configure_a_vm(gateway: GatewayThread, env: DevEnv, si
         "ip_cidr": "10.10.1.180/24", "gateway": "10.10.1.1", "pool": "sandbox", "tags": "ci;sandbox", "start": True,
     }  # fmt: skip
     body = {
-        "vmid": "180", "name": "ci-vm", "cores": "2", "memory": "2048", "ostype": "l26",
+        "vmid": "180", "name": "ci-vm", "cores": "2", "sockets": "1", "memory": "2048", "ostype": "l26",
         "scsi0": "local-lvm:16", "ide2": f"local:iso/{ISO},media=cdrom", "ide0": "local-lvm:cloudinit",
         "net0": "virtio,bridge=vmbr0,tag=20,firewall=1", "ciuser": "ops", "cipassword": CI_PASSWORD,
         "sshkeys": quote(SSH_KEY, safe=""), "ipconfig0": "ip=10.10.1.180/24,gw=10.10.1.1", "pool": "sandbox",
@@ -241,7 +253,7 @@ async def test_create_and_configure_a_container(gateway: GatewayThread, env: Dev
     }  # fmt: skip
     body = {
         "vmid": "181", "hostname": "ct-ci", "ostemplate": f"local:vztmpl/{TEMPLATE}", "rootfs": "local-lvm:8",
-        "memory": "512", "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "password": CT_PASSWORD,
+        "cores": "1", "memory": "512", "swap": "512", "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "password": CT_PASSWORD,
         "ssh-public-keys": SSH_KEY, "pool": "sandbox", "unprivileged": "1",
     }  # fmt: skip
     await run(gateway, env, sim, "lxc_create", args, ("POST", f"{API}/pve1/lxc", body))
@@ -311,6 +323,22 @@ async def test_provisioner_agent_quota(gateway: GatewayThread, env: DevEnv, sim:
     ok = await call(env, tok, "vm_create", {**base, "vmid": 184, "cores": 4, "memory": 8192})
     assert not ok.is_error, text(ok)
     assert (await guests(env))[184]["pool"] == "sandbox"
+    # the quota counted cores x sockets with sockets 1: Proxmox is told so, not left to its default
+    assert sent_sizes(sim, env, ok, ("cores", "sockets", "memory")) == {"cores": 4, "sockets": 1, "memory": 8192}
+
+    # a container: what the quota counts is what Proxmox gets. Without `cores` Proxmox lets a
+    # container use every core of its node, so the counted 1 is sent; swap counts as memory
+    ct = {**base, "template_storage": "local", "template": TEMPLATE, "hostname": "ct-quota"}
+    sim.clear_logs()
+    for big_swap in ({"swap": 1048576}, {"memory": 8192, "swap": 512}):
+        res = await call(env, tok, "lxc_create", {**ct, "vmid": 188, **big_swap})
+        assert res.is_error and "quota.resource_per_guest" in res.structured_content["codes"], text(res)
+        assert "MiB of memory" in text(res), text(res)
+    assert sent(sim) == []
+    small_ct = await call(env, tok, "lxc_create", {**ct, "vmid": 188})
+    assert not small_ct.is_error, text(small_ct)
+    assert sent_sizes(sim, env, small_ct, ("cores", "memory", "swap")) == {"cores": 1, "memory": 512, "swap": 512}
+    assert (await guests(env))[188]["maxcpu"] == 1
 
     # a clone of a sandbox guest is a new guest: it too must land in the sandbox (the policy sees
     # target.destination); out of it, or in no pool at all, no binding of the agent covers it

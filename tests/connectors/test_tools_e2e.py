@@ -278,6 +278,52 @@ async def test_dry_run_sends_nothing(gateway: GatewayThread, env: DevEnv, sim: A
     assert [e for e in sim.requests_log() if e["method"] != "GET"] == []
 
 
+async def test_config_update_is_held_to_the_resource_quotas(gateway: GatewayThread, env: DevEnv, sim: Any) -> None:
+    """guest_config_update sets a guest's absolute size: the resource quotas cap the size the guest
+    ends up with (the example's agents-guest-size: any agent's guest at most 8 cores, 16 GiB),
+    a VM's cores counted times its sockets; the pool gains the growth."""
+    op_agent = env.token(per_module("e2e-op-agent"), ["operator"], kind="agent")
+    made = await call(
+        env, admin(env), "vm_create",
+        {"node": "pve1", "vmid": 186, "name": "two-sockets", "cores": 2, "sockets": 2, "memory": 32768, "pool": "lab"},
+    )  # fmt: skip
+    assert not made.is_error, text(made)
+    sim.clear_logs()
+    for args in ({"vmid": 102, "cores": 64}, {"vmid": 102, "memory": 1048576}, {"vmid": 186, "cores": 6}):
+        res = await call(env, op_agent, "guest_config_update", args)
+        assert res.is_error and "quota.resource_per_guest" in res.structured_content["codes"], f"{args}: {text(res)}"
+        assert "agents-guest-size" in text(res) and "leaves the guest with" in text(res), text(res)
+    assert [e for e in sim.requests_log() if e["method"] != "GET"] == []
+
+    # the facts the policy decided on, read from the simulator as the gateway reads them
+    c = gateway.components
+    tool = c.catalog.get("guest_config_update")
+    assert tool is not None
+
+    async def facts(args: dict[str, Any]) -> dict[str, Any] | None:
+        target = await c.targets.resolve(tool, args, "default")
+        return await c.targets.resources(tool, tool.validate(args), "default", target)
+
+    vm = _on_gateway_loop(gateway, facts({"vmid": 186, "cores": 6, "memory": 16384}))
+    assert vm is not None and vm["pool"] == "lab" and vm["pool_usage"] is not None
+    assert vm["final"] == {"cores": 12, "memory_mib": 16384}  # 6 cores on each of 2 sockets; memory shrinks
+    assert vm["requested"] == {"guests": 0, "cores": 8, "memory_mib": 0, "disk_gib": 0}  # the growth over 2 x 2
+    ct = _on_gateway_loop(gateway, facts({"vmid": 202, "memory": 2048}))
+    assert ct is not None and ct["final"] == {"memory_mib": 2048 + 512}  # a container's swap counts as memory
+    assert ct["requested"]["memory_mib"] == 1536
+    tags_only = _on_gateway_loop(gateway, facts({"vmid": 186, "tags": "dev"}))
+    assert tags_only is not None and tags_only["final"] == {} and set(tags_only["requested"].values()) == {0}
+
+    # 4 cores on each of 2 sockets is 8, within the cap: sent as given (memory the call leaves alone
+    # is not its to answer for)
+    res = await call(env, op_agent, "guest_config_update", {"vmid": 186, "cores": 4})
+    assert not res.is_error, text(res)
+    assert [(e["method"], e["body"]) for e in sim.requests_log() if e["method"] != "GET"] == [("PUT", {"cores": "4"})]
+    assert {g["vmid"]: g for g in (await call(env, auditor(env), "list_guests", {})).structured_content["items"]}[186][
+        "maxcpu"
+    ] == 8
+
+
 DESTROY = [
     (
         "snapshot_delete",

@@ -1,16 +1,19 @@
 # METADATA
 # title: Resource quotas
 # description: |
-#   Limits on what a call may allocate (creates, clones, new disks, disk growth):
-#   data.data.resource_quotas. A quota selects calls like any selector (tools,
-#   effects, principal_kinds, ...) and optionally by `roles` (one of the roles
-#   that grant the call) and `pools` (the pool the resources land in). It caps
-#   the amounts one call asks for (`max_per_guest`) and the pool's total after
-#   the call (`max_pool_total`); keys: guests, cores, memory_mib, disk_gib.
+#   Limits on what a call may allocate (creates, clones, new disks, disk growth,
+#   a guest's new cores or memory): data.data.resource_quotas. A quota selects
+#   calls like any selector (tools, effects, principal_kinds, ...) and optionally
+#   by `roles` (one of the roles that grant the call) and `pools` (the pool the
+#   resources land in). It caps the amounts one call asks for (`max_per_guest`;
+#   for a call that resizes a guest, the size the guest ends up with) and the
+#   pool's total after the call (`max_pool_total`); keys: guests, cores,
+#   memory_mib, disk_gib.
 #
 #   The gateway computes the request from the arguments and sums the pool's
 #   current usage (input.resources). Missing facts fail closed: an allocating
-#   call without them, or a pool limit whose pool usage is unknown, is denied.
+#   call without them (or with a resize's final size unknown), or a pool limit
+#   whose pool usage is unknown, is denied.
 # schemas:
 #   - input: schema["decision_input.schema"]
 package pvegate.resources
@@ -25,10 +28,34 @@ allocates if input.tool.allocates == true
 
 facts_ok if {
 	is_object(input.resources.requested)
+	final_ok
 	every k in amounts {
 		is_number(input.resources.requested[k])
 	}
 }
+
+# `final` is there only for a call that resizes an existing guest; null there means the
+# gateway could not work the guest's size out, and what cannot be checked is refused
+final_ok if not "final" in object.keys(input.resources)
+
+final_ok if {
+	is_object(input.resources.final)
+	every v in input.resources.final {
+		is_number(v)
+	}
+}
+
+# What max_per_guest caps: for a resize, the sizes it sets as the guest ends up with them
+# (input.resources.final: setting 64 cores on a 2-core guest is a 64-core guest, not 62
+# more cores); otherwise, and for what a resize leaves alone, what the call asks for (a new
+# guest's size, one new disk or a disk's growth). max_pool_total always adds `requested`:
+# for a resize that is the growth, which is all the pool gains.
+per_guest[k] := object.get(object.get(input.resources, "final", {}), k, input.resources.requested[k]) if {
+	facts_ok
+	some k in amounts
+}
+
+resizes if is_object(input.resources.final)
 
 # quotas that apply to this call
 applicable contains q if {
@@ -66,11 +93,11 @@ denials contains lib.reason("quota.resource_per_guest", sprintf("data.resource_q
 	facts_ok
 	some q in applicable
 	some k, limit in object.get(q, "max_per_guest", {})
-	asked := object.get(input.resources.requested, k, 0)
+	asked := object.get(per_guest, k, 0)
 	asked > limit
 	msg := sprintf(
-		"resource quota %q: the call asks for %v %s, more than the %v allowed per guest",
-		[q.name, asked, unit[k], limit],
+		"resource quota %q: the call %s %v %s, more than the %v allowed per guest",
+		[q.name, per_guest_verb, asked, unit[k], limit],
 	)
 }
 
@@ -78,7 +105,11 @@ denials contains lib.reason("quota.resource_pool_unknown", sprintf("data.resourc
 	facts_ok
 	not usage_known
 	some q in applicable
-	count(object.get(q, "max_pool_total", {})) > 0
+
+	# only a limit on something the call adds (a resize that sets no size, or shrinks, adds
+	# nothing and cannot overfill a pool)
+	some k, _ in object.get(q, "max_pool_total", {})
+	object.get(input.resources.requested, k, 0) > 0
 	msg := sprintf(
 		"resource quota %q limits the pool's total, but %s; name a pool whose usage the gateway can read",
 		[q.name, pool_text],
@@ -101,6 +132,10 @@ denials contains lib.reason("quota.resource_pool_total", sprintf("data.resource_
 }
 
 usage_known if is_object(input.resources.pool_usage)
+
+default per_guest_verb := "asks for"
+
+per_guest_verb := "leaves the guest with" if resizes
 
 unit := {"guests": "guests", "cores": "cores", "memory_mib": "MiB of memory", "disk_gib": "GiB of disk"}
 

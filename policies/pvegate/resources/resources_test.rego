@@ -82,3 +82,68 @@ test_irreversible_tool_tag_adds_risk if {
 	f.name == "tool_tag:irreversible"
 	f.points == 25
 }
+
+# guest_config_update sets an existing guest's cores and memory: `final` is the size the
+# guest ends up with (what max_per_guest caps), `requested` the growth (what the pool gains)
+config_update := object.union(
+	fx.tool("guest_config_update", "guest", "write", "guest", ["config"]),
+	{"allocates": true},
+)
+
+resize(p, pool, growth, final, usage) := object.union(
+	fx.call(p, config_update, fx.guest(102, ["dev"], pool, null)),
+	{"resources": {"requested": growth, "final": final, "pool": pool, "pool_usage": usage}},
+)
+
+lab_usage := amounts(4, 8, 16384, 200)
+
+test_resize_caps_the_final_size_not_the_growth if {
+	# 2 cores -> 64: the growth is 62, but it is a 64-core guest that the per-guest cap refuses
+	inp := resize(fx.agent, "lab", amounts(0, 62, 0, 0), {"cores": 64}, lab_usage)
+	fx.has_reason(
+		resources.deny,
+		"resource quota \"agents-guest-size\": the call leaves the guest with 64 cores, more than the 8 allowed per guest",
+	) with input as inp
+	not data.pvegate.decision.allow with input as inp
+}
+
+test_resize_caps_memory_too if {
+	inp := resize(fx.agent, "lab", amounts(0, 0, 1040384, 0), {"memory_mib": 1048576}, lab_usage)
+	fx.has_reason(resources.deny, "leaves the guest with 1048576 MiB of memory") with input as inp
+}
+
+test_resize_within_the_cap_is_not_refused if {
+	inp := resize(fx.agent, "lab", amounts(0, 4, 0, 0), {"cores": 8}, lab_usage)
+	count(resources.deny) == 0 with input as inp
+}
+
+test_resize_leaves_other_sizes_alone if {
+	# a memory change on a guest of any core count: the call sets no cores, answers for none
+	inp := resize(fx.agent, "lab", amounts(0, 0, 0, 0), {"memory_mib": 4096}, lab_usage)
+	count(resources.deny) == 0 with input as inp
+}
+
+test_resize_adds_its_growth_to_the_pool if {
+	q := {"name": "lab-pool", "pools": ["lab"], "max_per_guest": {"cores": 8}, "max_pool_total": {"cores": 10}}
+	fits := resize(fx.admin, "lab", amounts(0, 2, 0, 0), {"cores": 6}, lab_usage)
+	count(resources.deny) == 0 with input as fits with data.data.resource_quotas as [q]
+	over := resize(fx.admin, "lab", amounts(0, 3, 0, 0), {"cores": 7}, lab_usage)
+	fx.has_reason(resources.deny, "pool lab holds 8 cores and the call adds 3, over its limit of 10") with input as over
+		with data.data.resource_quotas as [q]
+}
+
+test_resize_of_unknown_size_fails_closed if {
+	inp := resize(fx.agent, "lab", amounts(0, 0, 0, 0), null, lab_usage)
+	fx.has_reason(resources.deny, "sent no resource facts") with input as inp
+	inp2 := resize(fx.agent, "lab", amounts(0, 0, 0, 0), {"cores": "64"}, lab_usage)
+	fx.has_reason(resources.deny, "sent no resource facts") with input as inp2
+}
+
+test_pool_usage_unknown_matters_only_for_what_the_call_adds if {
+	q := {"name": "lab-pool", "pools": ["lab"], "max_pool_total": {"cores": 10}}
+	tags_only := resize(fx.admin, "lab", amounts(0, 0, 0, 0), {}, null)
+	count(resources.deny) == 0 with input as tags_only with data.data.resource_quotas as [q]
+	grows := resize(fx.admin, "lab", amounts(0, 2, 0, 0), {"cores": 6}, null)
+	fx.has_reason(resources.deny, "the usage of pool lab could not be read") with input as grows
+		with data.data.resource_quotas as [q]
+}
