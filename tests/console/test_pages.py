@@ -215,6 +215,8 @@ def test_audit_search_detail_export_and_chain(api: Api, carol: Browser, cenv: De
     decision_seq = next(row["seq"] for row in audit_rows(cenv.config.audit_path, rid) if row["kind"] == "decision")
     d = carol.get(f"/admin/audit/record/{decision_seq}")
     assert "Bundle revision" in d.text and "Decision id" in d.text and "shutting down a prod guest" in d.text
+    for past_the_end in (2**63 - 1, 2**63, 10**30):  # SQLite's integers end at 2**63 - 1: no such record
+        assert carol.get(f"/admin/audit/record/{past_the_end}").status_code == 404
     assert carol.get("/admin/audit", params={"since": "yesterday"}).status_code == 400
     export = carol.get("/admin/audit/export", params={"request_id": rid, "kind": "decision"})
     assert export.status_code == 200 and "attachment" in export.headers["content-disposition"]
@@ -279,6 +281,12 @@ def test_what_if_decides_without_dispatching(erin: Browser, cenv: DevEnv, csim: 
     assert whatifs and whatifs[-1]["action"] == "what_if" and whatifs[-1]["as"]["roles"] == "operator"
     bad = carol.post("/admin/whatif", {**form, "arguments": "{not json"})
     assert "arguments must be a JSON object" in bad.text
+    # the person's mistakes, never a 500: nesting past the parser's limit, a lone surrogate (key or value)
+    deep = carol.post("/admin/whatif", {**form, "arguments": "[" * 4000})
+    assert deep.status_code < 500 and "arguments must be a JSON object" in deep.text
+    for args in ('{"vmid": 100, "\\ud800": 1}', '{"vmid": 100, "description": "\\ud800x"}'):
+        odd = carol.post("/admin/whatif", {**form, "tool": "guest_config_update", "arguments": args})
+        assert odd.status_code < 500 and "is not valid Unicode text" in odd.text, (args, odd.status_code)
     assert carol.post("/admin/whatif", {k: v for k, v in form.items() if k != "csrf"}).status_code == 403
 
 

@@ -37,6 +37,7 @@ from gateway.components import Components
 from gateway.core.calls import CallRequest
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
+from gateway.core.text import describe, unencodable_path
 from gateway.observability import metrics as metricslib
 from gateway.pipeline import policy_input
 from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
@@ -66,6 +67,7 @@ AUDIT_FILTERS = ("principal", "tool", "target", "outcome", "kind", "request_id")
 PAGE_SIZE = 100
 EXPORT_LIMIT = 50_000
 VERIFY_TTL = 60.0
+SQLITE_MAX_INT = 2**63 - 1  # an audit seq past it is no record (SQLite would raise OverflowError)
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("gateway.admin.console", "templates"),
@@ -696,6 +698,8 @@ async def audit_record(request: Request) -> Response:
 
 
 def _row_by_seq(c: Components, seq: int) -> dict[str, Any] | None:
+    if not 0 < seq <= SQLITE_MAX_INT:  # SQLite cannot even look for it: there is no such record
+        return None
     con = auditlib.connect(c.audit.path, readonly=True)
     try:
         row = con.execute("SELECT * FROM audit WHERE seq = ?", (int(seq),)).fetchone()
@@ -888,8 +892,10 @@ async def whatif_page(request: Request) -> Response:
             raise ValueError(f"unknown tool {params.get('tool')!r}")
         try:
             raw_args = json.loads(params.get("arguments") or "{}")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nesting past the parser's limit: the person's mistake too
             raise ValueError("arguments must be a JSON object") from exc
+        if (where := unencodable_path(raw_args)) is not None:  # a lone surrogate: refused, never echoed
+            raise ValueError(f"{describe(('arguments', *where))} is not valid Unicode text")
         args = tool.validate(raw_args)
         cluster = c.cluster_for(tool, args)
         dry_run = params.get("dry_run") == "on"
