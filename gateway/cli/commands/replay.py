@@ -1,19 +1,22 @@
 """`pvegate policy replay`: which recorded decisions would a candidate policy change?
 
 Registered under `pvegate policy` (policy.py calls `register_replay`). Exit status:
-0 nothing past the --fail-on threshold, 1 past it (a CI gate), 2 the replay could not run.
+0 nothing past the --fail-on threshold, 1 past it (a CI gate), 2 the replay could not run
+(among others: the audit does not verify, the candidate calls a network builtin).
 """
 
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.commands.audit import db_path, parse_time
+from gateway.cli.commands.audit import db_path, key_path, parse_time
 from gateway.core.config import ConfigError
+from gateway.store.audit import verify
 from gateway.store.replay import (
     ALIASES,
     KINDS,
@@ -58,13 +61,33 @@ def _run(args: argparse.Namespace) -> int:
         if args.export is not None:
             source = f"export {args.export}"
             report = Report(candidate.describe(), source, filters, fail_on=fail_on, fail_above=args.fail_above)
+            report.integrity = "input: an export, not verified"  # an export carries no authenticated head
             records = read_export(args.export, filters, report.skipped)
         else:
             db = db_path(args)
             if isinstance(db, Path) and not db.is_file():
                 raise ReplayError(f"no audit database at {db}")
             report = Report(candidate.describe(), f"audit {db}", filters, fail_on=fail_on, fail_above=args.fail_above)
-            records = read_audit(db, filters, report.skipped)
+            if args.no_verify:
+                report.integrity = "audit NOT verified (--no-verify): records may have been removed or changed"
+                records = read_audit(db, filters, report.skipped)
+            else:
+                # as `pvegate audit verify` does: the head key, recorded (or given) archives, a checkpoint
+                result = verify(
+                    db, [Path(a) for a in args.archive or ()], key=key_path(args), checkpoint=args.checkpoint
+                )
+                if not result.ok:
+                    where = f" at record {result.bad_seq}" if result.bad_seq is not None else ""
+                    raise ReplayError(
+                        f"the audit does not verify{where}: {result.problem} "
+                        "(see `pvegate audit verify`; --no-verify replays it anyway)"
+                    )
+                span = "no records" if result.first_seq is None else f"records {result.first_seq}..{result.last_seq}"
+                report.integrity = f"audit verified: {span}, authenticated head {result.head_hash}"
+                if result.checkpoint is not None:
+                    report.integrity += f", checkpoint record {result.checkpoint} unchanged"
+                report.verified = True
+                records = read_audit(db, filters, report.skipped, verified=result)
         report.max_examples = args.examples
         engine: ServerEngine | EvalEngine = (
             EvalEngine(candidate) if args.engine == "eval" else ServerEngine(candidate, concurrency=args.concurrency)
@@ -73,6 +96,9 @@ def _run(args: argparse.Namespace) -> int:
             replay(records, engine, report)
     except (ReplayError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # PostgreSQL's errors are sqlite3.OperationalError as well (pgsync)
+        print(f"error: cannot read the audit: {exc}", file=sys.stderr)
         return 2
     text = (
         _json(report)
@@ -83,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.out is not None:
         args.out.write_text(text)
-        print("\n".join(report.as_text().splitlines()[:6]))  # the summary on the console as well
+        print("\n".join(report.summary()))  # the summary on the console as well
     else:
         sys.stdout.write(text)
     return 1 if report.failed else 0
@@ -108,7 +134,23 @@ def register_replay(psub: Any) -> None:
         "--config", "-c", type=Path, default=Path("pvegate.yaml"), help="the gateway's configuration (its audit.path)"
     )
     src.add_argument("--db", type=Path, help="the audit database (instead of reading it from --config)")
-    src.add_argument("--export", type=Path, help="a `pvegate audit export --jsonl` file instead of a database")
+    src.add_argument(
+        "--export",
+        type=Path,
+        help="a `pvegate audit export --jsonl` file instead of a database (it cannot be verified: the report says so)",
+    )
+    src.add_argument(
+        "--key", type=Path, help="the audit head key file (default: audit.head_key_file, or audit-head.key by --db)"
+    )
+    src.add_argument("--archive", action="append", help="archive files (oldest first) to verify across the cut")
+    src.add_argument(
+        "--checkpoint", type=Path, help="a file from `audit checkpoint`: its record must be there, unchanged"
+    )
+    src.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="replay without verifying the audit's hash chain first (the report says: audit NOT verified)",
+    )
     src.add_argument("--since", type=parse_time, help="e.g. 7d, 2h, or 2026-01-31T12:00")
     src.add_argument("--until", type=parse_time, help="only decisions before this time")
     src.add_argument("--tool", help="a tool name, or a glob with *")
