@@ -70,9 +70,12 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
     if tool is None:
         await _refuse(c, req, req.tool, None, "unknown_tool", None)
         raise UnknownTool(req.tool)
-    CALL_SECRETS.set(secret_values(tool.sensitive, req.arguments))  # scrubbed from every record of this call
+    CALL_SECRETS.set(())
     try:
         args = tool.validate(req.arguments)
+        # taken from validated arguments only (an invalid call's refusal never quotes a value), and
+        # scrubbed from every record of this call as data: they never rewrite its principal or its JSON
+        CALL_SECRETS.set(secret_values(tool.sensitive, args))
         cluster = c.cluster_for(tool, args)
     except ArgumentError as exc:
         await _refuse(c, req, tool.name, None, "invalid", str(exc))

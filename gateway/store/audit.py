@@ -165,7 +165,14 @@ class AuditRecord:
 
 
 class Scrubber:
-    """Replaces known secret values wherever they appear in a record's text."""
+    """Replaces known secret values in a record: as data, inside its strings, never in its JSON text.
+
+    The gateway's own secrets (Proxmox tokens, signing secrets) and a call's secret values (a
+    client's sensitive arguments, a secret Proxmox returned) are replaced inside the string values
+    (and keys) of a body or policy input before it is serialised, and a number is replaced only when
+    it is the secret itself: whatever a secret is chosen to be (a piece of JSON such as
+    '{"error":'), the record stays the JSON it was. `__call__` scrubs a plain text (a column) of the
+    gateway's own secrets; a call's secret values never rewrite a column (_prepare)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._needles: list[str] = []
@@ -178,16 +185,45 @@ class Scrubber:
                 self._needles.append(form)
         self._needles.sort(key=len, reverse=True)  # longest first: a token before its suffix
 
-    def __call__(self, text: str | None, extra: tuple[str, ...] = ()) -> str | None:
-        if text is None:
-            return None
-        needles = self._needles
-        if extra:
-            needles = sorted({f for s in extra for f in _forms(s)} | set(needles), key=len, reverse=True)
-        for n in needles:
-            if n in text:
-                text = text.replace(n, REDACTED)
-        return text
+    def needles(self, extra: Iterable[str] = ()) -> list[str]:
+        """Every form of the gateway's secrets and of `extra`, longest first."""
+        more = {f for s in extra for f in _forms(s)}
+        if not more:
+            return self._needles
+        return sorted(more | set(self._needles), key=len, reverse=True)
+
+    def __call__(self, text: str | None) -> str | None:
+        """A plain text (not JSON) with the gateway's own secrets replaced."""
+        return None if text is None else _replace(text, self._needles)
+
+    def json_text(self, doc: dict[str, Any] | None, needles: Sequence[str]) -> str:
+        """dumps_body(doc), with the needles replaced inside its strings (keys and values) and any number
+        that is a needle replaced whole: always the JSON of a document. Serialised once and searched
+        first; walked as data only when a needle turns up in the text."""
+        text = dumps_body(doc)
+        if not any(n in text for n in needles):
+            return text
+        return dumps_body(_scrub_data(json.loads(text), needles))
+
+
+def _replace(text: str, needles: Sequence[str]) -> str:
+    for n in needles:
+        if n in text:
+            text = text.replace(n, REDACTED)
+    return text
+
+
+def _scrub_data(doc: Any, needles: Sequence[str]) -> Any:
+    """The JSON document with every needle replaced inside its strings; a number equal to a needle replaced."""
+    if isinstance(doc, str):
+        return _replace(doc, needles)
+    if isinstance(doc, dict):
+        return {_replace(k, needles): _scrub_data(v, needles) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_scrub_data(v, needles) for v in doc]
+    if isinstance(doc, int | float) and not isinstance(doc, bool) and str(doc) in needles:
+        return REDACTED
+    return doc
 
 
 def _forms(secret: str) -> list[str]:
@@ -561,17 +597,32 @@ class AuditLog:
         return replica
 
     def _prepare(self, rec: AuditRecord, extra: tuple[str, ...], replica: str | None) -> _Row:
-        """The record's stored columns: scrubbed of secrets, serialised, and storable as UTF-8."""
+        """The record's stored columns: scrubbed of secrets, serialised, and storable as UTF-8.
+
+        The body and the policy input are scrubbed as data (Scrubber.json_text), so no secret value
+        can break their JSON. The principal, tool, target and outcome columns are scrubbed of the
+        gateway's own secrets only: a call's secret values are chosen by the client, and must not
+        rewrite whom or what its record names. A call secret a column states anyway (a password
+        equal to the caller's own name) is no secret of that record: it is not scrubbed from it."""
         s = self.scrub
-        scrub = rec.scrub + extra
+        cols = [c for c in (rec.principal, rec.tool, rec.target) if c]
+        call = tuple(x for x in rec.scrub + extra if not any(str(x).strip() in c for c in cols))
+        needles = s.needles(call)
 
         def col(text: str | None) -> str | None:
-            return None if text is None else utf8_safe(s(text, scrub) or "")
+            return None if text is None else utf8_safe(s(text) or "")
 
-        body = self._with_input(rec, scrub)
-        if replica is not None and rec.kind in ("decision", "dispatch"):
-            # who runs the call: reconciliation leaves a live replica's calls in flight alone
-            body = {**(body or {}), "replica": replica}
+        body = rec.body
+        if rec.policy_input is not None or (replica is not None and rec.kind in ("decision", "dispatch")):
+            body = json.loads(s.json_text(body, needles))  # scrubbed first: the fields below are not
+            if rec.policy_input is not None:  # packed after scrubbing: no needle may rewrite the packed text
+                body[INPUT_FIELD] = pack_input(utf8_safe(s.json_text(rec.policy_input, needles)))
+            if replica is not None and rec.kind in ("decision", "dispatch"):
+                # who runs the call: reconciliation leaves a live replica's calls in flight alone
+                body["replica"] = replica
+            text = dumps_body(body)
+        else:
+            text = s.json_text(body, needles)
         return (
             utf8_safe(str(rec.request_id)),
             utf8_safe(str(rec.kind)),
@@ -579,14 +630,8 @@ class AuditLog:
             col(rec.tool),
             col(rec.target),
             col(rec.outcome),
-            utf8_safe(s(dumps_body(body), scrub) or "{}"),
+            utf8_safe(text),
         )
-
-    def _with_input(self, rec: AuditRecord, scrub: tuple[str, ...]) -> dict[str, Any] | None:
-        if rec.policy_input is None:
-            return rec.body
-        text = utf8_safe(self.scrub(dumps_body(rec.policy_input), scrub) or "{}")
-        return {**(rec.body or {}), INPUT_FIELD: pack_input(text)}
 
     async def probe(self) -> None:
         """A readiness probe: one committed write through the writer (outside the hash chain)."""
@@ -833,7 +878,7 @@ class AuditLog:
         return result
 
     async def rows(self, request_id: str | None = None) -> list[dict[str, Any]]:
-        sql = "SELECT * FROM audit"
+        sql = f"SELECT {', '.join(COLUMNS)} FROM audit"  # noqa: S608 - fixed column names
         args: tuple[Any, ...] = ()
         if request_id:
             sql += " WHERE request_id = ?"
@@ -841,7 +886,7 @@ class AuditLog:
         out = []
         for r in await self._read(sql + " ORDER BY seq", *args):
             d = dict(zip(COLUMNS, r, strict=True))
-            d["body"] = json.loads(d["body"])
+            d["body"] = parse_body(d)
             out.append(d)
         return out
 
@@ -854,7 +899,7 @@ class AuditLog:
             rows = await self._read(sql + "principal IS NOT NULL", since)
         else:
             rows = await self._read(sql + "principal = ?", since, sub)
-        return {str(r[0]) for r in rows if json.loads(r[1]).get("action") == "sign_in"}
+        return {str(r[0]) for r in rows if _action(r[1]) == "sign_in"}
 
     async def allowed_since(self, since: float) -> list[tuple[float, str, str]]:
         """(ts, principal, tool) of calls allowed or held for approval since `since`: usage counters' memory."""
@@ -935,6 +980,15 @@ class AuditLog:
             finally:
                 if got:
                     await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", name)
+
+
+def _action(body: Any) -> Any:
+    """A console record's action; None for a body that is not a JSON object (never a reader's crash)."""
+    try:
+        doc = json.loads(body)
+    except (TypeError, ValueError):
+        return None
+    return doc.get("action") if isinstance(doc, dict) else None
 
 
 # --- the seal: the chain's head authenticated with a key kept outside the database -------------
@@ -1317,6 +1371,95 @@ def verify(
     return VerifyResult(False, state["checked"], state["first"], bad_seq=seq, problem=problem)
 
 
+# SQLite's own statistics tables (ANALYZE, PRAGMA optimize): they steer the query planner, never a result
+_SQLITE_STATS = ("sqlite_stat1", "sqlite_stat2", "sqlite_stat3", "sqlite_stat4")
+_expected_shapes: dict[tuple[str, str], set[tuple[Any, ...]]] | None = None
+
+
+def _object_shape(con: sqlite3.Connection, kind: str, name: str, table: str) -> tuple[Any, ...]:
+    """What an object is, as SQLite parses it (not its stored text): a table's columns; an index's table,
+    columns, uniqueness and whether it is partial; a trigger's or view's text as written."""
+    q = name.replace('"', '""')
+    if kind == "table":
+        return tuple(tuple(r[1:]) for r in con.execute(f'PRAGMA table_xinfo("{q}")'))
+    if kind == "index":
+        t = table.replace('"', '""')
+        flags = [tuple(r[2:]) for r in con.execute(f'PRAGMA index_list("{t}")') if r[1] == name]
+        return (table, tuple(tuple(r[1:]) for r in con.execute(f'PRAGMA index_xinfo("{q}")')), tuple(flags))
+    row = con.execute("SELECT sql FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).fetchone()
+    return (table, " ".join(str(row[0] if row else "").split()))
+
+
+def _expected_schema() -> dict[tuple[str, str], set[tuple[Any, ...]]]:
+    """Every (type, name) the stores of this pvegate make in the SQLite file, with each shape it has at any
+    of their versions (a file may hold another store at an older version): built once, in memory."""
+    global _expected_shapes
+    if _expected_shapes is None:
+        from gateway.store.schema import COMPONENTS  # imports this module: not at its top
+
+        shapes: dict[tuple[str, str], set[tuple[Any, ...]]] = {}
+        con = sqlite3.connect(":memory:")
+        try:
+            con.execute(migrations.VERSIONS_TABLE)
+            for component in COMPONENTS["sqlite"].values():
+                for script in component["sqlite"]:
+                    for stmt in migrations.statements(script):
+                        con.execute(stmt)
+                    for kind, name, table in con.execute("SELECT type, name, tbl_name FROM sqlite_master").fetchall():
+                        shapes.setdefault((kind, name), set()).add(_object_shape(con, kind, name, table))
+        finally:
+            con.close()
+        _expected_shapes = shapes
+    return _expected_shapes
+
+
+def _check_schema(con: Any, postgresql: bool) -> None:
+    """The database is what this pvegate makes: its audit schema version is not newer than this pvegate's;
+    on SQLite, the file is sound (PRAGMA integrity_check: every index holds exactly its table's rows) and
+    holds no table, index, trigger or view, and no column, that its stores do not make. A reader that
+    filters (search, export, replay) goes through the file's indexes, which a full scan never sees."""
+    known = len(MIGRATIONS["postgresql" if postgresql else "sqlite"])
+    if postgresql:
+        present = con.execute("SELECT to_regclass('pvegate_schema') IS NOT NULL").fetchone()[0]
+    else:
+        present = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'pvegate_schema'").fetchone()
+    if present:
+        row = con.execute("SELECT version FROM pvegate_schema WHERE component = 'audit'").fetchone()
+        if row is not None and int(row[0]) > known:
+            raise _Bad(migrations._newer("audit", int(row[0]), known))
+    if postgresql:
+        return
+    problems = [str(r[0]) for r in con.execute("PRAGMA integrity_check")]
+    if problems != ["ok"]:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise _Bad(
+            "the database file is corrupt or was edited below SQL (PRAGMA integrity_check: "
+            f"{'; '.join(problems[:3])}{more}): readers that use its indexes would not see what verify sees"
+        )
+    expected = _expected_schema()
+    found = con.execute("SELECT type, name, tbl_name FROM sqlite_master ORDER BY type, name").fetchall()
+    for kind, name, table in found:
+        if name in _SQLITE_STATS:
+            continue
+        shapes = expected.get((kind, name))
+        if shapes is None:
+            raise _Bad(
+                f"the database holds a {kind} {name!r} (on {table}) that pvegate does not make: it was added "
+                "outside the gateway, and readers that filter records may go through it; drop it "
+                "(keep a copy of the file as evidence first)"
+            )
+        if _object_shape(con, kind, name, table) not in shapes:
+            if kind == "table" and name == "audit":
+                cols = [str(r[1]) for r in con.execute("PRAGMA table_xinfo(audit)")]
+                extra = [c for c in cols if c not in COLUMNS]
+                if extra or len(cols) != len(COLUMNS):
+                    raise _Bad(
+                        f"the audit table has columns pvegate does not make ({', '.join(extra) or 'changed'}): "
+                        "it was altered outside the gateway"
+                    )
+            raise _Bad(f"the {kind} {name!r} is not the one pvegate makes: it was changed outside the gateway")
+
+
 def _verify(
     path: Path | PgLocation, archived: list[Path], key_path: Path, checkpoint: Path | None, state: dict[str, Any]
 ) -> VerifyResult:
@@ -1327,6 +1470,7 @@ def _verify(
         # one snapshot for the head and the records: a live gateway commits between two separate
         # reads, and its new records would look added outside the gateway
         con.execute("BEGIN")
+        _check_schema(con, isinstance(path, PgLocation))
         meta = _meta_all(con)
         if "created" not in meta:  # says so whether or not a key is at hand
             raise AuditIntegrityError(NO_MARKER)
@@ -1537,7 +1681,7 @@ class Query:
             where.append("seq > ?")
             args.append(self.after_seq)
         # only fixed column names and placeholders are joined here; values are bound
-        sql = "SELECT * FROM audit" + (" WHERE " + " AND ".join(where) if where else "")  # noqa: S608
+        sql = f"SELECT {', '.join(COLUMNS)} FROM audit" + (" WHERE " + " AND ".join(where) if where else "")  # noqa: S608
         sql += " ORDER BY seq DESC" if self.newest_first else " ORDER BY seq"
         if self.limit is not None:
             sql += " LIMIT ?"
@@ -1577,11 +1721,32 @@ def iter_rows(path: Path | PgLocation, q: Query) -> Iterator[dict[str, Any]]:
         con.close()
 
 
+class AuditDataError(ValueError):
+    """A stored record cannot be read as a record (its body is not a JSON object): a sentence naming it."""
+
+
+def parse_body(row: dict[str, Any]) -> dict[str, Any]:
+    """A record's body as an object, or AuditDataError naming the record."""
+    try:
+        doc = json.loads(row["body"])
+    except (TypeError, ValueError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise AuditDataError(
+            f"record {row.get('seq')} (request {row.get('request_id')}, {row.get('kind')}) cannot be read: its body "
+            "is not a JSON object (written by a release that scrubbed secrets from the record's text, or changed "
+            "outside the gateway: run `pvegate audit verify`)"
+        )
+    return doc
+
+
 def export_line(row: dict[str, Any]) -> str:
-    """One JSONL line: the row with its body as an object; hashes kept so a SIEM can re-verify."""
-    doc = dict(row)
+    """One JSONL line: the record's columns (only those: a column added to the table outside the gateway
+    is not exported), its body as an object; hashes kept so a SIEM can re-verify. A body that is not a
+    JSON object raises AuditDataError naming the record."""
+    doc = {k: row[k] for k in COLUMNS}
     doc["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(row["ts"])) + f".{int(row['ts'] % 1 * 1e6):06d}Z"
-    doc["body"] = json.loads(row["body"])
+    doc["body"] = parse_body(row)
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 

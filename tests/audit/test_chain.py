@@ -389,3 +389,113 @@ def test_packed_inputs_round_trip_and_read_with_zlib_defaults() -> None:
         assert zlib.decompress(base64.b64decode(packed)).decode("utf-8") == text
         older = base64.b64encode(zlib.compress(text.encode("utf-8"), 6)).decode("ascii")
         assert auditlib.unpack_input({auditlib.INPUT_FIELD: older}) == doc
+
+
+# --- what verify checks beyond the chain: the file's soundness and schema; export of unreadable records ---
+
+
+def _lying_index(db: Path) -> None:
+    """A partial index (missing record 8) rewritten below SQL to look complete: filtered readers use it."""
+    con = sqlite3.connect(db)
+    try:
+        con.execute("CREATE INDEX audit_kind ON audit(kind) WHERE seq <> 8")
+        con.execute("ANALYZE")
+        con.execute("PRAGMA writable_schema=ON")
+        con.execute("UPDATE sqlite_master SET sql='CREATE INDEX audit_kind ON audit(kind)' WHERE name='audit_kind'")
+        con.commit()
+    finally:
+        con.close()
+
+
+def test_verify_fails_on_an_index_that_lies_to_filtered_readers(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _lying_index(db)
+    decisions = [r["seq"] for r in auditlib.search(db, auditlib.Query(kind="decision"))]
+    assert 8 not in decisions  # what a filtered reader (search, export, replay) sees through it
+    res = auditlib.verify(db)
+    assert not res.ok and "PRAGMA integrity_check" in str(res.problem) and "audit_kind" in str(res.problem)
+    assert cli(["audit", "verify", "--db", str(db)]) == 1
+    assert "integrity_check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("stmt", "said"),
+    [
+        ("CREATE INDEX audit_kind ON audit(kind)", "index 'audit_kind' (on audit) that pvegate does not make"),
+        ("CREATE TRIGGER t AFTER INSERT ON audit BEGIN SELECT 1; END", "trigger 't' (on audit)"),
+        ("CREATE VIEW v AS SELECT * FROM audit", "view 'v'"),
+        ("CREATE TABLE audit_extra (x)", "table 'audit_extra'"),
+        (
+            "ALTER TABLE audit ADD COLUMN reviewed_by TEXT",
+            "the audit table has columns pvegate does not make (reviewed_by)",
+        ),
+        ("DROP INDEX audit_ts", None),  # missing: slower reads, never a wrong one
+    ],
+)
+def test_verify_fails_on_objects_and_columns_pvegate_does_not_make(db: Path, stmt: str, said: str | None) -> None:
+    _sql(db, stmt)
+    res = auditlib.verify(db)
+    if said is None:
+        assert res.ok, res.problem
+    else:
+        assert not res.ok and said in str(res.problem), res.problem
+
+
+def test_verify_fails_on_an_index_redefined_under_a_known_name(db: Path) -> None:
+    _sql(db, "DROP INDEX audit_ts", "CREATE INDEX audit_ts ON audit(kind)")
+    res = auditlib.verify(db)
+    assert not res.ok and "index 'audit_ts' is not the one pvegate makes" in str(res.problem)
+
+
+def test_verify_allows_sqlite_statistics_and_a_gateways_whole_file(db: Path, tmp_path: Path) -> None:
+    _sql(db, "ANALYZE")
+    assert auditlib.verify(db).ok
+
+
+def test_verify_fails_on_a_newer_audit_schema(db: Path) -> None:
+    _sql(db, "UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")
+    res = auditlib.verify(db)
+    assert not res.ok and "version 99, newer than this pvegate knows" in str(res.problem)
+
+
+def test_export_keeps_only_the_records_columns(db: Path, tmp_path: Path) -> None:
+    _sql(db, "ALTER TABLE audit ADD COLUMN reviewed_by TEXT", "UPDATE audit SET reviewed_by = 'leak'")
+    out = tmp_path / "x.jsonl"
+    assert cli(["audit", "export", "--db", str(db), "--jsonl", "--out", str(out), "--kind", "decision"]) == 0
+    docs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(docs) == 30 and all("reviewed_by" not in d for d in docs)
+    assert set(docs[0]) == {*auditlib.COLUMNS, "time"}
+
+
+def test_a_body_that_is_not_json_is_a_sentence_naming_the_record_and_no_partial_export(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record written by a release whose text-level scrub broke its JSON: readers say which, never crash."""
+    _sql(db, "UPDATE audit SET body = '[redacted]\"i\":7}' WHERE seq = 14")
+    out = tmp_path / "x.jsonl"
+    assert cli(["audit", "export", "--db", str(db), "--jsonl", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "record 14 (request req-6, decision)" in err and "not a JSON object" in err and "Traceback" not in err
+    assert not out.exists() and list(tmp_path.glob("*.jsonl*")) == []  # nothing partial left behind
+    assert cli(["audit", "export", "--db", str(db), "--jsonl"]) == 1
+    assert "record 14" in capsys.readouterr().err
+    assert cli(["audit", "search", "--db", str(db), "--jsonl"]) == 1
+    assert "record 14" in capsys.readouterr().err
+    assert cli(["audit", "search", "--db", str(db)]) == 0  # a listing shows it, and says so
+    assert "body is not a JSON object" in capsys.readouterr().out
+    assert cli(["audit", "tail", "--db", str(db), "-n", "100"]) == 0
+
+
+async def test_rows_and_console_sign_ins_read_past_a_body_that_is_not_json(db: Path) -> None:
+    _sql(
+        db,
+        "UPDATE audit SET body = 'x' WHERE seq = 3",
+        "UPDATE audit SET kind = 'console', outcome = 'ok', ts = 1e12 WHERE seq = 3",
+    )
+    log = AuditLog(db)
+    await log.open()
+    try:
+        assert await log.console_sign_ins(0) == set()
+        with pytest.raises(auditlib.AuditDataError, match="record 3"):
+            await log.rows()
+    finally:
+        await log.close()

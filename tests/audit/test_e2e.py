@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from gateway.cli import main as cli
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.decisions import FAIL_CLOSED_CODE
 from gateway.store import audit as auditlib
@@ -401,3 +402,46 @@ async def test_lone_surrogates_from_one_client_never_fail_another(xgw: GatewayTh
         timeout=120,
     )
     assert proc.returncode == 0 and proc.stdout.startswith("OK:"), proc.stdout + proc.stderr
+
+
+async def test_a_password_chosen_to_match_the_record_never_rewrites_it(
+    xgw: GatewayThread, xenv: DevEnv, tmp_path: Path
+) -> None:
+    """A client's secret argument is scrubbed from its records as data: a password equal to the caller's own
+    name keeps the principal (searchable), a piece of JSON keeps the body and the kept policy input JSON,
+    and an invalid call's refusal stays JSON (export reads it)."""
+    mcp = Mcp(xenv)
+    who = "ci-probe-" + secrets.token_hex(4)
+    token = xenv.token(who, ["operator"])
+    calls = {}
+    for password in (who, '{"approval":null,', '{"allow":true,', "ci-" + secrets.token_hex(6)):
+        status, doc = await mcp.call(token, "vm_cloudinit_set", {"vmid": 102, "cipassword": password})
+        assert status == 200 and doc["result"]["_meta"]["pvegate/outcome"] in ("allowed", "failed"), doc
+        calls[password] = rid(doc)
+    status, doc = await mcp.call(token, "vm_cloudinit_set", {"vmid": 102, "cipassword": '{"error":', "nope": 1})
+    assert doc["result"]["_meta"]["pvegate/outcome"] == "invalid"
+    invalid = rid(doc)
+
+    db = xenv.config.audit_path
+    for password, request_id in calls.items():
+        rows = audit_rows(db, request_id)
+        assert [r["kind"] for r in rows][:2] == ["received", "decision"] and rows[-1]["kind"] == "result"
+        assert {r["principal"] for r in rows} == {who} and {r["tool"] for r in rows} == {"vm_cloudinit_set"}
+        assert {r["target"] for r in rows} == {"default/qemu/102"}
+        bodies = [json.loads(r["body"]) for r in rows]  # every body is JSON
+        assert bodies[0]["arguments"]["cipassword"] == "[redacted]"
+        kept = auditlib.unpack_input(bodies[1])  # what `pvegate policy replay` reads
+        assert kept is not None and kept["arguments"]["cipassword"] == "[redacted]"
+        assert kept["principal"]["sub"] == who and "approval" in kept
+        assert bodies[1]["allow"] is True
+        if password.startswith("ci-"):  # (the others are the caller's own name, or read as JSON's own text)
+            assert all(password not in r["body"] for r in rows)
+    refusal = audit_rows(db, invalid)
+    assert [r["kind"] for r in refusal] == ["refusal"] and refusal[0]["principal"] == who
+    assert "nope" in json.loads(refusal[0]["body"])["error"]
+    found = auditlib.search(db, auditlib.Query(principal=who, kind="decision"))
+    assert [r["request_id"] for r in found] == list(calls.values())  # none hidden from a search by principal
+    out = tmp_path / "export.jsonl"
+    assert await asyncio.to_thread(cli, ["audit", "export", "--db", str(db), "--jsonl", "--out", str(out)]) == 0
+    assert invalid in out.read_text()
+    assert auditlib.verify(db).ok

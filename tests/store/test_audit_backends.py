@@ -935,3 +935,68 @@ async def test_a_replica_and_the_one_that_claimed_its_name_settle_a_call_once(
         await con.close()
         await a.close()
         await b.close()
+
+
+# --- a call's secret values are scrubbed as data; verify checks the schema version (both backends) ----------
+
+
+async def test_a_call_secret_never_rewrites_the_principal_or_the_json_of_its_records(store: Store) -> None:
+    """Whatever a client picks as its password (its own name, a piece of JSON), its records keep their
+    principal and stay JSON, the kept policy input unpacks, and the secret is still not written."""
+    from gateway.store.audit import CALL_SECRETS
+
+    log = store.log(secrets=["GatewayOwnSecret-12345"])
+    await log.open()
+    secrets = ("mallory-agent", '{"error":', '{"approval":null,', '{"allow":true,', "pw-Hunter22", "123456")
+    try:
+        for i, secret in enumerate(secrets):
+            CALL_SECRETS.set((secret,))
+            args = {"vmid": 100 + i, "cipassword": "[redacted]"}
+            doc = {"principal": {"sub": "mallory-agent"}, "arguments": args, "approval": None, "n": 123456}
+            await log.append(
+                AuditRecord(f"r{i}", "received", "mallory-agent", "vm_cloudinit_set", "default/qemu/1", None, {"a": 1}),
+                AuditRecord(
+                    f"r{i}",
+                    "decision",
+                    "mallory-agent",
+                    "vm_cloudinit_set",
+                    "default/qemu/1",
+                    "allow",
+                    {
+                        "allow": True,
+                        "risk": {"level": "low"},
+                        "note": f"saw {secret} in an error",
+                        "gw": "GatewayOwnSecret-12345",
+                    },
+                    policy_input=doc,
+                ),
+                AuditRecord(f"r{i}", "refusal", "mallory-agent", "vm_cloudinit_set", None, "invalid", {"error": "x"}),
+            )
+        CALL_SECRETS.set(())
+    finally:
+        await log.close()
+    rows = off(auditlib.search, store.where, auditlib.Query(principal="mallory-agent"))
+    assert len(rows) == 3 * len(secrets)  # none hidden from a search by principal
+    for row in rows:
+        body = json.loads(row["body"])  # every body is JSON
+        assert row["tool"] == "vm_cloudinit_set" and isinstance(body, dict)
+        assert "pw-Hunter22" not in row["body"] and "GatewayOwnSecret" not in row["body"]
+        if row["kind"] == "decision":
+            kept = auditlib.unpack_input(body)
+            assert kept is not None and kept["principal"]["sub"] == "mallory-agent"  # stated by the column anyway
+            assert body["allow"] is True and body["risk"] == {"level": "low"} and body["gw"] == "[redacted]"
+            assert kept["approval"] is None and "arguments" in kept
+            secret = secrets[int(row["request_id"][1:])]
+            scrubbed = secret != "mallory-agent"  # the caller's own name is no secret of its record
+            assert body["note"] == ("saw [redacted] in an error" if scrubbed else f"saw {secret} in an error")
+            assert kept["n"] == ("[redacted]" if secret == "123456" else 123456)  # a number that is the secret
+    assert [json.loads(auditlib.export_line(r))["seq"] for r in rows] == [r["seq"] for r in rows]
+    assert off(auditlib.verify, store.where, key=store.key).ok
+
+
+async def test_verify_fails_on_an_audit_schema_newer_than_this_pvegate(store: Store) -> None:
+    await filled(store, 1)
+    assert off(auditlib.verify, store.where, key=store.key).ok
+    store.sql("UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")
+    res = off(auditlib.verify, store.where, key=store.key)
+    assert not res.ok and "audit schema in the database is version 99, newer than this pvegate" in str(res.problem)

@@ -95,9 +95,15 @@ def _query(args: argparse.Namespace, **kw: Any) -> auditlib.Query:
 
 def _line(row: dict[str, Any]) -> str:
     when = datetime.fromtimestamp(row["ts"], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
-    body = json.loads(row["body"])
+    body: dict[str, Any] | None
+    try:
+        body = auditlib.parse_body(row)
+    except auditlib.AuditDataError:  # shown, and said: a listing goes on
+        body = None
     detail = ""
-    if row["kind"] == "decision":
+    if body is None:
+        detail = "(its body is not a JSON object: run `pvegate audit verify`)"
+    elif row["kind"] == "decision":
         detail = "; ".join(body.get("deny") or []) or (body.get("risk") or {}).get("level", "")
     elif row["kind"] in ("refusal", "auth_failure"):
         detail = str(body.get("error") or body.get("reason") or "")
@@ -108,7 +114,7 @@ def _line(row: dict[str, Any]) -> str:
         detail = str(body.get("approval_id") or "")
     elif row["kind"] == "dispatch":
         detail = f"task {body['task_id']}" if body.get("task_id") else f"node {body.get('node')}"
-    if row["kind"] == "result" and body.get("proxmox"):  # reconciled: what Proxmox says happened
+    if body is not None and row["kind"] == "result" and body.get("proxmox"):  # reconciled: what Proxmox says happened
         detail += f" proxmox {body['proxmox']}" + (f" ({body['exitstatus']})" if body.get("exitstatus") else "")
     cols = [
         str(row["seq"]),
@@ -174,6 +180,9 @@ def _readable(fn: Any) -> Any:
         except (ConfigError, sqlite3.Error, OSError) as exc:
             print(f"error: cannot read the audit: {exc}", file=sys.stderr)
             return 1
+        except auditlib.AuditDataError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         return result
 
     return run
@@ -211,15 +220,29 @@ def _export(args: argparse.Namespace) -> int:
     if not args.jsonl:
         print("error: only --jsonl export is supported", file=sys.stderr)
         return 2
-    out = open(args.out, "w") if args.out else sys.stdout
-    n = 0
-    try:
+    if args.out is None:  # stdout: a record that cannot be exported stops it, said on stderr, exit 1
+        n = 0
         for row in auditlib.iter_rows(db_path(args), _query(args)):
-            out.write(auditlib.export_line(row) + "\n")
+            sys.stdout.write(auditlib.export_line(row) + "\n")
             n += 1
-    finally:
-        if out is not sys.stdout:
-            out.close()
+        print(f"exported {n} records", file=sys.stderr)
+        return 0
+    # a file: written aside and put in place whole, so an export that stops leaves no partial file behind
+    tmp = args.out.with_name(f".{args.out.name}.partial")
+    try:
+        with tmp.open("w") as out:
+            n = 0
+            for row in auditlib.iter_rows(db_path(args), _query(args)):
+                out.write(auditlib.export_line(row) + "\n")
+                n += 1
+        tmp.replace(args.out)
+    except auditlib.AuditDataError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
+        return 1
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     print(f"exported {n} records", file=sys.stderr)
     return 0
 
