@@ -278,7 +278,16 @@ async def audit_records(request: Request) -> Response:
     except ValueError:
         return _err(400, "invalid_request", "since/until are Unix times, limit a positive integer")
     rows = await asyncio.to_thread(auditlib.search, _components(request).audit.path, q)
-    return JSONResponse({"records": [json.loads(auditlib.export_line(r)) for r in rows]})
+    return JSONResponse({"records": [_record(r) for r in rows]})
+
+
+def _record(row: dict[str, Any]) -> dict[str, Any]:
+    """A record as export writes it; one whose body cannot be read says so instead of failing the page."""
+    try:
+        doc: dict[str, Any] = json.loads(auditlib.export_line(row))
+    except auditlib.AuditDataError as exc:
+        return {"seq": row.get("seq"), "request_id": row.get("request_id"), "error": str(exc)}
+    return doc
 
 
 async def approvals_list(request: Request) -> Response:

@@ -1725,6 +1725,16 @@ class AuditDataError(ValueError):
     """A stored record cannot be read as a record (its body is not a JSON object): a sentence naming it."""
 
 
+def body_or_empty(text: str | None) -> dict[str, Any]:
+    """A record's body for a reader that can go on without it (a count, a hint): {} when it is not
+    a JSON object (`audit verify` is where such a record is reported)."""
+    try:
+        doc = json.loads(text or "{}")
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def parse_body(row: dict[str, Any]) -> dict[str, Any]:
     """A record's body as an object, or AuditDataError naming the record."""
     try:

@@ -43,7 +43,6 @@ Calls with no replica named (written on SQLite, or moved from it) follow the sin
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -133,7 +132,8 @@ def open_calls(path: Path | PgLocation, since: float, before: float, only: set[s
             call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
             related = con.execute("SELECT kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,))
             for r in related.fetchall():
-                kind, body = r["kind"], json.loads(r["body"])
+                # a body that is not JSON (edited outside the gateway) must not stall every other call's pass
+                kind, body = r["kind"], auditlib.body_or_empty(r["body"])
                 if kind == "received":
                     call.target = body.get("target") or {}
                     call.effect = body.get("effect")

@@ -403,6 +403,21 @@ async def test_console_sign_ins_are_read_by_subject_and_window(store: Store) -> 
         await log.close()
 
 
+async def test_an_unreadable_body_does_not_stall_the_other_open_calls(store: Store) -> None:
+    """A record edited outside the gateway so its body is no JSON: the pass still reads every open call
+    (verify is where the edit is reported), instead of raising for all of them."""
+    log = store.log()
+    await log.open()
+    try:
+        await log.append(rec(1, "received", None, effect="mutate"), rec(1))
+        await log.append(rec(2, "received", None, effect="mutate"), rec(2))
+    finally:
+        await log.close()
+    store.sql("UPDATE audit SET body = '{not json' WHERE request_id = 'req-1' AND kind = 'received'")
+    calls = off(open_calls, store.where, 0, time.time() + 1)
+    assert [c.request_id for c in calls] == ["req-1", "req-2"]
+
+
 async def test_an_audit_schema_newer_than_this_pvegate_is_refused(store: Store) -> None:
     await filled(store, 1)
     store.sql("UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")

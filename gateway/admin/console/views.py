@@ -463,7 +463,7 @@ async def _approval_codes(c: Components, req: ApprovalRequest) -> list[str]:
         auditlib.search, c.audit.path, auditlib.Query(kind="approval", request_id=req.request_id, limit=20)
     )
     for row in rows:
-        body = json.loads(row["body"] or "{}")
+        body = auditlib.body_or_empty(row["body"])
         if body.get("approval_id") == req.id and body.get("codes"):
             return [str(x) for x in body["codes"]]
     return []
@@ -684,7 +684,7 @@ async def audit_record(request: Request) -> Response:
     related = await asyncio.to_thread(
         auditlib.search, c.audit.path, auditlib.Query(request_id=rows["request_id"], limit=200)
     )
-    body = json.loads(rows["body"] or "null")
+    body: Any = auditlib.body_or_empty(rows["body"]) if rows["body"] else None
     if isinstance(body, dict):
         body.pop(auditlib.INPUT_FIELD, None)  # the packed replay input: shown decoded below instead
     return render(
@@ -745,7 +745,7 @@ async def _decision_rates(c: Components, minutes: int = 15) -> dict[str, Any]:
     totals: Counter[str] = Counter()
     for row in rows:
         minute = time.strftime("%H:%M", time.gmtime(row["ts"]))
-        body = json.loads(row["body"] or "{}")
+        body = auditlib.body_or_empty(row["body"])
         outcome = "failed_closed" if body.get("failed_closed") else str(row["outcome"])
         buckets.setdefault(minute, Counter())[outcome] += 1
         totals[outcome] += 1
