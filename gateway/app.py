@@ -92,7 +92,8 @@ def bundle_signed(config: Config) -> bool | None:
         return None
     if opa.bundle is not None:
         return opa.verification_key is not None
-    return all((entry.get("signing") or {}).get("keyid") for entry in opa.bundles.values())
+    signing = [entry.get("signing") or {} for entry in opa.bundles.values()]
+    return all(s.get("keyid") and not s.get("exclude_files") for s in signing)
 
 
 def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar | None]:

@@ -384,6 +384,11 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
                 )
             elif keyid is not None and keyid not in (opa.get("keys") or {}):
                 out.append(f"opa.bundles.{bname}.signing.keyid: {keyid!r} is not in opa.keys")
+            if (entry.get("signing") or {}).get("exclude_files") and not unsigned_ok:
+                out.append(
+                    f"opa.bundles.{bname}.signing.exclude_files: files OPA would load without checking their "
+                    "signature; opa.allow_unsigned: true allows that, for development only"
+                )
         if unsigned_ok and not (opa.get("bundle") or opa.get("bundles")):
             out.append("opa.allow_unsigned: only used with opa.bundle or opa.bundles")
         upload = opa.get("decision_logs_upload") or {}

@@ -176,6 +176,9 @@ def test_a_mistyped_bundle_setting_is_not_passed_to_opa_to_be_ignored(base: dict
     assert problems(base)[0].startswith("opa.bundles.p.signing.kid: unknown setting"), problems(base)
     base["opa"]["bundles"]["p"] = {"service": "s", "signing": {"keyid": "k"}}
     assert problems(base) == []
+    base["opa"]["bundles"]["p"]["signing"]["exclude_files"] = ["*"]  # signed, but not these files
+    found = problems(base)
+    assert found[0].startswith("opa.bundles.p.signing.exclude_files: files OPA would load without"), found
 
 
 def test_allow_unsigned_lets_an_unsigned_bundle_load_and_says_so(base: dict[str, Any]) -> None:
