@@ -4,6 +4,7 @@ a short-lived cache of the cluster's /cluster/resources."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,16 @@ def unknown_target(cluster: str | None) -> dict[str, Any]:
         "storage": None,
         "known": False,
     }
+
+
+# a vzdump archive (vzdump-qemu-101-2024_...) or a PBS snapshot (backup/vm/101/2024-...)
+_BACKUP_VMID = re.compile(r"(?:vzdump-(?:qemu|lxc|openvz)-|:backup/(?:vm|ct)/|/(?:vm|ct)/)([0-9]{1,9})(?:[-/])")
+
+
+def backup_vmid(volume: Any) -> int | None:
+    """The id of the guest a backup volume was taken of; None when the name does not say."""
+    m = _BACKUP_VMID.search(volume) if isinstance(volume, str) else None
+    return int(m.group(1)) if m else None
 
 
 def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +158,27 @@ class TargetResolver:
         target = await self._resolve(tool, arguments, cluster)
         if tool.destination:
             target["destination"] = destination(tool, arguments, target)
+        archive_param = tool.target.get("backup_of")
+        if archive_param:
+            target["backup_of"] = await self._backed_up(arguments.get(archive_param), cluster)
         return target
+
+    async def _backed_up(self, volume: Any, cluster: str) -> dict[str, Any]:
+        """The guest a backup volume was taken of, as the cluster knows it now: a restore copies it,
+        so a binding must cover it as it covers a clone's source. Gone (or unreadable): node, pool
+        and tags unknown, which a scoped binding does not cover."""
+        vmid = backup_vmid(volume)
+        out: dict[str, Any] = {"cluster": cluster, "node": None, "vmid": vmid, "pool": None, "tags": []}
+        if vmid is None or cluster not in self.clients:
+            return out
+        try:
+            row = (await self._index(cluster, fresh=True))["guests"].get(vmid)
+        except Exception:  # unknown facts: the policy decides what that means (a scope does not cover it)
+            return out
+        if row is not None:
+            tags = [t for t in str(row.get("tags") or "").replace(",", ";").split(";") if t]
+            out.update(node=row.get("node"), pool=row.get("pool"), tags=tags)
+        return out
 
     async def _resolve(self, tool: Tool, arguments: dict[str, Any], cluster: str) -> dict[str, Any]:
         target = unknown_target(cluster)

@@ -31,6 +31,13 @@ async def backups_of(env: DevEnv, node: str, storage: str, vmid: int) -> list[st
 
 async def test_restore_to_new_ids_and_in_place(gateway: GatewayThread, env: DevEnv, sim: Any) -> None:
     archive = (await backups_of(env, "pve1", "local", 100))[0]
+    # a restore copies the backed-up guest, as a clone copies its source: the web team's pool-scoped
+    # binding may not copy prod's web01 into its own pool (target.backup_of), and nothing is sent
+    sim.clear_logs()
+    web_team = env.token("dave", [], groups=["team-web"], kind="human")
+    copy = await call(env, web_team, "vm_restore", {"node": "pve1", "vmid": 152, "archive": archive, "pool": "web"})
+    assert copy.is_error and "from a backup of guest 100 (pool prod)" in text(copy), text(copy)
+    assert [e for e in sim.requests_log() if e["method"] != "GET"] == []
     await run(
         gateway, env, sim, "vm_restore", {"node": "pve1", "vmid": 190, "archive": archive, "storage": "local-lvm"},
         ("POST", f"{API}/pve1/qemu", {"vmid": "190", "archive": archive, "storage": "local-lvm", "unique": "1"}),

@@ -112,11 +112,17 @@ applies(b, target) if {
 	scope := object.get(b, "scope", {})
 	scope_covers(scope, target)
 	destination_covered(scope, target)
+	backup_of_covered(scope, target)
 }
 
 destination_covered(_, target) if not "destination" in object.keys(target)
 
 destination_covered(scope, target) if scope_covers(scope, target.destination)
+
+# a restore copies the guest its backup was taken of: the scope must cover that guest too
+backup_of_covered(_, target) if not "backup_of" in object.keys(target)
+
+backup_of_covered(scope, target) if scope_covers(scope, target.backup_of)
 
 # --- role permissions ----------------------------------------------------------
 
@@ -244,7 +250,7 @@ denials contains lib.reason("rbac.not_granted", "pvegate.rbac.granting_bindings"
 }
 
 # target_text describes the target, and where the call puts it, for messages.
-target_text := concat("", [subject_text, destination_text])
+target_text := concat("", [subject_text, destination_text, backup_of_text])
 
 default subject_text := "an unresolved target"
 
@@ -256,6 +262,12 @@ subject_text := sprintf("guest %v on node %v (pool %v)", [input.target.vmid, inp
 subject_text := sprintf("node %v", [input.target.node]) if {
 	input.target.known == true
 	input.target.vmid == null
+}
+
+default backup_of_text := ""
+
+backup_of_text := sprintf(" from a backup of guest %v (pool %v)", [b.vmid, b.pool]) if {
+	b := input.target.backup_of
 }
 
 default destination_text := ""

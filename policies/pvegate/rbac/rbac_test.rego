@@ -244,3 +244,30 @@ test_an_approver_must_cover_the_destination_too if {
 	rbac.may_approve(approver, into(sandbox_guest, {"vmid": 190})) with data.data as sandbox_org
 	not rbac.may_approve(approver, into(sandbox_guest, {"vmid": 190, "pool": "prod"})) with data.data as sandbox_org
 }
+
+# --- a restore copies the guest its backup was taken of (target.backup_of) ------
+
+restore_tool := fx.tool("vm_restore", "backup", "write", "guest", ["restore"])
+
+restore_org := {
+	"roles": {"restorer": {"allow": [{"tools": ["vm_restore"]}]}},
+	"bindings": [{"name": "lab-only", "role": "restorer", "subjects": ["mallory"], "scope": {"pools": ["lab"]}}],
+}
+
+new_lab_guest := object.union(fx.guest(151, [], "lab", null), {"status": null})
+
+from_backup_of(target, vmid, pool) := object.union(target, {"backup_of": source}) if {
+	source := {"cluster": "default", "node": "pve1", "vmid": vmid, "pool": pool, "tags": []}
+}
+
+test_a_restore_must_copy_a_guest_inside_the_bindings_scope if {
+	mine := from_backup_of(new_lab_guest, 205, "lab")
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, restore_tool, mine) with data.data as restore_org
+
+	prod := from_backup_of(new_lab_guest, 101, "prod")
+	reasons := rbac.deny with input as fx.call(fx.nobody, restore_tool, prod) with data.data as restore_org
+	fx.has_reason(reasons, "guest 151 on node pve1 (pool lab) from a backup of guest 101 (pool prod)")
+
+	gone := from_backup_of(new_lab_guest, 999, null) # the backed-up guest no longer exists: unknown pool
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, restore_tool, gone) with data.data as restore_org
+}
