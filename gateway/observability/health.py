@@ -483,8 +483,9 @@ class HealthMonitor:
             )
             yield GaugeMetricFamily(
                 "pvegate_reconcile_open_calls",
-                "Allowed calls without a recorded outcome that the reconciler still tries to settle.",
-                value=r.open_calls(),
+                "Allowed calls without a recorded outcome that the reconciler still tries to settle (NaN: unknown, "
+                "its pass over earlier runs fails).",
+                value=float("nan") if (n := r.open_calls()) is None else n,
             )
 
 

@@ -73,21 +73,17 @@ AND NOT EXISTS (
         r.kind = 'refusal'
         OR (r.kind = 'result' AND (
             r.outcome IN ('ok', 'failed', 'reconciled')
-            OR (r.outcome = 'interrupted' AND json_extract(r.body, '$.pending_reconcile') = 0)))))
+            OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%')))))
 ORDER BY d.seq
 """
+# Bodies are matched as the writer prints them (dumps_body: sorted keys, no spaces; a quote inside a
+# string value is escaped, so client text cannot fake a key), never parsed in SQL: one body edited
+# into something that is not JSON would make json_extract / ::json fail every pass, for every call.
 CLAIMED_SQL = """
-SELECT DISTINCT json_extract(body, '$.task_id') FROM audit
-WHERE ts >= ? AND kind IN ('dispatch', 'result') AND json_extract(body, '$.task_id') IS NOT NULL
+SELECT body FROM audit WHERE ts >= ? AND kind IN ('dispatch', 'result') AND body LIKE '%"task_id":"%'
 """
-# the same on PostgreSQL (the body is JSON kept as text: json, not jsonb, takes any text json.dumps wrote)
-PG_OPEN_CALLS_SQL = OPEN_CALLS_SQL.replace(
-    "json_extract(r.body, '$.pending_reconcile') = 0", "(r.body::json ->> 'pending_reconcile') = 'false'"
-)
-PG_CLAIMED_SQL = """
-SELECT DISTINCT body::json ->> 'task_id' FROM audit
-WHERE ts >= ? AND kind IN ('dispatch', 'result') AND (body::json ->> 'task_id') IS NOT NULL
-"""
+PG_OPEN_CALLS_SQL = OPEN_CALLS_SQL
+PG_CLAIMED_SQL = CLAIMED_SQL
 
 
 @dataclass
@@ -103,6 +99,7 @@ class OpenCall:
     task_id: str | None = None
     dispatched: bool = False
     owner: str | None = None  # the replica that decided it (PostgreSQL); None: written on SQLite
+    unreadable: int | None = None  # seq of a record whose body is not JSON (edited outside the gateway)
 
 
 @dataclass
@@ -130,10 +127,15 @@ def open_calls(path: Path | PgLocation, since: float, before: float, only: set[s
             if only is not None and d["request_id"] not in only:
                 continue
             call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
-            related = con.execute("SELECT kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,))
+            related = con.execute(
+                "SELECT seq, kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,)
+            )
             for r in related.fetchall():
-                # a body that is not JSON (edited outside the gateway) must not stall every other call's pass
+                # a body that is not JSON (edited outside the gateway) must not stall every other call's
+                # pass; the call itself cannot be matched to Proxmox on half its facts (Reconciler.settle)
                 kind, body = r["kind"], auditlib.body_or_empty(r["body"])
+                if not body and (r["body"] or "").strip() not in ("", "{}"):
+                    call.unreadable = int(r["seq"])
                 if kind == "received":
                     call.target = body.get("target") or {}
                     call.effect = body.get("effect")
@@ -157,7 +159,8 @@ def claimed_tasks(path: Path | PgLocation, since: float) -> set[str]:
     con = auditlib.connect(path, readonly=True)
     sql = PG_CLAIMED_SQL if isinstance(path, PgLocation) else CLAIMED_SQL
     try:
-        return {str(r[0]) for r in con.execute(sql, (since,)).fetchall()}
+        rows = con.execute(sql, (since,)).fetchall()
+        return {str(b["task_id"]) for r in rows if (b := auditlib.body_or_empty(r[0])).get("task_id")}
     finally:
         con.close()
 
@@ -173,12 +176,15 @@ class Reconciler:
         self.task: asyncio.Task[None] | None = None
         self.last_pass_at: float | None = None  # wall time of the loop's last round without an error
         self.last_error: str | None = None  # the last round's failure, until a round succeeds
-        self.earlier_open = 0  # calls decided before this process started, left open by the last pass
+        self.earlier_open: int | None = 0  # earlier runs' calls left open by the last pass; None: it failed
         self.earlier_done = False  # none of those is left: only the periodic passes remain
         self.stale_open = 0  # gone replicas' calls left open by the last pass over them (PostgreSQL)
 
-    def open_calls(self) -> int:
-        """Calls this process knows to be open: earlier runs', its own interrupted ones, gone replicas'."""
+    def open_calls(self) -> int | None:
+        """Calls this process knows to be open: earlier runs', its own interrupted ones, gone replicas';
+        None while the pass over earlier runs fails (unknown, never reported as zero)."""
+        if self.earlier_open is None:
+            return None
         return self.earlier_open + len(self.outcomes.unsettled) + self.stale_open
 
     def task_error(self) -> str | None:
@@ -322,6 +328,12 @@ class Reconciler:
             )
             self.outcomes.counters.reconciled_reads += 1
             return Settled(call.request_id, call.tool, "interrupted", detail=what)
+        if call.unreadable is not None:
+            # its target or owner may be lost with that body: a task search without them could take another
+            # call's task, or a live replica's call, for this one. Final, and it says why (verify tells more).
+            why = f"record {call.unreadable} of this call cannot be read (not JSON): run `pvegate audit verify`"
+            await self._write(call, "reconciled", {"proxmox": "unverifiable", "reason": why, "task_id": call.task_id})
+            return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
         cluster = str(call.target.get("cluster") or self.config.default_cluster)
         client = self.clients.get(cluster)
         if client is None:
@@ -479,18 +491,23 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
     outcomes = reconciler.outcomes
     earlier_due: float | None = time.monotonic()  # None once nothing decided before `before` is open
     periodic_due = time.monotonic() + interval
+    # each pass's last failure, kept until that same pass succeeds: a pass that keeps failing is never
+    # hidden by another one succeeding (the heartbeat health and metrics show moves only when none fails)
+    errors: dict[str, str] = {}
     while True:
-        failed: str | None = None
         if earlier_due is not None and time.monotonic() >= earlier_due:
             try:
                 settled = await _earlier_pass(reconciler, before)
+                errors.pop("earlier", None)
             except Exception as exc:  # never take the gateway down; say so and try again
                 log.exception("reconciliation pass failed")
-                failed, settled = f"reconciliation pass failed: {type(exc).__name__}", [Settled("", None, "open")]
+                errors["earlier"] = f"reconciliation pass failed: {type(exc).__name__}"
+                settled = [Settled("", None, "open")]
+                reconciler.earlier_open = None  # unknown, not zero
             if settled is None:  # another replica is reconciling: after it, this one looks again
                 earlier_due = time.monotonic() + delay
             else:
-                if settled and failed is None:
+                if settled and "earlier" not in errors:
                     log.warning("reconciliation: %s", summary(settled))
                     reconciler.earlier_open = sum(s.action == "open" for s in settled)
                 if any(s.action == "open" for s in settled):
@@ -503,22 +520,25 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
                 try:
                     stale = await reconciler.settle_stale_replicas()
                     reconciler.stale_open = sum(s.action == "open" for s in stale)
+                    errors.pop("stale", None)
                 except Exception as exc:
                     log.exception("reconciliation of stale replicas failed")
-                    failed, stale = f"reconciliation of stale replicas failed: {type(exc).__name__}", []
+                    errors["stale"] = f"reconciliation of stale replicas failed: {type(exc).__name__}"
+                    stale = []
                 if stale:
                     log.warning("reconciliation of stale replicas: %s", summary(stale))
             try:
                 own = await reconciler.settle_own(before)
+                errors.pop("own", None)
             except Exception as exc:
                 log.exception("reconciliation pass failed")
-                failed, own = f"reconciliation pass failed: {type(exc).__name__}", None
+                errors["own"] = f"reconciliation of this process's own calls failed: {type(exc).__name__}"
+                own = None
             if own:
                 log.warning("reconciliation: %s", summary(own))
             periodic_due = time.monotonic() + interval
-        # the heartbeat health and metrics show: a round that failed leaves it where it was
-        reconciler.last_error = failed
-        if failed is None:
+        reconciler.last_error = "; ".join(errors.values()) or None
+        if not errors:
             reconciler.last_pass_at = time.time()
         wake = periodic_due if earlier_due is None else min(periodic_due, earlier_due)
         await asyncio.sleep(max(0.0, wake - time.monotonic()))

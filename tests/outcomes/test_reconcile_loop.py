@@ -107,3 +107,34 @@ async def test_an_unknown_cluster_is_settled_and_an_open_call_never_blocks_the_o
             await client.close()
         await log.close()
     assert reconciler.task_error() == "the reconciler task was cancelled"
+
+
+async def test_a_pass_that_keeps_failing_is_never_hidden_by_another_that_succeeds(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The pass over earlier runs failing at every try (the fault injected into our own code: nothing
+    else makes it fail on a healthy file) while the periodic pass, with nothing to do, succeeds: the
+    error stays shown, the heartbeat does not move, and the open count is unknown, not zero."""
+    cfg = load(write(tmp_path, minimal(tmp_path)))
+    path = tmp_path / "audit.db"
+    log = AuditLog(path)
+    await log.open()
+    outcomes = Outcomes(log, grace_seconds=1, min_free_bytes=0)
+    reconciler = Reconciler(cfg, Catalog.load(cfg.connectors_dir), outcomes, {})
+
+    async def broken(before: float) -> list[Any]:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(reconciler, "run_once", broken)
+    try:
+        reconciler.start(time.time(), interval=0.05)
+        await asyncio.sleep(1.0)  # many periodic rounds, and the failing pass more than once
+        status = reconciler.status()
+        assert status["last_error"] and "reconciliation pass failed: RuntimeError" in status["last_error"], status
+        assert status["last_pass_at"] is None and status["open_calls"] is None, status
+    finally:
+        assert reconciler.task is not None
+        reconciler.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reconciler.task
+        await log.close()

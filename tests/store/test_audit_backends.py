@@ -34,7 +34,7 @@ from gateway.store.db import PostgresDatabase
 from gateway.store.migrations import SchemaError
 from gateway.store.outcomes import AuditUnavailable, ClaimLost, Outcomes
 from gateway.store.pgsync import PgLocation
-from gateway.store.reconcile import Reconciler, open_calls
+from gateway.store.reconcile import Reconciler, claimed_tasks, open_calls
 from gateway.store.schema import upgrade_all
 from tests.config.conftest import minimal, write
 from tests.pgserver import PostgresServer, start_postgres
@@ -410,12 +410,18 @@ async def test_an_unreadable_body_does_not_stall_the_other_open_calls(store: Sto
     await log.open()
     try:
         await log.append(rec(1, "received", None, effect="mutate"), rec(1))
-        await log.append(rec(2, "received", None, effect="mutate"), rec(2))
+        await log.append(rec(2, "received", None, effect="mutate"), rec(2), rec(2, "dispatch", None, task_id="UPID:b"))
+        await log.append(rec(3, "received", None, effect="mutate"), rec(3), rec(3, "dispatch", None, task_id="UPID:c"))
     finally:
         await log.close()
-    store.sql("UPDATE audit SET body = '{not json' WHERE request_id = 'req-1' AND kind = 'received'")
+    store.sql(
+        "UPDATE audit SET body = '{not json' WHERE request_id = 'req-1' AND kind = 'received'",
+        "UPDATE audit SET body = '{not json' WHERE request_id = 'req-3' AND kind = 'dispatch'",
+    )
     calls = off(open_calls, store.where, 0, time.time() + 1)
-    assert [c.request_id for c in calls] == ["req-1", "req-2"]
+    assert [c.request_id for c in calls] == ["req-1", "req-2", "req-3"]
+    assert calls[0].unreadable is not None and calls[1].unreadable is None  # req-1 is never matched on half its facts
+    assert off(claimed_tasks, store.where, 0) == {"UPID:b"}  # the SQL parses no body: one bad one fails nothing
 
 
 async def test_an_audit_schema_newer_than_this_pvegate_is_refused(store: Store) -> None:
