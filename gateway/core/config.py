@@ -536,7 +536,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
         )
     except ConfigError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         # not chained: the exception's own text (logged with -v) might quote a URL's password
         raise ConfigError(redact(f"invalid configuration: {exc!r}")) from None
 

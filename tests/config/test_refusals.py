@@ -226,3 +226,15 @@ def test_no_problem_shows_a_urls_password(base: dict[str, Any], change: Any, set
 )
 def test_redact(text: str, shown: str) -> None:
     assert redact(text) == shown
+
+
+def test_a_number_too_large_for_a_float_is_refused_not_a_crash(base: dict[str, Any], tmp_path: Path) -> None:
+    path = write(tmp_path, base)
+    path.write_text(path.read_text() + f"shutdown_grace_seconds: {10**400}\n")
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert any(p.startswith("shutdown_grace_seconds:") for p in err.value.problems), err.value.problems
+    base["shutdown_grace_seconds"] = 1e300  # finite, but SIGTERM would wait for ever
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, base))
+    assert any("shutdown_grace_seconds" in p for p in err.value.problems), err.value.problems
