@@ -272,12 +272,16 @@ def create_app(
         try:
             yield
         finally:
-            for task in (supervisor, watcher, reconciling):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            await built.close()
+            try:
+                for task in (supervisor, watcher, reconciling):
+                    if task is not None:
+                        task.cancel()
+                        # a task that died already (its error was logged when it did) must not stop
+                        # the shutdown before OPA and the stores are closed
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
+            finally:
+                await built.close()
 
     routes = [
         Route("/mcp", handle_mcp, methods=["GET", "POST", "DELETE"]),

@@ -120,6 +120,9 @@ async def test_a_dead_reconciler_turns_readiness_red(
     monkeypatch.setattr(reconcile, "summary", broken)
     gw = GatewayThread(env.config).start()
     base = base_url(env.config)
+    sidecar = gw.components.sidecar
+    assert sidecar is not None and sidecar.process is not None
+    opa = sidecar.process
     try:
         async with http_client(env) as http:
             r, _ = await wait_for(http, base + "/readyz", lambda r: r.status_code == 503)
@@ -130,6 +133,8 @@ async def test_a_dead_reconciler_turns_readiness_red(
             assert value(snap, "pvegate_ready") == 0.0
     finally:
         gw.stop()
+    # the dead task's error did not cut the shutdown short: OPA was stopped with the gateway
+    assert opa.poll() is not None, "the managed OPA outlived the gateway"
 
 
 # --- the approvals database down or hung ------------------------------------------------------------
