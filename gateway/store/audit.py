@@ -1395,13 +1395,15 @@ def _expected_schema() -> dict[tuple[str, str], set[tuple[Any, ...]]]:
     of their versions (a file may hold another store at an older version): built once, in memory."""
     global _expected_shapes
     if _expected_shapes is None:
-        from gateway.store.schema import COMPONENTS  # imports this module: not at its top
+        from gateway.store import approvals_schema, handoffs, shared_keys  # the file's other stores
+
+        sqlite_components = (MIGRATIONS, approvals_schema.MIGRATIONS, shared_keys.MIGRATIONS, handoffs.MIGRATIONS)
 
         shapes: dict[tuple[str, str], set[tuple[Any, ...]]] = {}
         con = sqlite3.connect(":memory:")
         try:
             con.execute(migrations.VERSIONS_TABLE)
-            for component in COMPONENTS["sqlite"].values():
+            for component in sqlite_components:
                 for script in component["sqlite"]:
                     for stmt in migrations.statements(script):
                         con.execute(stmt)
