@@ -165,9 +165,9 @@ def _check_placeholders(tool: Tool, where: str) -> None:
     for field_name, param in tool.target.items():
         if param not in props:
             raise CatalogError(f"{where}: target {field_name} names undeclared parameter {param}")
-    for field_name, param in tool.destination.items():
-        if param not in props:
-            raise CatalogError(f"{where}: target.destination {field_name} names undeclared parameter {param}")
+    for field_name, named in tool.destination.items():
+        if named is not None and named not in props:  # null: a node the HA manager picks
+            raise CatalogError(f"{where}: target.destination {field_name} names undeclared parameter {named}")
     if tool.connector == "pve_api":
         schemas = tool.parameters["properties"]
         for mapping in (tool.spec.get("query") or {}, tool.spec.get("body") or {}):

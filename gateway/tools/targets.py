@@ -46,16 +46,26 @@ def backup_vmid(volume: Any) -> int | None:
 def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
     """The guest as the call leaves it: the target's facts, with what the call names instead. A
     declared pool not given is no pool (Proxmox puts the new guest in none); a node not given is
-    the target's (a clone stays on its source's node)."""
+    the target's (a clone stays on its source's node); a node declared null is unknown (an HA
+    group's: the HA manager picks it)."""
     names = tool.destination
-    vmid = arguments.get(names["vmid"]) if "vmid" in names else target.get("vmid")
+    vmid = arguments.get(vmid_param) if (vmid_param := names.get("vmid")) else target.get("vmid")
+    node = target.get("node")
+    if "node" in names:
+        node_param = names["node"]
+        node = arguments.get(node_param, node) if node_param else None
     return {
         "cluster": target.get("cluster"),
-        "node": arguments.get(names["node"], target.get("node")) if "node" in names else target.get("node"),
+        "node": node,
         "vmid": int(vmid) if vmid is not None else None,
-        "pool": arguments.get(names["pool"]) if "pool" in names else target.get("pool"),
+        "pool": arguments.get(pool_param) if (pool_param := names.get("pool")) else target.get("pool"),
         "tags": list(target.get("tags") or []),  # a clone copies its source's tags; a migration keeps them
     }
+
+
+def tag_list(value: Any) -> list[str]:
+    """A guest's tags as a list: Proxmox writes them `;`-separated (older releases `,`)."""
+    return [t for t in str(value or "").replace(",", ";").split(";") if t]
 
 
 def url_host(url: Any) -> str | None:
@@ -176,8 +186,7 @@ class TargetResolver:
         except Exception:  # unknown facts: the policy decides what that means (a scope does not cover it)
             return out
         if row is not None:
-            tags = [t for t in str(row.get("tags") or "").replace(",", ";").split(";") if t]
-            out.update(node=row.get("node"), pool=row.get("pool"), tags=tags)
+            out.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
         return out
 
     async def _resolve(self, tool: Tool, arguments: dict[str, Any], cluster: str) -> dict[str, Any]:
@@ -210,7 +219,7 @@ class TargetResolver:
                 node=node,
                 vmid=int(arguments[new_param]),
                 type="lxc" if str(tool.spec.get("path", "")).endswith("/lxc") else "qemu",
-                tags=[t for t in str(arguments.get("tags") or "").split(";") if t],
+                tags=tag_list(arguments.get("tags")),
                 pool=arguments.get(pool_param) if pool_param else None,
                 known=node in index["nodes"],
             )
@@ -220,13 +229,12 @@ class TargetResolver:
             row = index["guests"].get(int(arguments[vmid_param]))
             if row is None:
                 return target
-            tags = [t for t in str(row.get("tags") or "").replace(",", ";").split(";") if t]
             target.update(
                 node=row.get("node"),
                 vmid=int(row["vmid"]),
                 type=row.get("type"),
                 name=row.get("name"),
-                tags=tags,
+                tags=tag_list(row.get("tags")),
                 pool=row.get("pool"),
                 status=row.get("status"),
                 ha_state=(row.get("hastate") or None),

@@ -53,7 +53,7 @@ class Tool:
     uses: tuple[dict[str, Any], ...] = ()  # a composite's leaf tools, as the policy sees them
     allocates: dict[str, Any] = field(default_factory=dict)  # requested resources (create, attach, grow)
     # where the call puts a guest (clone, migration): destination field -> parameter name
-    destination: dict[str, str] = field(default_factory=dict)
+    destination: dict[str, str | None] = field(default_factory=dict)
     pve_versions: dict[str, str] = field(default_factory=dict)  # {min, max}: the PVE releases it works on
     secret_output: tuple[str, ...] = ()  # output fields shown once (a token secret): only if policy reveals them
     _validator: Any = field(default=None, compare=False, repr=False)

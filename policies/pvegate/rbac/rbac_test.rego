@@ -239,6 +239,19 @@ test_a_migration_must_land_on_a_node_of_the_scope if {
 	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, fx.guest_migrate, leaves) with data.data as sandbox_org
 }
 
+# an HA group moves the guest to a node the HA manager picks (destination node null): a
+# node-scoped binding does not cover it, a binding without a node constraint does
+test_an_ha_group_is_set_only_without_a_node_constraint if {
+	ha_tool := fx.tool("ha_resource_group_set", "ha", "write", "guest", ["ha", "group"])
+	grant := {"op": "replace", "path": "/roles/provisioner/allow/0/tools", "value": ["ha_resource_group_set"]}
+	org := json.patch(sandbox_org, [grant])
+	anywhere := into(sandbox_guest, {"node": null})
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, ha_tool, anywhere) with data.data as org
+
+	pool_only := json.patch(org, [{"op": "remove", "path": "/bindings/0/scope/nodes"}])
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, ha_tool, anywhere) with data.data as pool_only
+}
+
 test_an_approver_must_cover_the_destination_too if {
 	approver := fx.principal("mallory", "human", [], [])
 	rbac.may_approve(approver, into(sandbox_guest, {"vmid": 190})) with data.data as sandbox_org
