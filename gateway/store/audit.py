@@ -23,7 +23,6 @@ import base64
 import concurrent.futures
 import contextlib
 import contextvars
-import copy
 import hashlib
 import json
 import logging
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.config import Config, ConfigError
+from gateway.core.redaction import REDACTED, redact_keys, redact_path
 from gateway.store import migrations
 from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
 from gateway.store.db import wal_mode
@@ -47,7 +47,6 @@ from gateway.tools.tool import Tool
 log = logging.getLogger("pvegate.audit")
 
 GENESIS = "0" * 64
-REDACTED = "[redacted]"
 MIN_SCRUB_LEN = 6  # shorter strings would scrub ordinary words
 
 SCHEMA = """
@@ -311,18 +310,7 @@ def secret_values(sensitive: Iterable[str], arguments: Any) -> tuple[str, ...]:
 def redact_arguments(sensitive: Iterable[str], arguments: dict[str, Any], paths: Iterable[str] = ()) -> dict[str, Any]:
     """The arguments as the audit may keep them: sensitive keys (any depth) and the policy's
     redact paths (relative to the arguments, or prefixed `arguments.`) replaced."""
-    from gateway.tools.shaping import redact_path
-
-    names = set(sensitive)
-
-    def walk(doc: Any) -> Any:
-        if isinstance(doc, dict):
-            return {k: (REDACTED if k in names else walk(v)) for k, v in doc.items()}
-        if isinstance(doc, list):
-            return [walk(v) for v in doc]
-        return doc
-
-    out: dict[str, Any] = walk(copy.deepcopy(arguments))
+    out: dict[str, Any] = redact_keys(arguments, frozenset(sensitive))  # new containers: paths may change them
     for path in paths:
         parts = path.split(".")
         redact_path(out, parts[1:] if parts[0] == "arguments" else parts)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.core.redaction import redact_path
 from gateway.tools.tool import Tool
 
-REDACTED = "[redacted]"
 WITHHELD = "[withheld: the policy does not reveal this secret to this caller]"
 
 
@@ -24,35 +24,6 @@ def project(tool: Tool, data: Any) -> Any:
     if isinstance(data, dict):
         return {k: v for k, v in data.items() if k in keep}
     return data
-
-
-def redact_path(doc: Any, parts: list[str]) -> None:
-    """Replace the value at a dot path (with `*` for any list element or key) in place."""
-    if not parts or doc is None:
-        return
-    head, rest = parts[0], parts[1:]
-    if head == "*":
-        if not rest:  # a trailing `*` redacts every element (or value) itself
-            if isinstance(doc, list):
-                doc[:] = [REDACTED] * len(doc)
-            elif isinstance(doc, dict):
-                for key in doc:
-                    doc[key] = REDACTED
-            return
-        children = doc if isinstance(doc, list) else list(doc.values()) if isinstance(doc, dict) else []
-        for child in children:
-            redact_path(child, rest)
-        return
-    if isinstance(doc, dict) and head in doc:
-        if rest:
-            redact_path(doc[head], rest)
-        else:
-            doc[head] = REDACTED
-    elif isinstance(doc, list) and head.isdigit() and int(head) < len(doc):
-        if rest:
-            redact_path(doc[int(head)], rest)
-        else:
-            doc[int(head)] = REDACTED
 
 
 def drop_sensitive(doc: Any, names: frozenset[str]) -> Any:

@@ -10,8 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from gateway.core.canonical import digest_json
-
-REDACTED = "[redacted]"  # as the audit writes a sensitive value (store/audit.py, tools/shaping.py)
+from gateway.core.redaction import redact_keys
 
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
@@ -192,17 +191,8 @@ def arguments_digest(
     kept in the audit and the approvals, and an unsalted hash of a password is the password to
     anyone with a word list. An approver never sees such a value, so binding to it bought nothing."""
     if sensitive:
-        arguments = _without(arguments, frozenset(sensitive))
+        arguments = redact_keys(arguments, frozenset(sensitive))
     doc: dict[str, Any] = {"tool": tool, "arguments": arguments}
     if dry_run:
         doc["dry_run"] = True
     return digest_json(doc)
-
-
-def _without(doc: Any, names: frozenset[str]) -> Any:
-    """`doc` with the values of keys in `names`, at any depth, replaced as the audit replaces them."""
-    if isinstance(doc, dict):
-        return {k: (REDACTED if k in names else _without(v, names)) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_without(v, names) for v in doc]
-    return doc

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from gateway.core.redaction import REDACTED
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.tools.catalog import Catalog, Tool
-from gateway.tools.shaping import REDACTED, shape
+from gateway.tools.shaping import shape
 
 
 @pytest.fixture(scope="module")
