@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -126,6 +126,23 @@ def _socket_dir_name() -> Path:
     if len(str(base)) > 60:
         base = Path("/tmp")  # noqa: S108 - a private, unguessable directory is made in it
     return base / f"pvegate-opa-{secrets.token_hex(8)}"
+
+
+class PidRecord(NamedTuple):
+    """What the pid file records about a managed OPA: `<OPA pid> <gateway pid> <socket dir> <config dir>`.
+
+    A file written before OPA had a socket has no directories, one from before the config
+    directory was recorded has no config directory: those are None."""
+
+    pid: int
+    owner: int  # the gateway that started it
+    socket_dir: Path | None
+    config_dir: Path | None
+
+
+def _recorded_dir(fields: list[str], index: int) -> Path | None:
+    # only an absolute path is a directory we wrote (a relative one would be taken from the cwd)
+    return Path(fields[index]) if len(fields) > index and os.path.isabs(fields[index]) else None
 
 
 def private_dir(path: Path) -> None:
@@ -305,9 +322,12 @@ class OPASidecar:
         env.setdefault("GOGC", str(self.gogc))
         return env
 
-    def _pid_record(self) -> tuple[int, int, Path | None] | None:
-        """(OPA pid, owning gateway pid, OPA's socket directory) from the pid file, or None if absent
-        or unreadable (a file from before the socket has no directory)."""
+    def _pid_record(self) -> PidRecord | None:
+        """The pid file's record (PidRecord), or None if absent or unreadable.
+
+        Files of 2 fields (from before the socket) and 3 (before the config directory) are read
+        too. More than 4 fields means a path held whitespace: which field is which is unknown, so
+        neither directory is taken from it (its OPA is still reaped)."""
         if self.pid_file is None:
             return None
         try:
@@ -315,15 +335,18 @@ class OPASidecar:
             pid, owner = int(fields[0]), int(fields[1])
         except (OSError, ValueError, IndexError):
             return None
-        return pid, owner, Path(fields[2]) if len(fields) > 2 else None
+        if len(fields) > 4:
+            return PidRecord(pid, owner, None, None)
+        return PidRecord(pid, owner, _recorded_dir(fields, 2), _recorded_dir(fields, 3))
 
     def reap_stale(self) -> None:
         """Clear up after a previous gateway killed without clean-up: stop the OPA server it left
-        running, and remove that OPA's socket directory (left behind when OPA was killed too)."""
+        running, and remove that OPA's socket directory (left behind when OPA was killed too) and its
+        config directory (which can hold service credentials and the bundle file server's token)."""
         record = self._pid_record()
         if record is None:
             return
-        pid, owner, old_dir = record
+        pid, owner, old_socket_dir, old_config_dir = record
         if _alive(owner):
             return  # its gateway still runs (another instance on this state dir): not ours to stop
         try:
@@ -338,11 +361,26 @@ class OPASidecar:
             deadline = time.monotonic() + 5
             while _running(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
-        if old_dir is not None and old_dir != self.socket_dir and old_dir.name.startswith("pvegate-opa-"):
-            with contextlib.suppress(OSError):
-                st = old_dir.lstat()
-                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():  # ours, and not a link
-                    shutil.rmtree(old_dir, ignore_errors=True)
+        self._remove_stale_dir(old_socket_dir)
+        self._remove_stale_dir(old_config_dir)
+
+    def _remove_stale_dir(self, path: Path | None) -> None:
+        """Remove a directory a previous gateway's OPA left behind, only if it is one this module makes
+        (a pvegate-opa-* name), a directory and not a link, owned by us, and not this sidecar's own."""
+        if path is None or not path.name.startswith("pvegate-opa-"):
+            return
+        own = [self.socket_dir] + ([Path(self._config_dir)] if self._config_dir is not None else [])
+        if path in own:
+            return
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():  # a link, a file, not ours
+                return
+            for mine in own:  # the same directory under another name
+                with contextlib.suppress(OSError):
+                    if os.path.samestat(st, mine.lstat()):
+                        return
+            shutil.rmtree(path, ignore_errors=True)
 
     def _claim_pid_file(self) -> None:
         """Record our OPA, unless a living process other than us already owns the file: a second
@@ -350,10 +388,12 @@ class OPASidecar:
         if self.pid_file is None or self.process is None:
             return
         record = self._pid_record()
-        if record is not None and record[1] != os.getpid() and _alive(record[1]):
+        if record is not None and record.owner != os.getpid() and _alive(record.owner):
             return
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        self.pid_file.write_text(f"{self.process.pid} {os.getpid()} {self.socket_dir}\n")
+        # the config directory is made (_write_config) before OPA is started and this is written
+        config_dir = f" {self._config_dir}" if self._config_dir is not None else ""
+        self.pid_file.write_text(f"{self.process.pid} {os.getpid()} {self.socket_dir}{config_dir}\n")
 
     def _release_pid_file(self) -> None:
         """Remove the pid file only if it records our own OPA."""

@@ -1,5 +1,6 @@
 """A gateway killed without clean-up leaves its managed OPA running (or, if OPA was killed too, its
-socket's directory); the next one on the same state dir clears both up."""
+socket's directory) and OPA's private config directory; the next one on the same state dir clears them
+up (tests/policy/test_opa_reap_config_dir.py: which config directories it does and does not remove)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def test_a_new_sidecar_reaps_the_opa_of_a_killed_gateway(tmp_path: Path) -> None
     gw.send_signal(signal.SIGKILL)  # no clean-up runs
     gw.wait()
     assert _running(left_behind) and Path(old_dir).is_dir()
+    old_config = Path(pid_file.read_text().split()[3])  # it can hold credentials: recorded to be removed
+    assert (old_config / "opa-config.json").is_file()
     fresh = OPASidecar(policies=(root / "policies",), pid_file=pid_file, decision_logs=False)
     try:
         fresh.start()
@@ -52,6 +55,7 @@ def test_a_new_sidecar_reaps_the_opa_of_a_killed_gateway(tmp_path: Path) -> None
         assert not _running(left_behind), "the orphaned OPA is still running"
         assert fresh.alive()
         assert not Path(old_dir).exists(), "the orphaned OPA's socket directory is left behind"
+        assert not old_config.exists(), "the orphaned OPA's config directory is left behind"
     finally:
         fresh.stop()
         if _running(left_behind):
@@ -81,7 +85,9 @@ def test_a_second_process_neither_takes_nor_removes_a_live_gateways_pid_file(tmp
         pid, gateway_dir = gw.stdout.readline().split()
         gateway_opa = int(pid)
         recorded = pid_file.read_text()
-        assert recorded.split() == [str(gateway_opa), str(gw.pid), gateway_dir]
+        assert recorded.split()[:3] == [str(gateway_opa), str(gw.pid), gateway_dir]
+        gateway_config = Path(recorded.split()[3])
+        assert (gateway_config / "opa-config.json").is_file()
         other = OPASidecar(policies=(root / "policies",), pid_file=pid_file, decision_logs=False)
         other.start()
         try:
@@ -98,6 +104,7 @@ def test_a_second_process_neither_takes_nor_removes_a_live_gateways_pid_file(tmp
         # what the next gateway on this state dir would clear up
         OPASidecar(pid_file=pid_file).reap_stale()
         assert not Path(gateway_dir).exists()
+        assert not gateway_config.exists()
 
 
 def test_the_socket_directory_of_an_opa_killed_with_its_gateway_is_removed(tmp_path: Path) -> None:
