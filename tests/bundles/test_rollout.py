@@ -267,6 +267,17 @@ def test_every_decision_reaches_the_remote_sink_with_arguments_masked(gw: DevEnv
     assert not any(marker.encode() in raw for raw in service.raw)
 
 
+def refreshed(opa: OPASidecar, status: PolicyStatus) -> PolicyStatus:
+    """`status` after one refresh from `opa`'s status API."""
+
+    async def go() -> None:
+        async with httpx_async_client(opa.url, timeout=2) as c:
+            await status.refresh(c)
+
+    asyncio.run(go())
+    return status
+
+
 def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], tmp_path: Path) -> None:
     live = tmp_path / "pvegate.tar.gz"
     shutil.copy(bundles["dir"] / "rev1.tar.gz", live)
@@ -274,20 +285,12 @@ def test_watched_bundle_file_activates_without_restart(bundles: dict[str, Any], 
     opa.start()
     status = PolicyStatus(opa.url, opa.source)
 
-    def refreshed() -> PolicyStatus:
-        async def go() -> None:
-            async with httpx_async_client(opa.url, timeout=2) as c:
-                await status.refresh(c)
-
-        asyncio.run(go())
-        return status
-
     try:
-        assert refreshed().revision == f"pvegate@{bundles['rev1']}" and status.source == "bundle_file_watch"
+        assert refreshed(opa, status).revision == f"pvegate@{bundles['rev1']}" and status.source == "bundle_file_watch"
         shutil.copy(bundles["dir"] / "rev2.tar.gz", live)
-        _wait(lambda: refreshed().revision == f"pvegate@{bundles['rev2']}", "the new file's revision")
+        _wait(lambda: refreshed(opa, status).revision == f"pvegate@{bundles['rev2']}", "the new file's revision")
         shutil.copy(bundles["dir"] / "evil.tar.gz", live)
-        _wait(lambda: refreshed().bundle_error, "the refused file")
+        _wait(lambda: refreshed(opa, status).bundle_error, "the refused file")
         assert status.revision == f"pvegate@{bundles['rev2']}" and status.revision_known is not False
         with opa.client() as c:
             r = c.post("/v1/data/pvegate/decision?provenance=true", json={"input": {}})
@@ -346,17 +349,9 @@ def test_watched_bundle_file_is_served_to_its_opa_alone(
         # OPA authenticates: the first revision is active (start waits for it), a new file follows
         status = PolicyStatus(opa.url, opa.source)
 
-        def refreshed() -> PolicyStatus:
-            async def go() -> None:
-                async with httpx_async_client(opa.url, timeout=2) as c:
-                    await status.refresh(c)
-
-            asyncio.run(go())
-            return status
-
-        assert refreshed().revision == f"pvegate@{bundles['rev1']}" and not status.bundle_error
+        assert refreshed(opa, status).revision == f"pvegate@{bundles['rev1']}" and not status.bundle_error
         shutil.copy(bundles["dir"] / "rev2.tar.gz", live)
-        _wait(lambda: refreshed().revision == f"pvegate@{bundles['rev2']}", "the new file's revision")
+        _wait(lambda: refreshed(opa, status).revision == f"pvegate@{bundles['rev2']}", "the new file's revision")
         assert not status.bundle_error
 
         # the token is in no log and no repr
