@@ -7,12 +7,13 @@ the file names where to read them from (a file path or an environment variable).
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gateway.core import yamlread
 
 
 class ConfigError(Exception):
@@ -541,44 +542,13 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
         raise ConfigError(redact(f"invalid configuration: {exc!r}")) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, except that a key given twice in one mapping is noted in `duplicates`:
-    YAML keeps the last one silently, so a second `opa:` section would drop every setting of the first."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.duplicates: list[tuple[int, str]] = []  # (line, problem)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *anchor`: a key of this mapping overrides a merged one on purpose
-            key = self.construct_object(key_node)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                self.duplicates.append(
-                    (
-                        line,
-                        f"{key}: given twice in the same mapping (lines {seen[key]} and {line}); "
-                        "the second would silently replace the first: keep one",
-                    )
-                )
-            else:
-                seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
 def read_yaml(text: str) -> Any:
-    """The configuration file's YAML, as yaml.safe_load reads it; ConfigError if a key is given twice."""
-    loader = _UniqueKeyLoader(text)
+    """The configuration file's YAML, as yaml.safe_load reads it; ConfigError if it would be read
+    otherwise than written (a key given twice, a merge PyYAML resolves wrongly: core/yamlread.py)."""
     try:
-        data = loader.get_single_data()
-    finally:
-        loader.dispose()
-    if loader.duplicates:
-        raise ConfigError(*(problem for _, problem in sorted(loader.duplicates)))
-    return data
+        return yamlread.load(text)
+    except yamlread.YamlProblems as exc:
+        raise ConfigError(*exc.problems) from None
 
 
 def load(path: Path) -> Config:

@@ -22,6 +22,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from gateway.core import yamlread
 from gateway.policy.opa_sidecar import find_opa
 
 # the JSON Schema of the policy data (the policy holds the same schema as the constant
@@ -106,8 +107,13 @@ def check_data(policies: Path, data_file: Path | None = None) -> DataReport:
     path = data_file or policies / DATA_FILE
     report = DataReport(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        # strictly: OPA keeps the last of a key given twice without a word, so a second `roles:`
+        # or a binding's second `scope:` would quietly replace the first in the running policy
+        doc = yamlread.load(path.read_text())
+    except yamlread.YamlProblems as exc:
+        report.schema_problems.extend(f"{path}: {problem}" for problem in exc.problems)
+        return report
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         report.schema_problems.append(f"cannot read {path}: {exc}")
         return report
     try:

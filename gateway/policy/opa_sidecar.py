@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import yaml
 
-from gateway.core import processes
+from gateway.core import processes, yamlread
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
 from gateway.policy.opa_address import httpx_client, unix_address
-from gateway.policy.revision import files_revision
+from gateway.policy.revision import files_revision, policy_files
 
 log = logging.getLogger("pvegate.opa")
 
@@ -126,6 +127,22 @@ def _socket_dir_name() -> Path:
     if len(str(base)) > 60:
         base = Path("/tmp")  # noqa: S108 - a private, unguessable directory is made in it
     return base / f"pvegate-opa-{secrets.token_hex(8)}"
+
+
+def check_yaml_data(directories: tuple[Path, ...]) -> None:
+    """Refuse (OPAUnavailable) policy data that OPA would read otherwise than written: it keeps
+    the last of a key given twice without a word, so a second `bindings:` in data.yaml would
+    quietly replace the first (core/yamlread.py). A file that is not YAML at all OPA reports."""
+    for d in directories:
+        for path in sorted(policy_files(d) if d.is_dir() else [d] if d.is_file() else []):
+            if path.suffix not in (".yaml", ".yml"):
+                continue
+            try:
+                yamlread.load(path.read_text())
+            except yamlread.YamlProblems as exc:
+                raise OPAUnavailable(f"policy data {path}: {'; '.join(exc.problems)}") from None
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue  # OPA's own start reports it, as for any unreadable policy file
 
 
 class PidRecord(NamedTuple):
@@ -421,6 +438,7 @@ class OPASidecar:
         self.socket_path.unlink(missing_ok=True)
         self._write_config()
         if self.bundle is None:
+            check_yaml_data(self.policies)
             self.policy_revision = files_revision(self.policies)
             self._build_optimized()
         cmd = self.command()

@@ -73,6 +73,25 @@ def test_a_merge_key_may_still_be_overridden(base: dict[str, Any], tmp_path: Pat
     assert (cfg.clusters["a"].timeout, cfg.clusters["b"].timeout) == (5, 7)
 
 
+def test_a_merge_pyyaml_reads_wrongly_is_refused_with_what_to_do(base: dict[str, Any], tmp_path: Path) -> None:
+    """A cluster merging defaults that themselves merge and override a key: PyYAML takes the inner
+    value, not the override. The old loader also misreported it as a key given twice."""
+    api_url = base["clusters"][0]["api_url"]
+    del base["clusters"]
+    path = write(tmp_path, base)
+    path.write_text(
+        path.read_text()
+        + "defaults:\n"
+        + f"  base: &base {{timeout: 5, api_url: '{api_url}', token: {{file: secrets/pve-token}}}}\n"
+        + "  slow: &slow {<<: *base, timeout: 30}\n"
+        + "clusters:\n  - {<<: *slow, name: a}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    [problem] = err.value.problems
+    assert "merges a mapping" in problem and "overrides timeout" in problem and "given twice" not in problem
+
+
 # -- non-finite numbers ---------------------------------------------------------------------
 
 

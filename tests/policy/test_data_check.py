@@ -13,8 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.policy.decisions import DATA_CHECK_PATH, DecisionClient
-from gateway.policy.opa_sidecar import OPASidecar, find_opa
+from gateway.policy.opa_sidecar import OPASidecar, OPAUnavailable, find_opa
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "policies" / "golden"
@@ -151,3 +153,16 @@ async def test_policy_without_data_check_is_asked_its_decision(tmp_path: Path) -
     finally:
         await client.close()
         sidecar.stop()
+
+
+def test_a_key_given_twice_in_the_data_refuses_the_start(tmp_path: Path) -> None:
+    """OPA itself keeps the last `bindings:` without a word (every binding of the first would be
+    gone from the running policy): the managed sidecar does not start on such data, and says why."""
+    tree = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("golden"))
+    data = tree / "data" / "data.yaml"
+    data.write_text(data.read_text() + "\nbindings: []\n")
+    sidecar = OPASidecar(policies=(tree,))
+    with pytest.raises(OPAUnavailable, match="bindings: given twice in the same mapping"):
+        sidecar.start(timeout=30.0)
+    assert sidecar.process is None  # refused before OPA was started

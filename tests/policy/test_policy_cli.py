@@ -81,3 +81,14 @@ def test_explain_with_broken_data_shows_the_data_problems(tmp_path: Path, capsys
     assert out["decision"]["allow"] is False
     assert "data.invalid" in {r["code"] for r in out["denials"]}
     assert "guardrails.protected_tag: unknown key (not in the data schema; misspelled?)" in out["data_problems"]
+
+
+def test_check_refuses_a_key_given_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """OPA keeps the last of a key given twice without a word: a second `bindings:` would replace
+    every binding of the first in the running policy, and the schema alone sees nothing wrong."""
+    text = DATA.read_text()
+    twice = tmp_path / "data.yaml"
+    twice.write_text(text + "\nbindings: []\n")
+    assert main(["policy", "check", "--data", str(twice)]) == 1
+    out = capsys.readouterr().out
+    assert "bindings: given twice in the same mapping" in out, out

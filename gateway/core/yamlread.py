@@ -1,0 +1,125 @@
+"""YAML as yaml.safe_load reads it, minus the ways it silently reads something else than was
+written: a key given twice in one mapping (the last one wins without a word, so a second
+`roles:` would drop every role of the first), and a merge (`<<: *b`) of a mapping that itself
+overrides a key it merges (PyYAML 6 then takes the inner merged value, not the override)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class YamlProblems(ValueError):
+    """What makes a document unsafe to read; `problems` lists them, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def load(text: str) -> Any:
+    """The document, as yaml.safe_load returns it; YamlProblems if it is read otherwise than
+    written, yaml.YAMLError if it is not YAML. The checks run on the composed nodes, before
+    PyYAML flattens merges into them (after that, a merged key looks given twice)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        problems = _problems(loader, node)
+        if problems:
+            raise YamlProblems(problems)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _problems(loader: yaml.SafeLoader, root: yaml.Node) -> list[str]:
+    found: list[tuple[int, str]] = []
+    done: set[int] = set()  # an alias is the same node: checked once
+
+    def visit(node: yaml.Node, path: frozenset[int]) -> None:
+        if id(node) in path:  # an alias inside the node it names: a structure without end
+            found.append((_line(node), f"line {_line(node)}: an alias refers to a node that contains it"))
+            return
+        if id(node) in done:
+            return
+        done.add(id(node))
+        inner = path | {id(node)}
+        if isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                visit(child, inner)
+        elif isinstance(node, yaml.MappingNode):
+            found.extend(_mapping_problems(loader, node))
+            for key_node, value_node in node.value:
+                visit(key_node, inner)
+                visit(value_node, inner)
+
+    visit(root, frozenset())
+    return [problem for _, problem in sorted(found)]
+
+
+def _mapping_problems(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    keys: dict[Any, int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE_TAG:
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for m in merged:
+                if isinstance(m, yaml.MappingNode) and (hidden := _overridden_merge(loader, m)):
+                    out.append(
+                        (
+                            _line(key_node),
+                            f"line {_line(key_node)}: merges a mapping (line {_line(m)}) that itself merges and "
+                            f"overrides {hidden}: YAML readers disagree on which value wins; write the keys out",
+                        )
+                    )
+            continue
+        if not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key = loader.construct_object(key_node)
+        line = _line(key_node)
+        if key in keys:
+            out.append(
+                (
+                    line,
+                    f"{key}: given twice in the same mapping (lines {keys[key]} and {line}); "
+                    "the second would silently replace the first: keep one",
+                )
+            )
+        else:
+            keys.setdefault(key, line)
+    return out
+
+
+def _own_and_merged(
+    loader: yaml.SafeLoader, node: yaml.MappingNode, path: frozenset[int] = frozenset()
+) -> tuple[set[Any], set[Any]]:
+    """(the keys a mapping gives itself, the keys it merges from others, at any depth)."""
+    path = path | {id(node)}
+    own: set[Any] = set()
+    merged: set[Any] = set()
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE_TAG:
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for s in sources:
+                if isinstance(s, yaml.MappingNode) and id(s) not in path:  # a merge of itself: reported as an alias
+                    inner_own, inner_merged = _own_and_merged(loader, s, path)
+                    merged |= inner_own | inner_merged
+        elif isinstance(key_node, yaml.ScalarNode):
+            own.add(loader.construct_object(key_node))
+    return own, merged
+
+
+def _overridden_merge(loader: yaml.SafeLoader, node: yaml.MappingNode) -> str | None:
+    """The keys a merged mapping both merges and overrides (the case PyYAML reads wrongly), or None."""
+    own, merged = _own_and_merged(loader, node)
+    both = own & merged
+    return ", ".join(sorted(str(k) for k in both)) if both else None

@@ -1,0 +1,58 @@
+"""YAML read as written (gateway/core/yamlread.py): what yaml.safe_load would read silently
+otherwise is refused with the line, and everything else is read exactly as safe_load reads it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gateway.core import yamlread
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x: 1\n",
+        "",
+        "a: &a {x: 1}\nb: {<<: *a, x: 5}\n",  # a merge, then an override of one's own: YAML's way
+        "a: &a {x: 1}\nb: &b {<<: *a, y: 2}\nc: {<<: *b, x: 3}\n",  # a chain without an inner override
+        "a: &a {x: 1}\nb: &b {y: 1}\nc: {<<: [*a, *b], x: 3}\n",
+        "b: &b {y: 1}\na: [*b, *b]\n",  # the same node twice is no cycle
+        "defs:\n  a: &a {x: 1}\n  b: &b {<<: *a, y: 5}\nc: {<<: *b, z: 3}\n",
+    ],
+)
+def test_read_as_safe_load_reads_it(text: str) -> None:
+    assert yamlread.load(text) == yaml.safe_load(text)
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(yamlread.YamlProblems) as err:
+        yamlread.load(text)
+    return err.value.problems
+
+
+def test_a_key_given_twice_is_refused_at_any_depth() -> None:
+    assert problems("roles:\n  a: 1\nroles:\n  b: 2\nx:\n  - {k: 1, k: 2}\n") == [
+        "roles: given twice in the same mapping (lines 1 and 3); the second would silently replace the first: keep one",
+        "k: given twice in the same mapping (lines 6 and 6); the second would silently replace the first: keep one",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: &a {x: 1}\nb: &b {<<: *a, x: 5}\nc: {<<: *b, z: 3}\n",
+        # nested: the old loader also called x "given twice" (it saw the merge already flattened)
+        "defs:\n  a: &a {x: 1}\n  b: &b {<<: *a, x: 5}\nc: {<<: *b, z: 3}\n",
+    ],
+)
+def test_a_merged_mapping_that_overrides_its_own_merge_is_refused(text: str) -> None:
+    """PyYAML 6 reads c.x as 1, not the 5 that b says (OPA's reader says 5): readers disagree."""
+    assert yaml.safe_load(text)["c"]["x"] == 1
+    [problem] = problems(text)
+    assert "merges a mapping" in problem and "overrides x" in problem, problem
+
+
+@pytest.mark.parametrize("text", ["a: &a [1, *a]\n", "a: &a {x: 1, <<: *a}\n"])
+def test_a_structure_without_end_is_refused(text: str) -> None:
+    assert problems(text) == ["line 1: an alias refers to a node that contains it"]
