@@ -32,6 +32,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,25 @@ class BundleError(Exception):
     pass
 
 
+def _read_files(bundle: Path, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
+    """(name without a leading /, content) of the files of a bundle tarball whose name is `wanted`."""
+    with tarfile.open(bundle) as tar:
+        for m in tar.getmembers():
+            name = m.name.lstrip("/")
+            if m.isfile() and wanted(name):
+                f = tar.extractfile(m)
+                if f is not None:
+                    yield name, f.read()
+
+
+def wasm_modules(bundle: Path) -> list[str]:
+    """The Wasm modules a bundle (tarball or directory) carries: OPA evaluates its entrypoints with
+    them instead of the Rego beside them, and `opa check` cannot see what a module calls."""
+    if bundle.is_dir():
+        return sorted(str(f.relative_to(bundle)) for f in bundle.rglob("*.wasm"))
+    return sorted(name for name, _ in _read_files(bundle, lambda n: n.endswith(".wasm")))
+
+
 def bundle_has_authz(bundle: Path) -> bool:
     """Whether a bundle (tarball or directory) declares `package system.authz`: the API guard an
     external OPA needs (docs/opa.md)."""
@@ -61,12 +81,9 @@ def bundle_has_authz(bundle: Path) -> bool:
     try:
         if bundle.is_dir():
             return any(declares(f.read_text(errors="replace")) for f in bundle.rglob("*.rego"))
-        with tarfile.open(bundle) as tar:
-            for m in tar.getmembers():
-                if m.isfile() and m.name.endswith(".rego"):
-                    f = tar.extractfile(m)
-                    if f is not None and declares(f.read().decode(errors="replace")):
-                        return True
+        return any(
+            declares(text.decode(errors="replace")) for _, text in _read_files(bundle, lambda n: n.endswith(".rego"))
+        )
     except (OSError, tarfile.TarError):
         return True  # unreadable: let OPA say why it cannot load it
     return False
@@ -263,11 +280,7 @@ def built_optimized(bundle: Path) -> bool:
 
 def manifest_of(bundle: Path) -> dict[str, object]:
     """A bundle tarball's manifest ({} when it has none)."""
-    with tarfile.open(bundle) as tar:
-        for m in tar.getmembers():
-            if m.isfile() and m.name.lstrip("/") == ".manifest":
-                f = tar.extractfile(m)
-                if f is not None:
-                    doc = json.loads(f.read())
-                    return doc if isinstance(doc, dict) else {}
+    for _, text in _read_files(bundle, lambda n: n == ".manifest"):
+        doc = json.loads(text)
+        return doc if isinstance(doc, dict) else {}
     return {}

@@ -25,6 +25,7 @@ import binascii
 import json
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 import zlib
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.policy.bundles import wasm_modules
 from gateway.policy.decisions import Decision, DecisionClient
 from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import OPASidecar, find_opa
@@ -303,6 +305,15 @@ class Candidate:
         """Compile the candidate (the files OPA will load) against `capabilities`: one that calls a
         network builtin is refused here, before any recorded input is given to it."""
         if self.bundle is not None:
+            try:
+                wasm = wasm_modules(self.bundle)
+            except (OSError, tarfile.TarError) as exc:
+                raise ReplayError(f"cannot read the candidate bundle {self.bundle}: {exc}") from None
+            if wasm:  # OPA would run these, not the Rego checked below; what they call is unseen
+                raise ReplayError(
+                    f"the candidate bundle carries Wasm modules ({', '.join(wasm[:5])}): a replay cannot check "
+                    "what a compiled module calls, so it does not run one; replay the Rego it was built from"
+                )
             paths = ["--bundle", str(self.bundle)]
         else:
             paths = ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*", *map(str, self.policies)]

@@ -467,3 +467,33 @@ def test_records_changed_after_the_verification_are_not_replayed(recorded: tuple
     con.close()
     with pytest.raises(ReplayError, match=f"changed after it was verified: record {result.last_seq // 2} is missing"):
         list(read_audit(db, Filters(), Skipped(), verified=result))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_candidate_bundle_with_wasm_is_refused(tmp_path: Path, packed: bool) -> None:
+    """OPA evaluates a bundle's Wasm entrypoints instead of its Rego, and `opa check` cannot see
+    what a compiled module calls (http.send included): a replay does not run one."""
+    import io
+    import tarfile
+
+    files = {
+        ".manifest": json.dumps(
+            {"revision": "w", "wasm": [{"entrypoint": "pvegate/decision", "module": "/policy.wasm"}]}
+        ),
+        "pvegate/decision.rego": "package pvegate\n\ndecision := {}\n",
+        "policy.wasm": "\0asm\1\0\0\0",
+    }
+    if packed:
+        bundle = tmp_path / "candidate.tar.gz"
+        with tarfile.open(bundle, "w:gz") as tar:
+            for name, text in files.items():
+                info = tarfile.TarInfo(f"/{name}")
+                info.size = len(text.encode())
+                tar.addfile(info, io.BytesIO(text.encode()))
+    else:
+        bundle = tmp_path / "candidate"
+        for name, text in files.items():
+            (bundle / name).parent.mkdir(parents=True, exist_ok=True)
+            (bundle / name).write_text(text)
+    with pytest.raises(ReplayError, match=r"carries Wasm modules \(policy.wasm\)"):
+        Candidate(bundle=bundle).check_offline(tmp_path / "unused-capabilities.json")
