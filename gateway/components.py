@@ -15,6 +15,7 @@ from gateway.policy.listings import ListingCache
 from gateway.policy.opa_sidecar import OPASidecar
 from gateway.store.approvals import Approvals
 from gateway.store.audit import AuditLog
+from gateway.store.auth_failures import AuthFailures
 from gateway.store.outcomes import Outcomes
 from gateway.store.usage import MemoryQuotas, Quotas
 from gateway.tools.catalog import Catalog
@@ -42,6 +43,7 @@ class Components:
     health: HealthMonitor | None = None  # built with the components; probes run while serving
     clients: dict[str, PveApiClient] = field(default_factory=dict)  # one Proxmox API client per cluster
     outcomes: Outcomes = field(init=False)  # store checks, calls in flight, drain, outbox
+    auth_failures: AuthFailures = field(init=False)  # auth_failure rows, bounded per client address
 
     def __post_init__(self) -> None:
         grace = self.config.shutdown_grace_seconds
@@ -51,6 +53,7 @@ class Components:
             min_free_bytes=int(self.config.audit_min_free_mb * 1024 * 1024),
         )
         self.outcomes.on_reconciled = self.metrics.reconciled  # pvegate_calls_reconciled_total{result}
+        self.auth_failures = AuthFailures(self.audit, per_source=self.config.audit_auth_failure_rows_per_minute)
 
     def runtime(self, tool: Tool) -> Runtime:
         return self.runtimes[tool.connector]
@@ -70,6 +73,7 @@ class Components:
 
     async def close(self) -> None:
         await self.outcomes.stop()  # kept records: one last try before the audit closes
+        await self.auth_failures.close()  # the counted auth failures' summaries (never raises)
         if self.health is not None:
             await self.health.stop()
         for rt in self.runtimes.values():

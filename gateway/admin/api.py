@@ -88,18 +88,17 @@ def _is_admin_token(request: Request) -> bool:
 
 
 async def _auth_failure(request: Request, status: int, error: str, reason: str, surface: str = "admin") -> JSONResponse:
-    await _components(request).audit.append(
+    """The refusal; its audit row is bounded per client address (store/auth_failures.py), the rest counted."""
+    ip = source_ip(request)
+    await _components(request).auth_failures.record(
         AuditRecord(
             uuid.uuid4().hex,
             "auth_failure",
             outcome=error,
-            body={
-                "reason": reason,
-                "surface": surface,
-                "path": request.url.path,
-                "source_ip": source_ip(request),
-            },
-        )
+            body={"reason": reason, "surface": surface, "path": request.url.path, "source_ip": ip},
+        ),
+        source_ip=ip,
+        surface=surface,
     )
     return _err(status, error, reason)
 

@@ -249,6 +249,8 @@ class Config:
     local_principals: dict[str, LocalPrincipal] = field(default_factory=dict)  # for `pvegate stdio`
     # free space (MiB) the audit store must have before a call is run (room for its dispatch and result records)
     audit_min_free_mb: float = 16
+    # auth failures audited one row each per client address and minute; beyond, counted and summarised
+    audit_auth_failure_rows_per_minute: int = 20
     # SIGTERM: how long calls in flight may finish before they are cut off (None: the longest task_timeout + 15 s)
     shutdown_grace_seconds: float | None = None
 
@@ -531,6 +533,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 for name, lp in (raw.get("local_principals") or {}).items()
             },
             audit_min_free_mb=float(raw.get("audit", {}).get("min_free_mb", 16)),
+            audit_auth_failure_rows_per_minute=int(raw.get("audit", {}).get("auth_failure_rows_per_minute", 20)),
             shutdown_grace_seconds=(
                 float(raw["shutdown_grace_seconds"]) if raw.get("shutdown_grace_seconds") is not None else None
             ),

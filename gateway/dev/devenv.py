@@ -94,7 +94,10 @@ def make_env(
         "clusters": [cluster_entry(name, sim, secrets_dir) for name, sim in sims.items()],
         "connectors_dir": str(Path(__file__).resolve().parents[2] / "connectors"),
         "state_dir": str(workdir / "state"),
-        "audit": {"path": str(workdir / "state" / "audit.db")},
+        # Every auth failure its own audit row here (production: 20 per client address and minute, the rest
+        # counted and summarised): tests send many from 127.0.0.1 and check each one's record.
+        # tests/audit/test_auth_failure_bound.py sets the bound back and checks it.
+        "audit": {"path": str(workdir / "state" / "audit.db"), "auth_failure_rows_per_minute": 100_000},
         "public_url": f"https://127.0.0.1:{port}",
         # The background cluster probe (GET /version every 15 s) is off here: tests prove what calls
         # send to Proxmox from the simulator's request log, and the probe's requests are not calls.

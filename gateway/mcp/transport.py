@@ -82,13 +82,17 @@ async def authenticate(c: Components, request: Request) -> Principal | Response:
         principal = await authn.authenticate(request.headers.get("authorization"))
     except AuthError as err:
         c.metrics.observe("authenticate", started)
-        await c.audit.append(
+        source_ip = _source_ip(request)
+        # bounded per client address (store/auth_failures.py): the rest are counted and summarised
+        await c.auth_failures.record(
             AuditRecord(
                 uuid.uuid4().hex,
                 "auth_failure",
                 outcome=err.error,
-                body={"reason": str(err), "status": err.status, "source_ip": _source_ip(request)},
-            )
+                body={"reason": str(err), "status": err.status, "source_ip": source_ip},
+            ),
+            source_ip=source_ip,
+            surface="mcp",
         )
         return JSONResponse(
             {"error": err.error, "error_description": str(err)},

@@ -192,6 +192,16 @@ class _ComponentCollector(Collector):
         yield CounterMetricFamily(
             "pvegate_audit_commits", "Audit transactions (group commits) by this process.", value=c.audit.commits
         )
+        failures = CounterMetricFamily(
+            "pvegate_auth_failures",
+            "Requests refused for a missing or bad credential, by surface (mcp, admin, metrics) and how they were "
+            "recorded: row (an auth_failure audit row of its own) or suppressed (beyond the per-address bound: "
+            "counted, and summed up in one auth_failure row with outcome suppressed).",
+            labels=["surface", "recorded"],
+        )
+        for (surface, recorded), n in sorted(c.auth_failures.counts.items()):
+            failures.add_metric([surface, recorded], n)
+        yield failures
         yield CounterMetricFamily(
             "pvegate_audit_write_failures",
             "Audit transactions that failed (records not written; the calls waiting on them fail closed).",

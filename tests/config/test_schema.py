@@ -262,6 +262,7 @@ _ATTRS = {
     "audit.archive_dir": "audit_archive_dir",
     "audit.head_key_file": "audit_head_key_file",
     "audit.min_free_mb": "audit_min_free_mb",
+    "audit.auth_failure_rows_per_minute": "audit_auth_failure_rows_per_minute",
 }
 
 

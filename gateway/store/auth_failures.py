@@ -1,0 +1,279 @@
+"""Auth failures in the audit, bounded: no one who can reach the port can grow the audit without limit.
+
+A request with a missing, forged or wrong credential costs its sender nothing and carries no identity,
+and each one used to write an `auth_failure` row. The audit is fail-closed (a store that cannot take
+writes refuses every call), so filling its disk with such rows would have stopped the gateway for
+everyone. Failures are still recorded, but in fixed windows (`WINDOW_SECONDS`, aligned to the clock):
+
+- the first `per_source` failures of a window from one source are audited in full, as before (one
+  source: an IPv4 address, an IPv6 client's /64 network, which one client holds as a whole);
+- beyond that, and once `per_source * TOTAL_FACTOR` rows were written in the window in all, a failure is
+  only counted: by source, outcome (the RFC 6750 error code) and surface (mcp, admin, metrics);
+- when the window is over, one summary row per source whose failures were only counted is written
+  (kind `auth_failure`, outcome `suppressed`, body: source_ip, count, audited, window_start,
+  window_end, outcomes, surfaces): by the first failure of a later window, by a background sweep a
+  moment after the window ends, and at shutdown (`close`). No count is lost short of a crash (which
+  loses the current window's counts only: they live in memory until then).
+
+At most `max_sources` sources are tracked per window; a new source beyond that, or one first seen once
+the window's rows in all are spent, shares the aggregate source "*" (same bound; its summary says
+source_ip "*"). So a window costs at most `per_source * TOTAL_FACTOR` full rows plus one summary row
+per tracked source, however many addresses send failures, and the memory is bounded as well.
+
+The client's answer does not change (the same 401 or 403): a failure that is only counted writes
+nothing, so it is not refused with a 503 when the audit cannot take writes. Every failure, recorded or
+counted, is in `counts` (pvegate_auth_failures_total{surface, recorded}).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import ipaddress
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.store.audit import AuditLog, AuditRecord
+
+log = logging.getLogger("pvegate.auth_failures")
+
+KIND = "auth_failure"
+SUPPRESSED = "suppressed"  # the summary row's outcome
+WINDOW_SECONDS = 60.0
+PER_SOURCE = 20  # full rows per source and window (config: audit.auth_failure_rows_per_minute)
+TOTAL_FACTOR = 50  # full rows per window in all: this many times the per-source bound
+MAX_SOURCES = 10_000  # sources tracked one by one per window; beyond, the aggregate
+AGGREGATE = "*"
+SURFACES = ("mcp", "admin", "metrics")  # known from the start, so their series exist before a failure
+SWEEP_MARGIN_SECONDS = 1.0  # the sweep runs this long after a window's end
+IPV6_PREFIX = 64
+
+
+def source_of(ip: str | None) -> str | None:
+    """The source a failure is counted against: the address, an IPv6 client's /64 network (one client
+    holds a whole /64 and could otherwise pick a fresh address for every request)."""
+    if ip is None:
+        return None
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, IPV6_PREFIX), strict=False))
+    return str(addr)
+
+
+@dataclass
+class _Source:
+    audited: int = 0  # full rows written this window
+    suppressed: int = 0  # failures only counted this window
+    outcomes: dict[str, int] = field(default_factory=dict)
+    surfaces: dict[str, int] = field(default_factory=dict)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class AuthFailures:
+    """Writes auth failures to the audit, at most `per_source` rows per source and window (see module)."""
+
+    def __init__(
+        self,
+        audit: AuditLog,
+        *,
+        per_source: int = PER_SOURCE,
+        window_seconds: float = WINDOW_SECONDS,
+        max_sources: int = MAX_SOURCES,
+        total: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if per_source < 1 or window_seconds <= 0 or max_sources < 1:
+            raise ValueError("per_source and max_sources must be at least 1, window_seconds above 0")
+        self.audit = audit
+        self.per_source = per_source
+        self.window_seconds = window_seconds
+        self.max_sources = max_sources
+        self.total = total if total is not None else per_source * TOTAL_FACTOR
+        self.clock = clock  # wall time: the summaries name their windows in it
+        # every failure seen, by (surface, recorded): recorded is "row" (audited in full) or "suppressed"
+        self.counts: dict[tuple[str, str], int] = {(s, r): 0 for s in SURFACES for r in ("row", SUPPRESSED)}
+        self._window: int | None = None  # the current window's index (start / window_seconds)
+        self._sources: dict[str | None, _Source] = {}
+        self._rows = 0  # full rows written this window, in all
+        self._unwritten: list[AuditRecord] = []  # summaries whose write failed: tried again with the next
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- the writers' entry point --------------------------------------------------------------------
+
+    async def record(self, record: AuditRecord, *, source_ip: str | None, surface: str) -> None:
+        """Audit one auth failure (`record`), or count it; with any summaries that are due, in one
+        transaction. Raises what AuditLog.append raises when a row was to be written and could not be."""
+        now = self.clock()
+        due = self._roll(now)
+        key = source_of(source_ip)
+        src = self._sources.get(key)
+        if src is None:
+            if len(self._sources) >= self.max_sources or self._rows >= self.total:
+                key = AGGREGATE
+            src = self._sources.setdefault(key, _Source())
+        row = None
+        if src.audited < self.per_source and self._rows < self.total:
+            src.audited += 1
+            self._rows += 1
+            recorded = "row"
+            row = record
+        else:
+            src.suppressed += 1
+            outcome = record.outcome or "-"
+            src.outcomes[outcome] = src.outcomes.get(outcome, 0) + 1
+            src.surfaces[surface] = src.surfaces.get(surface, 0) + 1
+            recorded = SUPPRESSED
+            self._ensure_sweeper()
+        self.counts[(surface, recorded)] = self.counts.get((surface, recorded), 0) + 1
+        if due or row is not None:
+            await self._write(due, row, raise_errors=True)
+
+    # --- windows --------------------------------------------------------------------------------------
+
+    def _roll(self, now: float, *, end: float | None = None) -> list[AuditRecord]:
+        """Start the window `now` falls in when it is a later one, or end the current one at `end`
+        (shutdown); returns the summaries then due: any whose earlier write failed, then those of the
+        window that ended. Nothing within a window (and while the clock goes back: kept until it is over)."""
+        index = math.floor(now / self.window_seconds)
+        if end is None and self._window is not None and index <= self._window:
+            return []
+        ended, sources = self._window, self._sources
+        self._window, self._sources, self._rows = index, {}, 0
+        due, self._unwritten = self._unwritten, []
+        if ended is None:
+            return due
+        start = ended * self.window_seconds
+        stop = start + self.window_seconds if end is None else max(start, min(start + self.window_seconds, end))
+        due += [self._summary(key, src, start, stop) for key, src in sources.items() if src.suppressed]
+        return due
+
+    def _summary(self, key: str | None, src: _Source, start: float, stop: float) -> AuditRecord:
+        return AuditRecord(
+            uuid.uuid4().hex,
+            KIND,
+            outcome=SUPPRESSED,
+            body={
+                "reason": f"{src.suppressed} more auth failure(s) from this source were counted, not recorded "
+                f"one by one (at most {self.per_source} rows per source per {self.window_seconds:g} s)",
+                "source_ip": key,
+                "count": src.suppressed,
+                "audited": src.audited,
+                "window_start": _iso(start),
+                "window_end": _iso(stop),
+                "outcomes": dict(sorted(src.outcomes.items())),
+                "surfaces": dict(sorted(src.surfaces.items())),
+            },
+        )
+
+    def pending(self) -> int:
+        """Failures counted but not yet written in a summary."""
+        return sum(s.suppressed for s in self._sources.values()) + sum(
+            int((r.body or {}).get("count", 0)) for r in self._unwritten
+        )
+
+    async def _write(self, summaries: list[AuditRecord], row: AuditRecord | None = None, *, raise_errors: bool) -> bool:
+        """The summaries (and a failure's own row after them) in one transaction. Summaries that cannot be
+        written are kept for the next try; a row that cannot be written fails its request, as before."""
+        try:
+            await self.audit.append(*summaries, *([row] if row is not None else []))
+        except Exception:
+            self._keep(summaries)
+            if raise_errors:
+                raise
+            log.warning("auth failure summaries not written yet (%d failures); tried again later", self.pending())
+            return False
+        return True
+
+    def _keep(self, summaries: list[AuditRecord]) -> None:
+        """Summaries that could not be written, kept for the next write; more than `max_sources` of them
+        (a store down for many windows) are folded into one, so the memory stays bounded."""
+        kept = summaries + self._unwritten
+        if len(kept) > self.max_sources:
+            bodies = [r.body or {} for r in kept]
+            folded = _Source(
+                audited=sum(int(b.get("audited", 0)) for b in bodies),
+                suppressed=sum(int(b.get("count", 0)) for b in bodies),
+            )
+            for b in bodies:
+                for name, target in (("outcomes", folded.outcomes), ("surfaces", folded.surfaces)):
+                    for k, v in (b.get(name) or {}).items():
+                        target[k] = target.get(k, 0) + int(v)
+            start = min(_parse(b.get("window_start")) for b in bodies)
+            stop = max(_parse(b.get("window_end")) for b in bodies)
+            kept = [self._summary(AGGREGATE, folded, start, stop)]
+        self._unwritten = kept
+        if kept:
+            self._ensure_sweeper()
+
+    # --- the sweep and shutdown ------------------------------------------------------------------------
+
+    def _ensure_sweeper(self) -> None:
+        if self._closed or (self._sweeper is not None and not self._sweeper.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (never on the serving path): the next window's first failure or close
+            self._sweeper = None
+            return
+        # a context of its own: not the request's that happened to start it (its log context, call secrets)
+        self._sweeper = loop.create_task(self._sweep(), name="pvegate-auth-failures", context=contextvars.Context())
+
+    async def _sweep(self) -> None:
+        """Writes a window's summaries shortly after it ends, when no later failure did; ends when none
+        are left to write."""
+        while self.pending():
+            window = self._window if self._window is not None else math.floor(self.clock() / self.window_seconds)
+            wait = (window + 1) * self.window_seconds - self.clock()
+            await asyncio.sleep(max(wait, 0.0) + SWEEP_MARGIN_SECONDS)
+            due = self._roll(self.clock())
+            if due:
+                await self._write(due, raise_errors=False)
+
+    async def sweep(self) -> None:
+        """Write what is due now (the summaries of windows that are over)."""
+        due = self._roll(self.clock())
+        if due:
+            await self._write(due, raise_errors=False)
+
+    async def close(self) -> None:
+        """Shutdown: the current window's summaries (ending now) and any unwritten ones, before the audit
+        closes. Never raises: what cannot be written is logged with its count."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sweeper
+            self._sweeper = None
+        now = self.clock()
+        due = self._roll(now, end=now)
+        if not due:
+            return
+        if not await self._write(due, raise_errors=False):
+            log.error(
+                "%d auth failure(s) were counted but their summary could not be written to the audit before "
+                "exit (pvegate_auth_failures_total has them)",
+                self.pending(),
+            )
+
+
+def _parse(value: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

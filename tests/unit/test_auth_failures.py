@@ -1,0 +1,180 @@
+"""The auth-failure bound (gateway/store/auth_failures.py) on its own: rows per source and window, the
+summary that carries the rest, the bounded map of sources, and that no count is lost (a failed write,
+the background sweep, shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from typing import Any, cast
+
+import pytest
+
+from gateway.store.audit import AuditLog, AuditRecord
+from gateway.store.auth_failures import AGGREGATE, SUPPRESSED, AuthFailures, source_of
+
+
+class FakeAudit:
+    def __init__(self) -> None:
+        self.records: list[AuditRecord] = []
+        self.transactions: list[tuple[AuditRecord, ...]] = []
+        self.failing = False
+
+    async def append(self, *records: AuditRecord) -> None:
+        if self.failing:
+            raise sqlite3.OperationalError("database or disk is full")
+        self.transactions.append(records)
+        self.records.extend(records)
+
+    def full(self) -> list[AuditRecord]:
+        return [r for r in self.records if r.outcome != SUPPRESSED]
+
+    def summaries(self) -> list[dict[str, Any]]:
+        return [r.body or {} for r in self.records if r.outcome == SUPPRESSED]
+
+
+class Clock:
+    def __init__(self, now: float = 6_000_000.0) -> None:  # a window's start (a multiple of 60)
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def failure(ip: str | None, outcome: str = "invalid_token") -> AuditRecord:
+    return AuditRecord(uuid.uuid4().hex, "auth_failure", outcome=outcome, body={"reason": "x", "source_ip": ip})
+
+
+def limiter(audit: FakeAudit, clock: Clock, **kw: Any) -> AuthFailures:
+    return AuthFailures(cast(AuditLog, audit), clock=clock, **kw)
+
+
+async def send(af: AuthFailures, ip: str | None, n: int, surface: str = "mcp", outcome: str = "invalid_token") -> None:
+    for _ in range(n):
+        await af.record(failure(ip, outcome), source_ip=ip, surface=surface)
+
+
+async def test_rows_per_source_then_one_summary_in_the_next_window() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=5)
+    await send(af, "127.0.0.1", 5 + 15)
+    assert len(audit.full()) == 5 and audit.summaries() == []
+    await send(af, "10.0.0.9", 2)  # another address has its own budget
+    assert len(audit.full()) == 7
+    assert af.counts[("mcp", "row")] == 7 and af.counts[("mcp", SUPPRESSED)] == 15
+    assert af.pending() == 15
+
+    clock.now += 60  # the next window: its first failure brings the summary, in the same transaction
+    await send(af, "127.0.0.1", 1)
+    (summary,) = audit.summaries()
+    assert summary["source_ip"] == "127.0.0.1" and summary["count"] == 15 and summary["audited"] == 5
+    assert summary["outcomes"] == {"invalid_token": 15} and summary["surfaces"] == {"mcp": 15}
+    assert summary["window_start"] == "1970-03-11T10:40:00.000Z" and summary["window_end"] == "1970-03-11T10:41:00.000Z"
+    last = audit.transactions[-1]
+    assert [r.outcome for r in last] == [SUPPRESSED, "invalid_token"]
+    assert len(audit.full()) == 8 and af.pending() == 0
+    # a window without suppression leaves no summary
+    clock.now += 60
+    await send(af, "127.0.0.1", 1)
+    assert len(audit.summaries()) == 1
+
+
+async def test_surfaces_share_the_budget_and_are_told_apart() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=3)
+    await send(af, "192.0.2.7", 3, surface="mcp")
+    await send(af, "192.0.2.7", 2, surface="admin", outcome="wrong_credential")
+    await send(af, "192.0.2.7", 1, surface="metrics")
+    assert len(audit.full()) == 3
+    await af.close()
+    (summary,) = audit.summaries()
+    assert summary["count"] == 3
+    assert summary["surfaces"] == {"admin": 2, "metrics": 1}
+    assert summary["outcomes"] == {"invalid_token": 1, "wrong_credential": 2}
+    assert summary["window_end"] == summary["window_start"]  # shutdown at the window's first instant
+
+
+async def test_the_map_of_sources_is_bounded() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=2, max_sources=100, total=10**6)
+    for i in range(5000):  # 5000 addresses, 3 failures each
+        await send(af, f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", 3)
+    assert len(af._sources) <= 101  # the tracked addresses, plus the aggregate
+    assert AGGREGATE in af._sources
+    # 100 tracked addresses: 2 rows each; the aggregate: 2 rows for all the others together
+    assert len(audit.full()) == 100 * 2 + 2
+    assert af.counts[("mcp", "row")] + af.counts[("mcp", SUPPRESSED)] == 15000
+    clock.now += 60
+    await send(af, "127.0.0.1", 1)
+    summaries = audit.summaries()
+    assert len(summaries) == 101
+    aggregate = [s for s in summaries if s["source_ip"] == AGGREGATE]
+    assert len(aggregate) == 1 and aggregate[0]["count"] == 4900 * 3 - 2
+    assert sum(s["count"] for s in summaries) == 15000 - 202  # every failure: a row or a count
+    assert len(af._sources) == 1  # the new window starts empty
+
+
+async def test_rows_in_all_are_bounded_too() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=2, total=10)
+    for i in range(20):
+        await send(af, f"198.51.100.{i}", 2)
+    assert len(audit.full()) == 10
+    # the five addresses that got rows are tracked; the later ones share the aggregate, only counted
+    assert len(af._sources) == 6 and af._sources[AGGREGATE].suppressed == 30 and af._sources[AGGREGATE].audited == 0
+
+
+def test_an_ipv6_client_is_one_source_per_64() -> None:
+    assert source_of("2001:db8:1:2::1") == source_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert source_of("2001:db8:1:3::1") != source_of("2001:db8:1:2::1")
+    assert source_of("::ffff:192.0.2.1") == "192.0.2.1"
+    assert source_of("192.0.2.1") == "192.0.2.1" and source_of(None) is None and source_of("test") == "test"
+
+
+async def test_an_unwritten_summary_is_kept_and_written_later() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=1)
+    await send(af, "127.0.0.1", 4)
+    clock.now += 60
+    audit.failing = True
+    with pytest.raises(sqlite3.OperationalError):  # the failure's own row cannot be written: as before
+        await send(af, "127.0.0.1", 1)
+    assert af.pending() == 3
+    audit.failing = False
+    await af.close()
+    (summary,) = audit.summaries()
+    assert summary["count"] == 3
+
+
+async def test_the_sweep_writes_the_summary_when_no_failure_follows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.store.auth_failures.SWEEP_MARGIN_SECONDS", 0.05)
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=2, window_seconds=0.2)
+    await send(af, "127.0.0.1", 5)
+    assert af._sweeper is not None
+    clock.now += 0.2  # the window is over; the sweep wakes up about then (it sleeps the rest of the window)
+    for _ in range(100):
+        if audit.summaries():
+            break
+        await asyncio.sleep(0.05)
+    (summary,) = audit.summaries()
+    assert summary["count"] == 3
+    await af.close()
+    assert len(audit.summaries()) == 1  # nothing written twice
+
+
+async def test_close_writes_the_current_window_and_never_raises() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=1)
+    await send(af, "127.0.0.1", 3)
+    clock.now += 7
+    await af.close()
+    (summary,) = audit.summaries()
+    assert summary["count"] == 2 and summary["window_end"] == "1970-03-11T10:40:07.000Z"
+
+    broken, clock = FakeAudit(), Clock()
+    af = limiter(broken, clock, per_source=1)
+    await send(af, "127.0.0.1", 3)
+    broken.failing = True
+    await af.close()  # logged, not raised: the rest of the shutdown goes on
