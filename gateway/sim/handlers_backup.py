@@ -1,7 +1,8 @@
 """Backup restore, pruning, backup jobs and calendar events, as PVE does them.
 
 A backup volume carries the guest configuration it was taken from (`Volume.config`),
-so a restore recreates that guest; pruning marks backups with PVE's algorithm
+so a restore recreates that guest, and GET /nodes/{node}/vzdump/extractconfig answers it
+as the archive's config file holds it; pruning marks backups with PVE's algorithm
 (PVE::Storage::prune_mark_backup_group); schedules are a subset of systemd-like
 calendar events ("02:00", "sat 03:00", "mon..fri 22:30", "*/15"), evaluated in UTC.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from gateway.sim import disks
 from gateway.sim.errors import ApiError
+from gateway.sim.handlers_read import _storage_on
 from gateway.sim.handlers_write import _set_running, check_lock, sync_from_config
 from gateway.sim.routes import Ctx, route
 from gateway.sim.state import Cluster, Guest, Volume
@@ -31,6 +33,87 @@ def backup_volume(cl: Cluster, volid: str, kind: str) -> Volume:
     if (vol.subtype or "qemu") != kind:
         raise ApiError(500, f"{volid}: not a {'VM' if kind == 'qemu' else 'container'} backup")
     return vol
+
+
+def stored_config(vol: Volume, kind: str, vmid: int) -> dict[str, Any]:
+    """The guest configuration a backup holds (a scenario's backup of a guest it does not
+    define holds a minimal one, named after `vmid`)."""
+    return dict(vol.config or {"name" if kind == "qemu" else "hostname": f"restored-{vmid}", "cores": 1})
+
+
+def _encode_text(line: str) -> str:
+    """PVE::Tools::encode_text: control and non-ASCII characters and ':' percent-encoded."""
+    return "".join(c if " " <= c <= "~" and c != ":" else "".join(f"%{b:02X}" for b in c.encode()) for c in line)
+
+
+def config_file(config: dict[str, Any]) -> str:
+    """A guest configuration as its file holds it (write_vm_config, write_pct_config): the
+    description as `#` lines first, then every setting, sorted by key."""
+    lines: list[str] = []
+    if "description" in config:
+        descr = str(config["description"])
+        lines += ["#" + _encode_text(x) for x in descr.split("\n")] if descr else ["#"]
+    lines += [f"{k}: {v}" for k, v in sorted(config.items()) if k not in ("description", "digest", "lock", "parent")]
+    return "".join(f"{x}\n" for x in lines)
+
+
+def archived_config(vol: Volume, kind: str) -> str:
+    """The config file inside a backup, as vzdump wrote it: a VM's without its unused disks and
+    followed by one `#qmdump#map:` line per disk in the archive (VZDump::QemuServer assemble);
+    a container's as it was (VZDump::LXC: lock and snapshots dropped)."""
+    config = stored_config(vol, kind, vol.vmid or 0)
+    if kind != "qemu":
+        return config_file(config)
+    config = {k: v for k, v in config.items() if not k.startswith("unused")}
+    maps = ""
+    for key, line in sorted(config.items()):
+        volid = disks.volid_of(str(line)) if disks.is_disk(kind, key) else None
+        if volid and "media=cdrom" not in str(line) and not re.search(r"(^|,)backup=(0|no)(,|$)", str(line)):
+            fmt = "qcow2" if volid.endswith(".qcow2") else "raw"
+            maps += f"#qmdump#map:{key}:drive-{key}:{volid.split(':', 1)[0]}:{fmt}:\n"
+    return config_file(config) + maps
+
+
+_OWNER = re.compile(r"^backup/(?:vzdump-(?:qemu|lxc|openvz)-|(?:vm|ct)/)([1-9][0-9]{2,8})[-/]")
+
+
+@route("GET", "/nodes/{node}/vzdump/extractconfig")
+def get_extractconfig(ctx: Ctx) -> Any:
+    """The configuration a backup holds, as text (PVE::API2::VZDump extractconfig: check_volume_access,
+    VM.Backup on the backed-up guest, then PVE::Storage::extract_vzdump_config on this node)."""
+    cl = ctx.rt.cluster
+    node = str(ctx.params["node"])
+    volid = str(ctx.params["volume"])
+    sid, sep, volname = volid.partition(":")
+    if not sep or not re.match(r"^[a-z][a-z0-9._-]*[a-z0-9]$", sid):
+        raise ApiError(500, "Only root can pass arbitrary filesystem paths.")
+    st = cl.storages.get(sid)
+    if st is None:
+        raise ApiError(500, f"storage '{sid}' does not exist")
+    m = _OWNER.match(volname)
+    owner = int(m.group(1)) if m else None
+    vtype = volname.split("/", 1)[0] if volname.split("/", 1)[0] in ("backup", "iso", "vztmpl", "import") else "images"
+    if not ctx.can(f"/storage/{sid}", "Datastore.Allocate"):  # check_volume_access
+        if vtype in ("iso", "vztmpl", "import"):
+            ctx.require(f"/storage/{sid}", "Datastore.AllocateSpace", "Datastore.Audit", any_of=True)
+        elif vtype == "backup" and owner is not None:
+            ctx.require(f"/storage/{sid}", "Datastore.AllocateSpace")
+            ctx.require(f"/vms/{owner}", "VM.Backup")
+        else:
+            raise ApiError(500, f"missing privileges to access {volid}")
+    if owner is not None:
+        ctx.require(f"/vms/{owner}", "VM.Backup")
+    _storage_on(ctx, sid, node)
+    if not st.active:
+        raise ApiError(500, f"storage '{sid}' is not online")
+    vol = next((v for v in cl.volumes if v.volid == volid and v.content == "backup" and v.node in (None, node)), None)
+    if vol is None:
+        if st.type == "pbs":
+            raise ApiError(500, f"proxmox-backup-client failed: Error: unable to find snapshot '{volname[7:]}'")
+        if vtype != "backup":
+            raise ApiError(500, f"ERROR: couldn't determine archive info from '{volid}'")
+        raise ApiError(500, f"can't find file '{volid}'")
+    return archived_config(vol, vol.subtype or "qemu")
 
 
 def restore(ctx: Ctx, kind: str) -> Any:
@@ -67,7 +150,7 @@ def restore(ctx: Ctx, kind: str) -> Any:
         if storage not in cl.storages:
             raise ApiError(500, f"storage '{storage}' does not exist")
         ctx.require(f"/storage/{storage}", "Datastore.AllocateSpace")
-    source = dict(vol.config or {"name" if kind == "qemu" else "hostname": f"restored-{vmid}", "cores": 1})
+    source = stored_config(vol, kind, vmid)
     g = existing or Guest(vmid=vmid, type=kind, node=node, name="", pool=str(p["pool"]) if p.get("pool") else None)  # type: ignore[arg-type]
 
     def begin() -> list[str]:

@@ -221,13 +221,26 @@ def _check_allocates(tool: Tool, where: str, props: set[str]) -> None:
         return
     if tool.effect == "read":
         raise CatalogError(f"{where}: a read tool allocates nothing")
-    named = [a.get("copy_of"), a.get("pool"), a.get("resize_of")]
+    named = [a.get("copy_of"), a.get("pool"), a.get("resize_of"), a.get("copy_of_backup")]
     named += [q.get("param") for q in _quantities(a) if isinstance(q, dict)]
     for p in named:
         if p is not None and p not in props:
             raise CatalogError(f"{where}: allocates names undeclared parameter {p}")
     schemas = tool.parameters["properties"]
     required = set(tool.parameters.get("required", []))
+    if "copy_of_backup" in a:
+        # a restore: the gateway counts the size the backup records (read on the target's node),
+        # a new guest's (guests, pool) or, with resize_of, the one it replaces in place; nothing
+        # the call could set beside it is counted, so nothing may be declared
+        allowed = {"copy_of_backup", "resize_of"} if "resize_of" in a else {"copy_of_backup", "guests", "pool"}
+        if set(a) - allowed:
+            beside = ", ".join(sorted(allowed - {"copy_of_backup"}))
+            raise CatalogError(f"{where}: allocates.copy_of_backup takes only {beside} beside it")
+        if not tool.target.get("node"):
+            raise CatalogError(f"{where}: allocates.copy_of_backup needs target.node (where the backup is read)")
+        if "resize_of" in a and a["resize_of"] != tool.target.get("vmid"):
+            raise CatalogError(f"{where}: allocates.resize_of must name the target's vmid parameter")
+        return
     if "resize_of" in a:
         # the gateway works the guest's final size out itself (a VM's sockets, a container's
         # swap, read from its config): only the new absolute cores and memory are declared;

@@ -7,7 +7,7 @@ import asyncio
 import re
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from gateway.tools.runtimes.base import ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
@@ -60,6 +60,111 @@ def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -
         "vmid": int(vmid) if vmid is not None else None,
         "pool": arguments.get(pool_param) if (pool_param := names.get("pool")) else target.get("pool"),
         "tags": list(target.get("tags") or []),  # a clone copies its source's tags; a migration keeps them
+    }
+
+
+# a guest config's lines: `key: value` (lxc.* raw keys carry dots)
+_CONFIG_LINE = re.compile(r"^([a-z][a-z0-9_.-]*):\s*(.*?)\s*$")
+_DISK_KEY = {
+    "qemu": re.compile(r"^(ide|sata|scsi|virtio|efidisk|tpmstate)[0-9]+$"),
+    "lxc": re.compile(r"^(rootfs|mp[0-9]+)$"),
+}
+_SIZE = re.compile(r"^([0-9]+(?:[.][0-9]+)?)([KMGT]?)$")
+_UNIT = {"": 1, "K": 1 << 10, "M": MiB, "G": GiB, "T": 1 << 40}
+
+
+def config_text(text: Any) -> dict[str, str]:
+    """A guest configuration file's text (what GET /nodes/{node}/vzdump/extractconfig answers for
+    a backup) as the mapping GET .../config answers: its `key: value` lines up to the first
+    section (a snapshot, [PENDING], [special:...]); `#` lines (the description, vzdump's
+    `#qmdump#map:` lines) are no settings. ValueError for anything else: a size that cannot be
+    read is not guessed."""
+    if not isinstance(text, str):
+        raise ValueError("the backup's configuration is not text")
+    config: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            break
+        m = _CONFIG_LINE.match(line)
+        if m is None:
+            raise ValueError(f"not a configuration line: {line[:80]!r}")
+        config[m.group(1)] = m.group(2)
+    if not config:
+        raise ValueError("the backup's configuration holds no settings")
+    return config
+
+
+def _options(line: Any) -> tuple[str, dict[str, str]]:
+    """A property string `volume,key=value,...` as (volume, options); a volume given by its
+    key (`file=` for a VM's drive, `volume=` for a container's) is the volume too."""
+    volume, opts = "", {}
+    for i, part in enumerate(p for p in str(line).split(",") if p):
+        key, eq, value = part.partition("=")
+        if not eq and i == 0:
+            volume = part
+        else:
+            opts[key] = value
+    return volume or opts.get("file") or opts.get("volume", ""), opts
+
+
+def sockets_of(kind: Any, config: dict[str, Any]) -> int:
+    """A VM's sockets (its cores count once per socket); 1 for a container."""
+    return int(config.get("sockets") or 1) if kind == "qemu" else 1
+
+
+def swap_of(kind: Any, config: dict[str, Any]) -> int:
+    """A container's swap in MiB (PVE's default: 512), memory it may take from its node; 0 for a VM."""
+    return int(config.get("swap", 512)) if kind == "lxc" else 0
+
+
+def memory_of(config: dict[str, Any]) -> int:
+    """The memory setting in MiB (PVE's default: 512); a VM's may read `current=N` (PVE 8.1+)."""
+    value = str(config.get("memory", 512))
+    return int(_options(value)[1].get("current", 512) if "=" in value else value)
+
+
+def disk_bytes(kind: Any, config: dict[str, Any], strict: bool = True) -> int:
+    """The volumes a guest's config names, summed by their recorded sizes (a VM's CD-ROM drives
+    and empty drives are no disk; a container's bind and device mounts allocate nothing). A
+    VM's drive excluded from its backup (backup=0) counts by its recorded size though a restore
+    leaves it out: an over-count, never an under-count. `strict`: any other volume without a
+    recorded size is a ValueError, not a free disk (a backup's: what is not known is refused);
+    otherwise it counts 0 (a guest's current disks: its growth only looks larger)."""
+    total = 0
+    for key, line in config.items():
+        if not _DISK_KEY["qemu" if kind == "qemu" else "lxc"].match(key):
+            continue
+        volume, opts = _options(line)
+        if volume in ("", "none") or opts.get("media") == "cdrom":
+            continue
+        m = _SIZE.match(opts.get("size", ""))
+        if m is None:
+            if not strict or (kind == "lxc" and volume.startswith("/")) or opts.get("backup") in ("0", "no"):
+                continue
+            raise ValueError(f"{key} records no size")
+        total += int(float(m.group(1)) * _UNIT[m.group(2)])
+    return total
+
+
+def guest_size(kind: Any, config: dict[str, Any], node_cpus: int | None = None) -> dict[str, int]:
+    """The size of the guest a configuration describes, counted as a create counts it: a VM's
+    cores times its sockets, a container's memory plus its swap (a container without `cores`
+    may use every core of its node: `node_cpus`), its disks in whole GiB, rounded up."""
+    if kind == "qemu":
+        cores = int(config.get("cores") or 1) * sockets_of(kind, config)
+    elif config.get("cores"):
+        cores = int(config["cores"])
+    elif node_cpus:
+        cores = node_cpus
+    else:
+        raise ValueError("a container without cores, on a node whose cores are not known")
+    return {
+        "cores": cores,
+        "memory_mib": memory_of(config) + swap_of(kind, config),
+        "disk_gib": -(-disk_bytes(kind, config) // GiB),
     }
 
 
@@ -254,7 +359,9 @@ class TargetResolver:
         `pool_usage` is null when the call names no pool or the pool could not be summed:
         the policy refuses what it cannot check against a pool limit. A call that resizes an
         existing guest (`resize_of`) also carries `final`, the sizes it sets as the guest ends
-        up with them (null when they could not be worked out: the policy refuses)."""
+        up with them (null when they could not be worked out: the policy refuses). A restore
+        (`copy_of_backup`) asks for the size its backup records; when that cannot be read,
+        `final` is null for it too: what cannot be counted is refused."""
         a = tool.allocates
         if not a:
             return None
@@ -280,8 +387,13 @@ class TargetResolver:
         facts: dict[str, Any] = {}
         if "resize_of" in a:
             try:
-                requested, facts["final"] = await self._resize(a, arguments, cluster)
+                requested, facts["final"] = await self._resize(tool, arguments, cluster, target)
             except Exception:  # the guest's size is unknown: so is what the call makes of it; the policy refuses
+                facts["final"] = None
+        elif "copy_of_backup" in a:  # a restore to a new guest asks for what its backup holds
+            try:
+                requested.update(await self._backup_size(tool, arguments, cluster, target))
+            except Exception:  # the backup's size is unknown: the policy refuses (final null)
                 facts["final"] = None
         usage: dict[str, int] | None = None
         try:
@@ -307,17 +419,20 @@ class TargetResolver:
         return {"requested": requested, **facts, "pool": pool, "pool_usage": usage}
 
     async def _resize(
-        self, a: dict[str, Any], arguments: dict[str, Any], cluster: str
+        self, tool: Tool, arguments: dict[str, Any], cluster: str, target: dict[str, Any]
     ) -> tuple[dict[str, int], dict[str, int]]:
         """(growth, final) for a call that sets an existing guest's cores and/or memory to new
-        absolute values. `final` holds the sizes the call sets as the guest ends up with them
+        absolute values, or (`copy_of_backup`: a restore in place) replaces it with a backup's
+        size, its disks too. `final` holds the sizes the call sets as the guest ends up with them
         (max_per_guest caps those: a size the call leaves alone is not its to answer for);
         the growth over the current size is what the pool gains (max_pool_total; a shrink adds
         nothing). Counted as a create counts them: a VM's cores times its sockets, a
         container's memory plus its swap; both read from the guest's config."""
-        sets = {k: int(arguments[q["param"]]) for k, q in a.items() if k != "resize_of" and q["param"] in arguments}
+        a = tool.allocates
+        sizes = {k: q for k, q in a.items() if k in ("cores", "memory_mib")}
+        sets = {k: int(arguments[q["param"]]) for k, q in sizes.items() if q["param"] in arguments}
         growth = {"guests": 0, "cores": 0, "memory_mib": 0, "disk_gib": 0}
-        if not sets:  # tags, a description, onboot: no size changes
+        if not sets and "copy_of_backup" not in a:  # tags, a description, onboot: no size changes
             return growth, {}
         row = (await self._index(cluster))["guests"].get(int(arguments[a["resize_of"]]))
         if row is None:
@@ -325,14 +440,40 @@ class TargetResolver:
         kind = row.get("type")
         config = await self.clients[cluster].request("GET", f"/nodes/{row['node']}/{kind}/{int(row['vmid'])}/config")
         config = config if isinstance(config, dict) else {}
-        sockets = int(config.get("sockets") or 1) if kind == "qemu" else 1
-        swap = int(config.get("swap", 512)) if kind == "lxc" else 0  # PVE's default swap for a container: 512 MiB
+        swap = swap_of(kind, config)
         final: dict[str, int] = {}
+        if "copy_of_backup" in a:
+            final = await self._backup_size(tool, arguments, cluster, target)
         if "cores" in sets:
-            final["cores"] = sets["cores"] * sockets
+            final["cores"] = sets["cores"] * sockets_of(kind, config)
         if "memory_mib" in sets:
             final["memory_mib"] = sets["memory_mib"] + swap
-        # the current size as the pool's usage counts it (its maxcpu and maxmem), the container's swap added
+        # the current size as the pool's usage counts it (its maxcpu and maxmem), the container's swap added;
+        # its disks as its config records them (a backup's are counted so)
         current = {"cores": int(row.get("maxcpu") or 0), "memory_mib": int(row.get("maxmem") or 0) // MiB + swap}
+        if "disk_gib" in final:
+            current["disk_gib"] = -(-disk_bytes(kind, config, strict=False) // GiB)
         growth.update({k: max(v - current[k], 0) for k, v in final.items()})
         return growth, final
+
+    async def _backup_size(
+        self, tool: Tool, arguments: dict[str, Any], cluster: str, target: dict[str, Any]
+    ) -> dict[str, int]:
+        """The size of the guest a backup holds (`copy_of_backup`), counted as a create counts it:
+        its configuration as the backup recorded it, read on the node the call restores on
+        (GET /nodes/{node}/vzdump/extractconfig). Raises when it cannot be read or counted."""
+        node_param = tool.target.get("node")
+        node = (arguments.get(node_param) if node_param else None) or target.get("node")
+        if not node:
+            raise LookupError("no node to read the backup on")
+        text = await self.clients[cluster].request(
+            "GET",
+            f"/nodes/{quote(str(node), safe='')}/vzdump/extractconfig",
+            params={"volume": str(arguments[tool.allocates["copy_of_backup"]])},
+        )
+        config = config_text(text)
+        kind = "lxc" if str(tool.spec.get("path", "")).endswith("/lxc") else "qemu"  # what the call creates
+        node_cpus = None
+        if kind == "lxc" and not config.get("cores"):  # it may use every core of its node
+            node_cpus = int(((await self._index(cluster))["nodes"].get(node) or {}).get("maxcpu") or 0)
+        return guest_size(kind, config, node_cpus)

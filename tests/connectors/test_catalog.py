@@ -239,11 +239,22 @@ def _resize_with_guests(d: dict[str, Any]) -> None:
     _tool(d, "vm_create")["allocates"] = {"resize_of": "vmid", "guests": 1, "cores": {"param": "cores"}}
 
 
+def _backup_with_sizes(d: dict[str, Any]) -> None:
+    _tool(d, "vm_create")["allocates"] = {"guests": 1, "copy_of_backup": "name", "cores": {"param": "cores"}}
+
+
+def _backup_in_place_with_guests(d: dict[str, Any]) -> None:
+    _tool(d, "vm_create")["allocates"] = {"resize_of": "vmid", "copy_of_backup": "name", "guests": 1}
+
+
 ALLOCATES_BAD = [
     # what the quota counts must be what is sent: no size is left to Proxmox's own default
     ("counted optional without default", _counts_no_default, "optional parameter cores, which has no default"),
     ("default breaks its schema", _bad_default, "default of parameter cores does not satisfy its own schema"),
     ("resize with more", _resize_with_guests, "resize_of takes only cores and memory_mib"),
+    # a restore counts the size its backup records: nothing declared beside it would be counted
+    ("backup with sizes", _backup_with_sizes, "copy_of_backup takes only guests, pool beside it"),
+    ("backup in place with guests", _backup_in_place_with_guests, "copy_of_backup takes only resize_of beside it"),
 ]
 
 

@@ -10,10 +10,11 @@
 #   pool's total after the call (`max_pool_total`); keys: guests, cores,
 #   memory_mib, disk_gib.
 #
-#   The gateway computes the request from the arguments and sums the pool's
-#   current usage (input.resources). Missing facts fail closed: an allocating
-#   call without them (or with a resize's final size unknown), or a pool limit
-#   whose pool usage is unknown, is denied.
+#   The gateway computes the request from the arguments (a restore: from the
+#   size its backup records) and sums the pool's current usage
+#   (input.resources). Missing facts fail closed: an allocating call without
+#   them (or with a resize's or a restore's final size unknown), or a pool
+#   limit whose pool usage is unknown, is denied.
 # schemas:
 #   - input: schema["decision_input.schema"]
 package pvegate.resources
@@ -34,8 +35,9 @@ facts_ok if {
 	}
 }
 
-# `final` is there only for a call that resizes an existing guest; null there means the
-# gateway could not work the guest's size out, and what cannot be checked is refused
+# `final` is there only for a call that resizes an existing guest (a restore over one too);
+# null there means the gateway could not work the guest's size out (or, for any restore, the
+# size its backup records), and what cannot be checked is refused
 final_ok if not "final" in object.keys(input.resources)
 
 final_ok if {
