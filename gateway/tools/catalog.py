@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from gateway.core import yamlread
 from gateway.core.jsonenc import Encoded, dumps
 from gateway.tools.runtimes.reducers import COMPOSITES, TRANSFORMS
 from gateway.tools.tool import PLACEHOLDER, Tool, _short, parse_release
@@ -318,7 +319,9 @@ class Catalog:
         shared: dict[str, Any] = {}
         for path in files:
             try:
-                doc = yaml.safe_load(path.read_text()) or {}
+                doc = yamlread.load(path.read_text()) or {}  # a key given twice is refused, not dropped
+            except yamlread.YamlProblems as exc:
+                raise CatalogError(f"{path}: {'; '.join(exc.problems)}") from None
             except yaml.YAMLError as exc:
                 raise CatalogError(f"{path}: {exc}") from exc
             errors = sorted(file_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))

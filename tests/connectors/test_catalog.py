@@ -278,3 +278,11 @@ def test_validation_fills_in_the_counted_defaults(catalog: Catalog) -> None:
     assert tool.validate({**args, "cores": 2}) == {**args, "cores": 2, "memory": 512, "swap": 512}
     assert tool.validate(args)["cores"] == 1
     assert tool.mcp_view["inputSchema"]["properties"]["cores"]["default"] == 1  # clients are told, too
+
+
+def test_a_key_given_twice_in_a_connector_file_is_refused(tmp_path: Path) -> None:
+    """YAML keeps the last of a key given twice without a word: a tool's second `effect:` or
+    `sensitive:` would silently replace the first."""
+    (tmp_path / "twice.yaml").write_text("tools:\n  - name: t\n    effect: read\n    effect: destroy\n")
+    with pytest.raises(CatalogError, match="effect: given twice in the same mapping"):
+        Catalog.load(tmp_path)
