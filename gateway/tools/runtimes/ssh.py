@@ -140,14 +140,44 @@ def parse_df(text: str) -> list[dict[str, Any]]:
     return rows
 
 
+MAX_OUTPUT_DEPTH = 64  # nesting a command's JSON may have: deeper is no docker or pvesh answer
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are no JSON: passed on, they would make the reply invalid for strict clients
+    raise ValueError(f"{name} is not JSON")
+
+
+def _within_depth(doc: Any, limit: int = MAX_OUTPUT_DEPTH) -> bool:
+    todo = [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return False
+            todo.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return True
+
+
+def _json(text: str) -> Any:
+    doc = json.loads(text, parse_constant=_no_constant)
+    if not _within_depth(doc):
+        raise ValueError(f"nested deeper than {MAX_OUTPUT_DEPTH} levels")
+    return doc
+
+
 def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
+    """A command's output as its tool declares it. The output is the node's (a guest's, through
+    pct exec) to choose: anything but the expected JSON is a tool error, never an internal one."""
     try:
         if kind == "json":
-            return json.loads(stdout) if stdout.strip() else None
+            return _json(stdout) if stdout.strip() else None
         if kind == "json_lines":
-            return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+            return [_json(line) for line in stdout.splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
         raise ToolError(f"command output was not the expected JSON ({exc.msg})") from exc
+    except (ValueError, RecursionError) as exc:  # a number too long, NaN, nesting without end
+        raise ToolError(f"command output was not the expected JSON ({str(exc)[:80]})") from exc
     if kind == "table":
         return parse_table(stdout)
     if kind == "df":
@@ -155,6 +185,10 @@ def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
     if kind == "exit_status":
         return {"exit_status": exit_status, "ok": exit_status == 0}
     return {"text": stdout}
+
+
+KEEPALIVE_SECONDS = 15
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class SshPool:
@@ -226,15 +260,26 @@ class SshPool:
                     kbdint_auth=False,
                     preferred_auth="publickey",
                     config=None,
+                    # a peer gone without a word (an expired NAT entry) never reports closed: without
+                    # keepalives every later call on the pooled connection would time out
+                    keepalive_interval=KEEPALIVE_SECONDS,
+                    keepalive_count_max=3,
                 ),
                 timeout=ssh.command_timeout,
             )
         except asyncssh.HostKeyNotVerifiable as exc:
             raise ToolError(f"SSH host key of node {n.name} does not match the pinned key; refusing") from exc
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
+        except (OSError, asyncssh.Error, TimeoutError, ValueError) as exc:  # ValueError: a key that cannot be read
             raise ToolError(f"SSH to node {n.name} failed ({type(exc).__name__})") from exc
         self._conns[key] = conn
         return conn
+
+    def drop(self, cluster: str, node: str, conn: asyncssh.SSHClientConnection) -> None:
+        """Forget (and abort) a connection that failed under a command, so the next call connects
+        afresh. Another connection made meanwhile is left alone."""
+        if self._conns.get((cluster, node)) is conn:
+            del self._conns[(cluster, node)]
+        conn.abort()
 
     async def close(self) -> None:
         for attempt in list(self._connecting.values()):
@@ -301,13 +346,17 @@ class SshRuntime:
                 finally:
                     proc.close()
         except TimeoutError as exc:
+            # not dropped: other calls' commands share the connection (a dead one: the keepalive ends it)
             raise ToolError(f"command on node {node} timed out after {ssh.command_timeout:.0f}s") from exc
         except (OSError, asyncssh.Error) as exc:
+            if isinstance(exc, OSError | asyncssh.ConnectionLost | asyncssh.DisconnectError):
+                self.pool.drop(ctx.cluster, node, conn)  # the connection is gone: the next call connects afresh
             raise ToolError(f"SSH exec on node {node} failed ({type(exc).__name__})") from exc
         status = proc.exit_status if proc.exit_status is not None else -1
         ok = tool.spec.get("ok_exit") or [0]
         if status not in ok:
-            first = stderr.decode(errors="replace").strip().splitlines()[:1]
+            # the node's (a guest's) words: no terminal escapes or control bytes into the reply or audit
+            first = _CONTROL.sub("?", stderr.decode(errors="replace")).strip().splitlines()[:1]
             raise CommandFailed(f"command exited {status} on node {node}: {(first[0] if first else '')[:300]}", status)
         return ToolOutput(data=parse_output(tool.spec["parse"], stdout.decode(errors="replace"), status))
 
