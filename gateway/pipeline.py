@@ -249,14 +249,21 @@ async def dispatch(
     m.observe("dispatch", t)
     if tool.secret_output:  # a one-time secret from Proxmox: scrubbed from every record of this call
         CALL_SECRETS.set(CALL_SECRETS.get() + secret_values(tool.secret_output, output.data))
-    structured, warnings = shape(tool, output.data, decision.obligations)
-    if warnings or output.warnings:
-        structured["warnings"] = output.warnings + warnings
+    try:
+        structured, warnings = shape(tool, output.data, decision.obligations)
+        if warnings or output.warnings:
+            structured["warnings"] = output.warnings + warnings
+        text = c.render(tool, structured)
+    except Exception as exc:  # output the node chose (a guest's, through pct exec) broke shaping
+        # the call ran: its result is recorded as such, and its output withheld rather than half-shaped
+        problem = f"it ran, but its output could not be shaped for the reply ({type(exc).__name__})"
+        kept = await _audit_result(c, req, tool, target, "ok", started, {"task_id": output.task_id, "error": problem})
+        return CallResult("failed", f"{tool.name}: {problem}", is_error=True, meta=_kept_meta(kept))
     body = {"task_id": output.task_id, "warnings": structured.get("warnings")}
     t = time.perf_counter()
     kept = await _audit_result(c, req, tool, target, "ok", started, body)
     m.observe("audit", t)
-    return CallResult("allowed", c.render(tool, structured), structured=structured, meta=_kept_meta(kept))
+    return CallResult("allowed", text, structured=structured, meta=_kept_meta(kept))
 
 
 def _kept_meta(kept: bool) -> dict[str, Any]:
