@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+import asyncssh
 import uvicorn
 from starlette.applications import Starlette
 
@@ -115,6 +116,27 @@ def check_files(config: Config) -> None:
         raise StartupError(f"connectors_dir {config.connectors_dir} is not a directory")
 
 
+def check_ssh_keys(config: Config) -> None:
+    """The SSH private key usable without a passphrase (the gateway has none to give), and each
+    node's pinned host key a public key: else every SSH call would fail, each with an error."""
+    for c in config.clusters.values():
+        if c.ssh is None:
+            continue
+        try:
+            asyncssh.read_private_key(str(c.ssh.key_file))
+        except (OSError, ValueError, asyncssh.Error) as exc:  # KeyImportError: no key, or one needing a passphrase
+            raise StartupError(
+                f"clusters.{c.name}.ssh.key_file: {c.ssh.key_file} is no usable private key: {exc}"
+            ) from None
+        for n in c.ssh.nodes.values():
+            try:
+                asyncssh.import_public_key(n.host_key)
+            except (ValueError, asyncssh.Error) as exc:
+                raise StartupError(
+                    f"clusters.{c.name}.ssh.nodes.{n.name}.host_key: not an OpenSSH public key: {exc}"
+                ) from None
+
+
 def check_tls(config: Config) -> None:
     if config.tls.insecure_http or not (config.tls.cert and config.tls.key):
         return
@@ -155,6 +177,7 @@ def preflight(config: Config, *, listener: bool = True) -> None:
     check_secrets(config)
     check_opa(config)
     check_files(config)
+    check_ssh_keys(config)
     if listener:
         check_tls(config)
 

@@ -263,3 +263,32 @@ def test_control_the_same_config_with_the_good_bundle_starts_and_stops(
     assert proc.returncode in (0, -signal.SIGTERM), stderr
     assert PREFIX not in stderr and "Traceback" not in stderr
     assert not (tmp_path / "state" / "opa.pid").exists()  # the sidecar was stopped with the gateway
+
+
+@pytest.mark.parametrize("problem", ["passphrase", "public_key_as_private", "bad_host_key"])
+def test_an_unusable_ssh_key_is_refused_at_start(base: dict[str, Any], tmp_path: Path, problem: str) -> None:
+    """Before, the gateway started and every SSH call then failed with an internal error
+    (KeyImportError escaped the runtime): a key needing a passphrase, a .pub given as the
+    private key, a pinned host key that is no key. No key material is shown."""
+    import asyncssh
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key_file = tmp_path / "ssh-key"
+    host_key = key.export_public_key().decode().strip()
+    if problem == "passphrase":
+        key_file.write_bytes(key.export_private_key("pkcs8-pem", passphrase="only-a-human-knows"))
+    elif problem == "public_key_as_private":
+        key_file.write_bytes(key.export_public_key())
+    else:
+        key_file.write_bytes(key.export_private_key())
+        host_key = "ssh-ed25519 AAAAnotbase64"
+    base["clusters"][0]["ssh"] = {
+        "key_file": str(key_file),
+        "nodes": {"pve1": {"host": "127.0.0.1", "host_key": host_key}},
+    }
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    if problem == "bad_host_key":
+        assert reason.startswith("clusters.default.ssh.nodes.pve1.host_key: not an OpenSSH public key"), reason
+    else:
+        assert reason.startswith(f"clusters.default.ssh.key_file: {key_file} is no usable private key"), reason
+    assert "PRIVATE KEY" not in reason and "only-a-human-knows" not in reason
