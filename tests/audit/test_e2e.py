@@ -445,3 +445,17 @@ async def test_a_password_chosen_to_match_the_record_never_rewrites_it(
     assert await asyncio.to_thread(cli, ["audit", "export", "--db", str(db), "--jsonl", "--out", str(out)]) == 0
     assert invalid in out.read_text()
     assert auditlib.verify(db).ok
+
+
+async def test_a_composites_commands_are_each_in_the_audit(xgw: GatewayThread, xenv: DevEnv) -> None:
+    """Which commands a composite ran on which node: one dispatch record per command its
+    sub-calls started, as a direct call has (before: none, only received/decision/result)."""
+    mcp = Mcp(xenv)
+    status, doc = await mcp.call(
+        xenv.token("demo-agent", ["operator"]), "inspect_compose_stack", {"vmid": 200, "project": "app"}
+    )
+    assert status == 200 and not doc["result"].get("isError"), doc
+    rows = audit_rows(xenv.config.audit_path, rid(doc))
+    dispatched = [json.loads(r["body"]) for r in rows if r["kind"] == "dispatch"]
+    assert dispatched and all(d["via"] and d["node"] and d["argv"][:2] == ["pct", "exec"] for d in dispatched), rows
+    assert [r["kind"] for r in rows][-1] == "result"

@@ -27,7 +27,6 @@ class CompositeRuntime:
     async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput:
         warnings: list[str] = []
         uses = set(tool.spec["uses"])
-        sub_ctx = CallContext(cluster=ctx.cluster, dry_run=False, request_id=ctx.request_id)
 
         async def sub(name: str, args: dict[str, Any]) -> Any:
             leaf = self.catalog.get(name)
@@ -37,6 +36,17 @@ class CompositeRuntime:
                 validated = leaf.validate({**args, "cluster": ctx.cluster})
             except ArgumentError as exc:
                 raise ToolError(f"{name}: {exc}") from exc
+            on_dispatch = None
+            if ctx.on_dispatch is not None:
+                parent = ctx.on_dispatch
+
+                async def on_dispatch(info: dict[str, Any]) -> None:
+                    # each command a sub-call starts on a node is in the audit, as a direct call's is
+                    await parent({**info, "via": name})
+
+            sub_ctx = CallContext(
+                cluster=ctx.cluster, dry_run=False, request_id=ctx.request_id, on_dispatch=on_dispatch
+            )
             out = await self.runtimes[leaf.connector].call(leaf, validated, sub_ctx)
             warnings.extend(f"{name}: {w}" for w in out.warnings)
             return out.data
