@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 
 from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
-from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef
+from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef, service_secret_refs
 from gateway.mcp.stdio import local_principal, serve_stdio
 from gateway.mcp.wellknown import resource_url
 from gateway.policy.opa_sidecar import OPAUnavailable
@@ -71,6 +71,7 @@ def check_secrets(config: Config) -> None:
     refs: list[SecretRef] = [c.token for c in config.clusters.values()]
     # metrics.token too: otherwise first read at the first scrape, and a mistyped path only ever answers 401
     refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.metrics.token) if r is not None]
+    refs += service_secret_refs(config.opa.services)  # OPA's service credentials given as {file:} or {env:}
     for ref in refs:
         try:
             if not ref.read():

@@ -273,6 +273,38 @@ def _secret(raw: Any, base: Path, what: str) -> SecretRef:
     )
 
 
+def _service_secrets(services: dict[str, Any], base: Path) -> dict[str, Any]:
+    """OPA's `services`, with each value under a service's `credentials` given as `{file: ...}` or
+    `{env: ...}` a SecretRef: read when OPA's private config is written, never kept in this file."""
+
+    def walk(doc: Any, where: str) -> Any:
+        if isinstance(doc, dict):
+            if doc and doc.keys() <= {"file", "env"} and len(doc) == 1 and isinstance(next(iter(doc.values())), str):
+                return _secret(doc, base, where)
+            return {k: walk(v, f"{where}.{k}") for k, v in doc.items()}
+        return doc
+
+    return {
+        name: {**svc, "credentials": walk(svc["credentials"], f"opa.services.{name}.credentials")}
+        if isinstance(svc, dict) and isinstance(svc.get("credentials"), dict)
+        else svc
+        for name, svc in services.items()
+    }
+
+
+def service_secret_refs(services: dict[str, Any]) -> list[SecretRef]:
+    """The SecretRefs in OPA's `services` (see _service_secrets)."""
+    out: list[SecretRef] = []
+    todo: list[Any] = [services]
+    while todo:
+        doc = todo.pop()
+        if isinstance(doc, SecretRef):
+            out.append(doc)
+        elif isinstance(doc, dict):
+            todo.extend(doc.values())
+    return out
+
+
 def _path(raw: Any, base: Path) -> Path:
     p = Path(str(raw)).expanduser()
     return p if p.is_absolute() else (base / p)
@@ -486,7 +518,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 allow_unsigned=bool(opa_raw.get("allow_unsigned", False)),
                 timeout_ms=int(opa_raw.get("timeout_ms", 500)),
                 decision_logs=bool(opa_raw.get("decision_logs", False)),
-                services=dict(opa_raw.get("services") or {}),
+                services=_service_secrets(dict(opa_raw.get("services") or {}), base),
                 bundles=dict(opa_raw.get("bundles") or {}),
                 keys=dict(opa_raw.get("keys") or {}),
                 decision_logs_upload=opa_raw.get("decision_logs_upload"),

@@ -40,6 +40,7 @@ import httpx
 import yaml
 
 from gateway.core import processes, yamlread
+from gateway.core.config import ConfigError, SecretRef
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
 from gateway.policy.opa_address import httpx_client, unix_address
@@ -127,6 +128,19 @@ def _socket_dir_name() -> Path:
     if len(str(base)) > 60:
         base = Path("/tmp")  # noqa: S108 - a private, unguessable directory is made in it
     return base / f"pvegate-opa-{secrets.token_hex(8)}"
+
+
+def _with_secrets(doc: Any) -> Any:
+    """`doc` with each SecretRef (a service credential given as {file:} or {env:}) read: for OPA's
+    private config file alone. OPAUnavailable when one cannot be read."""
+    if isinstance(doc, SecretRef):
+        try:
+            return doc.read()
+        except ConfigError as exc:
+            raise OPAUnavailable(str(exc)) from None
+    if isinstance(doc, dict):
+        return {k: _with_secrets(v) for k, v in doc.items()}
+    return doc
 
 
 def check_yaml_data(directories: tuple[Path, ...]) -> None:
@@ -241,7 +255,7 @@ class OPASidecar:
 
         With a watched bundle it holds that service's bearer token: written only by `_write_config`
         (each call issues a new token, the previous one stops working), never logged."""
-        services = dict(self.services)
+        services = _with_secrets(self.services)
         bundles = dict(self.bundles)
         keys = dict(self.keys)
         if self.bundle is not None and self.watch_bundle:

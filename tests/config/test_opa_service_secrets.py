@@ -1,0 +1,55 @@
+"""OPA's service credentials (a bundle server's or a log collector's bearer token) may live in a
+file or an environment variable, as every other secret of the gateway, instead of in its
+configuration file: read into OPA's private config only, refused at start when unreadable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.config import load
+from gateway.policy.opa_sidecar import OPASidecar
+from gateway.server import StartupError, check_secrets
+from tests.config.conftest import write
+
+TOKEN = "siem-bearer-token-0b9d7c"
+
+
+def _with_service(base: dict[str, Any], token: Any) -> dict[str, Any]:
+    base.setdefault("opa", {})["services"] = {
+        "siem": {"url": "https://logs.example.internal", "credentials": {"bearer": {"token": token}}}
+    }
+    return base
+
+
+def test_a_service_token_from_a_file_reaches_opas_config_only(base: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "secrets" / "siem").write_text(TOKEN + "\n")
+    config = load(write(tmp_path, _with_service(base, {"file": "secrets/siem"})))
+    assert TOKEN not in repr(config)
+    check_secrets(config)
+    opa = OPASidecar(services=config.opa.services)
+    assert opa.opa_config()["services"]["siem"]["credentials"]["bearer"]["token"] == TOKEN
+
+
+def test_a_service_token_from_the_environment(
+    base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PVEGATE_TEST_SIEM_TOKEN", TOKEN)
+    config = load(write(tmp_path, _with_service(base, {"env": "PVEGATE_TEST_SIEM_TOKEN"})))
+    opa = OPASidecar(services=config.opa.services)
+    assert opa.opa_config()["services"]["siem"]["credentials"]["bearer"]["token"] == TOKEN
+
+
+def test_an_unreadable_service_token_is_refused_at_start(base: dict[str, Any], tmp_path: Path) -> None:
+    config = load(write(tmp_path, _with_service(base, {"file": "secrets/siem-typo"})))
+    with pytest.raises(StartupError, match=r"opa.services.siem.credentials.bearer.token: cannot read secret file"):
+        check_secrets(config)
+
+
+def test_an_inline_token_is_passed_through_as_before(base: dict[str, Any], tmp_path: Path) -> None:
+    config = load(write(tmp_path, _with_service(base, TOKEN)))
+    assert OPASidecar(services=config.opa.services).opa_config()["services"]["siem"]["credentials"] == {
+        "bearer": {"token": TOKEN}
+    }
