@@ -30,7 +30,6 @@ no probe is ever triggered by an unauthenticated request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -61,6 +60,7 @@ log = logging.getLogger("pvegate.health")
 PROBE_SUB = "pvegate-readiness-probe"
 PROBE_TOOL = "pvegate_readiness_probe"
 _FAIL_PREFIX = "denied: policy decision unavailable ("
+STOP_WAIT_SECONDS = 2.0  # per round of cancelling the probe loops at shutdown
 
 
 def probe_input(now_ns: int | None = None) -> dict[str, Any]:
@@ -183,12 +183,21 @@ class HealthMonitor:
             )
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks = []
+        """Cancel the probe loops and wait for them, boundedly: a probe that ignores its cancellation
+        must not hold up the shutdown (it is cancelled again, then left behind with a warning)."""
+        tasks, self._tasks = self._tasks, []
+        for _ in range(3):
+            pending = [t for t in tasks if not t.done()]
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            await asyncio.wait(pending, timeout=STOP_WAIT_SECONDS)
+        for t in tasks:
+            if not t.done():
+                log.warning("health probe task %s did not stop when cancelled; left behind", t.get_name())
+            elif not t.cancelled() and t.exception() is not None:
+                log.warning("health probe task %s had failed: %r", t.get_name(), t.exception())
 
     async def _loop(self, probe: Any, interval: float, first: float | None = None) -> None:
         await asyncio.sleep(interval if first is None else first)
@@ -268,7 +277,10 @@ class HealthMonitor:
             self.audit_probe_error = None
             return  # real traffic committed recently: that is the proof
         try:
-            await asyncio.wait_for(self.audit.probe(), timeout=self.config.audit_probe_timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the task's cancellation
+            # when the probe finishes at that moment, and stop() then waited for this loop forever
+            async with asyncio.timeout(self.config.audit_probe_timeout):
+                await self.audit.probe()
             self.audit_probe_error = None
         except TimeoutError:
             self.audit_probe_error = f"audit store did not commit within {self.config.audit_probe_timeout:g} s"
@@ -285,7 +297,8 @@ class HealthMonitor:
         started = time.perf_counter()
         detail: str | None
         try:
-            status = await asyncio.wait_for(client.ping(), timeout=client.cluster.timeout + 1)
+            async with asyncio.timeout(client.cluster.timeout + 1):  # not wait_for: see probe_audit
+                status = await client.ping()
         except (TimeoutError, httpx.TimeoutException):
             state, detail = "unreachable", "no answer in time"
         except Exception as exc:  # connection refused, TLS or pin mismatch, DNS
