@@ -43,7 +43,8 @@ class Components:
     health: HealthMonitor | None = None  # built with the components; probes run while serving
     clients: dict[str, PveApiClient] = field(default_factory=dict)  # one Proxmox API client per cluster
     outcomes: Outcomes = field(init=False)  # store checks, calls in flight, drain, outbox
-    auth_failures: AuthFailures = field(init=False)  # auth_failure rows, bounded per client address
+    # auth_failure rows and pre-auth refusals (transport guard, console sign-in), bounded per client address
+    auth_failures: AuthFailures = field(init=False)
 
     def __post_init__(self) -> None:
         grace = self.config.shutdown_grace_seconds

@@ -2,7 +2,8 @@
 
 A pure ASGI middleware (no BaseHTTPMiddleware: it would add a task per request
 on the hot path). It runs before authentication, so a DNS-rebinding page or an
-oversize body is refused before any token work, and each refusal is audited.
+oversize body is refused before any token work, and each refusal is audited (bounded per client
+address with the auth failures: store/auth_failures.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz"})
 # address's max_inflight_per_client slots while the body arrives, so without a deadline a few
 # stalled uploads lock that address out for good.
 BODY_DEADLINE_SECONDS = 30.0
+# the refusals' surface in pvegate_auth_failures_total (their audit rows are bounded per client address)
+SURFACE = "transport"
 
 
 def _host_only(value: str) -> str:
@@ -158,15 +161,16 @@ class TransportGuard:
         app = scope.get("app")
         components = getattr(getattr(app, "state", None), "components", None)
         if components is not None:
+            record = AuditRecord(
+                uuid.uuid4().hex,
+                "refusal",
+                outcome=outcome,
+                body={"reason": message, "source_ip": source_ip, "path": scope.get("path")},
+            )
             try:
-                await components.audit.append(
-                    AuditRecord(
-                        uuid.uuid4().hex,
-                        "refusal",
-                        outcome=outcome,
-                        body={"reason": message, "source_ip": source_ip, "path": scope.get("path")},
-                    )
-                )
+                # before authentication, so free to send: bounded per client address with the auth
+                # failures (store/auth_failures.py), the rest counted and summarised
+                await components.auth_failures.record(record, source_ip=source_ip, surface=SURFACE)
             except STORE_ERRORS as exc:  # still refused (nothing ran); the health signal learns of the store
                 components.outcomes.store_failed(exc)
         response = error_response(None, INVALID_REQUEST, message, status=status)

@@ -194,9 +194,11 @@ class _ComponentCollector(Collector):
         )
         failures = CounterMetricFamily(
             "pvegate_auth_failures",
-            "Requests refused for a missing or bad credential, by surface (mcp, admin, metrics) and how they were "
-            "recorded: row (an auth_failure audit row of its own) or suppressed (beyond the per-address bound: "
-            "counted, and summed up in one auth_failure row with outcome suppressed).",
+            "Requests refused without an identity, by surface: mcp, admin, metrics (a missing or bad credential: "
+            "auth_failure rows), transport (refused by the transport guard before authentication: refusal rows), "
+            "console (a refused console sign-in: console rows); and how they were recorded: row (an audit row of "
+            "its own) or suppressed (beyond the per-address bound: counted, and summed up in one row of the same "
+            "kind with outcome suppressed).",
             labels=["surface", "recorded"],
         )
         for (surface, recorded), n in sorted(c.auth_failures.counts.items()):

@@ -1,28 +1,35 @@
-"""Auth failures in the audit, bounded: no one who can reach the port can grow the audit without limit.
+"""Auth failures and other refusals without an identity, bounded in the audit: no one who can reach the
+port can grow the audit without limit.
 
-A request with a missing, forged or wrong credential costs its sender nothing and carries no identity,
-and each one used to write an `auth_failure` row. The audit is fail-closed (a store that cannot take
-writes refuses every call), so filling its disk with such rows would have stopped the gateway for
-everyone. Failures are still recorded, but in fixed windows (`WINDOW_SECONDS`, aligned to the clock):
+A request refused before anyone is identified costs its sender nothing: a missing, forged or wrong
+credential (kind `auth_failure`, surfaces mcp, admin, metrics), a request the transport guard refuses
+before authentication (kind `refusal`: wrong Host, bad Origin, a body too large, cut short or too slow,
+too many requests in flight; surface transport), a console sign-in refused at /admin/callback (kind
+`console`, action sign_in, outcome refused; surface console). Each used to write a row. The audit is
+fail-closed (a store that cannot take writes refuses every call), so filling its disk with such rows
+would have stopped the gateway for everyone. They are still recorded, but in fixed windows
+(`WINDOW_SECONDS`, aligned to the clock):
 
-- the first `per_source` failures of a window from one source are audited in full, as before (one
-  source: an IPv4 address, an IPv6 client's /64 network, which one client holds as a whole);
-- beyond that, and once `per_source * TOTAL_FACTOR` rows were written in the window in all, a failure is
-  only counted: by source, outcome (the RFC 6750 error code) and surface (mcp, admin, metrics);
-- when the window is over, one summary row per source whose failures were only counted is written
-  (kind `auth_failure`, outcome `suppressed`, body: source_ip, count, audited, window_start,
-  window_end, outcomes, surfaces): by the first failure of a later window, by a background sweep a
-  moment after the window ends, and at shutdown (`close`). No count is lost short of a crash (which
-  loses the current window's counts only: they live in memory until then).
+- the first `per_source` of a window from one source are audited in full, as before, whatever their
+  kind: the kinds share one budget per source (one source: an IPv4 address, an IPv6 client's /64
+  network, which one client holds as a whole);
+- beyond that, and once `per_source * TOTAL_FACTOR` rows were written in the window in all, a refused
+  request is only counted: by source, kind (and action), outcome and surface;
+- when the window is over, one summary row per source and kind with requests only counted is written,
+  in the refused rows' own kind (`auth_failure`, `refusal`, `console`), outcome `suppressed`, body:
+  source_ip, count, audited, window_start, window_end, outcomes, surfaces (and `action` for the
+  console's): by the first refused request of a later window, by a background sweep a moment after the
+  window ends, and at shutdown (`close`). No count is lost short of a crash (which loses the current
+  window's counts only: they live in memory until then).
 
 At most `max_sources` sources are tracked per window; a new source beyond that, or one first seen once
-the window's rows in all are spent, shares the aggregate source "*" (same bound; its summary says
+the window's rows in all are spent, shares the aggregate source "*" (same bound; its summaries say
 source_ip "*"). So a window costs at most `per_source * TOTAL_FACTOR` full rows plus one summary row
-per tracked source, however many addresses send failures, and the memory is bounded as well.
+per tracked source and kind, however many addresses send them, and the memory is bounded as well.
 
-The client's answer does not change (the same 401 or 403): a failure that is only counted writes
-nothing, so it is not refused with a 503 when the audit cannot take writes. Every failure, recorded or
-counted, is in `counts` (pvegate_auth_failures_total{surface, recorded}).
+The client's answer does not change (the same 401, 403, 421, ...): a request that is only counted
+writes nothing, so it is not refused with a 503 when the audit cannot take writes. Every one, recorded
+or counted, is in `counts` (pvegate_auth_failures_total{surface, recorded}).
 """
 
 from __future__ import annotations
@@ -44,14 +51,22 @@ from gateway.store.audit import AuditLog, AuditRecord
 
 log = logging.getLogger("pvegate.auth_failures")
 
-KIND = "auth_failure"
+KIND = "auth_failure"  # the kind the bound was first written for; a summary takes its rows' kind
 SUPPRESSED = "suppressed"  # the summary row's outcome
 WINDOW_SECONDS = 60.0
 PER_SOURCE = 20  # full rows per source and window (config: audit.auth_failure_rows_per_minute)
 TOTAL_FACTOR = 50  # full rows per window in all: this many times the per-source bound
 MAX_SOURCES = 10_000  # sources tracked one by one per window; beyond, the aggregate
 AGGREGATE = "*"
-SURFACES = ("mcp", "admin", "metrics")  # known from the start, so their series exist before a failure
+# known from the start, so their series exist before a failure: auth failures on /mcp, the admin API and
+# /metrics; refusals before authentication by the transport guard; refused console sign-ins
+SURFACES = ("mcp", "admin", "metrics", "transport", "console")
+# how a summary's reason names what it counted, by kind
+NOUNS = {
+    "auth_failure": "auth failure(s)",
+    "refusal": "refusal(s) before authentication",
+    "console": "refused console sign-in(s)",
+}
 SWEEP_MARGIN_SECONDS = 1.0  # the sweep runs this long after a window's end
 IPV6_PREFIX = 64
 
@@ -72,12 +87,32 @@ def source_of(ip: str | None) -> str | None:
     return str(addr)
 
 
+_Group = tuple[str, str | None]  # (kind, action): what one summary row stands for
+
+
+def _group(record: AuditRecord) -> _Group:
+    action = (record.body or {}).get("action")
+    return record.kind, action if isinstance(action, str) else None
+
+
 @dataclass
-class _Source:
-    audited: int = 0  # full rows written this window
-    suppressed: int = 0  # failures only counted this window
+class _Counted:
+    """One source's refused requests of one kind (and action) this window."""
+
+    audited: int = 0  # full rows written
+    suppressed: int = 0  # only counted
     outcomes: dict[str, int] = field(default_factory=dict)
     surfaces: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Source:
+    audited: int = 0  # full rows written this window, of every kind: the budget they share
+    groups: dict[_Group, _Counted] = field(default_factory=dict)
+
+    @property
+    def suppressed(self) -> int:  # only counted this window, of every kind
+        return sum(g.suppressed for g in self.groups.values())
 
 
 def _iso(t: float) -> str:
@@ -85,7 +120,8 @@ def _iso(t: float) -> str:
 
 
 class AuthFailures:
-    """Writes auth failures to the audit, at most `per_source` rows per source and window (see module)."""
+    """Writes auth failures and refusals without an identity to the audit, at most `per_source` rows
+    per source and window, of all kinds together (see module)."""
 
     def __init__(
         self,
@@ -117,8 +153,9 @@ class AuthFailures:
     # --- the writers' entry point --------------------------------------------------------------------
 
     async def record(self, record: AuditRecord, *, source_ip: str | None, surface: str) -> None:
-        """Audit one auth failure (`record`), or count it; with any summaries that are due, in one
-        transaction. Raises what AuditLog.append raises when a row was to be written and could not be."""
+        """Audit one refused request (`record`: an `auth_failure`, a pre-auth `refusal`, a refused
+        console sign-in), or count it; with any summaries that are due, in one transaction. Raises what
+        AuditLog.append raises when a row was to be written and could not be."""
         now = self.clock()
         due = self._roll(now)
         key = source_of(source_ip)
@@ -127,17 +164,19 @@ class AuthFailures:
             if len(self._sources) >= self.max_sources or self._rows >= self.total:
                 key = AGGREGATE
             src = self._sources.setdefault(key, _Source())
+        counted = src.groups.setdefault(_group(record), _Counted())
         row = None
         if src.audited < self.per_source and self._rows < self.total:
             src.audited += 1
+            counted.audited += 1
             self._rows += 1
             recorded = "row"
             row = record
         else:
-            src.suppressed += 1
+            counted.suppressed += 1
             outcome = record.outcome or "-"
-            src.outcomes[outcome] = src.outcomes.get(outcome, 0) + 1
-            src.surfaces[surface] = src.surfaces.get(surface, 0) + 1
+            counted.outcomes[outcome] = counted.outcomes.get(outcome, 0) + 1
+            counted.surfaces[surface] = counted.surfaces.get(surface, 0) + 1
             recorded = SUPPRESSED
             self._ensure_sweeper()
         self.counts[(surface, recorded)] = self.counts.get((surface, recorded), 0) + 1
@@ -160,29 +199,37 @@ class AuthFailures:
             return due
         start = ended * self.window_seconds
         stop = start + self.window_seconds if end is None else max(start, min(start + self.window_seconds, end))
-        due += [self._summary(key, src, start, stop) for key, src in sources.items() if src.suppressed]
+        due += [
+            self._summary(key, group, counted, start, stop)
+            for key, src in sources.items()
+            for group, counted in src.groups.items()
+            if counted.suppressed
+        ]
         return due
 
-    def _summary(self, key: str | None, src: _Source, start: float, stop: float) -> AuditRecord:
-        return AuditRecord(
-            uuid.uuid4().hex,
-            KIND,
-            outcome=SUPPRESSED,
-            body={
-                "reason": f"{src.suppressed} more auth failure(s) from this source were counted, not recorded "
-                f"one by one (at most {self.per_source} rows per source per {self.window_seconds:g} s)",
-                "source_ip": key,
-                "count": src.suppressed,
-                "audited": src.audited,
-                "window_start": _iso(start),
-                "window_end": _iso(stop),
-                "outcomes": dict(sorted(src.outcomes.items())),
-                "surfaces": dict(sorted(src.surfaces.items())),
-            },
-        )
+    def _summary(self, key: str | None, group: _Group, counted: _Counted, start: float, stop: float) -> AuditRecord:
+        """The summary row of one source's refused requests of one kind (and action): in that kind, so a
+        reader who looks for one kind of row finds its count too."""
+        kind, action = group
+        body: dict[str, Any] = {
+            "reason": f"{counted.suppressed} more {NOUNS.get(kind, kind + ' row(s)')} from this source were "
+            f"counted, not recorded one by one (at most {self.per_source} rows per source per "
+            f"{self.window_seconds:g} s, for auth failures, refusals before authentication and refused "
+            "console sign-ins together)",
+            "source_ip": key,
+            "count": counted.suppressed,
+            "audited": counted.audited,
+            "window_start": _iso(start),
+            "window_end": _iso(stop),
+            "outcomes": dict(sorted(counted.outcomes.items())),
+            "surfaces": dict(sorted(counted.surfaces.items())),
+        }
+        if action is not None:
+            body["action"] = action
+        return AuditRecord(uuid.uuid4().hex, kind, outcome=SUPPRESSED, body=body)
 
     def pending(self) -> int:
-        """Failures counted but not yet written in a summary."""
+        """Refused requests counted but not yet written in a summary."""
         return sum(s.suppressed for s in self._sources.values()) + sum(
             int((r.body or {}).get("count", 0)) for r in self._unwritten
         )
@@ -196,30 +243,38 @@ class AuthFailures:
             self._keep(summaries)
             if raise_errors:
                 raise
-            log.warning("auth failure summaries not written yet (%d failures); tried again later", self.pending())
+            log.warning(
+                "auth failure summaries not written yet (%d refused requests); tried again later", self.pending()
+            )
             return False
         return True
 
     def _keep(self, summaries: list[AuditRecord]) -> None:
         """Summaries that could not be written, kept for the next write; more than `max_sources` of them
-        (a store down for many windows) are folded into one, so the memory stays bounded."""
+        (a store down for many windows) are folded into one per kind (and action), so the memory stays
+        bounded."""
         kept = summaries + self._unwritten
         if len(kept) > self.max_sources:
-            bodies = [r.body or {} for r in kept]
-            folded = _Source(
-                audited=sum(int(b.get("audited", 0)) for b in bodies),
-                suppressed=sum(int(b.get("count", 0)) for b in bodies),
-            )
-            for b in bodies:
-                for name, target in (("outcomes", folded.outcomes), ("surfaces", folded.surfaces)):
-                    for k, v in (b.get(name) or {}).items():
-                        target[k] = target.get(k, 0) + int(v)
-            start = min(_parse(b.get("window_start")) for b in bodies)
-            stop = max(_parse(b.get("window_end")) for b in bodies)
-            kept = [self._summary(AGGREGATE, folded, start, stop)]
+            groups: dict[_Group, list[dict[str, Any]]] = {}
+            for r in kept:
+                groups.setdefault(_group(r), []).append(r.body or {})
+            kept = [self._fold(group, bodies) for group, bodies in groups.items()]
         self._unwritten = kept
         if kept:
             self._ensure_sweeper()
+
+    def _fold(self, group: _Group, bodies: list[dict[str, Any]]) -> AuditRecord:
+        folded = _Counted(
+            audited=sum(int(b.get("audited", 0)) for b in bodies),
+            suppressed=sum(int(b.get("count", 0)) for b in bodies),
+        )
+        for b in bodies:
+            for name, target in (("outcomes", folded.outcomes), ("surfaces", folded.surfaces)):
+                for k, v in (b.get(name) or {}).items():
+                    target[k] = target.get(k, 0) + int(v)
+        start = min(_parse(b.get("window_start")) for b in bodies)
+        stop = max(_parse(b.get("window_end")) for b in bodies)
+        return self._summary(AGGREGATE, group, folded, start, stop)
 
     # --- the sweep and shutdown ------------------------------------------------------------------------
 
@@ -266,8 +321,8 @@ class AuthFailures:
             return
         if not await self._write(due, raise_errors=False):
             log.error(
-                "%d auth failure(s) were counted but their summary could not be written to the audit before "
-                "exit (pvegate_auth_failures_total has them)",
+                "%d auth failure(s) or refusal(s) were counted but their summary could not be written to the "
+                "audit before exit (pvegate_auth_failures_total has them)",
                 self.pending(),
             )
 

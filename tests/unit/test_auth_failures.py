@@ -178,3 +178,71 @@ async def test_close_writes_the_current_window_and_never_raises() -> None:
     await send(af, "127.0.0.1", 3)
     broken.failing = True
     await af.close()  # logged, not raised: the rest of the shutdown goes on
+
+
+def refusal(ip: str | None, outcome: str = "host_refused") -> AuditRecord:
+    """What the transport guard writes before authentication (gateway/mcp/security.py)."""
+    return AuditRecord(uuid.uuid4().hex, "refusal", outcome=outcome, body={"reason": "x", "source_ip": ip, "path": "/"})
+
+
+def sign_in_refused(ip: str | None) -> AuditRecord:
+    """What the console's /admin/callback writes for a refused sign-in (gateway/admin/console/views.py)."""
+    body = {"action": "sign_in", "surface": "console", "source_ip": ip, "reason": "x"}
+    return AuditRecord(uuid.uuid4().hex, "console", outcome="refused", body=body)
+
+
+async def test_refusals_share_the_budget_and_their_summaries_keep_their_kind() -> None:
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=3)
+    ip = "127.0.0.1"
+    await send(af, ip, 2)  # two auth failures: rows
+    for outcome in ("host_refused", "origin_refused", "host_refused"):  # the budget's last row, then counted
+        await af.record(refusal(ip, outcome), source_ip=ip, surface="transport")
+    for _ in range(2):  # the budget is spent: only counted
+        await af.record(sign_in_refused(ip), source_ip=ip, surface="console")
+    await send(af, ip, 1)
+    assert [(r.kind, r.outcome) for r in audit.full()] == [
+        ("auth_failure", "invalid_token"),
+        ("auth_failure", "invalid_token"),
+        ("refusal", "host_refused"),
+    ]
+    assert af.counts[("transport", "row")] == 1 and af.counts[("transport", SUPPRESSED)] == 2
+    assert af.counts[("console", "row")] == 0 and af.counts[("console", SUPPRESSED)] == 2
+    assert af.pending() == 5
+    await af.record(refusal("10.0.0.9"), source_ip="10.0.0.9", surface="transport")  # its own budget
+    assert len(audit.full()) == 4
+
+    clock.now += 60
+    await send(af, ip, 1)
+    summaries = {(r.kind, r.outcome): r.body or {} for r in audit.records if r.outcome == SUPPRESSED}
+    assert set(summaries) == {("auth_failure", SUPPRESSED), ("refusal", SUPPRESSED), ("console", SUPPRESSED)}
+    auth, refused, console = (summaries[(k, SUPPRESSED)] for k in ("auth_failure", "refusal", "console"))
+    assert (auth["count"], auth["audited"], auth["surfaces"]) == (1, 2, {"mcp": 1})
+    assert (refused["count"], refused["audited"]) == (2, 1)
+    assert refused["outcomes"] == {"host_refused": 1, "origin_refused": 1} and refused["surfaces"] == {"transport": 2}
+    assert "refusal(s) before authentication" in refused["reason"] and "action" not in refused
+    assert (console["count"], console["audited"], console["action"]) == (2, 0, "sign_in")
+    assert console["outcomes"] == {"refused": 2} and console["surfaces"] == {"console": 2}
+    assert all(s["source_ip"] == ip and s["window_start"] < s["window_end"] for s in summaries.values())
+    assert af.pending() == 0
+
+
+async def test_folded_summaries_keep_their_kind() -> None:
+    """A store down for long: the kept summaries are folded into one per kind, not into auth failures."""
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=1, max_sources=2)
+    await send(af, "192.0.2.1", 3)
+    for _ in range(3):
+        await af.record(refusal("192.0.2.2"), source_ip="192.0.2.2", surface="transport")
+    for _ in range(3):  # a third source: the aggregate
+        await af.record(sign_in_refused("192.0.2.3"), source_ip="192.0.2.3", surface="console")
+    clock.now += 60
+    audit.failing = True
+    await af.sweep()  # three summaries unwritten: more than max_sources, folded
+    assert len(af._unwritten) == 3 and af.pending() == 6
+    audit.failing = False
+    await af.close()
+    got = sorted(
+        (r.kind, (r.body or {})["source_ip"], (r.body or {})["count"]) for r in audit.records if r.outcome == SUPPRESSED
+    )
+    assert got == [("auth_failure", AGGREGATE, 2), ("console", AGGREGATE, 2), ("refusal", AGGREGATE, 2)]
