@@ -99,6 +99,10 @@ class PveHttp:
                 cookie_jar=aiohttp.DummyCookieJar(),  # the API token needs no cookies: keep none
                 headers=self._headers,
             )
+            # aiohttp resends a PUT or DELETE by itself when a reused connection drops after the
+            # request was written (RFC 9110 calls them idempotent; Proxmox's resize `+10G` or a
+            # firewall rule delete by position are not): the runtime decides what may be sent again
+            self._session._retry_connection = False
         return self._session
 
     async def request(
