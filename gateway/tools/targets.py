@@ -345,6 +345,11 @@ class TargetResolver:
                 ha_state=(row.get("hastate") or None),
                 known=True,
             )
+            runs_on_named_node = "{node}" in str(tool.spec.get("path", "")) and not tool.spec.get("locate")
+            if node_param and node_param in arguments and runs_on_named_node:
+                # the request runs on the node the call names (a guest's backups on another node's
+                # storage), not necessarily the guest's: a node scope must cover where it runs
+                target["node"] = arguments[node_param]
         elif node_param and node_param in arguments:
             row = index["nodes"].get(arguments[node_param])
             target.update(node=arguments[node_param], status=(row or {}).get("status"), known=row is not None)
