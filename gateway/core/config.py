@@ -273,6 +273,10 @@ def _secret(raw: Any, base: Path, what: str) -> SecretRef:
     )
 
 
+# OPA's own field inside an `opa.services` entry (passed through, so not one of our settings)
+OPA_SERVICE_CREDENTIALS = "credentials"
+
+
 def _service_secrets(services: dict[str, Any], base: Path) -> dict[str, Any]:
     """OPA's `services`, with each value under a service's `credentials` given as `{file: ...}` or
     `{env: ...}` a SecretRef: read when OPA's private config is written, never kept in this file."""
@@ -284,9 +288,10 @@ def _service_secrets(services: dict[str, Any], base: Path) -> dict[str, Any]:
             return {k: walk(v, f"{where}.{k}") for k, v in doc.items()}
         return doc
 
+    key = OPA_SERVICE_CREDENTIALS
     return {
-        name: {**svc, "credentials": walk(svc["credentials"], f"opa.services.{name}.credentials")}
-        if isinstance(svc, dict) and isinstance(svc.get("credentials"), dict)
+        name: {**svc, key: walk(svc[key], f"opa.services.{name}.{key}")}
+        if isinstance(svc, dict) and isinstance(svc.get(key), dict)
         else svc
         for name, svc in services.items()
     }
@@ -332,7 +337,7 @@ def _ssh(raw: dict[str, Any] | None, base: Path) -> SSHConfig | None:
 
 def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[StorageConfig, Path | None]:
     """storage.* and the SQLite file it names (None: not named by storage.url)."""
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qsl, urlsplit
 
     url = raw.get("url")
     pool = int(raw.get("pool_max_size", 10))
@@ -355,6 +360,12 @@ def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[
     except ValueError as exc:
         # urlsplit's text quotes the port or the whole user:password@host: never shown
         raise ConfigError(f"storage.url: not a valid PostgreSQL URL: {_urlsplit_reason(exc)}{moved}") from None
+    secret_params = sorted({k.lower() for k, _ in parse_qsl(parts.query)} & {"password", "sslpassword"})
+    if secret_params:  # libpq's query form of the same secret
+        raise ConfigError(
+            f"storage.url: holds a {secret_params[0]} query parameter; secrets are not kept in this file: "
+            "remove it from the URL and name it in storage.password ({file: PATH} or {env: NAME})"
+        )
     if parts.password is not None:
         raise ConfigError(
             "storage.url: holds a password; secrets are not kept in this file: "

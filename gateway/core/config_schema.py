@@ -313,6 +313,23 @@ def _url_credentials(raw: dict[str, Any]) -> list[str]:
     ]
 
 
+def _plain_http_off_host(url: str) -> bool:
+    """An http:// URL whose host is not a loopback address (a name other than localhost counts)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return False  # the schema's pattern and the loader say what is wrong with it
+    if parts.scheme.lower() != "http":
+        return False
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
+
+
 def _netloc(url: str) -> str:
     try:
         return urlsplit(url).netloc
@@ -329,6 +346,11 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append(f"clusters[{i}].name: cluster {name!r} is configured twice")
     for i, c in enumerate(raw["clusters"]):
         at = _display_path(raw, ["clusters", i])
+        if isinstance(c.get("api_url"), str) and _plain_http_off_host(c["api_url"]):
+            out.append(
+                f"{at}.api_url: plain http:// to another host would send the Proxmox API token in the clear; "
+                "use https:// (plain http is for a loopback address only)"
+            )
         if c.get("fingerprint") and c.get("ca_file"):
             out.append(f"{at}.ca_file: not used when {at}.fingerprint pins the certificate; give one of them")
         if c.get("fingerprint") and c.get("verify_tls") is False:
@@ -524,8 +546,10 @@ def reference() -> str:
         "or one would be silently ignored: two clusters with the same name, `opa.url` or `opa.token`",
         "without `opa.mode: external` (or the reverse), `opa.bundle` with `opa.policies`, `opa.verification_key`",
         "without `opa.bundle`, no `tls.cert`/`tls.key` without `tls.insecure_http`, plain HTTP on a",
-        "non-loopback address, both `auth.jwks_url` and `auth.jwks_file`, HS256 accepted without",
-        "`auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a cluster's `fingerprint`",
+        "non-loopback address, a cluster's `api_url` over plain `http://` to a non-loopback host (the",
+        "API token would cross the network in the clear), both `auth.jwks_url` and `auth.jwks_file`,",
+        "HS256 accepted without `auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a",
+        "cluster's `fingerprint`",
         "together with its `ca_file` or with `verify_tls: false`. A `trusted_proxies` entry must be an IP",
         "address or CIDR network: `*` (believe every client's `X-Forwarded-For`) and names are refused.",
         "A key given twice in one mapping (YAML would keep the last silently), a merge (`<<: *x`) of a",

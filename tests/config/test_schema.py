@@ -99,6 +99,11 @@ def test_clusters_without_a_usable_name_are_shown_by_index(base: dict[str, Any])
         (lambda c: c["clusters"].clear(), "clusters: must list at least 1 entry"),
         (lambda c: c.update(clusters={"default": {}}), "clusters: expected a list, got a mapping"),
         (lambda c: c["clusters"][0].update(api_url="ftp://x"), "clusters.default.api_url: expected an http:// or"),
+        # the API token would cross the network in the clear (loopback stays allowed: a local proxy, tests)
+        (
+            lambda c: c["clusters"][0].update(api_url="http://pve1.example.net:8006/api2/json"),
+            "clusters.default.api_url: plain http:// to another host would send the Proxmox API token in the clear",
+        ),
         (lambda c: c["clusters"][0].update(fingerprint="AB"), "clusters.default.fingerprint: expected a SHA-256"),
         (lambda c: c["clusters"][0].update(timeout=0), "clusters.default.timeout: must be greater than 0, got 0"),
         (lambda c: c["listen"].update(port=70000), "listen.port: must be at most 65535, got 70000"),

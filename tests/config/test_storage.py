@@ -57,6 +57,13 @@ def test_schema_problems(base: dict[str, Any], storage: dict[str, Any], expected
     ("storage", "audit", "expected"),
     [
         ({"url": "postgresql://u:hunter2@db/p"}, None, "storage.url: holds a password; secrets are not kept"),
+        # libpq's query form of the same secret (it would also show in /admin/health's audit.path)
+        ({"url": "postgresql://u@db/p?password=hunter2"}, None, "storage.url: holds a password query parameter"),
+        (
+            {"url": "postgresql://u@db/p?sslmode=verify-full&SSLPassword=hunter2"},
+            None,
+            "storage.url: holds a sslpassword",
+        ),
         ({"url": "postgresql://u@db:port/p"}, None, "storage.url: not a valid PostgreSQL URL"),
         ({"url": "postgresql://u@/p"}, None, "storage.url: names no host"),
         ({"url": "sqlite:///a.db"}, {"path": "/b.db"}, "storage.url names the SQLite file /a.db but audit.path"),
