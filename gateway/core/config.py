@@ -66,6 +66,7 @@ class SSHConfig:
     nodes: dict[str, SSHNodeConfig]
     command_timeout: float = 10.0
     max_output_bytes: int = 1_048_576
+    max_sessions: int = 10  # commands open at once on one node's connection (OpenSSH's MaxSessions)
 
 
 @dataclass(frozen=True)
@@ -332,6 +333,7 @@ def _ssh(raw: dict[str, Any] | None, base: Path) -> SSHConfig | None:
         nodes=nodes,
         command_timeout=float(raw.get("command_timeout", 10.0)),
         max_output_bytes=int(raw.get("max_output_bytes", 1_048_576)),
+        max_sessions=int(raw.get("max_sessions", 10)),
     )
 
 

@@ -23,6 +23,9 @@ class Faults:
     answer_delay_ms: float = 0.0
     answer_delay_path: str | None = None
     ssh_latency_ms: float = 0.0
+    # regex on an SSH command line (without a `timeout` prefix): a matching command hangs until the fault
+    # no longer matches it or `timeout` kills it (df on a dead NFS mount)
+    ssh_hang: str | None = None
     seed: int | None = None
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
@@ -31,7 +34,7 @@ class Faults:
             if k.startswith("_") or not hasattr(self, k):
                 raise ValueError(f"unknown fault '{k}'")
             setattr(self, k, v)
-        for pat in (self.latency_path, self.error_path, self.drop_path, self.answer_delay_path):
+        for pat in (self.latency_path, self.error_path, self.drop_path, self.answer_delay_path, self.ssh_hang):
             if pat:
                 re.compile(pat)
         if self.seed is not None:
@@ -49,6 +52,12 @@ class Faults:
 
     def answer_delay_for(self, path: str) -> float:
         return self.answer_delay_ms / 1000 if self.answer_delay_ms and self._hit(self.answer_delay_path, path) else 0.0
+
+    def ssh_hangs(self, command: str) -> bool:
+        try:
+            return self.ssh_hang is not None and re.search(self.ssh_hang, command) is not None
+        except re.error:  # a bad pattern hangs nothing
+            return False
 
     def error_for(self, path: str) -> int | None:
         if self.error_rate and self._hit(self.error_path, path) and self._rng.random() < self.error_rate:

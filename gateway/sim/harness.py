@@ -55,6 +55,10 @@ class SimHandle:
     def ssh_log(self) -> list[dict[str, Any]]:
         return list(self._admin("GET", "/ssh"))
 
+    def ssh_running(self) -> list[dict[str, Any]]:
+        """The SSH commands still running on the nodes (a client that closed the channel does not end them)."""
+        return [e for e in self.ssh_log() if e.get("ended") is None]
+
     def clear_logs(self) -> None:
         self._admin("POST", "/clear")
 

@@ -1,12 +1,14 @@
 """The commands a simulated node answers over SSH, rendered from shared state.
 
 Only read-only commands exist; anything else fails like a shell would
-(exit 127 "command not found") or like the tool would (usage error).
+(exit 127 "command not found") or like the tool would (usage error). A coreutils
+`timeout` prefix is read by `split_timeout`; the SSH server enforces it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,79 @@ class Result:
     stdout: str = ""
     stderr: str = ""
     exit_status: int = 0
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """A coreutils `timeout` prefix: the command is sent `signal` once `duration` seconds have passed."""
+
+    duration: float  # 0: no limit
+    kill_after: float | None
+    signal: str
+    preserve_status: bool
+
+
+SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "ALRM": 14, "TERM": 15}
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _interval(text: str) -> float | None:
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)", text)
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else None
+
+
+def _signal(text: str) -> str | None:
+    name = text.upper().removeprefix("SIG")
+    if name.isdigit():
+        return next((n for n, v in SIGNALS.items() if v == int(name)), None)
+    return name if name in SIGNALS else None
+
+
+def split_timeout(argv: list[str]) -> tuple[Timeout | None, list[str]] | Result:
+    """`timeout [-k D] [-s SIG] [--preserve-status] [--foreground] [-v] DURATION COMMAND...` as GNU
+    coreutils reads it (options stop at the first operand): the limit and the command, or its usage error."""
+    if not argv or argv[0].rsplit("/", 1)[-1] != "timeout":
+        return None, argv
+    kill_after: float | None = None
+    sig = "TERM"
+    preserve = False
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-":
+        opt, value = argv[i], None
+        i += 1
+        if opt == "--":
+            break
+        for short, long in (("-k", "--kill-after"), ("-s", "--signal")):
+            if opt in (short, long):
+                if i >= len(argv):
+                    return Result(stderr=f"timeout: option requires an argument -- '{short[1]}'\n", exit_status=125)
+                opt, value = short, argv[i]
+                i += 1
+            elif opt.startswith(long + "="):
+                opt, value = short, opt[len(long) + 1 :]
+            elif opt.startswith(short) and len(opt) > 2:
+                opt, value = short, opt[2:]
+        if opt == "-k" and value is not None:
+            kill_after = _interval(value)
+            if kill_after is None:
+                return Result(stderr=f"timeout: invalid time interval '{value}'\n", exit_status=125)
+        elif opt == "-s" and value is not None:
+            named = _signal(value)
+            if named is None:
+                return Result(stderr=f"timeout: '{value}': invalid signal\n", exit_status=125)
+            sig = named
+        elif opt == "--preserve-status":
+            preserve = True
+        elif opt not in ("--foreground", "-v", "--verbose"):
+            return Result(stderr=f"timeout: unrecognized option '{opt}'\n", exit_status=125)
+    if i >= len(argv):
+        return Result(stderr="timeout: missing operand\n", exit_status=125)
+    duration = _interval(argv[i])
+    if duration is None:
+        return Result(stderr=f"timeout: invalid time interval '{argv[i]}'\n", exit_status=125)
+    if i + 1 >= len(argv):
+        return Result(stderr=f"timeout: missing operand after '{argv[i]}'\n", exit_status=125)
+    return Timeout(duration, kill_after, sig, preserve), argv[i + 1 :]
 
 
 ROOT = Principal(tokenid="root@pam", token=Token(name="root", tokenid="root@pam!shell", secret="", privsep=False))

@@ -5,6 +5,13 @@ substitution, the whole argument vector must match one declared form (literals
 equal, placeholders whole elements with safe, schema-valid values) before any
 connection is opened. No code path takes a command string. The argv is joined
 with shlex quoting because SSH exec carries a single string.
+
+Two limits protect the node. A pooled connection carries at most `ssh.max_sessions`
+commands at once (sshd refuses a session beyond its MaxSessions, 10 by default); more
+wait for a free session within their timeout. And every command runs under coreutils
+`timeout` (`timeout -k 2 <seconds left>`, prefixed after the allow-list check): sshd
+does not end a command whose channel the client closed, so without it a command hung
+on a dead NFS mount would run (and hold its session) forever, one more per retry.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -189,6 +197,18 @@ def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
 
 KEEPALIVE_SECONDS = 15
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+KILL_AFTER_SECONDS = 2  # the node's `timeout` sends KILL this long after TERM: a command ignoring TERM ends too
+ANSWER_GRACE_SECONDS = 1.0  # for the node's verdict (exit status or signal) to arrive after that KILL
+TIMED_OUT = 124  # coreutils timeout's status when it had to stop the command
+REOPEN_DELAY, REOPEN_MAX_DELAY = 0.02, 0.5  # between attempts at a session the node refused (doubling)
+
+
+def node_timeout(seconds: float) -> list[str]:
+    """The prefix a command runs under on the node: TERM once `seconds` (rounded up to a tenth)
+    have passed, KILL 2 s later. Never 0, which would mean no limit."""
+    tenths = max(1, math.ceil(seconds * 10 - 1e-6))
+    duration = str(tenths // 10) if tenths % 10 == 0 else f"{tenths // 10}.{tenths % 10}"
+    return ["timeout", "-k", str(KILL_AFTER_SECONDS), duration]
 
 
 class SshPool:
@@ -199,6 +219,10 @@ class SshPool:
     storm of handshakes), but each waits for it only until its own deadline, and no
     lock is held across the handshake, so callers are never queued behind a
     previous caller's timeout. Other nodes have attempts of their own.
+
+    Each pooled connection has `max_sessions` session slots (`slots`): sshd counts a
+    session until its command has ended, so a slot is held until the node is known to
+    have ended the command, or could have at the latest (`release_at`).
     """
 
     def __init__(self, clusters: dict[str, ClusterConfig]) -> None:
@@ -206,6 +230,8 @@ class SshPool:
         self._conns: dict[tuple[str, str], asyncssh.SSHClientConnection] = {}
         self._connecting: dict[tuple[str, str], asyncio.Future[asyncssh.SSHClientConnection]] = {}
         self._keys: dict[str, asyncssh.SSHKey] = {}
+        self._slots: dict[tuple[str, str], tuple[asyncssh.SSHClientConnection, asyncio.Semaphore]] = {}
+        self._held: set[asyncio.TimerHandle] = set()  # slots to free once a command abandoned mid-run has ended
 
     def _config(self, cluster: str, node: str) -> tuple[SSHConfig, SSHNodeConfig]:
         cl = self.clusters.get(cluster)
@@ -236,6 +262,28 @@ class SshPool:
         except ToolError as exc:  # the shared attempt's failure, as this caller's own error
             raise ToolError(str(exc)) from exc
         return conn, ssh
+
+    def slots(self, cluster: str, node: str, conn: asyncssh.SSHClientConnection, limit: int) -> asyncio.Semaphore:
+        """The session slots of this connection (a new connection starts with all of them free)."""
+        entry = self._slots.get((cluster, node))
+        if entry is None or entry[0] is not conn:
+            entry = (conn, asyncio.Semaphore(limit))
+            self._slots[(cluster, node)] = entry
+        return entry[1]
+
+    def release_at(self, slots: asyncio.Semaphore, when: float | None) -> None:
+        """Free one slot now (when=None or past), or at loop time `when`."""
+        loop = asyncio.get_running_loop()
+        if when is None or when <= loop.time():
+            slots.release()
+            return
+
+        def free() -> None:
+            self._held.discard(handle)
+            slots.release()
+
+        handle = loop.call_at(when, free)
+        self._held.add(handle)
 
     def _settled(self, key: tuple[str, str], attempt: asyncio.Future[asyncssh.SSHClientConnection]) -> None:
         if self._connecting.get(key) is attempt:
@@ -279,11 +327,17 @@ class SshPool:
         afresh. Another connection made meanwhile is left alone."""
         if self._conns.get((cluster, node)) is conn:
             del self._conns[(cluster, node)]
+        if (entry := self._slots.get((cluster, node))) is not None and entry[0] is conn:
+            del self._slots[(cluster, node)]
         conn.abort()
 
     async def close(self) -> None:
         for attempt in list(self._connecting.values()):
             attempt.cancel()
+        for handle in self._held:
+            handle.cancel()
+        self._held.clear()
+        self._slots.clear()
         for conn in self._conns.values():
             conn.close()
         for conn in self._conns.values():
@@ -330,29 +384,79 @@ class SshRuntime:
             raise Refused("refused: the command is not on the SSH allow-list")
         node = await self.node_for(tool, arguments, ctx.cluster)
         conn, ssh = await self.pool.get(ctx.cluster, node)
-        command = shlex.join(argv)
-        if tool.effect != "read" and ctx.before_send is not None:  # still this replica's call to make
-            await ctx.before_send()
+        slots = self.pool.slots(ctx.cluster, node, conn, ssh.max_sessions)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ssh.command_timeout  # waiting for a session counts against the timeout
         try:
-            async with asyncio.timeout(ssh.command_timeout):
-                proc = await conn.create_process(command, encoding=None, stdin=asyncssh.DEVNULL)
-                try:
-                    if ctx.on_dispatch is not None:  # the command runs on the node: durable before we wait
-                        await ctx.on_dispatch({"node": node, "argv": argv})
-                    stdout, stderr = await asyncio.gather(
-                        _read_capped(proc.stdout, ssh.max_output_bytes), _read_capped(proc.stderr, 65536)
-                    )
-                    await proc.wait()
-                finally:
-                    proc.close()
+            async with asyncio.timeout_at(deadline):
+                await slots.acquire()  # cancelled or timed out while waiting: nothing acquired, nothing to free
         except TimeoutError as exc:
-            # not dropped: other calls' commands share the connection (a dead one: the keepalive ends it)
-            raise ToolError(f"command on node {node} timed out after {ssh.command_timeout:.0f}s") from exc
-        except (OSError, asyncssh.Error) as exc:
-            if isinstance(exc, OSError | asyncssh.ConnectionLost | asyncssh.DisconnectError):
-                self.pool.drop(ctx.cluster, node, conn)  # the connection is gone: the next call connects afresh
-            raise ToolError(f"SSH exec on node {node} failed ({type(exc).__name__})") from exc
+            raise ToolError(
+                f"command on node {node} not started: all {ssh.max_sessions} SSH sessions to the node stayed busy "
+                f"for {ssh.command_timeout:g}s (ssh.max_sessions)"
+            ) from exc
+        free_at: float | None = None  # when the node has surely ended the command; None: it has (or never began)
+        try:
+            if tool.effect != "read" and ctx.before_send is not None:  # still this replica's call to make
+                await ctx.before_send()
+            retry = REOPEN_DELAY
+            try:
+                while True:
+                    wrapper = node_timeout(deadline - loop.time())
+                    command = shlex.join([*wrapper, *argv])  # after the allow-list check: the node's limit
+                    limit = float(wrapper[3])
+                    sent = loop.time()
+                    # the node stops it by then (TERM, KILL 2 s later); its verdict is awaited a moment longer
+                    free_at = sent + limit + KILL_AFTER_SECONDS + ANSWER_GRACE_SECONDS
+                    try:
+                        async with asyncio.timeout_at(free_at):
+                            proc = await conn.create_process(command, encoding=None, stdin=asyncssh.DEVNULL)
+                        break
+                    except asyncssh.ChannelOpenError as exc:
+                        free_at = None  # no session, nothing ran: safe to ask again
+                        # sshd frees a session a moment after its channel closed, so a session opened just
+                        # after another's end may be refused: asked again until the deadline
+                        if loop.time() + retry >= deadline:
+                            raise ToolError(
+                                f"node {node} refused a new SSH session ({_CONTROL.sub('?', exc.reason)[:80]}) "
+                                f"for {ssh.command_timeout:g}s: is ssh.max_sessions ({ssh.max_sessions}) above "
+                                "the node's sshd MaxSessions?"
+                            ) from exc
+                        await asyncio.sleep(retry)
+                        retry = min(2 * retry, REOPEN_MAX_DELAY)
+                async with asyncio.timeout_at(free_at):
+                    try:
+                        if ctx.on_dispatch is not None:  # the command runs on the node: durable before we wait
+                            await ctx.on_dispatch({"node": node, "argv": argv, "wrapper": wrapper})
+                        stdout, stderr = await asyncio.gather(
+                            _read_capped(proc.stdout, ssh.max_output_bytes), _read_capped(proc.stderr, 65536)
+                        )
+                        await proc.wait()
+                        free_at = None  # its exit reported: the node has ended it
+                    finally:
+                        proc.close()
+            except TimeoutError as exc:
+                # not dropped: other calls' commands share the connection (a dead one: the keepalive ends it)
+                raise ToolError(
+                    f"command on node {node} timed out after {ssh.command_timeout:g}s and the node did not answer"
+                ) from exc
+            except (OSError, asyncssh.Error) as exc:
+                if isinstance(exc, OSError | asyncssh.ConnectionLost | asyncssh.DisconnectError):
+                    self.pool.drop(ctx.cluster, node, conn)  # the connection is gone: the next call connects afresh
+                raise ToolError(f"SSH exec on node {node} failed ({type(exc).__name__})") from exc
+        finally:
+            self.pool.release_at(slots, free_at)
+        signal = proc.exit_signal[0] if proc.exit_signal else None
         status = proc.exit_status if proc.exit_status is not None else -1
+        # `timeout` stopped it: 124 after TERM; KILL (signal, or 137 from a shell) when TERM was ignored. Only
+        # once the limit had passed: a command ending sooner with 124 or 137 said so itself
+        if loop.time() - sent >= limit and (status in (TIMED_OUT, 128 + 9) or signal == "KILL"):
+            how = "stopped" if status == TIMED_OUT else "killed (it ignored TERM)"
+            raise CommandFailed(
+                f"command on node {node} timed out after {ssh.command_timeout:g}s and was {how} on the node", status
+            )
+        if signal is not None:
+            raise CommandFailed(f"command on node {node} was ended by signal {_CONTROL.sub('?', signal)[:32]}", status)
         ok = tool.spec.get("ok_exit") or [0]
         if status not in ok:
             # the node's (a guest's) words: no terminal escapes or control bytes into the reply or audit
