@@ -272,3 +272,26 @@ def test_simulator_reads_timeout_like_coreutils() -> None:
     ):
         res = shell.split_timeout(bad)
         assert isinstance(res, shell.Result) and res.exit_status == 125, bad
+
+
+async def test_a_waiter_whose_connection_closed_is_told_so_at_once(env: DevEnv, faults: Any) -> None:
+    """A call that got its session slot only after the pooled connection went (sshd restarted, the
+    node rebooted) failed after its whole timeout blaming max_sessions; now it says the connection
+    was lost, at once, and the next call connects afresh."""
+    rt = runtime(env, max_sessions=1, command_timeout=5.0)
+    try:
+        conn, _ = await rt.pool.get("default", "pve1")
+        slots = rt.pool.slots("default", "pve1", conn, 1)
+        await slots.acquire()  # a command that just finished on this connection
+        waiting = asyncio.create_task(outcome(rt, "node_pct_list", {"node": "pve1"}))
+        await asyncio.sleep(0.3)
+        conn.close()
+        await conn.wait_closed()
+        started = time.monotonic()
+        slots.release()
+        said = await waiting
+        assert said == "SSH connection to node pve1 was lost before the command started; nothing ran", said
+        assert time.monotonic() - started < 2 + MARGIN
+        assert await outcome(rt, "node_pct_list", {"node": "pve1"}) == "ok"
+    finally:
+        await rt.close()

@@ -414,6 +414,11 @@ class SshRuntime:
                         break
                     except asyncssh.ChannelOpenError as exc:
                         free_at = None  # no session, nothing ran: safe to ask again
+                        if conn.is_closed():  # the connection is gone (sshd restarted, node rebooted): not "busy"
+                            self.pool.drop(ctx.cluster, node, conn)
+                            raise ToolError(
+                                f"SSH connection to node {node} was lost before the command started; nothing ran"
+                            ) from exc
                         # sshd frees a session a moment after its channel closed, so a session opened just
                         # after another's end may be refused: asked again until the deadline
                         if loop.time() + retry >= deadline:
