@@ -3,6 +3,12 @@
 The API token is read from the cluster's secret reference and sent only in the
 Authorization header; it never comes from a tool call and is never logged. Only
 the fields a connector declares (query/body allow-list) are ever sent.
+
+Whatever Proxmox (or a proxy in front of it) writes into an error reaches the client only
+through `Scrub`: the token's id and secret taken out, cut to UPSTREAM_TEXT_MAX characters.
+A mutation whose answer does not say what happened (a proxy status after forwarding, a
+redirect, a malformed or oversized answer, a lost task status) is AnswerLost: it is
+recorded interrupted and its outcome read back from Proxmox, never assumed.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import re
 import signal
 import ssl
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -33,12 +40,23 @@ from gateway.tools.runtimes.base import (
 )
 from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
-from gateway.tools.runtimes.transport import AnswerMissing, NotSent, PveHttp, Reply
+from gateway.tools.runtimes.transport import AnswerMissing, AnswerTooLarge, NotSent, PveHttp, Reply
 from gateway.tools.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.pve_api")
 READ_RETRIES = 2  # extra attempts, GET only: a retried mutation could run twice
 PERM_RE = re.compile(r"Permission check failed \(([^,]+), ([^)]+)\)")
+# pve-common PVE/UPID.pm's decoder (docs: ../shared/pve-api/NOTES.md §3.13), matched whole
+UPID_RE = re.compile(
+    r"UPID:([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):"
+    r"([0-9A-Fa-f]{8}):([^:\s/]+):([^:\s/]*):([^:\s/]+):"
+)
+UPSTREAM_TEXT_MAX = 400  # characters of any upstream text (message, reason, errors) in a client's error
+# AnyEvent::HTTP statuses pveproxy passes on when forwarding to the target node failed after the
+# request went out (596: sending it or reading the headers, 597: reading the body, 599: other), and a
+# reverse proxy's bad gateway / gateway timeout: the node may have run it. Only 595 (no connection
+# to the node) says nothing was sent.
+SENT_OUTCOME_UNKNOWN = frozenset({502, 504, 596, 597, 599})
 
 
 def now_iso() -> str:
@@ -90,7 +108,32 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamError:
+class Scrub:
+    """Upstream text made fit for a client's error: the token taken out (whole header value, the
+    token, its id, its secret, also percent-encoded, and the start of a secret cut short) and the
+    rest cut to UPSTREAM_TEXT_MAX characters. An upstream that echoes request headers (a WAF, a
+    debugging proxy) would otherwise hand the gateway's token to the agent."""
+
+    def __init__(self, token: str) -> None:
+        token_id, _, secret = token.strip().partition("=")
+        literals = {v for v in (token.strip(), token_id, secret) if len(v) >= 6}
+        literals |= {quote(v, safe="") for v in literals}
+        parts = [r"PVEAPIToken\s*[=:]?\s*[^\s\"',;]*"]
+        if len(secret) >= 8:  # an echo cut short still gives the secret's beginning away
+            parts.append(re.escape(secret[:8]) + r"[\w-]*")
+        parts += [re.escape(v) for v in sorted(literals, key=len, reverse=True)]
+        self._re = re.compile("|".join(parts), re.IGNORECASE)
+
+    def __call__(self, text: str, limit: int = UPSTREAM_TEXT_MAX) -> str:
+        text = self._re.sub("[redacted]", text)
+        return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= UPSTREAM_TEXT_MAX else text[:UPSTREAM_TEXT_MAX] + "…"
+
+
+def _connect_failure(exc: BaseException, cluster: ClusterConfig, clean: Callable[[str], str] = _cut) -> UpstreamError:
     """Name why a connection to the API failed: TLS verification, or the endpoint not reachable."""
     where = urlsplit(cluster.api_url).netloc
     for e in _chain(exc):
@@ -98,12 +141,13 @@ def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamErro
             trust = "the configured CA file" if cluster.ca_file else "the system CA store"
             return UpstreamError(
                 f"TLS verification of Proxmox cluster {cluster.name} ({where}) failed: "
-                f"{e.verify_message or e.reason} (the certificate is not trusted by {trust})",
+                f"{clean(str(e.verify_message or e.reason))} (the certificate is not trusted by {trust})",
                 "tls",
             )
         if isinstance(e, ssl.SSLError):
             return UpstreamError(
-                f"TLS handshake with Proxmox cluster {cluster.name} ({where}) failed ({e.reason or type(e).__name__})",
+                f"TLS handshake with Proxmox cluster {cluster.name} ({where}) failed "
+                f"({clean(str(e.reason or type(e).__name__))})",
                 "tls",
             )
     # asyncio words a refusal "Connect call failed (...)": the errno's own text says it plainer
@@ -117,21 +161,27 @@ def _connect_failure(exc: BaseException, cluster: ClusterConfig) -> UpstreamErro
     )
     if why is None:
         why = "no connection within the timeout" if isinstance(exc, NotSent) and exc.timeout else type(exc).__name__
-    return UpstreamError(f"Proxmox cluster {cluster.name} is unreachable at {where} ({why})", "unreachable")
+    return UpstreamError(f"Proxmox cluster {cluster.name} is unreachable at {where} ({clean(why)})", "unreachable")
 
 
-def _error_message(r: Reply, cluster: str) -> str:
+def _upstream_texts(r: Reply, clean: Callable[[str], str]) -> tuple[str, str]:
+    """(message, reason) of an error answer, each scrubbed and cut; a body of any shape is read."""
     message = ""
     try:
         body = r.json()
-        if isinstance(body, dict):
-            message = str(body.get("message") or "").strip()
-            if body.get("errors"):
-                errs = "; ".join(f"{k}: {str(v).strip()}" for k, v in sorted(body["errors"].items()))
-                message = f"{message} ({errs})" if message else errs
     except ValueError:
-        pass
-    reason = r.reason
+        body = None
+    if isinstance(body, dict):
+        message = str(body.get("message") or "").strip()
+        errors = body.get("errors")
+        if isinstance(errors, dict) and errors:
+            errs = "; ".join(f"{k}: {str(v).strip()}" for k, v in sorted(errors.items()))
+            message = f"{message} ({errs})" if message else errs
+    return clean(message), clean(r.reason.strip())
+
+
+def _error_message(r: Reply, cluster: str, clean: Callable[[str], str] = _cut) -> str:
+    message, reason = _upstream_texts(r, clean)
     if r.status == 403:
         m = PERM_RE.search(reason) or PERM_RE.search(message)
         if m:
@@ -141,8 +191,20 @@ def _error_message(r: Reply, cluster: str) -> str:
         return f"a node of cluster {cluster} is unreachable from the API node ({reason or message})"
     if r.status == 501:
         return f"this Proxmox version does not implement the endpoint ({message or reason})"
-    text = message or reason
-    return f"Proxmox answered {r.status}: {text[:400]}"
+    if 300 <= r.status < 400:
+        return f"Proxmox answered {r.status} (a redirect; the gateway follows none): {reason or message}"
+    return f"Proxmox answered {r.status}: {message or reason}"
+
+
+def _outcome_unknown(r: Reply, cluster: str, clean: Callable[[str], str]) -> str:
+    """Why a mutation's answer does not say whether it ran (SENT_OUTCOME_UNKNOWN, a redirect)."""
+    message, reason = _upstream_texts(r, clean)
+    said = f"HTTP {r.status} {reason or message}".strip()
+    if r.status in (596, 597, 599):
+        return f"the API node of cluster {cluster} lost the target node after forwarding the request ({said})"
+    if r.status in (502, 504):
+        return f"a proxy in front of cluster {cluster} lost Proxmox's answer ({said})"
+    return f"cluster {cluster} answered with no outcome ({said}; redirects are not followed)"
 
 
 class PveApiClient:
@@ -150,7 +212,9 @@ class PveApiClient:
 
     def __init__(self, cluster: ClusterConfig) -> None:
         self.cluster = cluster
-        self._headers = {"Authorization": f"PVEAPIToken={cluster.token.read()}"}
+        token = cluster.token.read()
+        self._headers = {"Authorization": f"PVEAPIToken={token}"}
+        self.clean = Scrub(token)  # every upstream text on its way into an error
         self._http: PveHttp | None = None
         self._lock = asyncio.Lock()
         self.breaker = CircuitBreaker(cluster.name)  # fail fast while the cluster's API is down
@@ -162,7 +226,7 @@ class PveApiClient:
                     try:
                         verify = await asyncio.to_thread(_ssl_context, self.cluster)
                     except OSError as exc:
-                        raise _connect_failure(exc, self.cluster) from exc
+                        raise _connect_failure(exc, self.cluster, self.clean) from exc
                     self._http = PveHttp(self.cluster.api_url, self._headers, verify, self.cluster.timeout)
         return self._http
 
@@ -175,9 +239,13 @@ class PveApiClient:
         data: dict[str, Any] | None = None,
         envelope: tuple[str, ...] = (),
     ) -> Any:
-        """The answer's `data`; with `envelope`, {"data": ..., key: value or None} for those keys too."""
+        """The answer's `data`; with `envelope`, {"data": ..., key: value or None} for those keys too.
+
+        A GET fails with a ToolError; any other method, once sent, with AnswerLost when its answer
+        does not say whether it ran (it may have: the call is reconciled, not recorded failed)."""
         http = await self._client()
-        attempts = 1 + (READ_RETRIES if method == "GET" else 0)
+        mutation = method != "GET"
+        attempts = 1 + (READ_RETRIES if not mutation else 0)
         last: ToolError | None = None
         for attempt in range(attempts):
             try:
@@ -188,7 +256,7 @@ class PveApiClient:
                     raise last from exc
                 raise
             except NotSent as exc:
-                failure = _connect_failure(exc, self.cluster)
+                failure = _connect_failure(exc, self.cluster, self.clean)
                 self.breaker.last_error = str(failure)
                 # a connect timeout already waited the whole timeout; TLS won't heal
                 if attempt + 1 < attempts and not exc.timeout and failure.cause != "tls":
@@ -196,13 +264,19 @@ class PveApiClient:
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
                 raise failure from exc
+            except AnswerTooLarge as exc:  # sent; the same answer again would be as large
+                why = f"Proxmox cluster {self.cluster.name}'s answer was not read: {exc}"
+                if mutation:
+                    raise AnswerLost(why) from exc
+                raise ToolError(why) from exc
             except AnswerMissing as exc:  # sent: only a read is asked again
                 if exc.timeout:
-                    last = AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time")
+                    last = AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time ({exc})")
                 else:
                     last = AnswerLost(f"Proxmox cluster {self.cluster.name} unreachable ({exc})")
                 self.breaker.last_error = str(last)
-                if attempt + 1 < attempts:
+                # a whole deadline spent on a dripping answer is not asked for again
+                if attempt + 1 < attempts and not exc.deadline:
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
                 raise last from exc
@@ -212,18 +286,26 @@ class PveApiClient:
                 "check the token id, its secret and that it has not expired or been removed)",
                 "auth",
             )
-        if r.status >= 400:
-            message = _error_message(r, self.cluster.name)
+        if not 200 <= r.status < 300:
+            message = _error_message(r, self.cluster.name, self.clean)
             if is_outage(r.status):
                 self.breaker.last_error = message
+            if mutation and (r.status in SENT_OUTCOME_UNKNOWN or r.status < 400):
+                raise AnswerLost(_outcome_unknown(r, self.cluster.name, self.clean))
             raise ToolError(message)
         try:
             doc = r.json()
-            if envelope:  # e.g. the network list's pending `changes`, which PVE sends beside data
-                return {"data": doc.get("data"), **{k: doc.get(k) for k in envelope}}
-            return doc.get("data")
-        except (ValueError, AttributeError) as exc:
-            raise ToolError("Proxmox answer was not the expected JSON envelope") from exc
+            why = "" if isinstance(doc, dict) and "data" in doc else "JSON other than an object with `data`"
+        except ValueError as exc:
+            doc, why = None, f"a body that is no valid JSON ({self.clean(str(exc), 100)})"
+        if why or not isinstance(doc, dict):
+            text = f"Proxmox cluster {self.cluster.name} answered {r.status} with {why}, not the API's envelope"
+            if mutation:  # it was accepted, and what it started cannot be read: looked up, not assumed
+                raise AnswerLost(text)
+            raise ToolError(text)
+        if envelope:  # e.g. the network list's pending `changes`, which PVE sends beside data
+            return {"data": doc.get("data"), **{k: doc.get(k) for k in envelope}}
+        return doc["data"]
 
     async def ping(self) -> int:
         """GET /version with the gateway's token, past the breaker and without retries (the
@@ -297,10 +379,11 @@ def template_value(pve_field: str, parts: list[str], args: dict[str, Any]) -> st
 
 
 def upid_node(upid: str) -> str:
-    parts = upid.split(":")
-    if len(parts) < 3 or parts[0] != "UPID":
+    """The node a UPID names; ToolError unless it is a whole UPID as Proxmox writes them."""
+    m = UPID_RE.fullmatch(upid)
+    if m is None:
         raise ToolError("not a Proxmox task id (UPID)")
-    return parts[1]
+    return m.group(1)
 
 
 class PveApiRuntime:
@@ -406,7 +489,9 @@ class PveApiRuntime:
         if spec.get("per_row") and isinstance(data, list):
             data = await self._per_row(client, spec["per_row"], data, warnings)
         task_id = None
-        if spec.get("task") and isinstance(data, str) and data.startswith("UPID:"):
+        if spec.get("task") and isinstance(data, str) and data.startswith("UPID"):
+            if UPID_RE.fullmatch(data) is None:  # accepted, and what it started cannot be followed
+                raise AnswerLost(f"Proxmox answered with a malformed task id ({client.clean(data, 120)})")
             task_id = data
             if spec["task"] == "wait":
                 if ctx.on_dispatch is not None:  # Proxmox accepted it: durable before we wait on the task
@@ -469,16 +554,38 @@ class PveApiRuntime:
         }
 
     async def wait_task(self, client: PveApiClient, upid: str, limit_s: float, warnings: list[str]) -> dict[str, Any]:
+        """Poll the task until it stops or `limit_s` passes (then: still running, and a warning).
+
+        Proxmox accepted the request: from here on any failure to read the task's status is
+        AnswerLost (the call is reconciled from Proxmox), only a task that ended badly is
+        TaskFailed. The whole wait is bounded, a poll under way at `limit_s` gets one timeout more."""
         node = upid_node(upid)
+        bound = limit_s + client.cluster.timeout
+        try:
+            async with asyncio.timeout(bound):
+                return await self._poll_task(client, upid, node, limit_s, warnings)
+        except TaskFailed:
+            raise
+        except TimeoutError as exc:
+            raise AnswerLost(f"the status of task {upid} was not read within {bound:g}s") from exc
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, ToolError) else f"an unreadable answer: {type(exc).__name__}"
+            raise AnswerLost(f"the status of task {upid} could not be read ({why})") from exc
+
+    async def _poll_task(
+        self, client: PveApiClient, upid: str, node: str, limit_s: float, warnings: list[str]
+    ) -> dict[str, Any]:
         path = f"/nodes/{quote(node, safe='')}/tasks/{quote(upid, safe='')}/status"
         deadline = time.monotonic() + limit_s
         delay = 0.05
         while True:
-            st = await client.request("GET", path) or {}
-            if st.get("status") == "stopped":
+            st = await client.request("GET", path)
+            if not isinstance(st, dict) or not isinstance(st.get("status"), str):
+                raise ToolError(f"Proxmox answered the task status with {type(st).__name__}, not a status object")
+            if st["status"] == "stopped":
                 exit_status = str(st.get("exitstatus", ""))
                 if exit_status != "OK" and not exit_status.startswith("WARNINGS"):
-                    raise TaskFailed(f"task {upid} failed: {exit_status[:300]}")
+                    raise TaskFailed(f"task {upid} failed: {client.clean(exit_status, 300)}")
                 return {"upid": upid, "node": node, "status": "stopped", "exitstatus": exit_status}
             if time.monotonic() + delay > deadline:
                 warnings.append(f"task still running after {limit_s:.0f}s; poll get_task_status with the upid")
@@ -503,6 +610,8 @@ class PveApiRuntime:
             values = {**args, "node": node}
             path, query, _ = self.request_parts(tool, args, values)
             rows = await client.request("GET", path, params=query or None)
+            if not isinstance(rows, list | None):
+                raise ToolError(f"Proxmox answered with {type(rows).__name__}, not a list")
             return [{**r, "node": r.get("node", node)} if isinstance(r, dict) else r for r in rows or []]
 
         results = await asyncio.gather(*(one(n) for n in online), return_exceptions=True)

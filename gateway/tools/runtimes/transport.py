@@ -11,7 +11,13 @@ rules rest on:
 - NotSent: nothing reached Proxmox (refused, unresolvable, TLS failure, no connection or
   pool slot in time); the OSError or SSL error is the exception's __cause__.
 - AnswerMissing: the request went out and no whole answer came back (dropped, reset, read
-  timeout, a malformed answer): a mutation may have run.
+  timeout, no whole answer within the request's deadline, a malformed answer): a mutation may
+  have run.
+
+Beside those, AnswerTooLarge: the request went out and its answer was over MAX_ANSWER_BYTES, so
+it was not read (sent, like AnswerMissing, but no sign of an outage). Every request has an
+overall deadline (DEADLINE_FACTOR times the cluster's timeout): the per-read timeout alone
+lets an answer that drips a byte at a time run forever.
 
 Query strings and form bodies are encoded as httpx encoded them (booleans as true/false,
 lists as repeated keys, spaces as +), and redirects are never followed.
@@ -19,7 +25,9 @@ lists as repeated keys, spaces as +), and redirects are never followed.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +35,18 @@ from urllib.parse import urlencode
 
 import aiohttp
 import yarl
+
+# The largest answers PVE gives are lists that grow with the cluster (/cluster/resources, a
+# node's task list or a storage's content, a long task log page): a few MiB for thousands of
+# guests. Anything past this is not an answer the gateway can use, and reading it would only
+# grow the process.
+MAX_ANSWER_BYTES = 64 << 20
+# the overall deadline of one request, in multiples of the cluster's timeout (which bounds the
+# connect and each read on its own)
+DEADLINE_FACTOR = 4
+# nesting deeper than this is no Proxmox answer (they nest a few levels) and would only reach
+# the recursion limit further on
+MAX_JSON_DEPTH = 64
 
 
 class NotSent(Exception):
@@ -38,11 +58,46 @@ class NotSent(Exception):
 
 
 class AnswerMissing(Exception):
-    """Sent, and no whole answer came back. `timeout`: none within the read timeout."""
+    """Sent, and no whole answer came back. `timeout`: none within the read timeout, or (with
+    `deadline`) no whole answer within the request's overall deadline."""
 
-    def __init__(self, message: str, timeout: bool = False) -> None:
+    def __init__(self, message: str, timeout: bool = False, deadline: bool = False) -> None:
         super().__init__(message)
-        self.timeout = timeout
+        self.timeout = timeout or deadline
+        self.deadline = deadline
+
+
+class AnswerTooLarge(Exception):
+    """Sent, and the answer was over `limit` bytes: it was not read (a mutation may have run)."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf: no more valid in a reply than Infinity
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _check_depth(doc: Any) -> None:
+    level, depth = [doc] if type(doc) in (dict, list) else [], 1
+    while level:
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        below: list[Any] = []
+        for value in level:
+            below.extend(c for c in (value.values() if type(value) is dict else value) if type(c) in (dict, list))
+        level, depth = below, depth + 1
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +107,15 @@ class Reply:
     body: bytes
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body as strict JSON; ValueError for anything else (NaN, Infinity or an out-of-range
+        number, which the reply to the client could not carry; nesting deeper than MAX_JSON_DEPTH)."""
+        try:
+            doc = _STRICT.decode(self.body.decode())
+        except RecursionError as exc:
+            raise ValueError("JSON nested too deeply") from exc
+        if self.body.count(b"[") + self.body.count(b"{") > MAX_JSON_DEPTH:  # else it cannot be that deep
+            _check_depth(doc)
+        return doc
 
 
 def _text(value: Any) -> str:
@@ -79,6 +142,7 @@ class PveHttp:
         verify: ssl.SSLContext | bool,
         timeout: float,
         max_connections: int = 32,
+        max_answer_bytes: int | None = None,
     ) -> None:
         self._base = base_url.rstrip("/")
         self._headers = headers
@@ -89,6 +153,8 @@ class PveHttp:
             total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
         )  # `connect` covers the wait for a pooled connection too: a timeout there sent nothing
         self._limit = max_connections
+        self.deadline = DEADLINE_FACTOR * timeout
+        self.max_answer_bytes = MAX_ANSWER_BYTES if max_answer_bytes is None else max_answer_bytes
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -102,6 +168,8 @@ class PveHttp:
             # aiohttp resends a PUT or DELETE by itself when a reused connection drops after the
             # request was written (RFC 9110 calls them idempotent; Proxmox's resize `+10G` or a
             # firewall rule delete by position are not): the runtime decides what may be sent again
+            if not hasattr(self._session, "_retry_connection"):  # aiohttp < 3.11 resends with no way to stop it
+                raise RuntimeError("aiohttp >= 3.11 is needed: an older one may resend a PUT or DELETE to Proxmox")
             self._session._retry_connection = False
         return self._session
 
@@ -118,10 +186,11 @@ class PveHttp:
             body = encode_form(data).encode()
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         try:
-            async with self._get_session().request(
-                method, yarl.URL(url, encoded=True), headers=headers, data=body, allow_redirects=False
-            ) as resp:
-                return Reply(resp.status, resp.reason or "", await resp.read())
+            async with asyncio.timeout(self.deadline):
+                async with self._get_session().request(
+                    method, yarl.URL(url, encoded=True), headers=headers, data=body, allow_redirects=False
+                ) as resp:
+                    return Reply(resp.status, resp.reason or "", await self._read(resp))
         except aiohttp.ClientConnectorCertificateError as exc:  # before ClientConnectorError: a subclass
             raise NotSent(str(exc)) from exc.certificate_error
         except aiohttp.ClientConnectorError as exc:  # refused, unresolvable, TLS handshake
@@ -134,6 +203,24 @@ class PveHttp:
             raise AnswerMissing(str(exc) or "read timeout", timeout=True) from exc
         except aiohttp.ClientError as exc:  # disconnected, reset, payload or protocol error: after sending
             raise AnswerMissing(type(exc).__name__) from exc
+        except TimeoutError as exc:  # the request's deadline (aiohttp's own timeouts are caught above)
+            raise AnswerMissing(f"no whole answer within {self.deadline:g}s", deadline=True) from exc
+
+    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The body, refused once it passes the limit (decompressed: the stream is what is counted)."""
+        limit = self.max_answer_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            resp.close()  # the connection goes with the unread answer
+            raise AnswerTooLarge(f"the answer ({resp.content_length} bytes) is over the {limit}-byte limit", limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                resp.close()
+                raise AnswerTooLarge(f"the answer is over the {limit}-byte limit", limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def close(self) -> None:
         if self._session is not None:
