@@ -350,7 +350,12 @@ async def _serve(oneshot: bool, port: int, kc: KeycloakServer | None) -> int:
         notice = reset_state(DEMO_DIR)
         if notice:
             say(notice)
-        extra: dict[str, Any] = {"health": {"cluster_probe_interval": 15}}
+        extra: dict[str, Any] = {
+            "health": {"cluster_probe_interval": 15},
+            # the production bound on audit rows of refused unauthenticated requests (the test
+            # environments lift it): the demo's pvegate.yaml is what an operator copies
+            "audit": {"path": str(DEMO_DIR / "state" / "audit.db")},
+        }
         if kc is not None:
             extra.update(idp_extra(kc, DEMO_DIR))
         env = make_env(DEMO_DIR, {"default": sim}, port=port, extra=extra)

@@ -34,7 +34,7 @@ PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz"})
 # address's max_inflight_per_client slots while the body arrives, so without a deadline a few
 # stalled uploads lock that address out for good.
 BODY_DEADLINE_SECONDS = 30.0
-# the refusals' surface in pvegate_auth_failures_total (their audit rows are bounded per client address)
+# the refusals' surface in pvegate_unauthenticated_refusals_total (their audit rows are bounded per client address)
 SURFACE = "transport"
 
 

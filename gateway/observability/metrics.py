@@ -193,7 +193,7 @@ class _ComponentCollector(Collector):
             "pvegate_audit_commits", "Audit transactions (group commits) by this process.", value=c.audit.commits
         )
         failures = CounterMetricFamily(
-            "pvegate_auth_failures",
+            "pvegate_unauthenticated_refusals",
             "Requests refused without an identity, by surface: mcp, admin, metrics (a missing or bad credential: "
             "auth_failure rows), transport (refused by the transport guard before authentication: refusal rows), "
             "console (a refused console sign-in: console rows); and how they were recorded: row (an audit row of "

@@ -29,7 +29,7 @@ per tracked source and kind, however many addresses send them, and the memory is
 
 The client's answer does not change (the same 401, 403, 421, ...): a request that is only counted
 writes nothing, so it is not refused with a 503 when the audit cannot take writes. Every one, recorded
-or counted, is in `counts` (pvegate_auth_failures_total{surface, recorded}).
+or counted, is in `counts` (pvegate_unauthenticated_refusals_total{surface, recorded}).
 """
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ class AuthFailures:
         key = source_of(source_ip)
         src = self._sources.get(key)
         if src is None:
-            if len(self._sources) >= self.max_sources or self._rows >= self.total:
+            # tracked by address even once the window's rows are spent (its summary names it: an
+            # attacker cannot hide behind others' failures); only the memory bound folds addresses
+            if len(self._sources) >= self.max_sources:
                 key = AGGREGATE
             src = self._sources.setdefault(key, _Source())
         counted = src.groups.setdefault(_group(record), _Counted())
@@ -199,12 +201,24 @@ class AuthFailures:
             return due
         start = ended * self.window_seconds
         stop = start + self.window_seconds if end is None else max(start, min(start + self.window_seconds, end))
-        due += [
-            self._summary(key, group, counted, start, stop)
-            for key, src in sources.items()
-            for group, counted in src.groups.items()
-            if counted.suppressed
-        ]
+        counted_by = sorted(
+            ((key, group, counted) for key, src in sources.items() for group, counted in src.groups.items()),
+            key=lambda e: -e[2].suppressed,
+        )
+        counted_by = [e for e in counted_by if e[2].suppressed]
+        # at most `total` summaries a window, the largest counts named (whoever sends most is never folded
+        # away); the rest folded into one per kind, so many addresses cannot turn summaries into a flood
+        named, rest = counted_by[: self.total], counted_by[self.total :]
+        due += [self._summary(key, group, counted, start, stop) for key, group, counted in named]
+        folded: dict[_Group, _Counted] = {}
+        for _, group, counted in rest:
+            into = folded.setdefault(group, _Counted())
+            into.audited += counted.audited
+            into.suppressed += counted.suppressed
+            for name, target in (("outcomes", into.outcomes), ("surfaces", into.surfaces)):
+                for k, v in getattr(counted, name).items():
+                    target[k] = target.get(k, 0) + v
+        due += [self._summary(AGGREGATE, group, counted, start, stop) for group, counted in folded.items()]
         return due
 
     def _summary(self, key: str | None, group: _Group, counted: _Counted, start: float, stop: float) -> AuditRecord:
@@ -322,7 +336,7 @@ class AuthFailures:
         if not await self._write(due, raise_errors=False):
             log.error(
                 "%d auth failure(s) or refusal(s) were counted but their summary could not be written to the "
-                "audit before exit (pvegate_auth_failures_total has them)",
+                "audit before exit (pvegate_unauthenticated_refusals_total has them)",
                 self.pending(),
             )
 

@@ -73,7 +73,7 @@ def auth_failure_counts(http: httpx.Client, env: DevEnv) -> dict[tuple[str, str]
         (s.labels["surface"], s.labels["recorded"]): s.value
         for family in text_string_to_metric_families(r.text)
         for s in family.samples
-        if s.name == "pvegate_auth_failures_total"
+        if s.name == "pvegate_unauthenticated_refusals_total"
     }
 
 

@@ -38,6 +38,9 @@ def test_demo_oneshot_behaves(tmp_path: Path) -> None:
     assert "demo: all steps behaved" in out
     assert out.count(": OK") >= 9, out[-4000:]
     assert "Traceback" not in out
+    # the configuration an operator copies from the demo keeps the production bound on audit rows of
+    # refused unauthenticated requests (the test environments lift it)
+    assert "auth_failure_rows_per_minute" not in (demo_dir / "pvegate.yaml").read_text()
     # it names the switch that adds the identity provider and the console (tests/e2e/test_demo_idp.py)
     assert "the admin console needs an identity provider: make demo IDP=1 (pvegate demo --idp)" in out
     # it says that it wiped the previous run's audit and approvals

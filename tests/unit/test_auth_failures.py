@@ -121,8 +121,30 @@ async def test_rows_in_all_are_bounded_too() -> None:
     for i in range(20):
         await send(af, f"198.51.100.{i}", 2)
     assert len(audit.full()) == 10
-    # the five addresses that got rows are tracked; the later ones share the aggregate, only counted
-    assert len(af._sources) == 6 and af._sources[AGGREGATE].suppressed == 30 and af._sources[AGGREGATE].audited == 0
+    # every address is still tracked by itself (only the memory bound folds them): counted, not written
+    assert len(af._sources) == 20 and AGGREGATE not in af._sources
+    clock.now += 60
+    await af.sweep()
+    # at most `total` summaries a window; the rest folded into one aggregate, no count lost
+    summaries = audit.summaries()
+    named = [s for s in summaries if s["source_ip"] != AGGREGATE]
+    folded = [s for s in summaries if s["source_ip"] == AGGREGATE]
+    assert len(named) == 10 and len(folded) == 1
+    assert sum(s["count"] for s in summaries) == 30
+
+
+async def test_an_attacker_cannot_hide_behind_a_spent_window() -> None:
+    """Found in review: once others' failures spent the window's rows, a new address went into the
+    aggregate and no row or summary named it. Now it is tracked, and the largest counts are named."""
+    audit, clock = FakeAudit(), Clock()
+    af = limiter(audit, clock, per_source=2, total=10)
+    for i in range(30):  # decoys spend the rows and crowd the summaries
+        await send(af, f"198.51.100.{i}", 3)
+    await send(af, "203.0.113.66", 500)  # the brute force
+    clock.now += 60
+    await af.sweep()
+    attacker = [s for s in audit.summaries() if s["source_ip"] == "203.0.113.66"]
+    assert attacker and attacker[0]["count"] == 500
 
 
 def test_an_ipv6_client_is_one_source_per_64() -> None:
