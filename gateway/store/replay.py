@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import shutil
 import subprocess
@@ -267,6 +268,15 @@ def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Reco
 
 # --- the candidate ---------------------------------------------------------------------------------
 
+_POLICY_SUFFIXES = (".rego", ".json", ".yaml", ".yml")
+
+
+def _loaded_as_policy(rel: Path) -> bool:
+    """A candidate file replay keeps: Rego or data, not a test, a golden case or a dotfile."""
+    if rel.suffix not in _POLICY_SUFFIXES or rel.name.endswith("_test.rego"):
+        return False
+    return not any(part == "golden" or part.startswith(".") for part in rel.parts)
+
 
 @dataclass
 class Candidate:
@@ -279,6 +289,34 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.verification_key is not None and self.bundle is None:  # else the key would be ignored
             raise ReplayError("a verification key needs a bundle: a policy directory carries no signature")
+
+    @contextlib.contextmanager
+    def staged(self) -> Iterator[Candidate]:
+        """The candidate as replay checks and runs it: a policy directory's Rego and data files only
+        (.rego, .json, .yaml, .yml; tests, golden cases and dotfiles left out), copied into a private
+        directory. OPA loads more than `opa check` sees - a `.tar.gz` in a directory is loaded as a
+        bundle whose Rego is never checked against the offline capabilities - so what runs must be
+        exactly what was checked. A bundle is checked and run as it is (its Wasm refused)."""
+        if self.bundle is not None:
+            yield self
+            return
+        root = Path(tempfile.mkdtemp(prefix="pvegate-replay-candidate-"))
+        try:
+            staged: list[Path] = []
+            for i, given in enumerate(self.policies):
+                into = root / str(i)
+                into.mkdir()
+                files = [given] if given.is_file() else sorted(p for p in given.rglob("*") if p.is_file())
+                for f in files:
+                    rel = Path(f.name) if given.is_file() else f.relative_to(given)
+                    if not _loaded_as_policy(rel):
+                        continue
+                    (into / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (into / rel).write_bytes(f.read_bytes())
+                staged.append(into / given.name if given.is_file() else into)
+            yield Candidate(policies=tuple(staged))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def describe(self) -> str:
         if self.bundle is not None:

