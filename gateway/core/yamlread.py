@@ -5,6 +5,7 @@ overrides a key it merges (PyYAML 6 then takes the inner merged value, not the o
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -84,8 +85,11 @@ def _mapping_problems(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[t
             continue
         if not isinstance(key_node, yaml.ScalarNode):
             continue
-        key = loader.construct_object(key_node)
+        # as OPA's reader sees a key too: it turns keys into strings, so 1 and "1" (or on and "on") are one
+        key = _as_opa_key(loader.construct_object(key_node))
         line = _line(key_node)
+        if key not in keys and key_node.value in keys:
+            key = key_node.value
         if key in keys:
             out.append(
                 (
@@ -96,7 +100,34 @@ def _mapping_problems(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[t
             )
         else:
             keys.setdefault(key, line)
+            keys.setdefault(key_node.value, line)
     return out
+
+
+def _as_opa_key(key: Any) -> Any:
+    """A mapping key as it ends up in JSON (OPA's data): booleans and numbers as their text."""
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, float) and key.is_integer():
+        return str(int(key))
+    if isinstance(key, int | float):
+        return str(key)
+    return key
+
+
+def load_json(text: str) -> Any:
+    """A JSON document, as json.loads reads it; YamlProblems if an object gives a key twice (Go's
+    decoder, and so OPA, keeps the last one without a word)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for k, v in items:
+            if k in seen:
+                raise YamlProblems([f"{k}: given twice in the same object; the second would replace the first"])
+            seen[k] = v
+        return seen
+
+    return json.loads(text, object_pairs_hook=pairs)
 
 
 def _own_and_merged(

@@ -149,13 +149,14 @@ def check_yaml_data(directories: tuple[Path, ...]) -> None:
     quietly replace the first (core/yamlread.py). A file that is not YAML at all OPA reports."""
     for d in directories:
         for path in sorted(policy_files(d) if d.is_dir() else [d] if d.is_file() else []):
-            if path.suffix not in (".yaml", ".yml"):
+            if path.suffix not in (".yaml", ".yml", ".json"):
                 continue
             try:
-                yamlread.load(path.read_text())
+                text = path.read_text()
+                yamlread.load_json(text) if path.suffix == ".json" else yamlread.load(text)
             except yamlread.YamlProblems as exc:
                 raise OPAUnavailable(f"policy data {path}: {'; '.join(exc.problems)}") from None
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError):
                 continue  # OPA's own start reports it, as for any unreadable policy file
 
 

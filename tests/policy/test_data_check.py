@@ -166,3 +166,13 @@ def test_a_key_given_twice_in_the_data_refuses_the_start(tmp_path: Path) -> None
     with pytest.raises(OPAUnavailable, match="bindings: given twice in the same mapping"):
         sidecar.start(timeout=30.0)
     assert sidecar.process is None  # refused before OPA was started
+
+
+def test_a_key_given_twice_in_a_json_data_file_refuses_the_start(tmp_path: Path) -> None:
+    tree = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("golden"))
+    (tree / "data" / "extra.json").write_text('{"extra": {"bindings": [1], "bindings": [2]}}')
+    sidecar = OPASidecar(policies=(tree,))
+    with pytest.raises(OPAUnavailable, match="bindings: given twice in the same object"):
+        sidecar.start(timeout=30.0)
+    assert sidecar.process is None

@@ -56,3 +56,17 @@ def test_a_merged_mapping_that_overrides_its_own_merge_is_refused(text: str) -> 
 @pytest.mark.parametrize("text", ["a: &a [1, *a]\n", "a: &a {x: 1, <<: *a}\n"])
 def test_a_structure_without_end_is_refused(text: str) -> None:
     assert problems(text) == ["line 1: an alias refers to a node that contains it"]
+
+
+@pytest.mark.parametrize("text", ['a: {1: x, "1": y}\n', 'a: {on: 1, "on": 2}\n', "a: {1.0: x, 1: y}\n"])
+def test_keys_one_to_opa_are_one_here(text: str) -> None:
+    """OPA turns keys into strings: 1 and "1" (and on and "on") are one key there, the last kept."""
+    [problem] = problems(text)
+    assert "given twice in the same mapping" in problem, problem
+
+
+def test_a_json_key_given_twice_is_refused() -> None:
+    with pytest.raises(yamlread.YamlProblems) as err:
+        yamlread.load_json('{"bindings": [{"role": "admin"}], "bindings": [{"role": "viewer"}]}')
+    assert err.value.problems == ["bindings: given twice in the same object; the second would replace the first"]
+    assert yamlread.load_json('{"a": {"b": 1}, "b": {"a": 2}}') == {"a": {"b": 1}, "b": {"a": 2}}
