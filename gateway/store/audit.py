@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import time
 import uuid
@@ -40,7 +41,7 @@ from gateway.core.config import Config, ConfigError
 from gateway.core.redaction import REDACTED, redact_keys, redact_path
 from gateway.store import migrations
 from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
-from gateway.store.db import wal_mode
+from gateway.store.db import IDLE_IN_TRANSACTION_SECONDS, REPLICA_SETTINGS, refusal, release_committed, wal_mode
 from gateway.store.pgsync import PgConnection, PgLocation
 from gateway.tools.tool import Tool
 
@@ -358,18 +359,35 @@ def _settle(batch: list[_Batch], exc: BaseException | None) -> None:
 
 class AuditStoreError(Exception):
     """The database behind the audit cannot be reached or refuses writes (PostgreSQL down, restarting,
-    out of connections): a failure of the store, never of the records written."""
+    out of connections, read-only, out of disk, the chain's head held by another replica): a failure of
+    the store, never of the records written."""
 
 
 def _pg_record_fault(exc: BaseException) -> bool:
     """PostgreSQL refused what was sent (a value it cannot take), not the store being unwell: only that
     caller fails. Anything else from the driver (a cut connection, a server shutting down, a protocol
-    state the driver cannot recover from) is the store's: every caller is refused until a commit works."""
+    state the driver cannot recover from) is the store's: every caller is refused until a commit works.
+    A record number already taken is not the caller's either: the writer numbers records from the
+    authenticated head, so a taken one is a row added past it by another hand (_seq_taken)."""
     import asyncpg
 
     if isinstance(exc, asyncpg.PostgresError):
-        return str(getattr(exc, "sqlstate", "") or "")[:2] in ("22", "23")  # data exception, integrity
+        state = str(getattr(exc, "sqlstate", "") or "")
+        return state[:2] == "22" or (state[:2] == "23" and state != "23505")  # data exception, integrity
     return isinstance(exc, UnicodeError)
+
+
+def _pg_store_problem(exc: BaseException) -> str:
+    """What AuditStoreError says of a PostgreSQL failure: why the database did not take the commit."""
+    return refusal(exc) or f"PostgreSQL: {type(exc).__name__}: {exc}"
+
+
+def _seq_taken(head: int, seq: int) -> AuditIntegrityError:
+    return AuditIntegrityError(
+        f"record {seq} exists past the authenticated head (record {head}): it was added outside the gateway; "
+        "the chain is not extended until it is removed (`pvegate audit verify` names it)",
+        seq,
+    )
 
 
 # PostgreSQL: all rows of a group commit in one statement (one array per column)
@@ -379,6 +397,10 @@ _PG_INSERT = (
     "$7::text[], $8::text[], $9::text[], $10::text[], $11::text[])"
 )
 ACQUIRE_TIMEOUT = 10.0  # seconds a commit waits for a connection (PostgreSQL unreachable: refused after this)
+# seconds a commit waits for the chain's head row (lock_timeout on the audit's sessions): a replica paused or cut
+# off while it holds it costs the others a refusal after this, and PostgreSQL ends its transaction once it has
+# been idle db.IDLE_IN_TRANSACTION_SECONDS, so the chain moves on
+HEAD_LOCK_SECONDS = 5
 HEARTBEAT_SECONDS = 5.0  # a replica's row in audit_replicas is refreshed at most this often (on commits)
 # a replica whose row was not refreshed for this long is gone: its calls in flight are reconciled by others
 REPLICA_STALE_SECONDS = 30.0
@@ -525,7 +547,9 @@ class AuditLog:
     async def _open_pg(self, where: PgLocation) -> None:
         from gateway.store.db import PostgresDatabase
 
-        db = PostgresDatabase(where.url, where.password, max_size=4)
+        # a transaction left idle (paused mid-commit) is ended by the server; the head row is waited for boundedly
+        settings = {**REPLICA_SETTINGS, "lock_timeout": f"{HEAD_LOCK_SECONDS}s"}
+        db = PostgresDatabase(where.url, where.password, max_size=4, settings=settings)
         await db.open()
         try:
             await migrations.check(db, "audit", MIGRATIONS)  # `pvegate db upgrade` makes it, not a replica
@@ -540,13 +564,17 @@ class AuditLog:
 
     async def _beat_loop(self) -> None:
         """PostgreSQL: keep this replica's heartbeat fresh while nothing else commits (a long task waited on
-        with no other traffic, a process without readiness probes), so nobody takes its calls for a dead
-        replica's. A failed beat is the store's problem, seen by the next call; the loop goes on."""
+        with no other traffic, a process without readiness probes, a writer waiting for the chain's head
+        row), so nobody takes its calls for a dead replica's. On a connection of its own, not through the
+        writer: another replica holding the head must not let this one's lease lapse. A failed beat is the
+        store's problem, seen by the next call; the loop goes on."""
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             with contextlib.suppress(Exception):
                 if time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
-                    await self.probe()
+                    async with asyncio.timeout(HEARTBEAT_SECONDS):
+                        async with self._pgdb.pool.acquire() as conn:
+                            await self._beat_on(conn)
             with contextlib.suppress(Exception):  # retried on the next beat if the database is away
                 if self._lost_name is not None:
                     await self._rename(self._lost_name)
@@ -674,12 +702,12 @@ class AuditLog:
             if self._pgdb is not None:
                 try:
                     moved = await self._commit_pg(records)
-                except (AuditIntegrityError, AuditClosed):
+                except (AuditIntegrityError, AuditClosed, AuditStoreError):
                     raise
                 except Exception as exc:
                     if _pg_record_fault(exc):
                         raise
-                    raise AuditStoreError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+                    raise AuditStoreError(_pg_store_problem(exc)) from exc
             else:
                 moved = await self._in_thread(self._commit_sqlite, records)
         except BaseException as exc:
@@ -727,7 +755,14 @@ class AuditLog:
             moved = None
             if records:
                 rows, head = self._chain(records, seq, prev)
-                con.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+                try:
+                    con.executemany("INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+                except sqlite3.IntegrityError as exc:
+                    if "UNIQUE" not in str(exc) and "PRIMARY KEY" not in str(exc):
+                        raise
+                    # the seq is the only key: a row added past the head
+                    got = con.execute("SELECT min(seq) FROM audit WHERE seq > ?", (seq,)).fetchone()
+                    raise _seq_taken(seq, int(got[0]) if got and got[0] is not None else seq + 1) from exc
                 # the authenticated head moves in the same transaction as the rows it names
                 con.execute("UPDATE audit_meta SET value = ? WHERE key = 'head'", (head,))
                 moved = (head, rows[-1][0], rows[-1][-1])
@@ -749,33 +784,57 @@ class AuditLog:
         pool = self._pgdb.pool
         conn = await pool.acquire(timeout=ACQUIRE_TIMEOUT)
         try:
-            return await self._commit_on(conn, records)
+            if not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
+                # a probe writes the heartbeat (a real committed write that leaves the chain alone), a commit
+                # when one is due: in a statement of its own, before the head row is waited for
+                await self._beat_on(conn)
+            moved = await self._commit_on(conn, records)
         except BaseException as exc:
-            if not _pg_record_fault(exc):  # a connection in doubt is never reused: the pool makes a new one
-                conn.terminate()
+            # the error that ended the commit is the one to tell (a connection the server closed is already
+            # back in the pool: terminating or releasing it again raises)
+            with contextlib.suppress(Exception):
+                if not _pg_record_fault(exc):  # a connection in doubt is never reused: the pool makes a new one
+                    conn.terminate()
+                await pool.release(conn)
             raise
-        finally:
-            await pool.release(conn)
+        # committed: the records are in the chain, so a connection that fails after COMMIT fails nobody
+        await release_committed(pool, conn)
+        return moved
+
+    async def _beat_on(self, conn: Any) -> None:
+        """Renew this replica's heartbeat (autocommit); a row found too old marks the name lost."""
+        name = self.replica_id
+        held = await conn.fetchval(_PG_BEAT, name, LEASE_SECONDS) is not None
+        self._beat_at = time.monotonic()
+        if not held and name == self.replica_id:  # not renamed meanwhile: the beat loop renames it
+            self._lost_name = name
 
     async def _commit_on(self, conn: Any, records: list[_Row]) -> tuple[str, int, str] | None:
+        import asyncpg
+
         moved = None
         async with conn.transaction():
-            # the head row is the chain's lock: every replica's commit waits here for the one before it
-            text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
+            # the head row is the chain's lock: every replica's commit waits here for the one before it, for
+            # HEAD_LOCK_SECONDS at most (a holder paused mid-commit is ended by the server, its commit fails)
+            try:
+                text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
+            except asyncpg.LockNotAvailableError as exc:
+                raise AuditStoreError(
+                    f"another replica holds the audit head: the chain's head row stayed locked for more than "
+                    f"{HEAD_LOCK_SECONDS} s (a replica paused, or cut off, in the middle of a commit: PostgreSQL "
+                    f"ends its transaction once it has been idle {IDLE_IN_TRANSACTION_SECONDS} s; or an operator's "
+                    "`pvegate audit archive` or `checkpoint` still running)"
+                ) from exc
             seq, prev = self._continue_from(text)
             if records:
                 rows, head = self._chain(records, seq, prev)
-                await conn.execute(_PG_INSERT, *[list(col) for col in zip(*rows, strict=True)])
+                try:
+                    await conn.execute(_PG_INSERT, *[list(col) for col in zip(*rows, strict=True)])
+                except asyncpg.UniqueViolationError as exc:  # the seq is the only key: a row added past the head
+                    taken = re.search(r"\(seq\)=\((\d+)\)", str(getattr(exc, "detail", "") or ""))
+                    raise _seq_taken(seq, int(taken.group(1)) if taken else seq + 1) from exc
                 await conn.execute("UPDATE audit_meta SET value = $1 WHERE key = 'head'", head)
                 moved = (head, rows[-1][0], rows[-1][-1])
-            beat = not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS
-            name, held = self.replica_id, True
-            if beat:  # a probe writes the heartbeat: a real committed write that leaves the chain alone
-                held = await conn.fetchval(_PG_BEAT, name, LEASE_SECONDS) is not None
-        if beat:
-            self._beat_at = time.monotonic()
-            if not held and name == self.replica_id:  # not renamed meanwhile: the beat loop renames it
-                self._lost_name = name
         return moved
 
     async def hold(self, replica: str | None) -> None:
@@ -918,30 +977,56 @@ class AuditLog:
         )
         return {str(r[0]) for r in rows} - {str(self.replica_id)}
 
-    async def claim_gone(self, replicas: set[str]) -> set[str]:
-        """PostgreSQL: of these replicas (not live when looked at), the ones whose calls may now be
-        settled by others: each row still stale is marked gone (seen_at 0) in one conditional UPDATE,
-        which waits for a heartbeat that renewed the row but has not committed yet and then sees it,
-        so a renewal and a settlement never both win; a name with no row at all cannot be renewed.
-        A row locked for more than two seconds is left for the next pass."""
+    async def claim_gone(self, replicas: set[str], turn: Turn | None = None) -> set[str]:
+        """PostgreSQL: of these replicas (not live when looked at), the ones whose calls the caller may now
+        settle. A row still stale (an old heartbeat, or marked gone by a clean stop or a rename: seen_at >= 0)
+        is moved to claimed (seen_at = CLAIMED) by one conditional UPDATE, which waits for a heartbeat that
+        renewed the row but has not committed yet and then sees it, so a renewal and a settlement never both
+        win; the rows that statement moved are returned. A claimed row is never renewed again, and what its
+        replica left open after a pass is the next pass's, on any replica: rows claimed earlier, and names
+        with no row at all (forgotten: nothing can renew them either), are returned only to the holder of the
+        reconcile lock (`turn`), checked by pg_locks in the same transaction, on the lock's own connection.
+        So two claimants never both win: one of them does not hold the lock. A row locked for more than two
+        seconds is left for the next pass. Raises TurnLost when the lock's connection fails."""
         if self._pgdb is None or not replicas:
             return set()
         import asyncpg
 
+        from gateway.store.db import pg_sql
+
         names = sorted(replicas)
-        try:
-            async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn, conn.transaction():
+
+        async def claim(conn: Any, locked: bool) -> set[str]:
+            async with conn.transaction():
                 await conn.execute("SET LOCAL lock_timeout = '2s'")
-                rows = await conn.fetch(
-                    "UPDATE audit_replicas SET seen_at = 0 WHERE replica = ANY($1::text[]) "
+                moved = await conn.fetch(
+                    "UPDATE audit_replicas SET seen_at = $3 WHERE replica = ANY($1::text[]) AND seen_at >= 0 "
                     "AND seen_at <= extract(epoch FROM clock_timestamp())::float8 - $2 RETURNING replica",
                     names,
                     REPLICA_STALE_SECONDS,
+                    CLAIMED,
                 )
-                present = await conn.fetch("SELECT replica FROM audit_replicas WHERE replica = ANY($1::text[])", names)
+                out = {str(r[0]) for r in moved}
+                if locked and turn is not None and await conn.fetchval(pg_sql(f"SELECT {_HELD}"), turn.name):
+                    rows = await conn.fetch(
+                        "SELECT replica, seen_at FROM audit_replicas WHERE replica = ANY($1::text[])", names
+                    )
+                    out |= {str(r[0]) for r in rows if r[1] < 0} | (replicas - {str(r[0]) for r in rows})
+                return out
+
+        try:
+            if turn is not None and turn.conn is not None:
+                try:
+                    return await claim(turn.conn, turn.held)
+                except asyncpg.LockNotAvailableError:
+                    raise
+                except Exception as exc:
+                    turn.held = False
+                    raise TurnLost(f"the {turn.name} lock's connection failed: {type(exc).__name__}: {exc}") from exc
+            async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                return await claim(conn, False)
         except asyncpg.LockNotAvailableError:
             return set()
-        return {str(r[0]) for r in rows} | (replicas - {str(r[0]) for r in present})
 
     async def forget_replicas(self, replicas: set[str]) -> None:
         if self._pgdb is None or not replicas:
@@ -955,19 +1040,74 @@ class AuditLog:
             )
 
     @contextlib.asynccontextmanager
-    async def exclusive(self, name: str) -> AsyncIterator[bool]:
-        """PostgreSQL: whether this replica holds `name` (a session advisory lock, not waited for) for the
-        block, so one replica at a time does a shared chore; SQLite (one host): always True."""
+    async def exclusive(self, name: str) -> AsyncIterator[Turn]:
+        """Whether this replica holds `name` for the block (a Turn, true while held; not waited for), so one
+        replica at a time does a shared chore; SQLite (one host): always held. PostgreSQL: a session advisory
+        lock on one pooled connection kept for the block. A cut connection frees that lock without telling
+        this process, so whatever must not be done twice asks Turn.confirm first; a connection whose unlock
+        fails is closed, never handed back to the pool still holding the lock."""
         if self._pgdb is None:
-            yield True
+            yield Turn(self, name)
             return
-        async with self._pgdb.pool.acquire() as conn:
+        async with self._pgdb.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
             got = bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", name))
             try:
-                yield got
+                yield Turn(self, name, conn, got)
             finally:
                 if got:
-                    await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", name)
+                    try:
+                        await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", name, timeout=5)
+                    except Exception:  # cut, or in doubt: closing the session frees the lock with it
+                        with contextlib.suppress(Exception):  # (a connection found cut is gone from the pool)
+                            conn.terminate()
+
+
+CLAIMED = -1.0  # audit_replicas.seen_at of a gone replica another one claimed (AuditLog.claim_gone)
+# whether this session (still) holds the advisory lock named ? (a bigint key: classid high, objid low)
+_HELD = (
+    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() "
+    "AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = hashtextextended(?, 0))"
+)
+
+
+class TurnLost(Exception):
+    """A chore's lock (AuditLog.exclusive) is no longer this process's: its connection was cut (a network
+    blip, a restart, pg_terminate_backend), so another replica may hold it now. The chore stops."""
+
+
+class Turn:
+    """AuditLog.exclusive's answer: true while this process holds the lock."""
+
+    def __init__(self, log: AuditLog, name: str, conn: Any = None, held: bool = True) -> None:
+        self.log = log
+        self.name = name
+        self.conn = conn  # PostgreSQL: the connection whose session holds the lock; None on SQLite
+        self.held = held
+
+    def __bool__(self) -> bool:
+        return self.held
+
+    async def confirm(self, sql: str | None = None, *args: Any) -> Any:
+        """Raise TurnLost unless the lock is still this process's; else the first column of `sql`'s first
+        row (`?` placeholders; None without a row), read in the same statement as that check (PostgreSQL:
+        on the lock's own connection, which pg_locks must show still holding it). SQLite: only the read."""
+        if not self.held:
+            raise TurnLost(f"the {self.name} lock is not held")
+        if self.conn is None:
+            rows = [] if sql is None else await self.log._read(sql, *args)
+            return rows[0][0] if rows else None
+        from gateway.store.db import pg_sql
+
+        query = pg_sql(f"SELECT {_HELD}, {'NULL' if sql is None else f'({sql})'}")
+        try:
+            row = await self.conn.fetchrow(query, self.name, *args, timeout=ACQUIRE_TIMEOUT)
+        except Exception as exc:
+            self.held = False
+            raise TurnLost(f"the {self.name} lock's connection failed: {type(exc).__name__}: {exc}") from exc
+        if row is None or not row[0]:
+            self.held = False
+            raise TurnLost(f"the {self.name} lock is no longer held by this process's session")
+        return row[1]
 
 
 def _action(body: Any) -> Any:

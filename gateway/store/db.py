@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,15 +26,19 @@ import aiosqlite
 
 from gateway.core.config import Config, SecretRef
 
+log = logging.getLogger("pvegate.db")
+
 
 class Conflict(Exception):
     """A unique key (or primary key) is already taken."""
 
 
 class DatabaseUnavailable(Exception):
-    """PostgreSQL cannot be reached (down, restarting, the connection cut): the statement did not
-    run, or its transaction was rolled back. Callers refuse the call; the next one tries again
-    (the pool replaces broken connections), so a restarted server is used without a gateway restart."""
+    """PostgreSQL cannot be reached (down, restarting, the connection cut) or refuses the work as a
+    whole (read-only, out of disk or memory, a statement or lock timeout, a transaction it aborted):
+    the statement did not run, or its transaction was rolled back. The message says which. Callers
+    refuse the call as for an unavailable store; the next one tries again (the pool replaces broken
+    connections), so a restarted server is used without a gateway restart."""
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
@@ -47,6 +52,87 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
         asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up, crash recovery
         asyncpg.exceptions.TooManyConnectionsError,
     )
+
+
+# A replica's sessions (the gateway's stores and audit): PostgreSQL ends a transaction left idle this long
+# (its replica paused or frozen mid-transaction, or cut off), which releases the row and advisory locks it
+# held, so one stalled replica holds the others up for seconds, not for as long as its process stays
+# stopped. Well under the audit's lease (audit.LEASE_SECONDS): no heartbeat waits that long.
+IDLE_IN_TRANSACTION_SECONDS = 10
+# TCP keepalives from the server on every session: a client that vanished (a frozen VM, a cut network)
+# is found within idle + interval * count = 25 s and its backend ended (ignored on Unix-domain sockets)
+KEEPALIVES = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"}
+REPLICA_SETTINGS = {"idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_SECONDS}s"}
+
+
+def _sqlstate(exc: BaseException) -> str:
+    import asyncpg
+
+    return str(getattr(exc, "sqlstate", "") or "") if isinstance(exc, asyncpg.PostgresError) else ""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why PostgreSQL did not do the work, when the error is the store's (unreachable, read-only, out of
+    resources, a timeout, a lock held elsewhere, a transaction it aborted), as a sentence; None when the
+    error is about what was sent (a bad value, a key taken, a bug in a statement): the caller's own."""
+    import asyncpg
+
+    cause = exc.__context__
+    if isinstance(exc, asyncpg.InterfaceError) and cause is not None and cause is not exc:
+        # "the underlying connection is closed" while rolling back: the error that closed it says why
+        inner = refusal(cause)
+        if inner is not None:
+            return inner
+    state, why = _sqlstate(exc), _why(exc)
+    if state == "57014":  # a subclass of OperatorInterventionError, but the server is well
+        return f"PostgreSQL cancelled a statement that ran past statement_timeout (or an operator cancelled it): {why}"
+    if state == "25P03":
+        return (
+            "PostgreSQL ended the session: its transaction stayed idle past idle_in_transaction_session_timeout "
+            f"(this process was paused or cut off mid-transaction), and was rolled back: {why}"
+        )
+    if isinstance(exc, TimeoutError):
+        return "PostgreSQL cannot be reached: it did not answer in time (down, unreachable or overloaded)"
+    if isinstance(exc, _connection_errors()):
+        return f"PostgreSQL cannot be reached: {why}"
+    if state == "25006":
+        return f"PostgreSQL refuses writes: the database is read-only (a standby, default_transaction_read_only): {why}"
+    if state.startswith("53"):
+        return f"PostgreSQL is out of resources (disk space, memory or connections): {why}"
+    if state == "55P03":
+        return f"a lock stayed held past lock_timeout (another replica holds it: paused, slow or cut off): {why}"
+    if state.startswith("40"):
+        return f"PostgreSQL aborted the transaction (a serialization failure or a deadlock); a retry may succeed: {why}"
+    if state.startswith(("58", "XX")):
+        return f"PostgreSQL failed (an I/O error, or corrupted data): {why}"
+    if state == "42501":
+        return f"PostgreSQL denies the gateway's role what it needs (permission denied): {why}"
+    return None
+
+
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """Raise the store's errors (see `refusal`) as DatabaseUnavailable; the caller's own pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        why = None if isinstance(exc, DatabaseUnavailable) else refusal(exc)
+        if why is None:
+            raise
+        raise DatabaseUnavailable(why) from exc
+
+
+async def release_committed(pool: Any, conn: Any) -> None:
+    """Give a connection back to the pool after its transaction committed. The commit stands, so an error
+    here (the connection died just after COMMIT) is logged, never raised: a caller told its work failed
+    would refuse a call whose approval was consumed or whose quota slot was taken. The pool ends such a
+    connection and makes a new one."""
+    try:
+        await pool.release(conn)
+    except Exception as exc:
+        log.warning("a PostgreSQL connection failed after its transaction committed (it is dropped): %s", _why(exc))
+        with contextlib.suppress(Exception):
+            conn.terminate()
 
 
 class Tx(Protocol):
@@ -251,20 +337,29 @@ class PostgresDatabase:
     kind = "postgresql"
 
     def __init__(
-        self, dsn: str, password: SecretRef | None = None, max_size: int = 10, read_only: bool = False
+        self,
+        dsn: str,
+        password: SecretRef | None = None,
+        max_size: int = 10,
+        read_only: bool = False,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self.dsn = dsn
         self.password = password
         self.max_size = max_size
         self.read_only = read_only  # the server refuses any write on these connections
+        # server settings of every session, on top of KEEPALIVES (a replica's: REPLICA_SETTINGS)
+        self.settings = dict(settings or {})
         self._pool: Any = None
 
     async def open(self) -> None:
         import asyncpg
 
         password = self.password.read() if self.password is not None else None
-        settings = {"default_transaction_read_only": "on"} if self.read_only else {}
-        try:
+        settings = {**KEEPALIVES, **self.settings}
+        if self.read_only:
+            settings["default_transaction_read_only"] = "on"
+        with refusals():
             self._pool = await asyncpg.create_pool(
                 self.dsn,
                 password=password,
@@ -274,8 +369,6 @@ class PostgresDatabase:
                 timeout=10,  # connecting: an unreachable server is a refusal in seconds, not a minute
                 server_settings=settings,
             )
-        except _connection_errors() as exc:
-            raise DatabaseUnavailable(f"PostgreSQL cannot be reached: {_why(exc)}") from exc
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -290,18 +383,23 @@ class PostgresDatabase:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
+        pool = self.pool
+        with refusals():
+            conn = await pool.acquire()
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                yield _PostgresTx(conn)
-        except _connection_errors() as exc:
-            raise DatabaseUnavailable(f"PostgreSQL cannot be reached: {_why(exc)}") from exc
+            with refusals():
+                async with conn.transaction():
+                    yield _PostgresTx(conn)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error that ended the transaction is the one to tell
+                await pool.release(conn)
+            raise
+        await release_committed(pool, conn)
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        try:
+        with refusals():
             async with self.pool.acquire() as conn:
                 return await _PostgresTx(conn).fetch(sql, *args)
-        except _connection_errors() as exc:
-            raise DatabaseUnavailable(f"PostgreSQL cannot be reached: {_why(exc)}") from exc
 
 
 def _why(exc: BaseException) -> str:
@@ -315,6 +413,10 @@ def database(config: Config, sqlite_path: Path | None = None, read_only: bool = 
     if config.storage.postgresql:
         assert config.storage.url is not None
         return PostgresDatabase(
-            config.storage.url, config.storage.password, config.storage.pool_max_size, read_only=read_only
+            config.storage.url,
+            config.storage.password,
+            config.storage.pool_max_size,
+            read_only=read_only,
+            settings=REPLICA_SETTINGS,
         )
     return SqliteDatabase(sqlite_path or config.audit_path, read_only=read_only)

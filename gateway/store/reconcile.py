@@ -35,15 +35,29 @@ call belongs to its replica while that replica's row is fresh (REPLICA_STALE_SEC
 database's clock): nobody else touches it (`in_flight`). Once the row is stale (the replica was
 killed, lost the database, or stopped: a clean stop marks its row stale at once), the first
 replica that holds the `pvegate-reconcile` advisory lock claims it (AuditLog.claim_gone: a row
-renewed meanwhile, even by a heartbeat not yet committed, is not taken), settles its calls, then
-forgets the row. A replica that was only paused refuses what it decided before (AuditLog.hold).
-Calls with no replica named (written on SQLite, or moved from it) follow the single-host rule.
+renewed meanwhile, even by a heartbeat not yet committed, is not taken; a row already claimed is
+taken again only by the lock's holder), settles its calls, then forgets the row once none of its
+calls is left open. Its calls are selected whatever the time on their records: each record carries
+its writer's clock, and a replica whose clock ran ahead must not be forgotten with its last calls
+open. A replica that was only paused refuses what it decided before (AuditLog.hold). Calls with no
+replica named (written on SQLite, or moved from it) follow the single-host rule.
+
+Every pass runs under that lock: the replicas' and `pvegate audit reconcile`'s (which waits for
+its turn). The lock is a session lock on one pooled connection, which a cut connection (a network
+blip, a restart, pg_terminate_backend) frees without telling its holder; so right before each
+settling result the pass asks, in one statement on that connection, whether it still holds the lock
+and whether the call has been settled meanwhile (Turn.confirm, SETTLED_SQL). A lost lock ends the
+pass (the rest is left `open`, for the lock's new holder); a call settled meanwhile, by its own
+replica or by another pass, gets nothing more (`already_settled`). What is left is the time between
+that statement and the commit of the result (one group commit); SQLite (one host, no lock) has the
+same check, against a `pvegate audit reconcile` run beside a running gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,18 +78,28 @@ log = logging.getLogger("pvegate.reconcile")
 LOOKBACK_SECONDS = 7 * 86400  # Proxmox keeps its task history about this long by default
 TASK_LIST_LIMIT = 500
 
-# Allowed calls without a settling record (the decision's seq orders them).
-OPEN_CALLS_SQL = """
-SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
-WHERE d.kind = 'decision' AND d.outcome = 'allow' AND d.ts >= ? AND d.ts < ?
-AND NOT EXISTS (
-    SELECT 1 FROM audit r WHERE r.request_id = d.request_id AND r.seq > d.seq AND (
+RECONCILE_LOCK = "pvegate-reconcile"  # one reconciler at a time among the replicas (AuditLog.exclusive)
+
+
+def _settles(request_id: str, seq: str) -> str:
+    """The condition on `audit r` for a record after a call's decision that settles the call."""
+    return f"""r.request_id = {request_id} AND r.seq > {seq} AND (
         r.kind = 'refusal'
         OR (r.kind = 'result' AND (
             r.outcome IN ('ok', 'failed', 'reconciled')
-            OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%')))))
+            OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%'))))"""
+
+
+# Allowed calls without a settling record (the decision's seq orders them).
+OPEN_CALLS_SQL = f"""
+SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
+WHERE d.kind = 'decision' AND d.outcome = 'allow' AND d.ts >= ? AND d.ts < ?
+AND NOT EXISTS (SELECT 1 FROM audit r WHERE {_settles("d.request_id", "d.seq")})
 ORDER BY d.seq
-"""
+"""  # noqa: S608 - fixed text
+# Whether the call decided in record ? (its request id ?) has a settling record by now: asked right before a
+# settling result is written, in the same statement as the check that the reconcile lock is still held.
+SETTLED_SQL = f"SELECT count(*) FROM audit r WHERE {_settles('?', '?')}"  # noqa: S608 - fixed text
 # Bodies are matched as the writer prints them (dumps_body: sorted keys, no spaces; a quote inside a
 # string value is escaped, so client text cannot fake a key), never parsed in SQL: one body edited
 # into something that is not JSON would make json_extract / ::json fail every pass, for every call.
@@ -100,13 +124,16 @@ class OpenCall:
     dispatched: bool = False
     owner: str | None = None  # the replica that decided it (PostgreSQL); None: written on SQLite
     unreadable: int | None = None  # seq of a record whose body is not JSON (edited outside the gateway)
+    seq: int = 0  # its decision record
 
 
 @dataclass
 class Settled:
     request_id: str
     tool: str | None
-    action: str  # reconciled | interrupted | open | in_flight (a live replica's call: not touched)
+    # reconciled | interrupted | open | in_flight (a live replica's call: not touched) | already_settled
+    # (a settling record was written meanwhile, by its replica or another pass: nothing written)
+    action: str
     proxmox: str | None = None  # ok | failed | not_found | running | unreachable
     task_id: str | None = None
     detail: str | None = None
@@ -116,17 +143,21 @@ class Settled:
         return dict(self.__dict__)
 
 
-def open_calls(path: Path | PgLocation, since: float, before: float, only: set[str] | None = None) -> list[OpenCall]:
-    """The open calls, oldest first, read on a connection of their own (never the writer's:
-    a long look-back must not hold up the calls being audited meanwhile)."""
+def open_calls(
+    path: Path | PgLocation, since: float, before: float | None, only: set[str] | None = None
+) -> list[OpenCall]:
+    """The open calls decided in [since, before) (before None: no upper bound), oldest first, read on a
+    connection of their own (never the writer's: a long look-back must not hold up the calls being
+    audited meanwhile)."""
     con = auditlib.connect(path, readonly=True)
     sql = PG_OPEN_CALLS_SQL if isinstance(path, PgLocation) else OPEN_CALLS_SQL
     try:
         calls: list[OpenCall] = []
-        for d in con.execute(sql, (since, before)).fetchall():
+        for d in con.execute(sql, (since, math.inf if before is None else before)).fetchall():
             if only is not None and d["request_id"] not in only:
                 continue
             call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
+            call.seq = int(d["seq"])
             related = con.execute(
                 "SELECT seq, kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,)
             )
@@ -239,23 +270,37 @@ class Reconciler:
         since: float | None = None,
         only: set[str] | None = None,
         owners: set[str] | None = None,
+        turn: auditlib.Turn | None = None,
     ) -> list[Settled]:
         """Settle the open calls decided in [since, before): only those ids (`only`: this replica's own),
-        or only those of these (stale) replicas (`owners`); never a call a live replica is running."""
+        or those of these (stale) replicas (`owners`: decided since `since`, whatever their time: each record
+        carries its writer's clock, which may run ahead of this one's); never a call a live replica is running.
+        Under the pvegate-reconcile lock, always: `turn` when the caller holds it, else taken here (held by
+        another process: every open call is reported `open`, left for it)."""
+        if turn is None:
+            async with self.outcomes.audit.exclusive(RECONCILE_LOCK) as mine:
+                return await self.run_once(before, since, only, owners, mine)
         since = before - LOOKBACK_SECONDS if since is None else since
         audit = self.outcomes.audit
-        calls = await asyncio.to_thread(open_calls, audit.path, since, before, only)
+        calls = await asyncio.to_thread(open_calls, audit.path, since, None if owners is not None else before, only)
         if owners is not None:
             calls = [c for c in calls if c.owner in owners]
         if not calls:
             return []
-        live = await audit.live_replicas() if only is None else None
+        down: str | None = None  # why the store stopped taking results (or the lock was lost) during this pass
+        if not turn:
+            down = f"another process holds the {RECONCILE_LOCK} lock (it is reconciling): left to it"
+        live = await audit.live_replicas() if only is None and down is None else None
         gone: set[str] = set()
         if live is not None:  # PostgreSQL: a replica not seen lately is claimed before its calls are settled
-            gone = await audit.claim_gone({c.owner for c in calls if c.owner is not None and c.owner not in live})
+            try:
+                gone = await audit.claim_gone(
+                    {c.owner for c in calls if c.owner is not None and c.owner not in live}, turn
+                )
+            except auditlib.TurnLost as exc:
+                down = str(exc)
         claimed = await asyncio.to_thread(claimed_tasks, audit.path, since)
         out: list[Settled] = []
-        down: str | None = None  # why the store stopped taking results during this pass
         for call in calls:
             if down is not None:  # left open for the next pass, and said so: never dropped from a caller's list
                 out.append(Settled(call.request_id, call.tool, "open", detail=down, owner=call.owner))
@@ -269,10 +314,13 @@ class Reconciler:
                 out.append(Settled(call.request_id, call.tool, "in_flight", detail=detail, owner=call.owner))
                 continue
             try:
-                settled = await self.settle(call, claimed, before)
-            except AuditUnavailable as exc:  # the store is down: try again on the next pass
+                settled = await self.settle(call, claimed, before, turn)
+            except (AuditUnavailable, auditlib.TurnLost) as exc:  # the store is down, or the lock lost: next pass
                 down = str(exc)
                 out.append(Settled(call.request_id, call.tool, "open", detail=down, owner=call.owner))
+                continue
+            except _SettledMeanwhile as exc:
+                out.append(Settled(call.request_id, call.tool, "already_settled", detail=str(exc), owner=call.owner))
                 continue
             settled.owner = call.owner
             out.append(settled)
@@ -287,10 +335,10 @@ class Reconciler:
         mine = set(outcomes.unsettled)
         if not mine:
             return []
-        async with outcomes.audit.exclusive("pvegate-reconcile") as turn:
+        async with outcomes.audit.exclusive(RECONCILE_LOCK) as turn:
             if not turn:
                 return None
-            settled = await self.run_once(time.time(), since=since, only=mine)
+            settled = await self.run_once(time.time(), since=since, only=mine, turn=turn)
         outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
         # ids no longer open (settled elsewhere: another replica, by hand) leave the set too
         outcomes.unsettled -= mine - {s.request_id for s in settled}
@@ -298,17 +346,19 @@ class Reconciler:
 
     async def settle_stale_replicas(self) -> list[Settled]:
         """PostgreSQL: settle the calls of replicas that are gone, one replica at a time doing it; forget a
-        gone replica once none of its calls is left open."""
+        gone replica once none of its calls is left open (all of them since the look-back, whatever the time
+        on its records: a replica whose clock ran ahead is not forgotten with its last calls open)."""
         audit = self.outcomes.audit
         stale = await audit.stale_replicas()
         if not stale:
             return []
-        async with audit.exclusive("pvegate-reconcile") as mine:
+        async with audit.exclusive(RECONCILE_LOCK) as mine:
             if not mine:  # another replica is at it
                 return []
-            settled = await self.run_once(time.time(), owners=stale)
+            settled = await self.run_once(time.time(), owners=stale, turn=mine)
             left = {s.owner for s in settled if s.action in ("open", "in_flight")}
-            await audit.forget_replicas(stale - left)
+            if mine:  # not after the lock was lost: the replica that took it decides
+                await audit.forget_replicas(stale - left)
         return settled
 
     def _is_read(self, call: OpenCall) -> bool:
@@ -318,13 +368,19 @@ class Reconciler:
             effect = tool.effect if tool is not None else None
         return effect == "read"
 
-    async def settle(self, call: OpenCall, claimed: set[str], before: float | None = None) -> Settled:
+    async def settle(
+        self, call: OpenCall, claimed: set[str], before: float | None = None, turn: auditlib.Turn | None = None
+    ) -> Settled:
+        """Look the call up and write its settling result; with `turn` (the reconcile lock), each write is
+        preceded by one statement that checks the lock is still held and the call still open (else
+        TurnLost, or _SettledMeanwhile and nothing written)."""
         if self._is_read(call) or call.dry_run:
             what = "a dry run: nothing was sent to Proxmox" if call.dry_run else "a read: nothing changed in Proxmox"
             await self._write(
                 call,
                 "interrupted",
                 {"reconciled": True, "pending_reconcile": False, "finding": what, "task_id": call.task_id},
+                turn,
             )
             self.outcomes.counters.reconciled_reads += 1
             return Settled(call.request_id, call.tool, "interrupted", detail=what)
@@ -332,7 +388,9 @@ class Reconciler:
             # its target or owner may be lost with that body: a task search without them could take another
             # call's task, or a live replica's call, for this one. Final, and it says why (verify tells more).
             why = f"record {call.unreadable} of this call cannot be read (not JSON): run `pvegate audit verify`"
-            await self._write(call, "reconciled", {"proxmox": "unverifiable", "reason": why, "task_id": call.task_id})
+            await self._write(
+                call, "reconciled", {"proxmox": "unverifiable", "reason": why, "task_id": call.task_id}, turn
+            )
             return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
         cluster = str(call.target.get("cluster") or self.config.default_cluster)
         client = self.clients.get(cluster)
@@ -353,6 +411,7 @@ class Reconciler:
                     "found_by": None,
                     "decided_at": call.ts,
                 },
+                turn,
             )
             return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
         found_by = "upid"
@@ -373,7 +432,7 @@ class Reconciler:
                 }
                 if tool is not None and not tool.spec.get("task"):
                     body["synchronous"] = True  # such a call leaves no task: its outcome cannot be looked up
-                await self._write(call, "reconciled", body)
+                await self._write(call, "reconciled", body, turn)
                 return Settled(call.request_id, call.tool, "reconciled", "not_found")
             claimed.add(task_id)
             status = await self._status(client, task_id)
@@ -384,6 +443,7 @@ class Reconciler:
                 call,
                 "reconciled",
                 {"proxmox": "not_found", "task_id": task_id, "found_by": found_by, "decided_at": call.ts},
+                turn,
             )
             return Settled(call.request_id, call.tool, "reconciled", "not_found", task_id)
         if status.get("status") != "stopped":
@@ -401,6 +461,7 @@ class Reconciler:
                 "found_by": found_by,
                 "decided_at": call.ts,
             },
+            turn,
         )
         return Settled(call.request_id, call.tool, "reconciled", verdict, task_id, exit_status[:300])
 
@@ -448,7 +509,11 @@ class Reconciler:
         first = min(candidates, key=lambda r: (int(r.get("starttime", 0)), str(r["upid"])))
         return str(first["upid"])
 
-    async def _write(self, call: OpenCall, outcome: str, body: dict[str, Any]) -> None:
+    async def _write(
+        self, call: OpenCall, outcome: str, body: dict[str, Any], turn: auditlib.Turn | None = None
+    ) -> None:
+        if turn is not None and await turn.confirm(SETTLED_SQL, call.request_id, call.seq):
+            raise _SettledMeanwhile("a settling record was written meanwhile (by its replica, or another pass)")
         body["reconciled_at"] = time.time()
         rec = AuditRecord(call.request_id, "result", call.principal, call.tool, call.target_key, outcome, body)
         await self.outcomes.append(rec)
@@ -456,6 +521,10 @@ class Reconciler:
             self.outcomes.counters.reconciled += 1
             if self.outcomes.on_reconciled is not None:
                 self.outcomes.on_reconciled(str(body.get("proxmox")))
+
+
+class _SettledMeanwhile(Exception):
+    """The call got a settling record after this pass read it as open: nothing is written."""
 
 
 def summary(settled: list[Settled]) -> str:
@@ -476,8 +545,8 @@ def _log_end(task: asyncio.Task[None]) -> None:
 async def _earlier_pass(reconciler: Reconciler, before: float) -> list[Settled] | None:
     """One pass over what earlier runs left open; None while another replica reconciles."""
     # replicas starting together take turns (PostgreSQL), so no call is settled twice
-    async with reconciler.outcomes.audit.exclusive("pvegate-reconcile") as turn:
-        return await reconciler.run_once(before) if turn else None
+    async with reconciler.outcomes.audit.exclusive(RECONCILE_LOCK) as turn:
+        return await reconciler.run_once(before, turn=turn) if turn else None
 
 
 async def reconcile_loop(reconciler: Reconciler, before: float, interval: float = 10.0) -> None:

@@ -122,7 +122,7 @@ async def test_a_pass_that_keeps_failing_is_never_hidden_by_another_that_succeed
     outcomes = Outcomes(log, grace_seconds=1, min_free_bytes=0)
     reconciler = Reconciler(cfg, Catalog.load(cfg.connectors_dir), outcomes, {})
 
-    async def broken(before: float) -> list[Any]:
+    async def broken(*args: Any, **kwargs: Any) -> list[Any]:
         raise RuntimeError("injected")
 
     monkeypatch.setattr(reconciler, "run_once", broken)

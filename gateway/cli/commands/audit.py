@@ -276,7 +276,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     from gateway.core.config import load
     from gateway.store.audit import AuditLog, known_secrets
     from gateway.store.outcomes import Outcomes
-    from gateway.store.reconcile import Reconciler, summary
+    from gateway.store.reconcile import RECONCILE_LOCK, Reconciler, summary
     from gateway.tools.catalog import Catalog
     from gateway.tools.runtimes.pve_api import PveApiClient
 
@@ -286,20 +286,35 @@ def _reconcile(args: argparse.Namespace) -> int:
     # calls younger than the grace period may still be in flight in a running gateway: not touched by default
     min_age = args.min_age if args.min_age is not None else grace
 
-    async def run() -> list[Any]:
+    async def run() -> list[Any] | None:
         audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
         await audit.open()
         clients = {name: PveApiClient(cl) for name, cl in cfg.clusters.items()}
         try:
             outcomes = Outcomes(audit, grace_seconds=grace, min_free_bytes=0)
             reconciler = Reconciler(cfg, catalog, outcomes, clients)
-            return await reconciler.run_once(time.time() - min_age, since=args.since)
+            # the replicas' rule (PostgreSQL): one reconciler at a time, so no call is settled twice
+            deadline = time.monotonic() + args.wait
+            while True:
+                async with audit.exclusive(RECONCILE_LOCK) as turn:
+                    if turn:
+                        return await reconciler.run_once(time.time() - min_age, since=args.since, turn=turn)
+                if time.monotonic() >= deadline:
+                    return None
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         finally:
             for c in clients.values():
                 await c.close()
             await audit.close()
 
     settled = asyncio.run(run())
+    if settled is None:
+        print(
+            f"error: another gateway replica is reconciling (it holds the {RECONCILE_LOCK} lock) and did not "
+            f"finish within {args.wait:g} s: try again later, or with a longer --wait",
+            file=sys.stderr,
+        )
+        return 1
     if args.json:
         print(json.dumps([s.as_dict() for s in settled], indent=1))
     else:
@@ -399,4 +414,10 @@ def register(sub: Any) -> None:
     )
     rc.add_argument("--since", type=parse_time, help="oldest decision to look at (default: 7d)")
     rc.add_argument("--json", action="store_true", help="print what was settled (or left open) as JSON")
+    rc.add_argument(
+        "--wait",
+        type=parse_age,
+        default="60s",
+        help="how long to wait while a gateway replica is reconciling (PostgreSQL)",
+    )
     rc.set_defaults(func=_reconcile)
