@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import Config, ConfigError
+from gateway.core.config import Config, ConfigError, service_secret_refs
 from gateway.core.redaction import REDACTED, redact_keys, redact_path
 from gateway.store import migrations
 from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
@@ -2015,7 +2015,14 @@ def _fsync_dir(d: Path) -> None:
 def known_secrets(config: Config) -> list[str]:
     """The gateway's own secret values, scrubbed from every record as a last line of defence."""
     refs = [cl.token for cl in config.clusters.values()]
-    refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.opa.token) if r is not None]
+    refs += [
+        r
+        for r in (config.auth.hs256_secret, config.admin.token, config.opa.token, config.metrics.token)
+        if r is not None
+    ]
+    refs += service_secret_refs(config.opa.services)  # OPA's service credentials given as {file:}/{env:}
+    if config.storage.password is not None:
+        refs.append(config.storage.password)
     out: list[str] = []
     for ref in refs:
         try:

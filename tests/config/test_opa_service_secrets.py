@@ -53,3 +53,14 @@ def test_an_inline_token_is_passed_through_as_before(base: dict[str, Any], tmp_p
     assert OPASidecar(services=config.opa.services).opa_config()["services"]["siem"]["credentials"] == {
         "bearer": {"token": TOKEN}
     }
+
+
+def test_the_audit_scrubs_service_credentials_and_the_metrics_token(base: dict[str, Any], tmp_path: Path) -> None:
+    """The audit's last line of defence knows every secret of the gateway's own, these too."""
+    from gateway.store.audit import known_secrets
+
+    (tmp_path / "secrets" / "siem").write_text(TOKEN + "\n")
+    (tmp_path / "secrets" / "metrics").write_text("metrics-scrape-token-77aa01\n")
+    base["metrics"] = {"token": {"file": "secrets/metrics"}}
+    config = load(write(tmp_path, _with_service(base, {"file": "secrets/siem"})))
+    assert {TOKEN, "metrics-scrape-token-77aa01"} <= set(known_secrets(config))
