@@ -46,7 +46,7 @@ from gateway.tools.tool import PLACEHOLDER, Tool
 log = logging.getLogger("pvegate.pve_api")
 READ_RETRIES = 2  # extra attempts, GET only: a retried mutation could run twice
 PERM_RE = re.compile(r"Permission check failed \(([^,]+), ([^)]+)\)")
-# pve-common PVE/UPID.pm's decoder (docs: ../shared/pve-api/NOTES.md §3.13), matched whole
+# pve-common PVE/UPID.pm's decoder, matched whole
 UPID_RE = re.compile(
     r"UPID:([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):"
     r"([0-9A-Fa-f]{8}):([^:\s/]+):([^:\s/]*):([^:\s/]+):"
