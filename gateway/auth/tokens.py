@@ -6,7 +6,6 @@ The accepted algorithms come from configuration, never from the token header.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 import uuid
 from collections import OrderedDict
@@ -16,6 +15,7 @@ import jwt
 
 from gateway.auth import identity
 from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
+from gateway.core import jsonread
 from gateway.core.config import AuthConfig
 from gateway.core.principal import Principal
 from gateway.core.text import describe, unencodable_path
@@ -58,18 +58,17 @@ class _ClaimTypeError(jwt.DecodeError):
     """A time claim that is not a NumericDate we take, or a payload with NaN/Infinity."""
 
 
-def _refuse_constant(name: str) -> Any:
-    raise _ClaimTypeError(f"token payload holds {name}, which is not JSON")
-
-
 class _StrictJWT(jwt.PyJWT):
     """PyJWT with the payload held to JSON and the time claims to numbers in range; checked
     after the signature (the payload is decoded only then) and before PyJWT reads the claims."""
 
     def _decode_payload(self, decoded: dict[str, Any]) -> dict[str, Any]:
+        raw = decoded["payload"]
         try:
-            payload = json.loads(decoded["payload"], parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as exc:  # as PyJWT's own _decode_payload
+            payload = jsonread.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        except jsonread.NotJson as exc:  # NaN, Infinity or 1e400 in any claim: never passed on to OPA
+            raise _ClaimTypeError(f"token payload is not JSON: {exc}") from exc
+        except ValueError as exc:  # as PyJWT's own _decode_payload (UTF-8 is RFC 7519's encoding)
             raise jwt.DecodeError(f"Invalid payload string: {exc}") from exc
         if not isinstance(payload, dict):
             raise jwt.DecodeError("Invalid payload string: must be a json object")

@@ -6,8 +6,6 @@ both protocol eras), so the wire answer for a fault is the spec's, not ours.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +22,7 @@ from mcp_types.jsonrpc import (
 )
 from starlette.responses import Response
 
+from gateway.core import jsonread
 from gateway.core.jsonenc import dumps, holds_encoded, splice
 from gateway.core.text import describe, may_hold_unencodable, unencodable_path
 
@@ -101,22 +100,6 @@ def fault_response(fault: RpcFault) -> Response:
     return error_response(fault.id, fault.code, fault.message, fault.data)
 
 
-class _NotJson(ValueError):
-    """NaN, Infinity or -Infinity: json accepts them, JSON (RFC 8259) does not."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NotJson(f"Parse error: {name} is not a JSON value")
-
-
-def _finite(literal: str) -> float:
-    """A number too large for a double (1e400) would come out as Infinity: refused as that is."""
-    value = float(literal)
-    if not math.isfinite(value):
-        raise _NotJson(f"Parse error: the number {literal[:40]} is out of range")
-    return value
-
-
 def parse_message(body: bytes) -> Message:
     """Decode a POST body (or a stdio line) into one request or notification, or raise the spec's fault."""
     try:
@@ -128,10 +111,10 @@ def parse_message(body: bytes) -> Message:
     if text.startswith("\ufeff"):
         raise RpcFault(PARSE_ERROR, "Parse error: the body starts with a byte order mark (JSON text has none)")
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
-    except _NotJson as exc:
-        raise RpcFault(PARSE_ERROR, str(exc)) from exc
-    except (ValueError, RecursionError) as exc:  # huge int literals raise ValueError, deep nesting RecursionError
+        doc = jsonread.loads(text)
+    except jsonread.NotJson as exc:  # NaN, Infinity, 1e400, nesting beyond Python's parser
+        raise RpcFault(PARSE_ERROR, f"Parse error: {exc}") from exc
+    except ValueError as exc:  # malformed, or an integer literal too long to convert
         raise RpcFault(PARSE_ERROR, "Parse error: the body is not valid JSON") from exc
     if isinstance(doc, list):
         raise RpcFault(INVALID_REQUEST, "Invalid Request: JSON-RPC batches are not accepted; send one message per POST")

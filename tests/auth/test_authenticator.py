@@ -122,6 +122,15 @@ def test_time_claims_at_their_edges_are_accepted(tmp_path: Path, idp: IdP) -> No
     assert run(make_auth(tmp_path, idp), signed_payload(fraction.encode()))
 
 
+@pytest.mark.parametrize("value", ["1e400", "-1E999", "NaN", "[Infinity]"])
+def test_a_number_json_cannot_carry_is_refused_in_any_claim(tmp_path: Path, idp: IdP, value: str) -> None:
+    """Not only the time claims: 1e400 in any claim read as inf and reached the principal (and OPA's input)."""
+    body = json.dumps(claims_for())[:-1] + f', "department": {value}' + "}"
+    err = refused(make_auth(tmp_path, idp), signed_payload(body.encode()))
+    assert err.status == 401 and err.error == "invalid_token", err
+    assert "token payload is not JSON" in str(err), str(err)
+
+
 def test_small_leeway_tolerates_clock_skew(tmp_path: Path, idp: IdP) -> None:
     token = idp.token("es256", exp=int(time.time()) - 5)
     assert run(make_auth(tmp_path, idp), token)

@@ -18,6 +18,8 @@ from gateway.tools.runtimes.ssh import MAX_OUTPUT_DEPTH, SshPool, parse_output
         '{"ID": ' + "1" * 5000 + "}",  # longer than Python reads an int
         "NaN",  # no JSON: passed on, the reply would be invalid for strict clients
         '{"x": [Infinity]}',
+        '{"load": 1e999}',  # a double's overflow: read as inf, it was passed on as Infinity
+        "[-1E400]",
         "[" * 100_000,  # nesting without end
         "[" * (MAX_OUTPUT_DEPTH + 1) + "]" * (MAX_OUTPUT_DEPTH + 1),  # parses, but breaks output shaping
     ],

@@ -28,6 +28,7 @@ from typing import Any
 import asyncssh
 import jsonschema
 
+from gateway.core import jsonread
 from gateway.core.config import ClusterConfig, SSHConfig, SSHNodeConfig
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import CallContext, CommandFailed, GuestLocator, ToolError, ToolOutput
@@ -151,40 +152,17 @@ def parse_df(text: str) -> list[dict[str, Any]]:
 MAX_OUTPUT_DEPTH = 64  # nesting a command's JSON may have: deeper is no docker or pvesh answer
 
 
-def _no_constant(name: str) -> Any:
-    # NaN and Infinity are no JSON: passed on, they would make the reply invalid for strict clients
-    raise ValueError(f"{name} is not JSON")
-
-
-def _within_depth(doc: Any, limit: int = MAX_OUTPUT_DEPTH) -> bool:
-    todo = [(doc, 1)]
-    while todo:
-        node, depth = todo.pop()
-        if isinstance(node, dict | list):
-            if depth > limit:
-                return False
-            todo.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
-    return True
-
-
-def _json(text: str) -> Any:
-    doc = json.loads(text, parse_constant=_no_constant)
-    if not _within_depth(doc):
-        raise ValueError(f"nested deeper than {MAX_OUTPUT_DEPTH} levels")
-    return doc
-
-
 def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
     """A command's output as its tool declares it. The output is the node's (a guest's, through
     pct exec) to choose: anything but the expected JSON is a tool error, never an internal one."""
     try:
         if kind == "json":
-            return _json(stdout) if stdout.strip() else None
+            return jsonread.loads(stdout, MAX_OUTPUT_DEPTH) if stdout.strip() else None
         if kind == "json_lines":
-            return [_json(line) for line in stdout.splitlines() if line.strip()]
+            return [jsonread.loads(line, MAX_OUTPUT_DEPTH) for line in stdout.splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
         raise ToolError(f"command output was not the expected JSON ({exc.msg})") from exc
-    except (ValueError, RecursionError) as exc:  # a number too long, NaN, nesting without end
+    except ValueError as exc:  # NaN, 1e999, nesting too deep, an integer too long to convert
         raise ToolError(f"command output was not the expected JSON ({str(exc)[:80]})") from exc
     if kind == "table":
         return parse_table(stdout)

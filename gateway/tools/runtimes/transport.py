@@ -26,8 +26,6 @@ lists as repeated keys, spaces as +), and redirects are never followed.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +33,8 @@ from urllib.parse import urlencode
 
 import aiohttp
 import yarl
+
+from gateway.core import jsonread
 
 # The largest answers PVE gives are lists that grow with the cluster (/cluster/resources, a
 # node's task list or a storage's content, a long task log page): a few MiB for thousands of
@@ -75,31 +75,6 @@ class AnswerTooLarge(Exception):
         self.limit = limit
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses to inf: no more valid in a reply than Infinity
-        raise ValueError(f"number {text[:20]} is out of range")
-    return value
-
-
-def _check_depth(doc: Any) -> None:
-    level, depth = [doc] if type(doc) in (dict, list) else [], 1
-    while level:
-        if depth > MAX_JSON_DEPTH:
-            raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-        below: list[Any] = []
-        for value in level:
-            below.extend(c for c in (value.values() if type(value) is dict else value) if type(c) in (dict, list))
-        level, depth = below, depth + 1
-
-
-_STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-
-
 @dataclass(frozen=True, slots=True)
 class Reply:
     status: int
@@ -109,13 +84,7 @@ class Reply:
     def json(self) -> Any:
         """The body as strict JSON; ValueError for anything else (NaN, Infinity or an out-of-range
         number, which the reply to the client could not carry; nesting deeper than MAX_JSON_DEPTH)."""
-        try:
-            doc = _STRICT.decode(self.body.decode())
-        except RecursionError as exc:
-            raise ValueError("JSON nested too deeply") from exc
-        if self.body.count(b"[") + self.body.count(b"{") > MAX_JSON_DEPTH:  # else it cannot be that deep
-            _check_depth(doc)
-        return doc
+        return jsonread.loads(self.body.decode(), max_depth=MAX_JSON_DEPTH)
 
 
 def _text(value: Any) -> str:
