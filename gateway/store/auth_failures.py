@@ -104,6 +104,30 @@ class _Counted:
     outcomes: dict[str, int] = field(default_factory=dict)
     surfaces: dict[str, int] = field(default_factory=dict)
 
+    def count(self, outcome: str, surface: str) -> None:
+        """One more request only counted."""
+        self.suppressed += 1
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.surfaces[surface] = self.surfaces.get(surface, 0) + 1
+
+    def add(self, other: _Counted) -> None:
+        """Fold `other` in: several sources (or windows) summed into one summary."""
+        self.audited += other.audited
+        self.suppressed += other.suppressed
+        for mine, theirs in ((self.outcomes, other.outcomes), (self.surfaces, other.surfaces)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+
+    @classmethod
+    def of_summary(cls, body: dict[str, Any]) -> _Counted:
+        """The counts a summary row's body holds (one kept unwritten)."""
+        return cls(
+            audited=int(body.get("audited", 0)),
+            suppressed=int(body.get("count", 0)),
+            outcomes={k: int(v) for k, v in (body.get("outcomes") or {}).items()},
+            surfaces={k: int(v) for k, v in (body.get("surfaces") or {}).items()},
+        )
+
 
 @dataclass
 class _Source:
@@ -175,10 +199,7 @@ class AuthFailures:
             recorded = "row"
             row = record
         else:
-            counted.suppressed += 1
-            outcome = record.outcome or "-"
-            counted.outcomes[outcome] = counted.outcomes.get(outcome, 0) + 1
-            counted.surfaces[surface] = counted.surfaces.get(surface, 0) + 1
+            counted.count(record.outcome or "-", surface)
             recorded = SUPPRESSED
             self._ensure_sweeper()
         self.counts[(surface, recorded)] = self.counts.get((surface, recorded), 0) + 1
@@ -212,12 +233,7 @@ class AuthFailures:
         due += [self._summary(key, group, counted, start, stop) for key, group, counted in named]
         folded: dict[_Group, _Counted] = {}
         for _, group, counted in rest:
-            into = folded.setdefault(group, _Counted())
-            into.audited += counted.audited
-            into.suppressed += counted.suppressed
-            for name, target in (("outcomes", into.outcomes), ("surfaces", into.surfaces)):
-                for k, v in getattr(counted, name).items():
-                    target[k] = target.get(k, 0) + v
+            folded.setdefault(group, _Counted()).add(counted)
         due += [self._summary(AGGREGATE, group, counted, start, stop) for group, counted in folded.items()]
         return due
 
@@ -278,14 +294,9 @@ class AuthFailures:
             self._ensure_sweeper()
 
     def _fold(self, group: _Group, bodies: list[dict[str, Any]]) -> AuditRecord:
-        folded = _Counted(
-            audited=sum(int(b.get("audited", 0)) for b in bodies),
-            suppressed=sum(int(b.get("count", 0)) for b in bodies),
-        )
+        folded = _Counted()
         for b in bodies:
-            for name, target in (("outcomes", folded.outcomes), ("surfaces", folded.surfaces)):
-                for k, v in (b.get(name) or {}).items():
-                    target[k] = target.get(k, 0) + int(v)
+            folded.add(_Counted.of_summary(b))
         start = min(_parse(b.get("window_start")) for b in bodies)
         stop = max(_parse(b.get("window_end")) for b in bodies)
         return self._summary(AGGREGATE, group, folded, start, stop)
