@@ -82,7 +82,7 @@ def config_text(text: Any) -> dict[str, str]:
     if not isinstance(text, str):
         raise ValueError("the backup's configuration is not text")
     config: dict[str, str] = {}
-    for raw in text.splitlines():
+    for raw in text.split("\n"):  # as Proxmox reads it: a description may hold U+2028, \x85, \x0b
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

@@ -70,6 +70,16 @@ def test_defaults_are_proxmoxs() -> None:
         guest_size("lxc", bare)  # the node's cores unknown: not counted as 0
 
 
+@pytest.mark.parametrize("sep", ["\u2028", "\x85", "\x0b", "\x1c", "\r"])
+def test_only_a_newline_ends_a_line(sep: str) -> None:
+    """Proxmox splits a configuration on newlines only; a description holding another line
+    separator (its `#` line) read as two lines ended the settings at a fake section, or added one."""
+    text = f"#note{sep}[fake]\n#x{sep}scsi9: local:vm-1-disk-9,size=9T\ncores: 2\nscsi0: local:vm-1-disk-0,size=1G\n"
+    config = config_text(text)
+    assert config == {"cores": "2", "scsi0": "local:vm-1-disk-0,size=1G"}
+    assert guest_size("qemu", config)["disk_gib"] == 1
+
+
 @pytest.mark.parametrize(
     "text",
     [None, {"cores": 4}, "", "#only a description\n", "[snap]\ncores: 1\n", "cores 4\n", "Cores: 4\n"],
