@@ -345,8 +345,8 @@ class TargetResolver:
                 ha_state=(row.get("hastate") or None),
                 known=True,
             )
-            runs_on_named_node = "{node}" in str(tool.spec.get("path", "")) and not tool.spec.get("locate")
-            if node_param and node_param in arguments and runs_on_named_node:
+            path = str(tool.spec.get("path", ""))
+            if node_param and node_param in arguments and f"{{{node_param}}}" in path and not tool.spec.get("locate"):
                 # the request runs on the node the call names (a guest's backups on another node's
                 # storage), not necessarily the guest's: a node scope must cover where it runs
                 target["node"] = arguments[node_param]

@@ -6,6 +6,7 @@ pve1 could prune the backups a pve1 guest had on pve2's local storage."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gateway.dev.devenv import DevEnv
@@ -30,6 +31,16 @@ async def test_a_call_on_a_named_node_is_decided_on_that_node(env: DevEnv, sim: 
             args = {"node": other, "storage": "local", "vmid": guest["vmid"]}
             target = await resolver.resolve(tool, args, "default")
             assert target["node"] == other and target["vmid"] == guest["vmid"] and target["known"], (name, target)
+        # the node's placeholder is the node parameter's, whatever its name (it was matched as "{node}" only)
+        prune = catalog.get("backup_prune")
+        assert prune is not None
+        renamed = dataclasses.replace(
+            prune,
+            target={**prune.target, "node": "where"},
+            spec={**prune.spec, "path": str(prune.spec["path"]).replace("{node}", "{where}")},
+        )
+        target = await resolver.resolve(renamed, {"where": other, "storage": "local", "vmid": guest["vmid"]}, "default")
+        assert target["node"] == other, target
         # a tool that locates its guest keeps the guest's node (a differing node argument is refused there)
         located = catalog.get("get_guest_status")
         assert located is not None and located.spec.get("locate")
