@@ -30,6 +30,16 @@ def test_hostile_output_is_a_tool_error(stdout: str, kind: str) -> None:
         parse_output(kind, stdout, 0)
 
 
+def test_df_figures_that_are_no_numbers_are_unknown() -> None:
+    """A guest's df (through pct exec) is the guest's to print: "²" passed str.isdigit and failed int()
+    as an internal error; a figure of 5,000 digits failed int() too."""
+    header = "Filesystem Type 1B-blocks Used Avail Mounted on\n"
+    rows = parse_output("df", header + "/dev/x ext4 1\u00b2 \u0663 " + "9" * 5000 + " /\n/dev/y xfs 10 4 6 /srv\n", 0)
+    assert rows[0] == {"filesystem": "/dev/x", "type": "ext4", "total": None, "used": None,
+                       "available": None, "mountpoint": "/"}  # fmt: skip
+    assert rows[1]["total"] == 10 and rows[1]["available"] == 6
+
+
 def test_ordinary_output_still_parses() -> None:
     deep: Any = [1]
     for _ in range(MAX_OUTPUT_DEPTH - 1):

@@ -141,8 +141,9 @@ def parse_df(text: str) -> list[dict[str, Any]]:
             continue
         source, fstype, size, used, avail, target = parts
 
-        def num(v: str) -> int | None:  # df prints "-" where a filesystem has no figure
-            return int(v) if v.isdigit() else None
+        def num(v: str) -> int | None:  # "-" where a filesystem has no figure; no guessing at anything else
+            # ASCII only: str.isdigit takes "²", which int() refuses; 20 digits is more bytes than exist
+            return int(v) if v.isascii() and v.isdigit() and len(v) <= 20 else None
 
         rows.append({"filesystem": source, "type": fstype, "total": num(size), "used": num(used),
                      "available": num(avail), "mountpoint": target})  # fmt: skip
