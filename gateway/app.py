@@ -160,11 +160,17 @@ async def _build_with(
     usage = await build_quotas(config, audit)
     api_token = opa_api_token(config, sidecar)
     policy_status = PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token)
-    local_revision = None
+    local_revision = local_name = None
     if sidecar is not None and sidecar.bundle is None and not sidecar.bundles:
         # a policy directory: OPA's provenance names no revision; each (re)start may load new files
         local_revision = sidecar.revision_key
-    decisions = DecisionClient(url, config.opa.timeout_ms, token=api_token, local_revision=local_revision)
+
+        def local_name() -> str | None:
+            return sidecar.policy_revision
+
+    decisions = DecisionClient(
+        url, config.opa.timeout_ms, token=api_token, local_revision=local_revision, local_name=local_name
+    )
     clients = {name: PveApiClient(cl) for name, cl in config.clusters.items()}
     targets = TargetResolver(clients, config.target_cache_seconds)
     runtimes: dict[str, Runtime] = {

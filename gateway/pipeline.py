@@ -378,18 +378,8 @@ def _tkey(target: dict[str, Any]) -> str | None:
 
 def _decision_body(d: Decision, input_doc: dict[str, Any]) -> dict[str, Any]:
     return {
-        "allow": d.allow,
-        "deny": list(d.deny),
-        "deny_codes": d.deny_codes,
-        "deny_reasons": list(d.deny_reasons),
-        "risk": d.risk,
-        "approval": d.approval,
+        **d.as_dict(),
         "approval_presented": (input_doc["approval"] or {}).get("id"),
-        "obligations": d.obligations,
-        "quota": d.quota,
-        "decision_id": d.decision_id,
-        "bundle_revision": d.revision,
-        "failed_closed": d.failed_closed,
         "input_digest": digest_json(input_doc),
         "eval_ns": d.eval_ns,
     }

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, NamedTuple
 from urllib.parse import urlencode, urlsplit
@@ -62,9 +62,11 @@ class Decision:
     obligations: dict[str, Any] = field(default_factory=dict)
     quota: dict[str, Any] | None = None
     decision_id: str | None = None
-    revision: str | None = None
+    revision: str | None = None  # the bundle(s) OPA's provenance names: None for a policy directory
     eval_ns: int | None = None
     failed_closed: bool = False
+    # what the audit names: `revision`, or the managed sidecar's policy files ("files:<digest>")
+    policy_revision: str | None = None
 
     @property
     def approval_required(self) -> bool:
@@ -84,6 +86,22 @@ class Decision:
     def approval_codes(self) -> list[str]:
         """The stable codes of the reasons an approval is required."""
         return sorted({r["code"] for r in self.approval.get("reasons") or ()})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as the audit, the console's what-if and `pvegate policy eval` show it."""
+        return {
+            "allow": self.allow,
+            "deny": list(self.deny),
+            "deny_codes": self.deny_codes,
+            "deny_reasons": list(self.deny_reasons),
+            "risk": self.risk,
+            "approval": self.approval,
+            "obligations": self.obligations,
+            "quota": self.quota,
+            "decision_id": self.decision_id,
+            "bundle_revision": self.policy_revision or self.revision,
+            "failed_closed": self.failed_closed,
+        }
 
     @classmethod
     def from_result(cls, result: dict[str, Any], envelope: dict[str, Any], revision: str | None = None) -> Decision:
@@ -170,11 +188,14 @@ class DecisionClient:
         timeout_ms: int = 500,
         token: str | None = None,
         local_revision: Callable[[], str | None] | None = None,
+        local_name: Callable[[], str | None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         # what identifies the loaded policy when OPA's provenance names no bundle (the managed
         # sidecar's policy directory: its files and restart count); a change re-checks the data
         self._local_revision = local_revision
+        # what the audit names that policy by (its files' digest, as /admin/health shows it)
+        self._local_name = local_name
         self.data_check: DataCheck | None = None
         self._data_check_lock = asyncio.Lock()
         self.timeout = timeout_ms / 1000.0
@@ -284,7 +305,10 @@ class DecisionClient:
         if not check.valid:
             assert check.refusal is not None
             return check.refusal
-        return Decision.from_result(result, envelope, revision)
+        decision = Decision.from_result(result, envelope, revision)
+        if revision is None and self._local_name is not None:
+            decision = replace(decision, policy_revision=self._local_name())
+        return decision
 
     async def check_data(self, key: str | None = None, force: bool = False) -> DataCheck:
         """Ask OPA whether the policy data is valid; kept until the revision changes (or `force`).

@@ -67,7 +67,9 @@ async def test_records_in_order_with_decision_facts(xgw: GatewayThread, xenv: De
     assert rows[0]["target"] == "default/qemu/102"
     assert rows[1]["outcome"] == "allow"
     assert "decision_id" in decision and decision["input_digest"].startswith("sha256:")
-    assert "bundle_revision" in decision and decision["risk"]["level"] in ("low", "medium", "high", "critical")
+    # the policy it was decided under, a policy directory's files too (it was null without a bundle)
+    assert str(decision["bundle_revision"]).startswith("files:"), decision["bundle_revision"]
+    assert decision["risk"]["level"] in ("low", "medium", "high", "critical")
     assert decision["deny"] == [] and decision["approval"]["required"] is False
     assert result["duration_ms"] > 0 and rows[2]["outcome"] in ("ok", "failed")
     if rows[2]["outcome"] == "ok":

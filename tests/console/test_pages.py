@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -267,6 +268,8 @@ def test_what_if_decides_without_dispatching(erin: Browser, cenv: DevEnv, csim: 
     r = carol.post("/admin/whatif", form)
     assert r.status_code == 200 and 'id="decision"' in r.text and ">deny<" in r.text
     assert "rbac.not_granted" in r.text
+    # the revision the decision was made under, a policy directory's too (it was "-")
+    assert re.search(r'Revision <span class="mono">files:[0-9a-f]', r.text), "the policy's revision is shown"
     r = carol.post("/admin/whatif", {**form, "roles": "operator"})
     assert "approval required" in r.text and "shutting down a prod guest needs an SRE lead" in r.text
     sent = [x for x in csim.requests_log()[before:] if x["method"] != "GET"]

@@ -921,18 +921,8 @@ async def whatif_page(request: Request) -> Response:
         if tool.allocates:
             input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
         d = await c.decisions.decide(input_doc)  # the decision entrypoint, like a live call; never dispatched
-        decision = {
-            "outcome": "allow" if d.allow else "approval required" if d.approval_required else "deny",
-            "allow": d.allow,
-            "deny": list(d.deny),
-            "deny_reasons": list(d.deny_reasons),
-            "risk": d.risk,
-            "approval": d.approval,
-            "obligations": d.obligations,
-            "decision_id": d.decision_id,
-            "revision": d.revision,
-            "failed_closed": d.failed_closed,
-        }
+        outcome = "allow" if d.allow else "approval required" if d.approval_required else "deny"
+        decision = {"outcome": outcome, **d.as_dict()}
     except (ValueError, ArgumentError, ToolError) as exc:
         error = str(exc)
     await record(

@@ -30,18 +30,7 @@ async def _ask(url: str, entrypoint: str, doc: dict[str, Any], token: str | None
     try:
         if entrypoint == "decision":
             d = await client.decide(doc)
-            return {
-                "allow": d.allow,
-                "deny": list(d.deny),
-                "deny_reasons": list(d.deny_reasons),
-                "risk": d.risk,
-                "approval": d.approval,
-                "obligations": d.obligations,
-                "quota": d.quota,
-                "decision_id": d.decision_id,
-                "bundle_revision": d.revision,
-                "failed_closed": d.failed_closed,
-            }
+            return d.as_dict()
         result, _ = await client.query(ENTRYPOINTS[entrypoint], doc)
         return {"result": result}
     finally:
