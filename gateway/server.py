@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import logging
 import signal
 import socket
@@ -29,6 +28,7 @@ from starlette.applications import Starlette
 from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef, service_secret_refs
+from gateway.core.config_schema import is_loopback
 from gateway.mcp.stdio import local_principal, serve_stdio
 from gateway.mcp.wellknown import resource_url
 from gateway.policy.opa_sidecar import OPAUnavailable
@@ -204,19 +204,10 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Config:
     tls: dict[str, str] = {}
     if config.tls.insecure_http:
-        if not _is_loopback(config.host):
+        if not is_loopback(config.host):
             raise ConfigError("plain HTTP (tls.insecure_http) is only allowed on a loopback address")
         log.warning("serving plain HTTP on %s:%d (tls.insecure_http): loopback only", config.host, config.port)
     else:

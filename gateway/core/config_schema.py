@@ -266,7 +266,8 @@ def problems(raw: Any) -> list[str]:
     return list(unique)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (a name other than localhost is not resolved: not loopback)."""
     if host == "localhost":
         return True
     try:
@@ -322,12 +323,7 @@ def _plain_http_off_host(url: str) -> bool:
         return False  # the schema's pattern and the loader say what is wrong with it
     if parts.scheme.lower() != "http":
         return False
-    if host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return True
+    return not is_loopback(host)
 
 
 def _netloc(url: str) -> str:
@@ -420,7 +416,7 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
     tls = raw.get("tls") or {}
     host = str((raw.get("listen") or {}).get("host", "127.0.0.1"))
     if tls.get("insecure_http"):
-        if not _is_loopback(host):
+        if not is_loopback(host):
             out.append(f"tls.insecure_http: plain HTTP is only allowed on a loopback listen.host, not {host}")
         if tls.get("cert") or tls.get("key"):
             out.append("tls.insecure_http: true, so tls.cert and tls.key are not used; give one or the other")
