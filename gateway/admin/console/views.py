@@ -20,7 +20,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import jinja2
 from starlette.datastructures import FormData
@@ -135,10 +135,14 @@ def _redirect_uri(request: Request) -> str:
 
 def _local_path(value: str | None) -> str:
     """Only a path under /admin/ on this site is a place to return to after sign-in (no open redirect)."""
-    if not value or not value.startswith("/admin/") or value.startswith("//") or "\\" in value:
+    if not value or not value.startswith("/admin/") or "\\" in value or not value.isprintable():
         return "/admin/"
     parts = urlsplit(value)
-    return value if not parts.scheme and not parts.netloc else "/admin/"
+    # a browser resolves dot segments (%2e too): /admin/..//evil.com would leave /admin/ for //evil.com
+    segments = unquote(parts.path).split("/")
+    if parts.scheme or parts.netloc or "//" in parts.path or any(s in (".", "..") for s in segments):
+        return "/admin/"
+    return value
 
 
 def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
