@@ -159,6 +159,7 @@ class HealthMonitor:
     # audit probe
     audit_probe_error: str | None = None
     audit_free_bytes: int | None = None
+    audit_stat_error: str | None = None
     cluster_states: dict[str, ClusterState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
@@ -265,9 +266,13 @@ class HealthMonitor:
         try:
             st = None if local is None else await asyncio.to_thread(os.statvfs, local)
             self.audit_free_bytes = None if st is None else st.f_bavail * st.f_frsize
+            self.audit_stat_error = None
         except OSError as exc:
+            # calls are refused on the same failure (Outcomes.store_problem): not ready either (the
+            # directory renamed or removed, unsearchable for the service's user, a stale NFS handle)
             self.audit_free_bytes = None
-            log.warning("cannot stat the audit store's file system: %s", exc)
+            self.audit_stat_error = f"cannot check the audit store's free space ({exc.strerror or exc})"
+            log.error("readiness: %s", self.audit_stat_error)
         last = self.audit.last_commit_at
         if (
             last is not None
@@ -374,6 +379,8 @@ class HealthMonitor:
             audit_detail: str | None = f"audit store refuses writes ({self.audit.last_error})"
         elif self.audit_probe_error:
             audit_detail = self.audit_probe_error
+        elif self.audit_stat_error:
+            audit_detail = self.audit_stat_error
         elif commit_age is None or commit_age > cfg.audit_max_age:
             audit_detail = "no audit commit recently (probe stalled)" if commit_age else "not probed yet"
         elif self.audit_free_bytes is not None and self.audit_free_bytes < self.audit_min_free_bytes:

@@ -241,6 +241,29 @@ async def test_audit_disk_below_the_free_space_floor_is_red(hsim: Any, tmp_path:
         gw.stop()
 
 
+async def test_an_audit_directory_that_cannot_be_checked_is_red(hsim: Any, tmp_path: Path) -> None:
+    """Calls are refused when the store's free space cannot be checked (its directory renamed or gone):
+    readiness said ready all the while, the open file still taking the probe's commit."""
+    store = tmp_path / "store"
+    env = health_env(tmp_path / "gw", hsim, audit={"path": str(store / "audit.db")})
+    gw = GatewayThread(env.config).start()
+    base = base_url(env.config)
+    try:
+        async with http_client(env) as http:
+            await wait_for(http, base + "/readyz", _ready)
+            store.rename(tmp_path / "moved")
+            try:
+                red, _ = await wait_for(http, base + "/readyz", _unready, timeout=10)
+                reasons = red.json()["reasons"]
+                gone = "audit: cannot check the audit store's free space (No such file or directory)"
+                assert reasons == [gone], reasons
+            finally:
+                (tmp_path / "moved").rename(store)
+            await wait_for(http, base + "/readyz", _ready, timeout=10)
+    finally:
+        gw.stop()
+
+
 async def test_draining_gateway_is_unready_but_alive(hsim: Any, tmp_path: Path) -> None:
     env = health_env(tmp_path, hsim)
     gw = GatewayThread(env.config).start()
