@@ -480,7 +480,7 @@ class HealthMonitor:
             yield free
         up = GaugeMetricFamily(
             "pvegate_cluster_up",
-            "1 when the cluster's API answered the last probe with the gateway's token.",
+            "1 when the cluster's API answered the last probe with the gateway's token (no sample before one).",
             labels=["cluster"],
         )
         state = GaugeMetricFamily(
@@ -489,7 +489,8 @@ class HealthMonitor:
             labels=["cluster", "state"],
         )
         for name, st in self.cluster_states.items():
-            up.add_metric([name], int(st.state == "ok"))
+            if st.state != "unknown":  # not probed (yet, or cluster_probe_interval 0): neither up nor down
+                up.add_metric([name], int(st.state == "ok"))
             for s in ("unknown", "ok", "unreachable", "unauthorized", "error"):
                 state.add_metric([name, s], int(st.state == s))
         yield up

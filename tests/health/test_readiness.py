@@ -314,6 +314,23 @@ async def test_proxmox_rejecting_the_token_keeps_readiness_green(hsim: Any, tmp_
         gw.stop()
 
 
+async def test_a_cluster_never_probed_is_not_reported_down(hsim: Any, tmp_path: Path) -> None:
+    """cluster_probe_interval 0 turns the probes off: pvegate_cluster_up said 0 for good, and the
+    alert deployment.md suggests (pvegate_cluster_up == 0) fired for a cluster that answers."""
+    env = health_env(tmp_path, hsim, health={"cluster_probe_interval": 0})
+    gw = GatewayThread(env.config).start()
+    base = base_url(env.config)
+    try:
+        async with http_client(env) as http:
+            await wait_for(http, base + "/readyz", _ready)
+            token = env.config.admin.token.read()  # type: ignore[union-attr]
+            m = await http.get(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            assert 'pvegate_cluster_state{cluster="default",state="unknown"} 1.0' in m.text
+            assert "pvegate_cluster_up{" not in m.text, [ln for ln in m.text.splitlines() if "cluster_up" in ln]
+    finally:
+        gw.stop()
+
+
 def test_health_settings_are_checked(tmp_path: Path, hsim: Any) -> None:
     env = health_env(tmp_path, hsim)
     raw = yaml.safe_load(env.config_path.read_text())
