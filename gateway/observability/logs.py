@@ -53,6 +53,13 @@ def current_request_id() -> str | None:
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 
 
+_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")  # what json.dumps does not escape and splitlines breaks at
+
+
+def _escape_json(ch: re.Match[str]) -> str:
+    return f"\\u{ord(ch.group()):04x}"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, msg, the request context, extra fields, exc."""
 
@@ -77,7 +84,9 @@ class JsonFormatter(logging.Formatter):
             doc["exc"] = self.formatException(record.exc_info)  # inside the object: still one line
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(doc, default=str, ensure_ascii=False)
+        # json.dumps leaves \x85, U+2028 and U+2029 raw (valid JSON), but a reader splitting lines the
+        # way str.splitlines does would see a forged line start there: escaped, the value is the same
+        return _LINE_BREAKS.sub(_escape_json, json.dumps(doc, default=str, ensure_ascii=False))
 
 
 # C0, DEL and C1 controls, the Unicode line/paragraph separators and the bidi overrides: any of

@@ -61,7 +61,9 @@ def test_text_log_lines_cannot_be_forged_by_client_text() -> None:
     text = TextFormatter().format(rec)
     assert text.splitlines() == [text]  # str.splitlines knows every line break, \x85 and \u2028 included
     assert text == (f"INFO pvegate.calls: tools/call x\\n{FORGED}\\r\\x1b[2J\\x85\\u2028\\u202e\\x00\\tend by a: b")
-    assert json.loads(JsonFormatter().format(rec))["msg"] == f"tools/call {tool} by a: b"  # JSON: as it was
+    line = JsonFormatter().format(rec)
+    assert json.loads(line)["msg"] == f"tools/call {tool} by a: b"  # JSON: as it was
+    assert line.splitlines() == [line]  # \x85 and U+2028 escaped too (json.dumps leaves them raw)
 
     huge = TextFormatter().format(_record("y" * 100_000))
     assert len(huge) < 8300 and huge.endswith(f"... [cut {100_000 - 8192} characters]")
