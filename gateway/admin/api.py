@@ -20,6 +20,7 @@ and nothing secret is in it) and sends the vote with the bearer JWT pasted into 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import html
 import json
@@ -41,12 +42,22 @@ from gateway.core.principal import Principal
 from gateway.core.text import describe, may_hold_unencodable, unencodable_path
 from gateway.observability import metrics as metricslib
 from gateway.store import audit as auditlib
-from gateway.store.approvals import STATES, ApprovalRequest, Approvals, NotFound, VoteOutcome
+from gateway.store.approvals import (
+    MAX_PAGE,
+    STATES,
+    ApprovalRequest,
+    Approvals,
+    BadCursor,
+    NotFound,
+    VoteOutcome,
+    decode_cursor,
+)
 from gateway.store.audit import AuditRecord
 
 log = logging.getLogger("pvegate.admin")
 
 MAX_BODY = 16_384
+DEFAULT_PAGE = 200  # GET /admin/approvals: requests per page unless `limit` says otherwise
 
 
 def _err(status: int, error: str, detail: str) -> JSONResponse:
@@ -301,26 +312,57 @@ async def approvals_list(request: Request) -> Response:
     state = request.query_params.get("state", "pending")
     if state not in (*STATES, "all"):  # a mistyped filter must not look like an empty queue
         return _err(400, "bad_state", f"state must be one of {', '.join((*STATES, 'all'))}, not {state!r}")
+    try:
+        limit = int(request.query_params.get("limit", str(DEFAULT_PAGE)))
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError("limit")
+    except ValueError:
+        return _err(400, "invalid_request", f"limit must be an integer from 1 to {MAX_PAGE}")
+    cursor = request.query_params.get("cursor") or None
+    if cursor is not None:
+        try:
+            decode_cursor(cursor)  # refused before the sweep writes anything
+        except BadCursor as exc:
+            return _err(400, "bad_cursor", str(exc))
     await store.expire_due()
-    items = await store.list(None if state == "all" else state)
-    return JSONResponse({"approvals": [r.view() for r in items]})
+    items, nxt = await store.page(None if state == "all" else [state], limit, cursor)
+    # a page, not the whole queue: `more` says whether another exists, `next_cursor` opens it
+    return JSONResponse({"approvals": [r.view() for r in items], "more": nxt is not None, "next_cursor": nxt})
 
 
 async def approval_get(request: Request) -> Response:
+    # the browser's approval page needs no credential (the 128-bit random id is the capability,
+    # and it shows a summary only); everything else is authenticated before the store is touched,
+    # so an unauthenticated caller learns nothing of which ids exist and writes nothing
+    page = request.headers.get("authorization") is None and "text/html" in request.headers.get("accept", "")
+    if not page:
+        who = await _caller(request)
+        if isinstance(who, JSONResponse):
+            return who
     store = _approvals(request).store
     if store is None:
         return _err(404, "not_enabled", "approvals are not enabled")
+    if page:
+        try:
+            req = await store.get(request.path_params["id"])
+        except NotFound:
+            return _err(404, "not_found", "no such approval request")
+        return _page(_as_shown(req), _approvals(request))  # read only: no sweep on an anonymous request
     await store.expire_due()
     try:
         req = await store.get(request.path_params["id"])
     except NotFound:
         return _err(404, "not_found", "no such approval request")
-    if request.headers.get("authorization") is None and "text/html" in request.headers.get("accept", ""):
-        return _page(req, _approvals(request))
-    who = await _caller(request)
-    if isinstance(who, JSONResponse):
-        return who
     return JSONResponse(req.view(), headers={"Cache-Control": "no-store"})
+
+
+def _as_shown(req: ApprovalRequest) -> ApprovalRequest:
+    """The request with the state the next sweep would give it (what the page shows, unsaved)."""
+    now = time.time()
+    due = (req.state == "pending" and req.expires_at <= now) or (
+        req.state == "approved" and req.token_expires_at is not None and req.token_expires_at <= now
+    )
+    return dataclasses.replace(req, state="expired") if due else req
 
 
 async def approval_withdraw(request: Request) -> Response:

@@ -19,8 +19,10 @@ audit chain.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import math
 import secrets
 import time
 import uuid
@@ -30,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.core import jsonread
 from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import canonical_json
 from gateway.core.config import Config
@@ -168,6 +171,34 @@ class NotFound(Exception):
     """No approval request with that id."""
 
 
+class BadCursor(ValueError):
+    """A paging cursor this store did not issue (or a damaged one)."""
+
+
+MAX_PAGE = 500  # the most requests one page of the queue holds
+
+
+def encode_cursor(rank: int, key: float, last_id: str) -> str:
+    """The position after a page's last row, as an opaque URL-safe string."""
+    raw = json.dumps([rank, key, last_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, float, str]:
+    try:
+        if len(cursor) > 400:
+            raise ValueError("too long")
+        doc = jsonread.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
+        rank, key, last_id = doc
+        if rank not in (0, 1) or isinstance(rank, bool) or isinstance(key, bool):
+            raise ValueError("rank")
+        if not isinstance(key, int | float) or not isinstance(last_id, str) or not math.isfinite(key):
+            raise ValueError("types")
+        return int(rank), float(key), last_id
+    except (ValueError, TypeError, OverflowError) as exc:  # binascii.Error and JSONDecodeError are ValueErrors
+        raise BadCursor("not a cursor of this queue (pass next_cursor as it was given)") from exc
+
+
 def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
     groups: set[str] = set()
     for v in votes:
@@ -246,15 +277,44 @@ class ApprovalStore:
         rows = await self.database.fetch("SELECT state, COUNT(*) AS n FROM approval_requests GROUP BY state")
         return {str(r["state"]): int(r["n"]) for r in rows}
 
+    async def page(
+        self, states: Sequence[str] | None = ("pending",), limit: int = 200, cursor: str | None = None
+    ) -> tuple[list[ApprovalRequest], str | None]:
+        """One page of the requests in `states` (None: every state) and the cursor of the next page
+        (None: this is the last). The state filter is SQL's, so no other state's rows crowd a page.
+
+        Order: pending requests first, the one expiring soonest first (the one an approver must see
+        before it is gone), then every other request newest first; the id breaks ties. A cursor is
+        the position after a page's last row (keyset paging): requests created meanwhile never shift
+        a pending one out of reach, since a live pending request keeps its place (its expiry) until
+        it leaves the state."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be 1..{MAX_PAGE}")
+        after = decode_cursor(cursor) if cursor else None
+        inner = (
+            "SELECT id, CASE WHEN state = 'pending' THEN 0 ELSE 1 END AS rk, "
+            "CASE WHEN state = 'pending' THEN expires_at ELSE -created_at END AS k FROM approval_requests"
+        )
+        args: list[Any] = []
+        if states:
+            inner += f" WHERE state IN ({', '.join('?' for _ in states)})"
+            args += list(states)
+        sql = f"SELECT id, rk, k FROM ({inner}) AS q"  # noqa: S608 - fixed text and placeholders
+        if after is not None:
+            rk, k, last = after
+            sql += " WHERE rk > ? OR (rk = ? AND (k > ? OR (k = ? AND id > ?)))"
+            args += [rk, rk, k, k, last]
+        sql += " ORDER BY rk, k, id LIMIT ?"
+        rows = await self.database.fetch(sql, *args, limit + 1)
+        more, rows = len(rows) > limit, rows[:limit]
+        items = [await self.get(str(r["id"])) for r in rows]
+        nxt = encode_cursor(int(rows[-1]["rk"]), float(rows[-1]["k"]), str(rows[-1]["id"])) if more else None
+        return items, nxt
+
     async def list(self, state: str | None = "pending", limit: int = 200) -> list[ApprovalRequest]:
-        sql = "SELECT id FROM approval_requests"
-        args: tuple[Any, ...] = ()
-        if state:
-            sql += " WHERE state = ?"
-            args = (state,)
-        sql += " ORDER BY created_at DESC LIMIT ?"
-        ids = [str(r["id"]) for r in await self.database.fetch(sql, *args, limit)]
-        return [await self.get(i) for i in ids]
+        """The first page of `state` (None: every state), in the queue's order (see `page`)."""
+        items, _ = await self.page([state] if state else None, limit)
+        return items
 
     async def find_or_create(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
         """The identical live pending request if there is one, else `req` inserted. (request, created).

@@ -42,7 +42,16 @@ from gateway.observability import metrics as metricslib
 from gateway.pipeline import policy_input
 from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
 from gateway.store import audit as auditlib
-from gateway.store.approvals import STATES, ApprovalRequest, NotFound, approve_input, rfc3339
+from gateway.store.approvals import (
+    STATES,
+    ApprovalRequest,
+    ApprovalStore,
+    BadCursor,
+    NotFound,
+    approve_input,
+    decode_cursor,
+    rfc3339,
+)
 from gateway.store.audit import AuditRecord
 from gateway.store.handoffs import SharedStates
 from gateway.store.outcomes import STORE_ERRORS
@@ -65,6 +74,7 @@ SECURITY_HEADERS = {
 }
 AUDIT_FILTERS = ("principal", "tool", "target", "outcome", "kind", "request_id")
 PAGE_SIZE = 100
+OPEN_STATES = ("pending", "approved")  # the queue's default view: what may still run
 EXPORT_LIMIT = 50_000
 VERIFY_TTL = 60.0
 SQLITE_MAX_INT = 2**63 - 1  # an audit seq past it is no record (SQLite would raise OverflowError)
@@ -421,14 +431,38 @@ async def approvals_page(request: Request) -> Response:
     state = request.query_params.get("state", "open")
     if state not in (*STATES, "all", "open"):
         return render(request, "message.html", 400, title="Approvals", message=f"unknown state {state!r}")
+    cursor = request.query_params.get("cursor") or None
+    try:
+        items, nxt = await queue_page(store, state, cursor)
+    except BadCursor:
+        return render(request, "message.html", 400, title="Approvals", message="That page link is not valid.")
+    more = f"/admin/approvals?{urlencode({'state': state, 'cursor': nxt})}" if nxt else None
+    first = f"/admin/approvals?{urlencode({'state': state})}" if cursor else None
+    return render(
+        request,
+        "approvals.html",
+        title="Approvals",
+        items=items,
+        state=state,
+        states=list(STATES),
+        more=more,
+        first=first,
+        page_size=PAGE_SIZE,
+    )
+
+
+async def queue_page(
+    store: ApprovalStore, state: str, cursor: str | None = None, limit: int = PAGE_SIZE
+) -> tuple[list[ApprovalRequest], str | None]:
+    """One page of the queue view `state` ("open": pending and approved; "all"; or one state) and the
+    cursor of the next page: pending requests first, the one expiring soonest first, then the rest
+    newest first (ApprovalStore.page). The filter is the database's, so requests in other states
+    never take a page's rows."""
+    if cursor:
+        decode_cursor(cursor)  # BadCursor before the sweep writes anything
     await store.expire_due()
-    items = await store.list(None if state in ("all", "open") else state, limit=300)
-    if state == "open":
-        items = [r for r in items if r.state in ("pending", "approved")] + [
-            r for r in items if r.state not in ("pending", "approved")
-        ][:50]
-    items.sort(key=lambda r: (r.state != "pending", -r.created_at if r.state != "pending" else r.created_at))
-    return render(request, "approvals.html", title="Approvals", items=items, state=state, states=list(STATES))
+    states = OPEN_STATES if state == "open" else None if state == "all" else (state,)
+    return await store.page(states, limit, cursor)
 
 
 def _mask(tool: Tool | None, args: Any) -> Any:
