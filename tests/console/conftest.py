@@ -104,7 +104,7 @@ class Browser:
         self.session: Session | None = None
         if principal is not None:
             self.session = Session.start(principal, principal.sub, time.time() - auth_age)
-            self.http.cookies.set(SESSION_COOKIE, cookie_value(env, self.session), domain="127.0.0.1", path="/admin/")
+            self.http.cookies.set(SESSION_COOKIE, cookie_value(env, self.session), domain="127.0.0.1", path="/")
 
     @property
     def csrf(self) -> str:

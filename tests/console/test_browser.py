@@ -22,6 +22,7 @@ import httpx
 import pytest
 from mcp_types import ElicitRequestURLParams, ElicitResult
 
+from gateway.admin.console.session import SESSION_COOKIE
 from gateway.cli import main as cli
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
@@ -227,7 +228,7 @@ async def test_approver_signs_in_approves_with_step_up_and_the_agent_retry_runs(
 
     await page.click("text=Sign out")
     assert "signed out" in await page.inner_text("#message")
-    assert not [c for c in await page.context.cookies() if c["name"] == "pvegate_console"]
+    assert not [c for c in await page.context.cookies() if c["name"] == SESSION_COOKIE]
     await page.context.close()
 
 
@@ -250,7 +251,7 @@ async def test_a_viewer_cannot_approve_and_sees_why(
     bodies = [(row["principal"], json.loads(row["body"])) for row in audit_rows(benv.config.audit_path)]
     subs = {sub for sub, body in bodies if body.get("action") == "sign_in" and body.get("name") == "bob"}
     assert len(subs) == 1, subs
-    cookie = {c["name"]: c["value"] for c in await page.context.cookies() if c["name"] == "pvegate_console"}
+    cookie = {c["name"]: c["value"] for c in await page.context.cookies() if c["name"] == SESSION_COOKIE}
     tls = ssl.create_default_context(cafile=str(benv.ca_file))
     async with httpx.AsyncClient(verify=tls, cookies=cookie, headers={"accept": "text/html"}) as http:
         assert (await http.get(base(benv) + "/admin/approvals")).status_code == 200  # the browser's session

@@ -101,11 +101,11 @@ def test_forged_expired_and_stale_sessions_are_refused(cgw: GatewayThread, cenv:
     b = Browser(cenv, CAROL)
     good = b.http.cookies.get(SESSION_COOKIE)
     assert b.get("/admin/approvals").status_code == 200
-    b.http.cookies.set(SESSION_COOKIE, good[:-3] + "AAA", domain="127.0.0.1", path="/admin/")
+    b.http.cookies.set(SESSION_COOKIE, good[:-3] + "AAA", domain="127.0.0.1", path="/")
     assert b.get("/admin/approvals").status_code == 303  # bad signature
     old = Session.start(CAROL, "carol", time.time())
     old.started = time.time() - cenv.config.console.max_session_seconds - 1
-    b.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, old), domain="127.0.0.1", path="/admin/")
+    b.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, old), domain="127.0.0.1", path="/")
     assert b.get("/admin/approvals").status_code == 303  # past the absolute lifetime
     b.close()
 
@@ -297,7 +297,7 @@ def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
     b = Browser(cenv, CAROL)
     copy = Browser(cenv, None)  # someone holding a copy of the same session cookie
     assert b.session is not None
-    copy.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, b.session), domain="127.0.0.1", path="/admin/")
+    copy.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, b.session), domain="127.0.0.1", path="/")
     assert copy.get("/admin/approvals").status_code == 200
     assert b.post("/admin/logout", {"csrf": "wrong"}).status_code == 403
     r = b.post("/admin/logout", {"csrf": b.csrf})

@@ -49,12 +49,25 @@ def value(set_cookie: str) -> str:
 def test_cookie_attributes() -> None:
     sessions = Sessions(KEY, 600, 3600)
     header = issued(sessions, Session.start(ALICE, "alice", time.time()))
-    for attr in ("HttpOnly", "Secure", "SameSite=strict", "Path=/admin/", "Max-Age=600"):
+    for attr in ("HttpOnly", "Secure", "SameSite=strict", "Path=/", "Max-Age=600"):
         assert attr.lower() in header.lower(), attr
     out = Response()
     sessions.write_login(out, {"state": "s"})
     login = out.headers["set-cookie"]
     assert login.startswith(LOGIN_COOKIE) and "samesite=lax" in login.lower() and "httponly" in login.lower()
+    # __Host-: a browser takes it only Secure, from this host (no Domain), for Path=/ (no cookie tossing
+    # from a sibling subdomain); the names say so, and the attributes are what the prefix demands
+    for cookie in (header, login, *_cleared(sessions)):
+        name, attrs = cookie.split("=", 1)[0], [a.strip().lower() for a in cookie.split(";")[1:]]
+        assert name.startswith("__Host-"), cookie
+        assert "secure" in attrs and "path=/" in attrs and not any(a.startswith("domain") for a in attrs), cookie
+
+
+def _cleared(sessions: Sessions) -> list[str]:
+    out = Response()
+    sessions.clear(out)
+    sessions.clear_login(out)
+    return [v.decode() for k, v in out.raw_headers if k == b"set-cookie"]
 
 
 def test_a_session_reads_back_and_renews_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:

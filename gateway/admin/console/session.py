@@ -8,9 +8,12 @@ sign-in. Sign-out clears the cookie and records the session's id in the shared d
 (store/handoffs.py), which every replica checks on every console request, so a copy of the
 cookie is refused after sign-out too.
 
-The cookie is HttpOnly, Secure, SameSite=Strict and scoped to /admin/. The sign-in
-attempt (state, nonce, PKCE verifier) rides in a second signed cookie that must be
-SameSite=Lax: the provider's redirect back is a cross-site navigation.
+The cookie is HttpOnly, Secure, SameSite=Strict and named with the `__Host-` prefix, which a
+browser only accepts from this very host, Secure, without Domain and with Path=/: a sibling
+subdomain cannot toss in a cookie of its own (its signed session, to sign the person in as
+someone else). The sign-in attempt (state, nonce, PKCE verifier) rides in a second signed cookie,
+prefixed the same way, that must be SameSite=Lax: the provider's redirect back is a cross-site
+navigation.
 
 CSRF: every form carries the session's random token (synchronizer pattern), compared in
 constant time; a state change with a foreign Origin is refused as well.
@@ -30,9 +33,9 @@ from starlette.responses import Response
 
 from gateway.core.principal import Principal
 
-SESSION_COOKIE = "pvegate_console"
-LOGIN_COOKIE = "pvegate_console_login"
-COOKIE_PATH = "/admin/"
+SESSION_COOKIE = "__Host-pvegate_console"
+LOGIN_COOKIE = "__Host-pvegate_console_login"
+COOKIE_PATH = "/"  # what the __Host- prefix requires (the cookie authenticates nothing outside /admin/)
 LOGIN_TTL = 600  # a sign-in attempt at the provider must come back within ten minutes
 RENEW_AFTER = 30  # renew the cookie (and its idle clock) at most this often
 
