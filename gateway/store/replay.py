@@ -24,6 +24,7 @@ import base64
 import binascii
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -39,7 +40,7 @@ from typing import Any
 from gateway.policy.bundles import wasm_modules
 from gateway.policy.decisions import Decision, DecisionClient
 from gateway.policy.opa_address import httpx_async_client
-from gateway.policy.opa_sidecar import OPASidecar, find_opa
+from gateway.policy.opa_sidecar import OPASidecar, OPAUnavailable, find_opa
 from gateway.store.audit import INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
 from gateway.store.pgsync import PgLocation
 
@@ -184,18 +185,46 @@ def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
     if row.get("outcome") not in _RECORDED:
         skipped.unknown_outcome += 1
         return None
+    rec = _columns(row, body, doc)
+    if rec is None:  # an export line without the record's columns, or with ones of the wrong type
+        skipped.garbled += 1
+    return rec
+
+
+def _is_int(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v.isdecimal())
+
+
+def _columns(row: dict[str, Any], body: dict[str, Any], doc: dict[str, Any]) -> Recorded | None:
+    """The record from a row whose columns have the audit's types, or None (garbled)."""
+    seq, ts, target = row.get("seq"), row.get("ts"), row.get("target")
+    request_id, principal, tool = row.get("request_id"), row.get("principal"), row.get("tool")
+    risk = body.get("risk") or {}
+    obligations = body.get("obligations") or {}
+    redacted = body.get("input_redacted") or []
+    if not (
+        _is_int(seq)
+        and isinstance(ts, int | float)
+        and not isinstance(ts, bool)
+        and isinstance(request_id, str)
+        and all(v is None or isinstance(v, str) for v in (principal, tool, target))  # NULL-able columns
+        and isinstance(risk, dict)
+        and isinstance(obligations, dict)
+        and isinstance(redacted, list)
+    ):
+        return None
     return Recorded(
-        seq=int(row["seq"]),
-        ts=float(row["ts"]),
-        request_id=str(row["request_id"]),
-        principal=str(row["principal"]),
-        tool=str(row["tool"]),
-        target=row.get("target"),
+        seq=int(seq),  # type: ignore[arg-type]  # _is_int: an int or decimal digits
+        ts=float(ts),
+        request_id=request_id,
+        principal=str(principal),
+        tool=str(tool),
+        target=target,
         outcome=_RECORDED[row["outcome"]],
-        risk=(body.get("risk") or {}).get("level"),
-        obligations=body.get("obligations") or {},
+        risk=risk.get("level"),
+        obligations=obligations,
         input=doc,
-        redacted=tuple(body.get("input_redacted") or ()),
+        redacted=tuple(str(r) for r in redacted),
     )
 
 
@@ -251,14 +280,22 @@ def _same_chain(con: Any, verified: VerifyResult) -> None:
 
 
 def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
-    """Decision records from a `pvegate audit export --jsonl` file (body as an object)."""
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
+    """Decision records from a `pvegate audit export --jsonl` file (body as an object). A line
+    that is not UTF-8 JSON is an error naming it; a decision line without the record's columns
+    (or with ones of the wrong type) is counted as garbled."""
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ReplayError(
+                    f"{path}:{n}: not UTF-8 text (is it a `pvegate audit export --jsonl` file?)"
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise ReplayError(f"{path}:{n}: not a JSON line") from None
             if isinstance(row, dict) and isinstance(row.get("ts"), int | float) and filters.admits(row):
                 rec = _recorded(row, skipped)
@@ -289,6 +326,11 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.verification_key is not None and self.bundle is None:  # else the key would be ignored
             raise ReplayError("a verification key needs a bundle: a policy directory carries no signature")
+        if self.bundle is not None and self.policies:  # else the files would be ignored: OPA runs the bundle alone
+            raise ReplayError(
+                "a candidate is a bundle or policy files, not both: --bundle takes no --policies or --data "
+                f"(given: {', '.join(map(str, self.policies))}); build them into the bundle"
+            )
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[Candidate]:
@@ -296,24 +338,45 @@ class Candidate:
         (.rego, .json, .yaml, .yml; tests, golden cases and dotfiles left out), copied into a private
         directory. OPA loads more than `opa check` sees - a `.tar.gz` in a directory is loaded as a
         bundle whose Rego is never checked against the offline capabilities - so what runs must be
-        exactly what was checked. A bundle is checked and run as it is (its Wasm refused)."""
+        exactly what was checked. A bundle is checked and run as it is (its Wasm refused).
+
+        A path that is not there, one that stages no file, and a candidate without any Rego are
+        refused (ReplayError): OPA would run what is left, and an empty policy answers nothing."""
         if self.bundle is not None:
+            if not self.bundle.exists():
+                raise ReplayError(f"the candidate bundle {self.bundle} does not exist")
             yield self
             return
+        if not self.policies:
+            raise ReplayError("no candidate: give --policies (and --data) or --bundle")
+        for given in self.policies:
+            if not given.exists():
+                raise ReplayError(f"the candidate path {given} does not exist")
         root = Path(tempfile.mkdtemp(prefix="pvegate-replay-candidate-"))
         try:
             staged: list[Path] = []
+            rego = 0
             for i, given in enumerate(self.policies):
                 into = root / str(i)
                 into.mkdir()
                 files = [given] if given.is_file() else sorted(p for p in given.rglob("*") if p.is_file())
+                kept = 0
                 for f in files:
                     rel = Path(f.name) if given.is_file() else f.relative_to(given)
                     if not _loaded_as_policy(rel):
                         continue
                     (into / rel).parent.mkdir(parents=True, exist_ok=True)
                     (into / rel).write_bytes(f.read_bytes())
+                    kept += 1
+                    rego += rel.suffix == ".rego"
+                if not kept:
+                    raise ReplayError(_nothing_staged(given))
                 staged.append(into / given.name if given.is_file() else into)
+            if not rego:
+                raise ReplayError(
+                    "the candidate has no Rego policy (.rego files other than tests) in "
+                    + ", ".join(map(str, self.policies))
+                )
             yield Candidate(policies=tuple(staged))
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -365,6 +428,32 @@ class Candidate:
             )
 
 
+def _nothing_staged(given: Path) -> str:
+    if given.is_file():
+        hint = " (a bundle? give it with --bundle)" if given.name.endswith((".tar.gz", ".tgz")) else ""
+        return f"the candidate file {given} is not a policy or data file (.rego, .json, .yaml, .yml){hint}"
+    return f"the candidate directory {given} holds no policy or data file (.rego, .json, .yaml, .yml)"
+
+
+def start_short_lived(sidecar: OPASidecar) -> None:
+    """sidecar.start() for a sidecar the CLI runs for one command: OPA's output goes to a private
+    temporary log file (mkstemp: 0600) while it starts, so a refusal carries OPA's own reason (a
+    digest mismatch, a compile error) instead of only its exit status; without a log file the
+    sidecar discards OPA's output. The file is removed before this returns, whatever happened (an
+    OPA that started keeps writing to it unlinked, at --log-level error, until it is stopped)."""
+    fd, name = tempfile.mkstemp(prefix="pvegate-opa-start-", suffix=".log")
+    os.close(fd)
+    log_file = Path(name)
+    sidecar.log_file = log_file
+    try:
+        sidecar.start()
+    except OPAUnavailable as exc:  # the log it names is gone: the reason is in the message
+        raise OPAUnavailable(str(exc).replace(f" (log: {log_file})", "")) from None
+    finally:
+        sidecar.log_file = None
+        log_file.unlink(missing_ok=True)
+
+
 class OfflineCapabilities:
     """OPA's current capabilities minus NETWORK_BUILTINS (and no hosts for `allow_net`), in a private
     temporary directory while the engine runs."""
@@ -411,6 +500,8 @@ class ServerEngine:
     """A real `opa run --server` on loopback, asked in batches, several in flight."""
 
     def __init__(self, candidate: Candidate, batch: int = 100, concurrency: int = 4) -> None:
+        if batch < 1 or concurrency < 1:  # a Semaphore(0) would wait forever
+            raise ReplayError(f"batch size and concurrency must be at least 1 (given {batch}, {concurrency})")
         self.candidate = candidate
         self.sidecar = candidate.sidecar()
         self.batch = batch
@@ -424,7 +515,7 @@ class ServerEngine:
         finally:
             self.capabilities.remove()
         try:
-            self.sidecar.start()
+            start_short_lived(self.sidecar)
         except Exception as exc:
             raise ReplayError(f"the candidate OPA did not start: {exc}") from exc
         return self
@@ -460,6 +551,8 @@ class EvalEngine:
     """One `opa eval` process per batch (no server; compiles the policy once per batch)."""
 
     def __init__(self, candidate: Candidate, batch: int = 5000) -> None:
+        if batch < 1:
+            raise ReplayError(f"batch size must be at least 1 (given {batch})")
         self.candidate = candidate
         self.batch = batch
         if candidate.bundle is None and not candidate.policies:
@@ -589,6 +682,10 @@ class Report:
     fail_on: tuple[str, ...] = ()
     fail_above: int = 0
     max_examples: int = 3
+    # answers that are no policy verdict (undefined, or outside the decision contract): the gateway
+    # would fail closed on them, the report counts them as denials, and any one fails the run
+    undecided: int = 0
+    problems: Counter[str] = field(default_factory=Counter)
 
     @property
     def by_kind(self) -> dict[str, int]:
@@ -603,7 +700,8 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return bool(self.fail_on) and self.failing > self.fail_above
+        """Past the --fail-on threshold, or any undecided answer (whatever --fail-on says)."""
+        return self.undecided > 0 or (bool(self.fail_on) and self.failing > self.fail_above)
 
     @property
     def rate(self) -> float:
@@ -636,6 +734,8 @@ class Report:
             "verified": self.verified,
             "filters": {k: v for k, v in vars(f).items() if v is not None},
             "replayed": self.replayed,
+            "undecided": self.undecided,
+            "undecided_problems": dict(self.problems.most_common()),
             "skipped": vars(self.skipped),
             "changed": len(self.changes),
             "by_kind": self.by_kind,
@@ -669,10 +769,21 @@ class Report:
         redacted = sum(1 for ch in self.changes if ch.rec.redacted)
         if redacted:
             lines.append(f"           {redacted} of them on inputs with redacted arguments (approximate)")
-        if self.fail_on:
+        lines.append(f"undecided: {self.undecided} answer(s) undefined or outside the decision contract")
+        if self.undecided:
+            top = "; ".join(f"{p} ({n})" for p, n in self.problems.most_common(3))
+            lines.append(
+                f"error:     the candidate gave no verdict on {self.undecided} of {self.replayed} decisions ({top}): "
+                "counted as denials, as the gateway would fail closed; this fails the run whatever --fail-on says"
+            )
+        if self.fail_on or self.undecided:
             verdict_ = "FAILED" if self.failed else "passed"
-            kinds = ", ".join(self.fail_on)
-            lines.append(f"gate:      {verdict_}: {self.failing} change(s) of {kinds} (allowed: {self.fail_above})")
+            gate = []
+            if self.fail_on:
+                gate.append(f"{self.failing} change(s) of {', '.join(self.fail_on)} (allowed: {self.fail_above})")
+            if self.undecided:
+                gate.append(f"{self.undecided} undecided answer(s) (allowed: 0)")
+            lines.append(f"gate:      {verdict_}: {'; '.join(gate)}")
         return lines
 
     def as_text(self) -> str:
@@ -729,7 +840,11 @@ def replay(
     def flush() -> None:
         results = engine.evaluate([r.input for r in pending])
         for rec, result in zip(pending, results, strict=True):
-            ch = compare(rec, verdict(result))
+            after = verdict(result)
+            if after.problem is not None:
+                report.undecided += 1
+                report.problems[after.problem[:300]] += 1
+            ch = compare(rec, after)
             if ch is not None:
                 report.changes.append(ch)
         report.replayed += len(pending)
@@ -742,4 +857,12 @@ def replay(
     if pending:
         flush()
     report.seconds = time.perf_counter() - started
+    if report.replayed and report.undecided == report.replayed:
+        # not a policy that denies everything: one that was never asked (no data.pvegate.decision,
+        # a misspelt package, answers of another shape); nothing was compared
+        top = "; ".join(f"{p} ({n})" for p, n in report.problems.most_common(3))
+        raise ReplayError(
+            f"the candidate gave no verdict on any of the {report.replayed} decisions ({top}): it cannot be "
+            "evaluated; does it define data.pvegate.decision as the contract says (docs/policy-contract.md)?"
+        )
     return report

@@ -448,7 +448,10 @@ def test_a_file_that_is_no_audit_is_an_error_not_a_traceback(
         assert "error:" in err and "Traceback" not in out + err
     export = tmp_path / "e.jsonl"
     export.write_text('{"kind": "decision", "ts": 1, "body": "{garbled"}\n')
-    assert main(["policy", "replay", "--export", str(export), "--policies", str(REPO_ROOT / "policies")]) == 0
+    args = ["policy", "replay", "--export", str(export), "--policies", str(REPO_ROOT / "policies")]
+    assert main(args) == 2  # nothing replayed: an error, not a passing report
+    assert "garbled 1" in capsys.readouterr().err
+    assert main([*args, "--allow-empty"]) == 0
     assert "garbled" in capsys.readouterr().out
 
 

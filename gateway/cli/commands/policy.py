@@ -1,7 +1,9 @@
 """`pvegate policy eval|check|explain`: policy-author tools, each answered by a real OPA.
 
 eval: the decision for an input file, from a temporary managed sidecar on the policy
-directory or bundle, or an already running OPA given by --opa-url.
+directory or bundle, or an already running OPA given by --opa-url. Exit 0 with a decision, 1
+without a policy answer (OPA did not start or answer, or the decision failed closed: the
+gateway would deny with policy.unavailable), 2 for an unreadable input or a usage error.
 check: the policy data against its JSON Schema and the policy's own data problems, before a
 bundle is built (non-zero exit on any problem).
 explain: the decision for an input and which rules fired (reasons with codes, bindings, roles,
@@ -21,6 +23,7 @@ from gateway.cli.commands.replay import key_needs_bundle, register_replay
 from gateway.policy.authoring import AuthoringError, check_data, explain
 from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
+from gateway.store.replay import start_short_lived
 
 ENTRYPOINTS = {"decision": DECISION_PATH, "visible_tools": VISIBLE_TOOLS_PATH, "approver": APPROVER_PATH}
 
@@ -61,7 +64,7 @@ def _eval(args: argparse.Namespace) -> int:
         url = args.opa_url
         if url is None:
             sidecar = OPASidecar(policies=(args.policies,), bundle=args.bundle, verification_key=args.verification_key)
-            sidecar.start()
+            start_short_lived(sidecar)  # OPA's reason for refusing the policy or bundle reaches the error
             url = sidecar.url
         out = asyncio.run(_ask(url, args.entrypoint, doc, client_token(sidecar)))
     except (OPAUnavailable, PolicyError) as exc:
@@ -71,6 +74,10 @@ def _eval(args: argparse.Namespace) -> int:
         if sidecar is not None:
             sidecar.stop()
     print(json.dumps(out, indent=2))
+    if out.get("failed_closed") is True:  # no policy answer: not a verdict of the policy
+        reason = "; ".join(str(d) for d in out.get("deny") or ()) or "no policy answer"
+        print(f"error: the decision failed closed (no policy answer): {reason}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -146,7 +153,14 @@ def _explain(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("policy", help="policy author tools")
     psub = p.add_subparsers(dest="policy_command", required=True)
-    e = psub.add_parser("eval", help="print the decision for an input document")
+    e = psub.add_parser(
+        "eval",
+        help="print the decision for an input document (exit 1 when there is no policy answer: OPA did not start "
+        "or answer, or the decision failed closed)",
+        description="Print the decision for an input document. Exit status: 0 a decision (allow, approval or "
+        "deny); 1 no policy answer (OPA did not start, refused the policy or bundle, or did not answer; a "
+        "decision that failed closed is printed, and exits 1); 2 an unreadable input or a usage error.",
+    )
     e.add_argument("--input", "-i", type=Path, required=True, help="input JSON file, or - for stdin")
     e.add_argument(
         "--entrypoint", choices=sorted(ENTRYPOINTS), default="decision", help="which policy entrypoint to ask"

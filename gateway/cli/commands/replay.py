@@ -1,8 +1,11 @@
 """`pvegate policy replay`: which recorded decisions would a candidate policy change?
 
 Registered under `pvegate policy` (policy.py calls `register_replay`). Exit status:
-0 nothing past the --fail-on threshold, 1 past it (a CI gate), 2 the replay could not run
-(among others: the audit does not verify, the candidate calls a network builtin).
+0 nothing past the --fail-on threshold, 1 past it (a CI gate) or a candidate answer that is no
+verdict (undefined or outside the contract, whatever --fail-on says), 2 the replay could not run
+(among others: the audit does not verify, the candidate calls a network builtin, a candidate path
+that is not there or holds no policy, --bundle with --policies/--data, a candidate that answers
+nothing at all, no recorded decision selected without --allow-empty, a malformed export line).
 """
 
 from __future__ import annotations
@@ -45,6 +48,35 @@ def key_needs_bundle(
         return handler(args)
 
     return checked
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a usage error otherwise, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}: {n}")
+        return n
+
+    parse.__name__ = "positive integer" if minimum > 0 else "non-negative integer"
+    return parse
+
+
+def _nothing_replayed(report: Report) -> str:
+    s = report.skipped
+    skipped = s.no_input + s.garbled + s.unknown_outcome + s.failed_closed
+    if skipped:
+        why = (
+            f"all {skipped} selected record(s) were skipped (without a recorded input {s.no_input}, garbled "
+            f"{s.garbled}, unknown outcome {s.unknown_outcome}, failed closed {s.failed_closed})"
+        )
+    else:
+        why = "no decision record matches the source and filters (check --since/--until/--tool/--principal/--outcome)"
+    return f"no recorded decision was replayed: {why}; --allow-empty accepts an empty replay"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -95,6 +127,8 @@ def _run(args: argparse.Namespace) -> int:
             )
             with engine:
                 replay(records, engine, report)
+        if report.replayed == 0 and not args.allow_empty:  # a mistyped filter must not pass a gate
+            raise ReplayError(_nothing_replayed(report))
     except (ReplayError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -128,7 +162,11 @@ def register_replay(psub: Any) -> None:
         help="replay recorded decisions against a candidate policy and report what would change",
         description="Evaluate the policy inputs the audit recorded against a candidate (policy directory plus "
         "data, or a bundle) in a second OPA, and report every decision that changes: allow/approval/deny "
-        "transitions, risk level and obligations. Exit 1 when changes of a --fail-on kind exceed --fail-above.",
+        "transitions, risk level and obligations. Exit 0: nothing past the gate; 1: changes of a --fail-on kind "
+        "exceed --fail-above, or the candidate gave an undefined or contract-breaking answer (whatever --fail-on "
+        "says); 2: the replay could not run (the audit does not verify; a candidate path missing or without "
+        "policy; --bundle with --policies/--data; a candidate answering nothing at all; no decision replayed "
+        "without --allow-empty; an unreadable database or export).",
     )
     src = r.add_argument_group("recorded decisions")
     src.add_argument(
@@ -159,12 +197,17 @@ def register_replay(psub: Any) -> None:
     src.add_argument(
         "--outcome", choices=("allow", "pending", "deny"), help="only decisions recorded with this outcome"
     )
+    src.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="a replay of no decision (no record matches the filters) passes, instead of exiting 2",
+    )
     cand = r.add_argument_group("candidate")
     cand.add_argument("--policies", type=Path, action="append", help="a policy directory (with its data/)")
     cand.add_argument(
         "--data", type=Path, action="append", help="more data files or directories, loaded as `opa run` loads them"
     )
-    cand.add_argument("--bundle", type=Path, help="a bundle file instead of --policies")
+    cand.add_argument("--bundle", type=Path, help="a bundle file instead of --policies and --data (not with them)")
     cand.add_argument(
         "--verification-key",
         type=Path,
@@ -173,13 +216,16 @@ def register_replay(psub: Any) -> None:
     out = r.add_argument_group("report and gate")
     out.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
     out.add_argument("--out", "-o", type=Path, help="write the report to this file")
-    out.add_argument("--examples", type=int, default=3, help="examples per tool and principal")
+    out.add_argument("--examples", type=_count(0), default=3, help="examples per tool and principal")
     out.add_argument(
         "--fail-on",
         metavar="KINDS",
-        help=f"comma-separated change kinds that fail the run: {', '.join((*KINDS, *ALIASES))}",
+        help=f"comma-separated change kinds that fail the run (exit 1): {', '.join((*KINDS, *ALIASES))}; "
+        "an undefined or contract-breaking answer of the candidate fails it whatever this says",
     )
-    out.add_argument("--fail-above", type=int, default=0, help="tolerate this many changes of the --fail-on kinds")
+    out.add_argument(
+        "--fail-above", type=_count(0), default=0, help="tolerate this many changes of the --fail-on kinds"
+    )
     eng = r.add_argument_group("evaluation")
     eng.add_argument(
         "--engine",
@@ -187,5 +233,5 @@ def register_replay(psub: Any) -> None:
         default="server",
         help="ask a loopback `opa run --server`, or run `opa eval` per batch",
     )
-    eng.add_argument("--concurrency", type=int, default=4, help="batches in flight (server engine)")
+    eng.add_argument("--concurrency", type=_count(1), default=4, help="batches in flight (server engine; at least 1)")
     r.set_defaults(func=key_needs_bundle(r, _run))
