@@ -103,17 +103,29 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
     belongs to the gateway's OPA (a restarted gateway reaps what that file names).
     """
     if config.opa.mode == "external":
-        if not config.opa.url:
-            raise ConfigError("opa.mode external needs opa.url")
-        external_opa_token(config)  # fail at start, not at the first call
-        refuse_open_opa(config.opa.url)
-        return config.opa.url, None
+        return external_opa(config), None
+    sidecar = managed_sidecar(config, gateway=gateway)
+    sidecar.start()
+    return sidecar.url, sidecar
+
+
+def external_opa(config: Config) -> str:
+    """The external OPA's URL, once its token is readable and its API is found closed to others."""
+    if not config.opa.url:
+        raise ConfigError("opa.mode external needs opa.url")
+    external_opa_token(config)  # fail at start, not at the first call
+    refuse_open_opa(config.opa.url)
+    return config.opa.url
+
+
+def managed_sidecar(config: Config, *, gateway: bool = True) -> OPASidecar:
+    """The managed OPA, not started yet."""
     if bundle_signed(config) is False:
         log.warning(
             "opa.allow_unsigned: the policy bundle's signature is NOT checked; anyone who can change the "
             "bundle decides every call (development only)"
         )
-    sidecar = OPASidecar(
+    return OPASidecar(
         policies=config.opa.policies or default_policy_paths(),
         bundle=config.opa.bundle,
         verification_key=config.opa.verification_key,
@@ -128,14 +140,36 @@ def start_opa(config: Config, *, gateway: bool = True) -> tuple[str, OPASidecar 
         watch_bundle=config.opa.watch_bundle,
         bundle_poll_seconds=config.opa.bundle_poll_seconds,
     )
-    sidecar.start()
-    return sidecar.url, sidecar
+
+
+async def start_sidecar(sidecar: OPASidecar) -> None:
+    """sidecar.start() in a worker thread, which a cancellation (`pvegate serve` stopped by a signal
+    while OPA starts) cannot stop: then OPA is stopped as soon as it runs and the start has ended, so
+    that nothing it started outlives the gateway (OPA runs in its own session)."""
+    starting = asyncio.ensure_future(asyncio.to_thread(sidecar.start))
+    try:
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        while not starting.done():
+            process = sidecar.process
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(OSError):
+                    process.terminate()  # its start (waiting for OPA to answer) then fails at once
+            await asyncio.wait([starting], timeout=0.05)
+        if not starting.cancelled() and starting.exception() is None:
+            sidecar.stop()  # it had started: stop it (a failed start stopped what it started itself)
+        raise
 
 
 async def build_components(config: Config) -> Components:
     refuse_unshared(config)  # before anything starts: never per-process state believed shared
     catalog = Catalog.load(config.connectors_dir)
-    url, sidecar = await asyncio.to_thread(start_opa, config)
+    if config.opa.mode == "external":
+        url, sidecar = await asyncio.to_thread(external_opa, config), None
+    else:
+        sidecar = managed_sidecar(config)
+        await start_sidecar(sidecar)
+        url = sidecar.url
     try:
         return await _build_on(config, catalog, url, sidecar)
     except BaseException:
@@ -244,48 +278,53 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        """Start-up after the components are built, serving, shut-down; the components are closed when it
+        ends, also when the start-up fails (else OPA, in its own session, and the audit store's thread
+        would outlive a gateway that never served). `pvegate serve` enters it itself, before uvicorn."""
         started_at = time.time()  # calls decided before this are earlier runs' to reconcile
         built = components or await build_components(config)
-        app.state.components = built
-        app.state.authenticator = authenticator or Authenticator(config.auth, resource=resource_url(config))
-        if config.console.enabled:  # the session key and client secret are read once, here
-            app.state.console = Console(built, app.state.authenticator)
-        # one key for every replica (state_key or the database): a retry may reach any of them
-        sealer = Sealer(await state_key(config))
-        shared = await shared_states(built)
-        app.state.request_states = RequestStates(sealer, shared=shared)
-        if config.console.enabled:
-            app.state.console.signouts = shared
-        app.state.sessions = Sessions(sealer)
-        supervisor = asyncio.create_task(built.sidecar.supervise()) if built.sidecar else None
-        watcher = None
-        if built.policy_status is not None:  # known before the first request, then kept fresh
-            await built.policy_status.refresh_once()
-            watcher = asyncio.create_task(built.policy_status.run())
-        if built.health is not None:
-            await built.health.start()  # readiness is known before the first request
-        built.outcomes.start()
-        # what earlier runs left open (killed, cut off): settled from Proxmox's answers, in the background
-        reconciler = Reconciler(config, built.catalog, built.outcomes, built.clients)
-        reconciling = reconciler.start(started_at)
-        if built.health is not None:  # its task, last pass and open calls: /readyz, /admin/health, /metrics
-            built.health.reconciler = reconciler
-        if test_fault("kill-after-dispatch-response"):
-            log.warning("test fault %s is set: this gateway kills itself after a mutation", TEST_FAULT_ENV)
-        if test_fault("stop-before-send") or test_fault("stop-after-decision"):
-            log.warning("test fault %s is set: this gateway stops itself (SIGSTOP) before a mutation", TEST_FAULT_ENV)
-        log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
+        tasks: list[asyncio.Task[None]] = []
         try:
+            app.state.components = built
+            app.state.authenticator = authenticator or Authenticator(config.auth, resource=resource_url(config))
+            if config.console.enabled:  # the session key and client secret are read once, here
+                app.state.console = Console(built, app.state.authenticator)
+            # one key for every replica (state_key or the database): a retry may reach any of them
+            sealer = Sealer(await state_key(config))
+            shared = await shared_states(built)
+            app.state.request_states = RequestStates(sealer, shared=shared)
+            if config.console.enabled:
+                app.state.console.signouts = shared
+            app.state.sessions = Sessions(sealer)
+            if built.sidecar:
+                tasks.append(asyncio.create_task(built.sidecar.supervise()))
+            if built.policy_status is not None:  # known before the first request, then kept fresh
+                await built.policy_status.refresh_once()
+                tasks.append(asyncio.create_task(built.policy_status.run()))
+            if built.health is not None:
+                await built.health.start()  # readiness is known before the first request
+            built.outcomes.start()
+            # what earlier runs left open (killed, cut off): settled from Proxmox's answers, in the background
+            reconciler = Reconciler(config, built.catalog, built.outcomes, built.clients)
+            tasks.append(reconciler.start(started_at))
+            if built.health is not None:  # its task, last pass and open calls: /readyz, /admin/health, /metrics
+                built.health.reconciler = reconciler
+            if test_fault("kill-after-dispatch-response"):
+                log.warning("test fault %s is set: this gateway kills itself after a mutation", TEST_FAULT_ENV)
+            if test_fault("stop-before-send") or test_fault("stop-after-decision"):
+                log.warning(
+                    "test fault %s is set: this gateway stops itself (SIGSTOP) before a mutation", TEST_FAULT_ENV
+                )
+            log.info("pvegate ready: %d tools, OPA at %s", len(built.catalog), built.decisions.url)
             yield
         finally:
             try:
-                for task in (supervisor, watcher, reconciling):
-                    if task is not None:
-                        task.cancel()
-                        # a task that died already (its error was logged when it did) must not stop
-                        # the shutdown before OPA and the stores are closed
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await task
+                for task in tasks:
+                    task.cancel()
+                    # a task that died already (its error was logged when it did) must not stop
+                    # the shutdown before OPA and the stores are closed
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             finally:
                 await built.close()
 

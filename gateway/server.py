@@ -18,13 +18,17 @@ import socket
 import sqlite3
 import ssl
 import tempfile
+import threading
+from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType
+from typing import Any, Literal
 
 import asyncssh
 import uvicorn
 from starlette.applications import Starlette
 
+from gateway.admin.console.session import Sessions
 from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef, service_secret_refs
@@ -72,6 +76,9 @@ def check_secrets(config: Config) -> None:
     # metrics.token too: otherwise first read at the first scrape, and a mistyped path only ever answers 401
     refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.metrics.token) if r is not None]
     refs += service_secret_refs(config.opa.services)  # OPA's service credentials given as {file:} or {env:}
+    console = config.console
+    if console.enabled:  # read once OPA runs and the audit is open: a bad one must not get that far
+        refs += [r for r in (console.session_key, console.client_secret) if r is not None]
     for ref in refs:
         try:
             if not ref.read():
@@ -82,6 +89,11 @@ def check_secrets(config: Config) -> None:
         configured_key(config)  # present and long enough (the database's key is read at start)
     except ConfigError as exc:
         raise StartupError(str(exc)) from exc
+    if console.enabled and console.session_key is not None:
+        try:  # long enough: the console's own check, as the start-up will make it
+            Sessions(console.session_key.read(), console.idle_timeout_seconds, console.max_session_seconds)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
 
 
 def check_opa(config: Config) -> None:
@@ -204,7 +216,10 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Config:
+def uvicorn_config(
+    config: Config, app: Starlette | None = None, lifespan: Literal["on", "off"] = "on"
+) -> uvicorn.Config:
+    """`lifespan="off"`: the caller runs the application's lifespan itself (`pvegate serve`)."""
     tls: dict[str, str] = {}
     if config.tls.insecure_http:
         if not is_loopback(config.host):
@@ -221,7 +236,7 @@ def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Conf
         log_level="warning",
         access_log=False,
         server_header=False,
-        lifespan="on",
+        lifespan=lifespan,
         # after the drain (DrainingServer) only idle keep-alive connections are left to close
         timeout_graceful_shutdown=5,
         # json: uvicorn's own loggers reach the root handler (one JSON object per line), not its formatter
@@ -234,12 +249,17 @@ def uvicorn_config(config: Config, app: Starlette | None = None) -> uvicorn.Conf
     )
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class DrainingServer(uvicorn.Server):
-    """uvicorn, with a drain on SIGTERM/SIGINT before its own shutdown.
+    """uvicorn, with a drain on SIGTERM/SIGINT/SIGHUP before its own shutdown.
 
     First signal: `draining` is set at once (new calls get 503 with Retry-After, readiness
     is red), calls in flight get `shutdown_grace_seconds` to finish, the rest are cut off and
     recorded as `interrupted`; then uvicorn shuts down. A second signal cuts off at once.
+    SIGHUP (a closed terminal, a supervisor's "reload") stops the gateway as SIGTERM does: there is
+    nothing to reload in place, and its default action would kill the process without the drain.
     """
 
     _loop: asyncio.AbstractEventLoop | None = None
@@ -248,6 +268,25 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+
+    @property
+    def handled_signals(self) -> list[int]:
+        """The signals it handled, in order: re-raised by `serve` once everything is closed."""
+        return list(self._captured_signals)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's, with SIGHUP as well, and without its re-raising the signals handled at the end:
+        the components are still open then (`pvegate serve` closes them after uvicorn's shutdown)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         app = self.config.app
@@ -325,31 +364,106 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+class StopSignals:
+    """SIGTERM, SIGINT and SIGHUP for the whole of `pvegate serve`, from before OPA starts.
+
+    Python's default actions end the process on the spot: OPA (in its own session) and its
+    directories left behind, nothing drained. Here the first of them during the start-up (OPA
+    starting, the audit opening, ...) cancels the start-up: what was built is stopped and the
+    gateway exits with a one-line reason (StartupError). Once the server is there, the signals
+    are its own (DrainingServer: the drain); what it handled is re-raised when everything is
+    closed, as uvicorn does, so that a supervisor sees the gateway stopped by the signal it sent.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None  # the first one during the start-up
+        self.server: DrainingServer | None = None  # set once the start-up is done
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def starting(self) -> None:
+        """In the task that starts the gateway: a signal from now on cancels it."""
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        if self.received is not None:  # it came before the event loop ran
+            self._loop.call_soon(self._cancel)
+
+    def serving(self, server: DrainingServer) -> None:
+        """The start-up is done (a cancellation not yet delivered is dropped): the server's from now on."""
+        self.server = server
+        if self.received is not None:  # it came as the start-up ended
+            raise self.interrupted()
+
+    def _handle(self, sig: int, frame: FrameType | None) -> None:
+        if self.server is not None:  # before uvicorn has taken the signals over, or after it gave them back
+            self.server.handle_exit(sig, frame)
+        elif self.received is None:  # a second one while the start-up is undone: that is under way
+            self.received = sig
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        if self.server is None and self._task is not None:
+            self._task.cancel()
+
+    def interrupted(self) -> StartupError:
+        name = signal.Signals(self.received).name if self.received is not None else "a signal"
+        return StartupError(f"stopped by {name} during start-up (what had started was stopped)")
+
+    def reraise(self) -> None:
+        """The signals the server handled, re-raised with their default action (uvicorn's way, but
+        now that the components are closed): the last one received ends the process."""
+        for sig in reversed(self.server.handled_signals if self.server is not None else []):
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
+
+
 def serve(config: Config) -> None:
     """Run the gateway until it is stopped; StartupError (one line: why) if it cannot start.
 
-    Unlike an app started by uvicorn's lifespan (as the tests do), the components are built
-    here first, so that a failure is an exception we can describe rather than uvicorn's
-    traceback followed by a quiet exit.
+    The components are built, and the application's lifespan entered, here, before uvicorn
+    serves: a failure is an exception we can describe (with everything started so far stopped)
+    rather than uvicorn's traceback. SIGTERM, SIGINT or SIGHUP during all this stops the
+    start-up cleanly (StopSignals); once serving, they drain (DrainingServer).
     """
     preflight(config)
     sock = bind(config)
+    signals = StopSignals()
     try:
-        asyncio.run(_serve(config, sock))
+        with signals:
+            asyncio.run(_serve(config, sock, signals))
     finally:
         sock.close()
+    signals.reraise()
 
 
-async def _serve(config: Config, sock: socket.socket) -> None:
-    try:
-        authenticator = Authenticator(config.auth, resource=resource_url(config))
-        components = await build_components(config)
-    except Exception as exc:
-        raise StartupError(describe(exc)) from exc  # the CLI logs the traceback at debug level
-    app = create_app(config, components, authenticator)
-    freeze_startup_heap()
-    try:
-        await DrainingServer(uvicorn_config(config, app)).serve(sockets=[sock])
-    finally:
-        if not hasattr(app.state, "components"):  # the lifespan, which closes them, never ran
-            await components.close()
+async def _serve(config: Config, sock: socket.socket, signals: StopSignals) -> None:
+    signals.starting()
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            authenticator = Authenticator(config.auth, resource=resource_url(config))
+            components = await build_components(config)
+            app = create_app(config, components, authenticator)
+            # the start-up work after the build; when it fails, the lifespan closes the components
+            await stack.enter_async_context(app.router.lifespan_context(app))
+        except asyncio.CancelledError:
+            if signals.received is None:
+                raise
+            raise signals.interrupted() from None
+        except Exception as exc:
+            raise StartupError(describe(exc)) from exc  # the CLI logs the traceback at debug level
+        server = DrainingServer(uvicorn_config(config, app, lifespan="off"))
+        signals.serving(server)
+        freeze_startup_heap()
+        await server.serve(sockets=[sock])
