@@ -12,7 +12,8 @@
 #   2. opa fmt --list --fail   every .rego file is opa-fmt formatted
 #   3. opa test --coverage     unit tests + golden cases, coverage >= threshold
 #   4. regal lint              Regal (provisioned by scripts/provision-regal.sh)
-#   5. opa build (bundle)      policies/ builds as a bundle without test files
+#   5. opa build (bundle)      policies/ builds as a bundle without test files, and every data
+#                              file is one a bundle loads (named data.json/data.yaml/data.yml)
 #
 # Usage: scripts/policy-checks.sh [POLICY_DIR ...]
 #   Without arguments: policies/ plus the gateway's OPA API authorization policy.
@@ -143,6 +144,29 @@ else
 fi
 
 step "opa build -b ${POLICIES} (production bundle, tests excluded)"
+# every file OPA loads from the directory must be one a bundle loads too: OPA's bundle reader
+# skips data files not named data.json/data.yaml/data.yml without a word (loaded as a directory,
+# OPA reads them), and a bundle archive inside the tree is loaded by neither the bundle nor the
+# checks' view of it (gateway/policy/revision.py; `pvegate bundle build` refuses both)
+if [[ ! -x "${PYTHON}" ]]; then
+	fail "bundle layout (no Python environment with pvegate at ${PYTHON}: set PYTHON)"
+elif ! "${PYTHON}" - "${POLICIES}" <<'PY'; then
+import sys
+from pathlib import Path
+
+from gateway.policy.opa_sidecar import OPAUnavailable
+from gateway.policy.revision import not_in_bundle, policy_files
+
+try:
+    dropped = not_in_bundle(policy_files(Path(sys.argv[1])))
+except OPAUnavailable as exc:
+    sys.exit(f"{exc}")
+for f in dropped:
+    print(f"{f}: a bundle would not load it (only data.json/data.yaml/data.yml): name it data.yaml in its own directory")
+sys.exit(1 if dropped else 0)
+PY
+	fail "bundle layout (data a bundle would not load)"
+fi
 bundle="$(mktemp -d)/bundle.tar.gz"
 if "${OPA}" build -b "${POLICIES}" --ignore '*_test.rego' -o "${bundle}"; then
 	if tar -tzf "${bundle}" 2>/dev/null | grep -E '_test\.rego$|/golden/'; then

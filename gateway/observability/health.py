@@ -232,8 +232,9 @@ class HealthMonitor:
         self.opa_ok_at = time.monotonic()
         self.opa_error = None
         self.opa_latency_ms = round(took * 1000, 3)
+        # a bundle without a revision has none (decision.revision is None): unknown, not `name@`
         revision, source = decision.revision, "bundle"
-        if revision is None and self.sidecar is not None and self.sidecar.bundle is None:
+        if revision is None and self.sidecar is not None and not self.sidecar.bundle_mode:
             revision, source = self.sidecar.policy_revision, "files"
         # the data check again (decisions ask it once per revision): data changed without a new
         # revision (an external OPA's data API) shows here within one probe interval
@@ -348,11 +349,12 @@ class HealthMonitor:
         data = self.decisions.data_check
         policy_detail: str | None
         if self.revision is None:
-            policy_detail = (
-                "OPA reports no bundle revision (an external OPA must serve a bundle)"
-                if self.opa_ok_at is not None
-                else "unknown until OPA answers"
-            )
+            if self.opa_ok_at is None:
+                policy_detail = "unknown until OPA answers"
+            elif self.sidecar is not None and self.sidecar.bundle_mode:
+                policy_detail = "the active bundle has no revision (`pvegate bundle build` gives every bundle one)"
+            else:
+                policy_detail = "OPA reports no bundle revision (an external OPA must serve a bundle)"
         elif self.data_check_error is not None:
             policy_detail = self.data_check_error
         elif data is not None and not data.valid:

@@ -8,8 +8,17 @@ by the status plugin). `PolicyStatus` polls that API and keeps what the operator
 the active revision, when it was activated, and the last error; the admin API
 (`/admin/health`, `/admin/metrics`) and readiness read it from `Components.policy_status`.
 
-Without the bundle plugin (a policy directory, or a bundle loaded once at start), the
-revision comes from `/v1/data/system/bundles` (the manifests OPA loaded).
+Without the bundle plugin (a policy directory, or a bundle loaded once at start: OPA's status
+then has no `bundles`, or there is no status API at all), the revision comes from
+`/v1/data/system/bundles` (the manifests OPA loaded). A bundle without a revision (its manifest's
+is "") has none: the revision is unknown.
+
+Signatures authenticate a bundle; they do not order bundles: an older bundle, validly signed,
+activates like a new one (a replayed file, a bundle service serving an old revision). OPA does the
+activating; this reports it: each activation's manifest `built_at` (written by `pvegate bundle
+build`, covered by the signature) is compared with the newest this gateway saw active for that
+bundle, and an older one is a rollback, shown as the bundle's error (`/admin/health` degraded) and
+in `pvegate_policy_bundle_rollback`, until a bundle at least as new is active again.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +42,23 @@ import httpx
 from gateway.policy.opa_address import httpx_async_client
 
 log = logging.getLogger("pvegate.opa")
+
+# Bundle activations PolicyStatus saw, per OPA address. OPA's provenance names a bundle by its
+# revision alone, and the decision client keeps the data check per revision (decisions.py): with
+# this count in its key, a bundle activated under a revision already checked (a name given twice
+# with `--revision`) has its data checked again at the next decision once a status poll has seen
+# the activation (before that, the health probe's forced check; docs/opa.md).
+_activations: dict[str, int] = {}
+
+
+def note_activation(url: str) -> None:
+    """OPA at `url` activated a bundle: each decision client of it checks the policy data again."""
+    key = url.rstrip("/")
+    _activations[key] = _activations.get(key, 0) + 1
+
+
+def activations_seen(url: str) -> int:
+    return _activations.get(url.rstrip("/"), 0)
 
 
 @dataclass
@@ -43,21 +70,63 @@ class BundleState:
     error: str | None = None  # the latest attempt's error ("code: message"), None once one succeeds again
     last_error: str | None = None  # the most recent error seen, kept after recovery
     last_error_at: float | None = None  # when the gateway first saw last_error
+    built_at: str | None = None  # the active bundle's manifest metadata.built_at (pvegate bundle build)
+    newest_built_at: str | None = None  # the newest built_at seen active since the gateway started
+    newest_revision: str | None = None  # the revision that had it
+    rollback: str | None = None  # set while the active bundle was built before newest_built_at
+    manifest: dict[str, Any] | None = field(default=None, repr=False)  # the last manifest read
+    manifest_for: str | None = field(default=None, repr=False)  # the activation it was read for
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "revision": self.revision,
             "activated_at": self.activated_at,
+            "built_at": self.built_at,
             "last_request_at": self.last_request_at,
             "error": self.error,
+            "rollback": self.rollback,
             "last_error": self.last_error,
             "last_error_at": _iso(self.last_error_at),
         }
 
+    def note_built_at(self, built_at: str | None) -> None:
+        """The active bundle's build time: a rollback when older than the newest seen active."""
+        self.built_at = built_at
+        when = _parse_time(built_at)
+        newest = _parse_time(self.newest_built_at)
+        if when is None:  # not built by pvegate bundle build (or too old to say): no order known
+            self.rollback = None
+            return
+        if newest is None or when >= newest:
+            if self.rollback is not None:
+                log.warning("bundle %s: revision %s is as new as any seen again", self.name, self.revision)
+            self.newest_built_at, self.newest_revision, self.rollback = built_at, self.revision, None
+            return
+        rollback = (
+            f"rollback: revision {self.revision or '(none)'} built {built_at} is active after revision "
+            f"{self.newest_revision or '(none)'} built {self.newest_built_at} (an older bundle, validly "
+            "signed: signatures do not order bundles)"
+        )
+        if rollback != self.rollback:
+            log.error("bundle %s: %s", self.name, rollback)
+            self.last_error, self.last_error_at = rollback, time.time()
+        self.rollback = rollback
+
 
 def _iso(ts: float | None) -> str | None:
     return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 time as `pvegate bundle build` writes it (UTC, `Z`), or None."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
 
 
 @dataclass
@@ -88,7 +157,8 @@ class PolicyStatus:
 
     @property
     def bundle_error(self) -> str | None:
-        errs = [f"{n}: {b.error}" for n, b in sorted(self.bundles.items()) if b.error]
+        """OPA's refusal of the latest bundle, and a rollback to an older one (each bundle's)."""
+        errs = [f"{n}: {e}" for n, b in sorted(self.bundles.items()) for e in (b.error, b.rollback) if e]
         return "; ".join(errs) or None
 
     def as_dict(self) -> dict[str, Any]:
@@ -127,6 +197,15 @@ class PolicyStatus:
             for n, b in self.bundles.items()
         ]
         lines += [
+            "# HELP pvegate_policy_bundle_rollback Whether the active bundle was built before one this gateway "
+            "saw active earlier (an older bundle, validly signed, was activated).",
+            "# TYPE pvegate_policy_bundle_rollback gauge",
+        ]
+        lines += [
+            f'pvegate_policy_bundle_rollback{{name="{_esc(n)}"}} {int(bool(b.rollback))}'
+            for n, b in sorted(self.bundles.items())
+        ]
+        lines += [
             "# HELP pvegate_policy_revision_known Whether the active policy revision is known.",
             "# TYPE pvegate_policy_revision_known gauge",
             f"pvegate_policy_revision_known {int(self.revision_known)}",
@@ -135,14 +214,22 @@ class PolicyStatus:
 
     async def refresh(self, client: httpx.AsyncClient) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+        async def manifests() -> dict[str, Any]:
+            r = await client.get("/v1/data/system/bundles", headers=headers)
+            r.raise_for_status()
+            loaded = r.json().get("result") or {}
+            return loaded if isinstance(loaded, dict) else {}
+
         try:
             r = await client.get("/v1/status", headers=headers)
-            if r.status_code == 200:
-                self._from_status((r.json().get("result") or {}).get("bundles") or {})
-            else:  # no status plugin (an external OPA, or no bundle plugin): the loaded manifests
-                r = await client.get("/v1/data/system/bundles", headers=headers)
-                r.raise_for_status()
-                self._from_manifests(r.json().get("result") or {})
+            status = (r.json().get("result") or {}).get("bundles") if r.status_code == 200 else None
+            if status:  # the bundle plugin's status
+                self._from_status(status)
+                if any(b.activated_at != b.manifest_for for b in self.bundles.values()):
+                    self._built_from(await manifests())  # an activation: its manifest says when it was built
+            else:  # no status API, or no bundle plugin (a bundle loaded once): the loaded manifests
+                self._from_manifests(await manifests())
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             self.reachable = False
             self.problem = f"OPA status unavailable: {type(exc).__name__}"
@@ -151,11 +238,17 @@ class PolicyStatus:
         self.problem = None
         self.checked_at = time.time()
 
-    def _from_status(self, bundles: dict[str, Any]) -> None:
+    def _from_status(self, bundles: dict[str, Any]) -> bool:
+        """Read the bundle plugin's status; True when a bundle activated since the last read."""
+        activated = False
         for name, st in bundles.items():
             b = self.bundles.setdefault(name, BundleState(name))
-            b.revision = st.get("active_revision") or b.revision
-            b.activated_at = st.get("last_successful_activation") or b.activated_at
+            when = st.get("last_successful_activation")
+            if isinstance(when, str) and when != b.activated_at and not when.startswith("0001-"):
+                # an activation: its revision, or none (OPA leaves out a bundle's empty revision)
+                b.revision, b.activated_at, activated = st.get("active_revision") or None, when, True
+            elif st.get("active_revision"):
+                b.revision = st["active_revision"]
             b.last_request_at = st.get("last_request")
             err = None
             if st.get("code") or st.get("message") or st.get("errors"):
@@ -167,11 +260,29 @@ class PolicyStatus:
             elif err is None and b.error is not None:
                 log.warning("bundle %s activates again: revision %s", name, b.revision)
             b.error = err
+        if activated:  # a revision reused by the new bundle must not keep the old data check
+            note_activation(self.url)
+        return activated
+
+    def _built_from(self, loaded: dict[str, Any]) -> None:
+        """Each activated bundle's build time, from the manifest OPA keeps for it."""
+        for name, b in self.bundles.items():
+            if b.activated_at != b.manifest_for:  # (a bundle OPA keeps no manifest for: read once all the same)
+                b.manifest = (loaded.get(name) or {}).get("manifest") or {}
+                b.manifest_for = b.activated_at
+                b.note_built_at(_built_at(b.manifest))
 
     def _from_manifests(self, loaded: dict[str, Any]) -> None:
         for name, doc in loaded.items():
             b = self.bundles.setdefault(Path(name).name.removesuffix(".tar.gz") or name, BundleState(name))
-            b.revision = ((doc or {}).get("manifest") or {}).get("revision")
+            manifest = (doc or {}).get("manifest") or {}
+            revision = manifest.get("revision")
+            b.revision = revision if isinstance(revision, str) and revision else None  # "": none
+            if manifest != b.manifest:
+                if b.manifest is not None:  # another bundle than at the last read
+                    note_activation(self.url)
+                b.manifest = manifest
+                b.note_built_at(_built_at(manifest))
 
     async def refresh_once(self) -> None:
         async with httpx_async_client(self.url, timeout=2.0) as client:
@@ -182,6 +293,12 @@ class PolicyStatus:
             while True:
                 await asyncio.sleep(self.interval)
                 await self.refresh(client)
+
+
+def _built_at(manifest: dict[str, Any]) -> str | None:
+    meta = manifest.get("metadata")
+    built = meta.get("built_at") if isinstance(meta, dict) else None
+    return built if isinstance(built, str) else None
 
 
 def _esc(text: str) -> str:

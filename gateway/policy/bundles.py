@@ -31,17 +31,19 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa
+from gateway.core import yamlread
+from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, OPAUnavailable, find_opa
 from gateway.policy.optimized import ENTRYPOINTS
-from gateway.policy.revision import content_digest, policy_files
+from gateway.policy.revision import DATA_SUFFIXES, content_digest, not_in_bundle, policy_files
 
 CHECKS_SCRIPT = REPO_ROOT / "scripts" / "policy-checks.sh"
 
@@ -124,7 +126,9 @@ def run_checks(policies: Path) -> tuple[bool, str]:
 
 
 def roots_of(files: list[Path], root: Path) -> list[str]:
-    """Bundle roots: each Rego package's first segment (system.log stays narrow), each data dir."""
+    """Bundle roots: each Rego package's first segment (system.log stays narrow), each data dir
+    (a data file at the top of the tree: each of its top-level keys). `files` are what the bundle
+    loads: the data files among them are named data.json / data.yaml / data.yml (build())."""
     roots: set[str] = set()
     for f in files:
         if f.suffix == ".rego":
@@ -133,8 +137,17 @@ def roots_of(files: list[Path], root: Path) -> list[str]:
                     parts = line.split()[1].split(".")
                     roots.add("/".join(parts[:2]) if parts[0] == "system" else parts[0])
                     break
-        else:
-            roots.add(f.relative_to(root).parts[0])
+        elif f.suffix in DATA_SUFFIXES:
+            rel = f.relative_to(root)
+            if len(rel.parts) > 1:
+                roots.add(rel.parts[0])
+                continue
+            try:  # (a JSON document is YAML too)
+                doc = yamlread.load(f.read_text())
+            except (OSError, ValueError, yaml.YAMLError):
+                continue  # opa build says what is wrong with it
+            if isinstance(doc, dict):
+                roots.update(str(k) for k in doc)
     return sorted(roots)
 
 
@@ -207,9 +220,21 @@ def build(
         raise BundleError("no --signing-key given: a bundle is signed unless --unsigned is given explicitly")
     if signing_key is not None and not signing_key.is_file():
         raise BundleError(f"signing key {signing_key} not found")
-    files = policy_files(policies)
+    try:
+        files = policy_files(policies)
+    except OPAUnavailable as exc:  # a bundle archive inside the tree
+        raise BundleError(str(exc)) from None
     if not any(p.suffix == ".rego" for p in files):
         raise BundleError(f"no Rego policies under {policies}")
+    if ignored := not_in_bundle(files):
+        # loaded as a directory (the checks, a managed OPA) OPA reads them; from a bundle it would not
+        names = ", ".join(str(f) for f in ignored)
+        raise BundleError(
+            f"OPA's bundle format loads only data files named data.json, data.yaml or data.yml, so a "
+            f"bundle would carry but never load {names}: name each data file data.yaml (or data.json) in "
+            "its own directory, e.g. merge it into the data.yaml beside it (a policy directory loaded as "
+            "files puts every data file at its directory's path); nothing was built"
+        )
     if checks:
         ok, report = run_checks(policies)
         if not ok:
@@ -231,7 +256,8 @@ def build(
         revision = revision or f"{short}-{content_digest(staged, stage)[:12]}"
         metadata: dict[str, object] = {
             "source": "pvegate",
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # to the microsecond: PolicyStatus orders activations by it (a rollback is reported)
+            "built_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         }
         if source is not None:
             metadata["git_commit"] = source["commit"]

@@ -26,6 +26,7 @@ import jsonschema
 from opa_client.opa_async import AsyncOpaClient
 
 from gateway.core.jsonenc import holds_encoded, splice
+from gateway.policy.bundle_status import activations_seen
 from gateway.policy.opa_address import aiohttp_connector, http_base
 
 CONTRACT_VERSION = 1
@@ -275,14 +276,24 @@ class DecisionClient:
 
     @staticmethod
     def _provenance(envelope: dict[str, Any]) -> str | None:
+        """The bundles' revisions (`name@revision`, joined); a bundle without a revision (built
+        without one: its manifest's is "") is not named: its revision is unknown, not `name@`."""
         bundles = (envelope.get("provenance") or {}).get("bundles") or {}
-        revs = [f"{name}@{b.get('revision', '')}" for name, b in sorted(bundles.items())]
+        revs = [
+            f"{name}@{rev}"
+            for name, b in sorted(bundles.items())
+            if isinstance(b, dict) and isinstance(rev := b.get("revision"), str) and rev
+        ]
         return ",".join(revs) or None
 
     def revision_key(self, provenance: str | None) -> str | None:
-        if provenance is not None:
-            return provenance
-        return self._local_revision() if self._local_revision is not None else None
+        """What the data check is kept for: the revision (or the local policy's), and the count of
+        bundle activations seen (note_activation), so a revision reused by a new bundle is checked."""
+        key = provenance
+        if key is None and self._local_revision is not None:
+            key = self._local_revision()
+        activations = activations_seen(self.url)
+        return key if not activations else f"{key or '-'}#activation-{activations}"
 
     async def decide(self, input_doc: dict[str, Any]) -> Decision:
         try:

@@ -43,6 +43,7 @@ from gateway.core import processes, yamlread
 from gateway.core.config import ConfigError, SecretRef
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
+from gateway.policy.errors import OPAUnavailable as OPAUnavailable  # re-exported: its callers import it here
 from gateway.policy.opa_address import httpx_client, unix_address
 from gateway.policy.revision import files_revision, policy_files
 
@@ -50,10 +51,6 @@ log = logging.getLogger("pvegate.opa")
 
 OPA_VERSION = "1.22.3"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class OPAUnavailable(Exception):
-    """OPA could not be found, started, or did not become healthy."""
 
 
 def find_opa(explicit: Path | None = None) -> Path:

@@ -240,10 +240,24 @@ def test_new_revision_activates_and_a_tampered_one_is_refused(
     assert 'pvegate_opa_bundle_error{name="pvegate"} 1.0' in _admin(gw, "/metrics").text
 
     # the good file back: the error clears, the last one stays on record
-    shutil.copy(bundles["dir"] / "rev1.tar.gz", service.root / "pvegate.tar.gz")
+    shutil.copy(bundles["dir"] / "rev2.tar.gz", service.root / "pvegate.tar.gz")
     health = _wait(lambda: (h := _admin(gw, "/admin/health").json())["policy"]["error"] is None and h, "recovery")
-    assert health["status"] == "ready" and health["policy"]["revision"] == f"pvegate@{rev1}"
+    assert health["status"] == "ready" and health["policy"]["revision"] == f"pvegate@{rev2}"
     assert health["policy"]["bundles"][0]["last_error"]
+    assert 'pvegate_policy_bundle_rollback{name="pvegate"} 0' in _admin(gw, "/admin/metrics").text
+
+    # an older bundle, validly signed: OPA activates it (a signature authenticates, it does not
+    # order), and the gateway reports the rollback: degraded, still ready, and in the metrics
+    shutil.copy(bundles["dir"] / "rev1.tar.gz", service.root / "pvegate.tar.gz")
+    health = _wait(
+        lambda: (h := _admin(gw, "/admin/health").json())["policy"]["revision"] == f"pvegate@{rev1}" and h,
+        "the older revision",
+    )
+    assert health["status"] == "degraded" and "rollback" in health["policy"]["error"]
+    assert rev1 in health["policy"]["error"] and rev2 in health["policy"]["error"]
+    assert 'pvegate_policy_bundle_rollback{name="pvegate"} 1' in _admin(gw, "/admin/metrics").text
+    denied, rid = asyncio.run(_call(gw, "list_nodes", {}))
+    assert not denied and _revision_of(gw, rid) == f"pvegate@{rev1}"
 
 
 def test_every_decision_reaches_the_remote_sink_with_arguments_masked(gw: DevEnv, service: BundleService) -> None:
