@@ -47,6 +47,29 @@ async def test_cli_list_show_approve_with_temporary_sidecar(api: Api, asim: Any,
     assert "used" in pvegate("approvals", "show", aid, "--config", cfg).stdout
 
 
+async def test_cli_list_pages_through_the_whole_queue(api: Api) -> None:
+    """The CLI showed the first 200 requests and no more: a page at a time now, as the API does."""
+    cfg = str(api.env.config_path)
+    await pending(api, "vm_shutdown", shutdown_args())
+    await pending(api, "vm_shutdown", {**shutdown_args(), "timeout": 91})
+    seen: list[str] = []
+    cursor: list[str] = []
+    for _ in range(100):
+        page = pvegate("approvals", "list", "--state", "all", "--limit", "1", *cursor, "--config", cfg)
+        assert page.returncode == 0, page.stderr
+        seen += [line.split()[0] for line in page.stdout.splitlines()]
+        more = [ln for ln in page.stderr.splitlines() if ln.startswith("more requests: --cursor ")]
+        if not more:
+            break
+        cursor = ["--cursor", more[0].split()[-1]]
+    listed = pvegate("approvals", "list", "--state", "all", "--limit", "500", "--config", cfg)
+    every = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert len(every) >= 2 and seen == every  # one at a time, the same requests in the same order
+    bad = pvegate("approvals", "list", "--cursor", "nonsense", "--config", cfg)
+    assert bad.returncode == 2 and "--cursor" in bad.stderr and "Traceback" not in bad.stderr
+    assert pvegate("approvals", "list", "--limit", "0", "--config", cfg).returncode == 2
+
+
 async def test_cli_refusals_come_from_opa(api: Api, agw: GatewayThread) -> None:
     cfg = str(api.env.config_path)
     aid, _ = await pending(api, "vm_shutdown", shutdown_args())

@@ -25,7 +25,7 @@ from typing import Any
 from gateway.core.config import Config, load
 from gateway.mcp.wellknown import resource_url
 from gateway.policy.opa_sidecar import client_token
-from gateway.store.approvals import Approvals, ApprovalStore, NotFound, VoteOutcome
+from gateway.store.approvals import MAX_PAGE, Approvals, ApprovalStore, BadCursor, NotFound, VoteOutcome
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
 from gateway.store.db import database
@@ -112,12 +112,28 @@ def _outcome(out: VoteOutcome, verdict: str) -> int:
     return 0
 
 
+def _page_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_PAGE}")
+    return n
+
+
 def _list(args: argparse.Namespace) -> int:
     cfg = load(args.config)
 
     async def go(a: Approvals) -> int:
         assert a.store is not None
-        items = await a.store.list(None if args.state == "all" else args.state)
+        try:
+            items, nxt = await a.store.page(None if args.state == "all" else [args.state], args.limit, args.cursor)
+        except BadCursor as exc:
+            print(f"error: --cursor: {exc}", file=sys.stderr)
+            return 2
+        if nxt is not None:  # on stderr: the JSON array and the lines stay what they were
+            print(f"more requests: --cursor {nxt}", file=sys.stderr)
         if args.json:
             print(json.dumps([r.view() for r in items], indent=1))
             return 0
@@ -218,6 +234,13 @@ def register(sub: Any) -> None:
         help="which requests to list",
     )
     ls.add_argument("--json", action="store_true", help="a JSON array instead of one line per request")
+    ls.add_argument(
+        "--limit",
+        type=_page_size,
+        default=200,
+        help=f"requests per page (1 to {MAX_PAGE}); pending ones come first, soonest-expiring first",
+    )
+    ls.add_argument("--cursor", help="the next page, as the previous page's 'more requests: --cursor ...' gave it")
     ls.set_defaults(func=_list)
 
     sh = asub.add_parser("show", help="one request with its votes")
