@@ -157,6 +157,28 @@ def test_approve_from_the_console_and_the_agent_retry_runs(api: Api, carol: Brow
     assert any(v["action"] == "vote" and v["approval_id"] == aid and v["verdict"] == "approve" for v in votes)
 
 
+def test_a_completing_vote_shows_its_token_even_when_the_page_fails(
+    api: Api, carol: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token is shown once, on the page after the vote: a page that failed to render (a preview or
+    audit read raising) answered a generic 500, and the approval could never be used."""
+    from gateway.admin.console import views
+
+    aid, args, _ = pending(api)
+
+    async def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("the page's preview failed")
+
+    monkeypatch.setattr(views, "_approval_view", broken)
+    r = carol.post(f"/admin/approvals/{aid}/vote", {"csrf": carol.csrf, "verdict": "approve"})
+    assert r.status_code == 200, r.text
+    text = html.unescape(r.text)
+    assert "is recorded; the request is approved" in text and "RuntimeError" not in text
+    token = text.split("valid until ", 1)[1].split("): ", 1)[1].split("<", 1)[0].strip()
+    done = asyncio.run(api.call(api.agent(), "vm_shutdown", args, approval=token))
+    assert outcome(done) in ("allowed", "failed"), done
+
+
 def test_a_vote_without_the_csrf_token_is_refused(api: Api, carol: Browser) -> None:
     aid, _, _ = pending(api, vmid=100)
     for form in ({"verdict": "approve"}, {"csrf": "wrong", "verdict": "approve"}):

@@ -625,9 +625,23 @@ async def approval_vote(request: Request) -> Response:
         result["step_up_url"] = "/admin/login?" + urlencode(
             {"next": f"/admin/approvals/{aid}", "max_age": str(_step_up_age(out.reasons))}
         )
-    response = await _approval_view(request, session, result)
+    try:
+        response = await _approval_view(request, session, result)
+    except Exception:  # the vote is recorded: a page that fails to render must not lose the one-time token
+        log.exception("console: the approval page after a vote on %s could not be rendered", aid)
+        response = render(request, "message.html", title="Vote", message=_vote_summary(result))
     response.status_code = 200 if out.ok else 403
     return response
+
+
+def _vote_summary(result: dict[str, Any]) -> str:
+    """The vote's outcome as plain text (the approval page could not be shown): the token included."""
+    text = f"Your vote ({result['verdict']}) is recorded; the request is {result['state']}."
+    if result.get("reasons"):
+        text += " " + " ".join(str(r) for r in result["reasons"])
+    if result.get("token"):
+        text += f" One-time approval token (shown once, valid until {result['token_expires_at']}): {result['token']}"
+    return text
 
 
 def _step_up_age(reasons: list[str]) -> int:
