@@ -36,6 +36,19 @@ class UnknownTool(Exception):
     """The named tool is not in the catalog (a protocol-level error)."""
 
 
+# An unknown tool's name is the client's own text, audited and echoed before any quota or policy
+# applies, for any authenticated principal: only this much of it is kept (no tool is named longer).
+TOOL_NAME_SHOWN_MAX = 200
+
+
+def shown_tool_name(name: str) -> str:
+    """The name as the audit and the reply quote it: cut to TOOL_NAME_SHOWN_MAX characters and
+    marked with its length (a name already cut is kept as it is: the marker fits the slack)."""
+    if len(name) <= TOOL_NAME_SHOWN_MAX + 32:
+        return name
+    return f"{name[:TOOL_NAME_SHOWN_MAX]}…[{len(name)} characters]"
+
+
 def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any]:
     now_ns = time.time_ns()
     now = datetime.fromtimestamp(now_ns / 1e9, tz=UTC)
@@ -69,7 +82,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
     tool = c.catalog.get(req.tool)
     if tool is None:
         await _refuse(c, req, req.tool, None, "unknown_tool", None)
-        raise UnknownTool(req.tool)
+        raise UnknownTool(shown_tool_name(req.tool))
     CALL_SECRETS.set(())
     try:
         args = tool.validate(req.arguments)
@@ -87,7 +100,8 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         await _refuse(c, req, tool.name, None, outcome, why)
         return CallResult("invalid" if outcome == "unsupported_version" else "failed", why, is_error=True)
 
-    dry_run = bool(req.meta.get("dry_run", False))
+    # only a JSON true asks for a dry run (the MCP layer refuses any other non-boolean value first)
+    dry_run = req.meta.get("dry_run", False) is True
     digest = arguments_digest(tool.name, args, dry_run=dry_run, sensitive=tool.sensitive)
     try:
         target = await c.targets.resolve(tool, args, cluster)
@@ -309,7 +323,9 @@ async def _refuse(
 ) -> None:
     body = {"error": error} if error is not None else None
     tkey = _tkey(target) if target is not None else None
-    await c.audit.append(AuditRecord(req.request_id, "refusal", req.principal.sub, tool, tkey, outcome, body))
+    await c.audit.append(
+        AuditRecord(req.request_id, "refusal", req.principal.sub, shown_tool_name(tool), tkey, outcome, body)
+    )
 
 
 async def _audit_decision(

@@ -10,38 +10,60 @@ REDACTED = "[redacted]"
 
 def redact_keys(doc: Any, names: frozenset[str] | set[str]) -> Any:
     """`doc` with the values of keys in `names`, at any depth, replaced by REDACTED. Every dict
-    and list is a new one, so the result may be changed without touching `doc`."""
-    if isinstance(doc, dict):
-        return {k: (REDACTED if k in names else redact_keys(v, names)) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [redact_keys(v, names) for v in doc]
-    return doc
+    and list is a new one, so the result may be changed without touching `doc`.
+
+    Without recursion (an explicit stack): a document nested as deep as the JSON parser takes
+    is copied like any other, never a RecursionError."""
+    if not isinstance(doc, (dict, list)):
+        return doc
+    root: dict[Any, Any] | list[Any] = {} if isinstance(doc, dict) else []
+    stack: list[tuple[Any, Any]] = [(doc, root)]
+    while stack:
+        src, dst = stack.pop()
+        items = src.items() if isinstance(src, dict) else enumerate(src)
+        for key, value in items:
+            if isinstance(src, dict) and key in names:
+                new: Any = REDACTED
+            elif isinstance(value, (dict, list)):
+                new = {} if isinstance(value, dict) else []
+                stack.append((value, new))
+            else:
+                new = value
+            if isinstance(dst, dict):
+                dst[key] = new
+            else:
+                dst.append(new)
+    return root
 
 
 def redact_path(doc: Any, parts: list[str]) -> None:
-    """Replace the value at a dot path (with `*` for any list element or key) in place."""
-    if not parts or doc is None:
-        return
-    head, rest = parts[0], parts[1:]
-    if head == "*":
-        if not rest:  # a trailing `*` redacts every element (or value) itself
-            if isinstance(doc, list):
-                doc[:] = [REDACTED] * len(doc)
-            elif isinstance(doc, dict):
-                for key in doc:
-                    doc[key] = REDACTED
-            return
-        children = doc if isinstance(doc, list) else list(doc.values()) if isinstance(doc, dict) else []
-        for child in children:
-            redact_path(child, rest)
-        return
-    if isinstance(doc, dict) and head in doc:
-        if rest:
-            redact_path(doc[head], rest)
-        else:
-            doc[head] = REDACTED
-    elif isinstance(doc, list) and head.isdigit() and int(head) < len(doc):
-        if rest:
-            redact_path(doc[int(head)], rest)
-        else:
-            doc[int(head)] = REDACTED
+    """Replace the value at a dot path (with `*` for any list element or key) in place.
+
+    Without recursion (a work list of (node, the path left)): as deep as the path, never more."""
+    work: list[tuple[Any, list[str]]] = [(doc, parts)]
+    while work:
+        node, path = work.pop()
+        if not path or node is None:
+            continue
+        head, rest = path[0], path[1:]
+        if head == "*":
+            if not rest:  # a trailing `*` redacts every element (or value) itself
+                if isinstance(node, list):
+                    node[:] = [REDACTED] * len(node)
+                elif isinstance(node, dict):
+                    for key in node:
+                        node[key] = REDACTED
+                continue
+            children = node if isinstance(node, list) else list(node.values()) if isinstance(node, dict) else []
+            work.extend((child, rest) for child in reversed(children))
+            continue
+        if isinstance(node, dict) and head in node:
+            if rest:
+                work.append((node[head], rest))
+            else:
+                node[head] = REDACTED
+        elif isinstance(node, list) and head.isdigit() and int(head) < len(node):
+            if rest:
+                work.append((node[int(head)], rest))
+            else:
+                node[int(head)] = REDACTED

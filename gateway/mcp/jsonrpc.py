@@ -43,10 +43,19 @@ __all__ = [
 ]
 
 
+MESSAGE_MAX = 1024  # characters of a fault's message
+# Nesting a message may have. A tool call's arguments sit three levels down (message, params,
+# arguments) and every catalog tool's arguments are flat; Python's parser takes ~980 levels, and
+# what walks the arguments before validation (the requestState digest) must never meet those.
+MAX_DEPTH = 64
+
+
 class RpcFault(Exception):
     """A protocol fault that becomes a JSON-RPC error reply."""
 
     def __init__(self, code: int, message: str, data: Any = None, id_: Any = None, *, audited: bool = False) -> None:
+        if len(message) > MESSAGE_MAX:  # it may quote the client's text (a method name): audited and echoed
+            message = message[:MESSAGE_MAX] + "…"
         super().__init__(message)
         self.code = code
         self.message = message
@@ -111,8 +120,8 @@ def parse_message(body: bytes) -> Message:
     if text.startswith("\ufeff"):
         raise RpcFault(PARSE_ERROR, "Parse error: the body starts with a byte order mark (JSON text has none)")
     try:
-        doc = jsonread.loads(text)
-    except jsonread.NotJson as exc:  # NaN, Infinity, 1e400, nesting beyond Python's parser
+        doc = jsonread.loads(text, max_depth=MAX_DEPTH)
+    except jsonread.NotJson as exc:  # NaN, Infinity, 1e400, nesting beyond MAX_DEPTH
         raise RpcFault(PARSE_ERROR, f"Parse error: {exc}") from exc
     except ValueError as exc:  # malformed, or an integer literal too long to convert
         raise RpcFault(PARSE_ERROR, "Parse error: the body is not valid JSON") from exc

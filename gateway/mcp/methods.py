@@ -23,7 +23,7 @@ from gateway.mcp import handoff
 from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
 from gateway.mcp.request_state import RequestStates, StateError
 from gateway.observability import logs
-from gateway.pipeline import UnknownTool, call_tool, request_facts
+from gateway.pipeline import UnknownTool, call_tool, request_facts, shown_tool_name
 from gateway.policy.decisions import CONTRACT_VERSION
 from gateway.policy.listings import listing_key
 from gateway.store.audit import AuditRecord
@@ -125,7 +125,7 @@ async def _run(x: Exchange, req: CallRequest) -> CallResult:
         return result
     except UnknownTool as exc:
         outcome = "unknown_tool"
-        raise RpcFault(INVALID_PARAMS, f"Unknown tool: {req.tool}", audited=True) from exc
+        raise RpcFault(INVALID_PARAMS, f"Unknown tool: {shown_tool_name(req.tool)}", audited=True) from exc
     except AuditUnavailable:
         outcome = "audit_unavailable"
         raise  # a clear refusal (transport.py), not an internal error
@@ -149,9 +149,13 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str) or not name:
         raise RpcFault(INVALID_PARAMS, "Invalid params: tools/call needs a tool name")
+    if x.c.catalog.get(name) is None:  # the client's own text from here on (log, audit, reply): bounded
+        name = shown_tool_name(name)
     arguments = params.get("arguments")
     raw_meta = params.get("_meta")
     meta: dict[str, Any] = dict(raw_meta) if isinstance(raw_meta, dict) else {}
+    if not isinstance(meta.get("dry_run", False), bool):  # "false", 0 or [] must not turn a dry run on
+        raise RpcFault(INVALID_PARAMS, 'Invalid params: "_meta.dry_run" must be true or false')
     meta.pop(handoff.APPROVAL_REQUEST_META, None)  # only a verified requestState may set this
     request_id = uuid.uuid4().hex
     logs.bind(request_id, x.principal.sub, name)  # every log line of this call carries them

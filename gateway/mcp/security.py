@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -34,6 +36,14 @@ PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz"})
 # address's max_inflight_per_client slots while the body arrives, so without a deadline a few
 # stalled uploads lock that address out for good.
 BODY_DEADLINE_SECONDS = 30.0
+# A body not whole this long after the headers is a slow upload: from then on it also needs one of
+# its address's upload slots (a quarter of max_inflight_per_client, at least one), or it is refused
+# with 429. Bodies sent with their headers, as clients do, never need one, so uploads that stall
+# (before authentication: anyone can send them) hold at most that quarter of an address's slots,
+# never the ones of requests that came in whole.
+SLOW_BODY_SECONDS = 1.0
+# Retry-After of a 429 for an address's slots all taken by requests being handled
+RETRY_AFTER_BUSY_SECONDS = 1
 # the refusals' surface in pvegate_unauthenticated_refusals_total (their audit rows are bounded per client address)
 SURFACE = "transport"
 
@@ -72,17 +82,19 @@ def allowed_origins(config: Config) -> frozenset[str]:
 class BodyRefused(Exception):
     """The request body is not handed on: too large, cut short, or too slow."""
 
-    def __init__(self, status: int, outcome: str, message: str) -> None:
+    def __init__(self, status: int, outcome: str, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.outcome = outcome
         self.message = message
+        self.retry_after = retry_after
 
 
 class TransportGuard:
     """ASGI middleware: refuses what must never reach a handler, with the HTTP status the spec names."""
 
-    body_deadline: float = BODY_DEADLINE_SECONDS  # a class attribute: tests shorten it on the live gateway
+    body_deadline: float = BODY_DEADLINE_SECONDS  # class attributes: tests shorten them on the live gateway
+    slow_body_after: float = SLOW_BODY_SECONDS
 
     def __init__(self, app: ASGIApp, config: Config) -> None:
         self.app = app
@@ -91,7 +103,10 @@ class TransportGuard:
         self.origins = allowed_origins(config)
         self.max_body = config.max_body_bytes
         self.max_inflight = config.max_inflight_per_client
+        self.max_uploads = max(1, self.max_inflight // 4)
         self.inflight: defaultdict[str, int] = defaultdict(int)
+        # per address: when each slow upload holding an upload slot started (at most max_uploads)
+        self.uploads: defaultdict[str, list[float]] = defaultdict(list)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -125,18 +140,27 @@ class TransportGuard:
                 "too_many_requests",
                 "too many concurrent requests from this client",
                 source_ip,
+                retry_after=RETRY_AFTER_BUSY_SECONDS,
             )
             return
         self.inflight[source_ip] += 1
         try:
             if scope["method"] == "POST":
                 try:
-                    body = await _read_capped(receive, headers, self.max_body, self.body_deadline)
+                    body = await self._read_body(receive, headers, source_ip)
                 except BodyRefused as refused:
                     # too slow or cut short: the connection is not reused (RFC 9110 §15.5.9 for the 408)
                     close = refused.status != 413
                     await self._refuse(
-                        scope, receive, send, refused.status, refused.outcome, refused.message, source_ip, close=close
+                        scope,
+                        receive,
+                        send,
+                        refused.status,
+                        refused.outcome,
+                        refused.message,
+                        source_ip,
+                        close=close,
+                        retry_after=refused.retry_after,
                     )
                     return
                 receive = _replay(body, receive)
@@ -145,6 +169,35 @@ class TransportGuard:
             self.inflight[source_ip] -= 1
             if not self.inflight[source_ip]:
                 del self.inflight[source_ip]
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str], source_ip: str) -> bytes:
+        """_read_capped, and a slow upload's slot: taken once the body is slow_body_after seconds
+        late (refused with 429 when its address has none free), given back when it is in or refused."""
+        started = time.monotonic()
+        taken = False
+
+        def slow() -> int | None:
+            """Take an upload slot (None), or say in how many seconds one frees at the latest."""
+            nonlocal taken
+            uploads = self.uploads[source_ip]
+            if len(uploads) < self.max_uploads:
+                uploads.append(started)
+                taken = True
+                return None
+            return max(1, math.ceil(min(uploads) + self.body_deadline - time.monotonic()))
+
+        try:
+            return await _read_capped(
+                receive, headers, self.max_body, self.body_deadline, on_slow=slow, slow_after=self.slow_body_after
+            )
+        finally:
+            if taken:
+                uploads = self.uploads[source_ip]
+                uploads.remove(started)
+                if not uploads:
+                    del self.uploads[source_ip]
+            elif not self.uploads.get(source_ip, True):
+                del self.uploads[source_ip]  # made by a look-up in slow(): no empty entries left behind
 
     async def _refuse(
         self,
@@ -157,6 +210,7 @@ class TransportGuard:
         source_ip: str,
         *,
         close: bool = False,
+        retry_after: int | None = None,
     ) -> None:
         app = scope.get("app")
         components = getattr(getattr(app, "state", None), "components", None)
@@ -176,6 +230,8 @@ class TransportGuard:
         response = error_response(None, INVALID_REQUEST, message, status=status)
         if close:
             response.headers["Connection"] = "close"
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(retry_after)
         await response(scope, receive, send)
 
 
@@ -183,9 +239,19 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _read_capped(receive: Receive, headers: dict[str, str], limit: int, deadline: float) -> bytes:
+async def _read_capped(
+    receive: Receive,
+    headers: dict[str, str],
+    limit: int,
+    deadline: float,
+    *,
+    on_slow: Callable[[], int | None] | None = None,
+    slow_after: float = SLOW_BODY_SECONDS,
+) -> bytes:
     """The whole body, or BodyRefused: over `limit` (as soon as that is known, never buffering more),
     cut short (the client left, or fewer bytes than Content-Length said), or not in within `deadline` s.
+    With `on_slow`: called once if the body is not in after `slow_after` s; a number it returns
+    refuses the upload at once (429, that number as Retry-After).
 
     A body cut short is never handed on: a truncated request could still parse as another one."""
     declared = headers.get("content-length")
@@ -193,8 +259,20 @@ async def _read_capped(receive: Receive, headers: dict[str, str], limit: int, de
         raise BodyRefused(413, "body_too_large", f"request body exceeds {limit} bytes")
     chunks: list[bytes] = []
     size = 0
+    refused_after: int | None = None
+    timer: asyncio.TimerHandle | None = None
     try:
-        async with asyncio.timeout(deadline):
+        async with asyncio.timeout(deadline) as window:
+            if on_slow is not None:
+                loop = asyncio.get_running_loop()
+
+                def slow() -> None:
+                    nonlocal refused_after
+                    refused_after = on_slow()
+                    if refused_after is not None:
+                        window.reschedule(loop.time())  # no upload slot free: the wait ends now
+
+                timer = loop.call_later(slow_after, slow)
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -209,9 +287,16 @@ async def _read_capped(receive: Receive, headers: dict[str, str], limit: int, de
                 if not message.get("more_body", False):
                     break
     except TimeoutError as exc:
+        if refused_after is not None:
+            raise BodyRefused(
+                429, "too_many_requests", "too many slow uploads from this client", retry_after=refused_after
+            ) from exc
         raise BodyRefused(
             408, "body_timeout", f"the request body was not complete within {deadline:g} seconds"
         ) from exc
+    finally:
+        if timer is not None:
+            timer.cancel()
     if declared is not None and size != int(declared):
         raise BodyRefused(
             400, "body_incomplete", f"the request body has {size} bytes, Content-Length declared {declared}"

@@ -123,10 +123,12 @@ class Tool:
             kind = props.get(key, {}).get("type")
             # JSON Schema counts 100.0 as an integer; a Proxmox id must be a JSON integer.
             if kind == "integer" and type(value) is not int:
-                raise ArgumentError(f"invalid argument {key}: must be a JSON integer")
+                raise ArgumentError(f"invalid argument {_short(key, NAME_SHOWN_MAX)}: must be a JSON integer")
             # Python's `$` matches before a trailing newline: refuse control characters outright.
             if isinstance(value, str) and CONTROL.search(value):
-                raise ArgumentError(f"invalid argument {key}: control characters are not allowed")
+                raise ArgumentError(
+                    f"invalid argument {_short(key, NAME_SHOWN_MAX)}: control characters are not allowed"
+                )
         # A declared default is filled in here, before anything else sees the arguments: the
         # policy decides on it, the approval digest covers it and the connector sends it. A size
         # the resource quotas count is never left to Proxmox's own default (connectors/provision.yaml).
@@ -162,17 +164,34 @@ _RULES: dict[str, str] = {
 }
 
 
+# The refusal is written to the audit and sent back before any quota or policy applies, for any
+# authenticated principal: what it quotes of the client's own text (argument names) is bounded.
+NAMES_SHOWN = 10  # unknown argument names listed, then "and N more"
+NAME_SHOWN_MAX = 64  # characters of one argument name
+MESSAGE_MAX = 1024  # characters of the whole message
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(_short(k, NAME_SHOWN_MAX) for k in keys[:NAMES_SHOWN])
+    return shown + (f" and {len(keys) - NAMES_SHOWN} more" if len(keys) > NAMES_SHOWN else "")
+
+
 def _describe(e: Any) -> str:
     """`invalid argument <name>: <rule>`: names the argument and the rule, never the value.
-    For unknown or missing arguments the name is the client's own key, not a value."""
-    where = ".".join(str(p) for p in e.path)
+    For unknown or missing arguments the name is the client's own key, not a value: at most
+    NAMES_SHOWN of them, each cut, and the whole message at most MESSAGE_MAX characters."""
+    return _short(_explain(e), MESSAGE_MAX)
+
+
+def _explain(e: Any) -> str:
+    where = ".".join(_short(str(p), NAME_SHOWN_MAX) for p in list(e.path)[:NAMES_SHOWN])
     if e.validator == "additionalProperties":
-        extra = sorted(set(e.instance) - set(e.schema.get("properties", {}))) if isinstance(e.instance, dict) else []
-        names = ", ".join(_short(str(k), 64) for k in extra)
-        return f"invalid argument {names or 'arguments'}: not a parameter of this tool"
+        declared = e.schema.get("properties", {})
+        extra = sorted(str(k) for k in e.instance if k not in declared) if isinstance(e.instance, dict) else []
+        return f"invalid argument {_names(extra) or 'arguments'}: not a parameter of this tool"
     if e.validator == "required":
-        missing = [k for k in e.validator_value if isinstance(e.instance, dict) and k not in e.instance]
-        return f"invalid argument {', '.join(missing) or 'arguments'}: required"
+        missing = [str(k) for k in e.validator_value if isinstance(e.instance, dict) and k not in e.instance]
+        return f"invalid argument {_names(missing) or 'arguments'}: required"
     rule = _RULES.get(str(e.validator), "breaks the rule " + str(e.validator))
     return f"invalid argument {where or 'arguments'}: {_short(rule.format(v=e.validator_value))}"
 

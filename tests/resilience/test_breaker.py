@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 
-from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen
-from gateway.tools.runtimes.transport import NotSent, Reply
+from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, failure_kind, is_outage
+from gateway.tools.runtimes.transport import AnswerMissing, NotSent, Reply
 
 
 class Clock:
@@ -49,7 +51,8 @@ async def test_opens_after_threshold_and_fails_fast() -> None:
         sent.append(1)
         return response(200)
 
-    with pytest.raises(CircuitOpen, match=r"cluster c1 is failing .* next attempt in about 5s"):
+    opened = r"cluster c1 is failing \(3 consecutive failures: 3 connection failures\).* next attempt in about 5s"
+    with pytest.raises(CircuitOpen, match=opened):
         await b.call(send)
     assert sent == []  # nothing went out while open
 
@@ -79,15 +82,17 @@ async def test_failed_probe_reopens() -> None:
         b.before()
 
 
-@pytest.mark.parametrize("status", [200, 400, 403, 404, 501, 595, 596])
+@pytest.mark.parametrize("status", [200, 400, 403, 404, 500, 501, 595, 596, 597, 599])
 async def test_answers_and_node_faults_do_not_trip(status: int) -> None:
+    # 500 is Proxmox's answer to an ordinary request error ("storage 'x' does not exist"): any
+    # caller can provoke it, and the breaker is shared by every principal of the cluster
     b = CircuitBreaker("c1", threshold=2)
     for _ in range(5):
         await send_status(b, status)
     assert b.state == "closed"
 
 
-@pytest.mark.parametrize("status", [500, 502, 503])
+@pytest.mark.parametrize("status", [502, 503, 504, 598])
 async def test_api_node_errors_trip(status: int) -> None:
     b = CircuitBreaker("c1", threshold=2)
     await send_status(b, status)
@@ -97,7 +102,67 @@ async def test_api_node_errors_trip(status: int) -> None:
 
 async def test_success_resets_the_count() -> None:
     b = CircuitBreaker("c1", threshold=2)
-    await send_status(b, 500)
+    await send_status(b, 503)
     await send_status(b, 200)
-    await send_status(b, 500)
+    await send_status(b, 503)
     assert b.state == "closed"
+
+
+async def test_a_500_answer_resets_the_count() -> None:
+    """A 500 proves the API answered: it is no failure, and ends a run of them."""
+    b = CircuitBreaker("c1", threshold=2)
+    await send_status(b, 503)
+    await send_status(b, 500)
+    await send_status(b, 503)
+    assert b.state == "closed" and b.failures == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "outage"),
+    [
+        *[(s, False) for s in (200, 404, 500, 501, 595, 596, 597, 599)],
+        *[(s, True) for s in (502, 503, 504, 505, 598)],
+    ],
+)
+def test_is_outage_classification(status: int, outage: bool) -> None:
+    assert is_outage(status) is outage
+
+
+def test_failure_kinds_carry_no_upstream_text() -> None:
+    refused = NotSent("Cannot connect to host secret-host:8006 ssl:default [Connect call failed]")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert failure_kind(refused) == "connection refused"
+    assert failure_kind(NotSent("anything", timeout=True)) == "connect timeouts"
+    tls = NotSent("x")
+    tls.__cause__ = ssl.SSLError("bad cert")
+    assert failure_kind(tls) == "TLS failures"
+    assert failure_kind(NotSent("Name or service not known")) == "connection failures"
+    assert failure_kind(AnswerMissing("read timeout", timeout=True)) == "timeouts waiting for an answer"
+    assert failure_kind(AnswerMissing("ServerDisconnectedError")) == "dropped connections"
+
+
+async def test_open_message_names_counts_and_kinds_not_upstream_text() -> None:
+    clock = Clock()
+    b = CircuitBreaker("c1", threshold=3, cooldown=5.0, clock=clock)
+
+    async def refused() -> Reply:
+        exc = NotSent("Cannot connect to host mallory-secret-text")
+        exc.__cause__ = ConnectionRefusedError(111, "Connection refused")
+        raise exc
+
+    for _ in range(2):
+        with pytest.raises(NotSent):
+            await b.call(refused)
+
+    async def unavailable() -> Reply:
+        return Reply(503, "mallory-secret-reason", b'{"message": "mallory-secret-message"}')
+
+    await b.call(unavailable)
+    assert b.state == "open"
+    with pytest.raises(CircuitOpen) as err:
+        b.before()
+    text = str(err.value)
+    assert "3 consecutive failures: 2 connection refused, 1 HTTP 503 answers" in text, text
+    assert "mallory" not in text
+    b.success()
+    assert b.kinds == {} and b.failures == 0

@@ -83,10 +83,11 @@ async def test_slow_proxmox_times_out_with_a_clear_error_and_nothing_sticks(
 async def test_failing_api_opens_the_circuit_then_recovers(
     renv: DevEnv, rsim: Any, fgw: GatewayThread, breaker: CircuitBreaker, token: str
 ) -> None:
-    rsim.set_faults(error_rate=1.0, error_status=500, error_path="^/nodes$")
+    # 503: the API is unavailable (a 500 is Proxmox's answer about the request: test_breaker_shared)
+    rsim.set_faults(error_rate=1.0, error_status=503, error_path="^/nodes$")
     for _ in range(breaker.threshold):
         res = await one(renv, fgw, token, "list_nodes")
-        assert res["isError"] and "Proxmox answered 500" in text_of(res), text_of(res)
+        assert res["isError"] and "Proxmox answered 503" in text_of(res), text_of(res)
     assert breaker.state == "open"
     before = nodes_reads(rsim)
     res = await one(renv, fgw, token, "list_nodes")

@@ -1,18 +1,32 @@
 """A per-cluster circuit breaker for the Proxmox API.
 
-When a cluster's API stops answering (connection refused or cut, timeouts, 5xx
-from the API node itself), every call would otherwise wait for its full timeout
-and pile up. After `threshold` consecutive failures the circuit opens: calls fail
-at once with a clear tool error. After `cooldown` seconds one probe request is let
-through (half-open); its success closes the circuit, its failure re-opens it.
+When a cluster's API stops answering (connection refused or cut, timeouts, a proxy or
+availability status), every call would otherwise wait for its full timeout and pile up. After
+`threshold` consecutive failures the circuit opens: calls fail at once with a clear tool error.
+After `cooldown` seconds one probe request is let through (half-open); its success closes the
+circuit, its failure re-opens it.
 
-What counts as a failure is deliberately narrow: 595/596 say one *node* is out of
-reach of a healthy API node (the rest of the cluster still works), and 4xx are
-answers, not outages; neither trips the breaker.
+The breaker is one per cluster, shared by every principal, so what counts as a failure is
+deliberately narrow: only what says the API itself is out of reach. That is a transport failure
+(nothing sent, no whole answer, a timeout) or a status that a proxy or an overloaded server gives
+instead of an answer: 502, 503, 504 and the other 5xx (598 among them). Not failures, because
+the API did answer:
+
+- 500: Proxmox's answer to an ordinary request error ("storage 'x' does not exist", "VM is
+  locked", "config file does not exist"). Any caller can provoke it at will, so counting it
+  would let one principal pause the cluster for all the others;
+- 501: an endpoint this Proxmox version does not implement;
+- 595/596/597/599: pveproxy could not reach one *node*; the rest of the cluster still works;
+- 4xx: answers about the request.
+
+The fail-fast message says how many consecutive failures of which kinds opened the circuit
+("connection refused", "timeouts waiting for an answer", "HTTP 503 answers"); never any call's upstream
+text, which would carry one principal's error into another's reply and audit row.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +35,8 @@ from gateway.tools.runtimes.base import UpstreamError
 from gateway.tools.runtimes.transport import AnswerMissing, NotSent, Reply
 
 NODE_UNREACHABLE = frozenset({595, 596, 597, 599})  # PVE proxy statuses: a node, not the cluster
+# 5xx that are the API's answer to the request, not a sign that it is down (see the module doc)
+ANSWERED = frozenset({500, 501}) | NODE_UNREACHABLE
 
 
 class CircuitOpen(UpstreamError):
@@ -31,7 +47,33 @@ class CircuitOpen(UpstreamError):
 
 
 def is_outage(status: int) -> bool:
-    return status >= 500 and status not in NODE_UNREACHABLE and status != 501
+    """Whether an HTTP status says the cluster's API is out of reach (counts toward opening)."""
+    return status >= 500 and status not in ANSWERED
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen and len(seen) < 16:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def failure_kind(exc: BaseException) -> str:
+    """A fixed, short name for a transport failure: no upstream text, only its kind."""
+    if isinstance(exc, NotSent):
+        if exc.timeout:
+            return "connect timeouts"
+        chain = _chain(exc)
+        if any(isinstance(e, ssl.SSLError) for e in chain):
+            return "TLS failures"
+        if any(isinstance(e, ConnectionRefusedError) for e in chain):
+            return "connection refused"
+        return "connection failures"
+    if isinstance(exc, AnswerMissing):
+        return "timeouts waiting for an answer" if exc.timeout else "dropped connections"
+    return "transport errors"
 
 
 @dataclass
@@ -44,7 +86,9 @@ class CircuitBreaker:
     failures: int = 0
     opened_at: float = 0.0
     opens: int = 0  # how often the circuit opened (for tests and metrics)
-    last_error: str | None = None  # the client's wording of the latest failure: why the circuit is open
+    # the kinds of the consecutive failures (failure_kind, or "HTTP <status>"), counted: why the
+    # circuit is open, in words that carry no call's upstream text. At most a handful of keys.
+    kinds: dict[str, int] = field(default_factory=dict)
     _probing: bool = field(default=False, repr=False)
 
     def before(self) -> None:
@@ -57,17 +101,25 @@ class CircuitBreaker:
             self._probing = True  # exactly one probe; the rest keep failing fast
             return
         retry = max(0.0, self.cooldown - waited)
-        cause = f"; last error: {self.last_error}" if self.last_error else ""
         raise CircuitOpen(
-            f"Proxmox cluster {self.cluster} is failing ({self.failures} consecutive errors); "
-            f"requests are paused, next attempt in about {retry:.0f}s{cause}"
+            f"Proxmox cluster {self.cluster} is failing ({self.describe()}); "
+            f"requests are paused, next attempt in about {retry:.0f}s"
         )
 
-    def success(self) -> None:
-        self.state, self.failures, self._probing, self.last_error = "closed", 0, False, None
+    def describe(self) -> str:
+        """e.g. "5 consecutive failures: 3 connection refused, 2 timeouts waiting for an answer"."""
+        what = ", ".join(f"{n} {kind}" for kind, n in sorted(self.kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        plural = "" if self.failures == 1 else "s"
+        return f"{self.failures} consecutive failure{plural}" + (f": {what}" if what else "")
 
-    def failure(self) -> None:
+    def success(self) -> None:
+        self.state, self.failures, self._probing = "closed", 0, False
+        self.kinds = {}
+
+    def failure(self, kind: str = "errors") -> None:
         self.failures += 1
+        if kind in self.kinds or len(self.kinds) < 8:
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
         self._probing = False
         if self.state == "half_open" or self.failures >= self.threshold:
             if self.state != "open":
@@ -80,8 +132,8 @@ class CircuitBreaker:
         self.before()
         try:
             response = await send()
-        except (NotSent, AnswerMissing):
-            self.failure()
+        except (NotSent, AnswerMissing) as exc:
+            self.failure(failure_kind(exc))
             raise
         except BaseException:
             self._probing = False  # cancelled or unexpected: neither proof of health nor of outage
@@ -89,7 +141,7 @@ class CircuitBreaker:
                 self.state = "open"
             raise
         if is_outage(response.status):
-            self.failure()
+            self.failure(f"HTTP {response.status} answers")
         else:
-            self.success()
+            self.success()  # the API answered (a 500 about the request is an answer too)
         return response

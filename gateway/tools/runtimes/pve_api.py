@@ -38,7 +38,7 @@ from gateway.tools.runtimes.base import (
     freeze_for_test,
     test_fault,
 )
-from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
+from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen
 from gateway.tools.runtimes.reducers import TRANSFORMS
 from gateway.tools.runtimes.transport import AnswerMissing, AnswerTooLarge, NotSent, PveHttp, Reply
 from gateway.tools.tool import PLACEHOLDER, Tool
@@ -257,7 +257,6 @@ class PveApiClient:
                 raise
             except NotSent as exc:
                 failure = _connect_failure(exc, self.cluster, self.clean)
-                self.breaker.last_error = str(failure)
                 # a connect timeout already waited the whole timeout; TLS won't heal
                 if attempt + 1 < attempts and not exc.timeout and failure.cause != "tls":
                     last = failure
@@ -274,7 +273,6 @@ class PveApiClient:
                     last = AnswerLost(f"Proxmox cluster {self.cluster.name} did not answer in time ({exc})")
                 else:
                     last = AnswerLost(f"Proxmox cluster {self.cluster.name} unreachable ({exc})")
-                self.breaker.last_error = str(last)
                 # a whole deadline spent on a dripping answer is not asked for again
                 if attempt + 1 < attempts and not exc.deadline:
                     await asyncio.sleep(0.1 * (attempt + 1))
@@ -288,8 +286,6 @@ class PveApiClient:
             )
         if not 200 <= r.status < 300:
             message = _error_message(r, self.cluster.name, self.clean)
-            if is_outage(r.status):
-                self.breaker.last_error = message
             if mutation and (r.status in SENT_OUTCOME_UNKNOWN or r.status < 400):
                 raise AnswerLost(_outcome_unknown(r, self.cluster.name, self.clean))
             raise ToolError(message)
