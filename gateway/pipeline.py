@@ -274,8 +274,14 @@ async def dispatch(
         kept = await _audit_result(c, req, tool, target, "ok", started, {"task_id": output.task_id, "error": problem})
         return CallResult("failed", f"{tool.name}: {problem}", is_error=True, meta=_kept_meta(kept))
     body = {"task_id": output.task_id, "warnings": structured.get("warnings")}
+    outcome = "ok"
+    if output.task_running and tool.effect != "read" and not ctx.dry_run:
+        # Proxmox still runs it (its task_timeout passed): not settled, so reconciliation records how
+        # it ends (`reconciled`, proxmox ok or failed); an `ok` here would stand for a task that fails
+        outcome, body["pending_reconcile"] = "running", True
+        c.outcomes.unsettled.add(req.request_id)
     t = time.perf_counter()
-    kept = await _audit_result(c, req, tool, target, "ok", started, body)
+    kept = await _audit_result(c, req, tool, target, outcome, started, body)
     m.observe("audit", t)
     return CallResult("allowed", text, structured=structured, meta=_kept_meta(kept))
 

@@ -51,6 +51,8 @@ class ToolOutput:
     data: Any
     task_id: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # the Proxmox task was still running when the wait ended (task_timeout): its outcome is not known yet
+    task_running: bool = False
 
 
 TEST_FAULT_ENV = "PVEGATE_TEST_FAULT"

@@ -495,10 +495,11 @@ class PveApiRuntime:
                 data = await self.wait_task(client, data, float(spec.get("task_timeout", 60)), warnings)
             else:
                 data = {"upid": data, "status": "running"}
+        running = task_id is not None and isinstance(data, dict) and data.get("status") == "running"
         data = self.finish(tool, data, arguments)
         if extra:
             data = {**(data if isinstance(data, dict) else {"items": data}), **extra}
-        return ToolOutput(data=data, task_id=task_id, warnings=warnings)
+        return ToolOutput(data=data, task_id=task_id, warnings=warnings, task_running=running)
 
     async def _per_row(
         self, client: PveApiClient, spec: dict[str, Any], rows: list[Any], warnings: list[str]
