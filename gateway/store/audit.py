@@ -26,6 +26,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import sqlite3
@@ -40,7 +41,16 @@ from typing import Any
 from gateway.core.config import Config, ConfigError, service_secret_refs
 from gateway.core.redaction import REDACTED, redact_keys, redact_path
 from gateway.store import migrations
-from gateway.store.audit_seal import AuditKeyError, HeadKey, default_key_path
+from gateway.store.audit_seal import (
+    AuditKeyError,
+    HeadKey,
+    MarkError,
+    default_key_path,
+    mark_path,
+    mark_text,
+    read_mark,
+    write_mark,
+)
 from gateway.store.db import IDLE_IN_TRANSACTION_SECONDS, REPLICA_SETTINGS, refusal, release_committed, wal_mode
 from gateway.store.pgsync import PgConnection, PgLocation
 from gateway.tools.tool import Tool
@@ -404,6 +414,10 @@ HEAD_LOCK_SECONDS = 5
 HEARTBEAT_SECONDS = 5.0  # a replica's row in audit_replicas is refreshed at most this often (on commits)
 # a replica whose row was not refreshed for this long is gone: its calls in flight are reconciled by others
 REPLICA_STALE_SECONDS = 30.0
+# the high-water mark is written at most this often while the chain grows (and at open and close): a cut
+# of the chain's end is seen when it reaches below the last mark written, so within this many seconds of
+# records (or the records of a crash's last interval) a cut is seen only against checkpoints
+MARK_SECONDS = 1.0
 # A heartbeat renews a replica's row only while it is younger than this (by the database's clock):
 # two heartbeats' margin before the others may take the row for a gone replica's, and a renewal that
 # is slow to commit still lands before that. An older row is given up, never revived (AuditLog.hold).
@@ -469,6 +483,13 @@ class AuditLog:
         self._seal: Seal | None = None
         self._head: tuple[str, int, str] | None = None  # (stored text, seq, hash) of the head last checked
         self._high = 0  # the furthest head this process has seen: a head only moves forward
+        # the high-water mark (next to the key): the furthest head a writer on this host reached, kept
+        # outside the database so a start or a verify sees an older head put back (written every
+        # MARK_SECONDS at most while the chain grows, and at close: never one fsync per call)
+        self.mark_path = mark_path(self.key_path)
+        self._marked = -1  # the seq this process last found or wrote in the mark
+        self._mark_failing = False  # the last write failed (logged once until one works)
+        self._marker: asyncio.Task[None] | None = None
         self.scrub = Scrubber(secrets)
         self.synchronous = synchronous
         self.max_batch = max_batch
@@ -491,16 +512,121 @@ class AuditLog:
         self.last_error: str | None = None  # why the last commit failed; None once one succeeds
 
     async def open(self) -> None:
+        # the mark is read before the head: a writer elsewhere on the chain may move both meanwhile, and a
+        # mark read later than the head could name a record the head read earlier does not reach yet
+        mark: dict[str, Any] | MarkError | None
+        try:
+            key = await asyncio.to_thread(HeadKey.load, self.key_path) if self.key_path.exists() else None
+            mark = None if key is None else await asyncio.to_thread(read_mark, self.mark_path, key)
+        except MarkError as exc:
+            mark = exc
+        except AuditKeyError:  # said by the opening below
+            mark = None
         if isinstance(self.path, PgLocation):
             await self._open_pg(self.path)
         else:
             await self._open_sqlite(self.path)
         assert self._seal is not None
+        try:
+            await asyncio.to_thread(self._start_mark, mark)
+        except BaseException:
+            await self._close_store()
+            raise
         for note in self._seal.notes:
             log.warning("audit: %s", note)
         self._writer = asyncio.create_task(self._write_loop(), name="audit-writer")
+        self._marker = asyncio.create_task(self._mark_loop(), name="audit-high-water")
         if self._pgdb is not None:
             self._beater = asyncio.create_task(self._beat_loop(), name="audit-heartbeat")
+
+    def _start_mark(self, mark: dict[str, Any] | MarkError | None) -> None:
+        """At every start: log where the chain's head is, and refuse a head below the high-water mark (the
+        end of the chain cut and an older authenticated head put back, from the WAL or an older copy)."""
+        seal = self._seal
+        assert seal is not None and seal.head is not None
+        seq, ts = seal.head
+        self._high = max(self._high, seq)
+        where = self.mark_path
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if 0 <= ts < 1e11 else "at an unknown time"
+        move = (
+            f"keep the database and {where} as evidence, check them with `pvegate audit verify` and your "
+            f"off-host checkpoints; to go on from this head anyway, move {where} aside (the next start begins "
+            f"a new mark at record {seq})"
+        )
+        if isinstance(mark, MarkError):
+            raise AuditIntegrityError(f"{mark}: {move}")
+        if mark is not None and mark["db"] != seal.db_id and not seal.new_chain:
+            raise AuditIntegrityError(
+                f"the high-water mark {where} is for another audit database (id {mark['db']}; this one is "
+                f"{seal.db_id}): the database was replaced; {move}"
+            )
+        if mark is not None and mark["db"] == seal.db_id and mark["seq"] > seq:
+            raise AuditIntegrityError(
+                f"records at the end are missing: the head is at seq {seq} but seq {mark['seq']} was reached "
+                f"(high-water mark at {where}): an older head was put back, or an older copy of the database "
+                f"restored; {move}",
+                seq + 1,
+            )
+        log.info(
+            "audit: the chain head is record %d, written %s (database %s); high-water mark %s",
+            seq,
+            when,
+            seal.db_id,
+            f"record {mark['seq']} at {where}" if mark is not None and mark["db"] == seal.db_id else f"none at {where}",
+        )
+        if mark is None and not seal.new_chain:
+            log.warning(
+                "audit: there was no high-water mark at %s (the first start of a release that keeps one, or it was "
+                "removed): it starts at record %d; a cut of the chain's end before now is seen only against "
+                "off-host checkpoints",
+                where,
+                seq,
+            )
+        elif mark is not None and mark["db"] != seal.db_id:
+            log.warning("audit: the high-water mark %s now follows the new chain (database %s)", where, seal.db_id)
+        if mark is not None and mark["db"] == seal.db_id:
+            self._marked = int(mark["seq"])
+        self._write_mark()
+
+    def _write_mark(self) -> None:
+        """Write the furthest head seen to the high-water mark (in a worker thread: one small write and fsync)."""
+        seal, seq = self._seal, self._high
+        if seal is None or seq <= self._marked:
+            return
+        try:
+            write_mark(self.mark_path, seal.key, seal.db_id, seq)
+        except OSError as exc:
+            if not self._mark_failing:
+                log.error(
+                    "audit: the high-water mark %s cannot be written (%s): a cut of the chain's end is seen only "
+                    "against off-host checkpoints; make it writable by the gateway's user (or create it there, "
+                    "mode 0600, when its directory must stay read-only)",
+                    self.mark_path,
+                    exc.strerror or exc,
+                )
+            self._mark_failing = True
+            return
+        if self._mark_failing:
+            log.warning("audit: the high-water mark %s is written again", self.mark_path)
+        self._mark_failing = False
+        self._marked = seq
+
+    async def _mark_loop(self) -> None:
+        while True:
+            await asyncio.sleep(MARK_SECONDS)
+            if self._high > self._marked:
+                with contextlib.suppress(Exception):  # said by _write_mark; tried again next time
+                    await asyncio.to_thread(self._write_mark)
+
+    async def _close_store(self) -> None:
+        """Close the connections of an opening that failed after the store was opened."""
+        await self._close_sqlite()
+        if self._pgdb is not None:
+            db, self._pgdb = self._pgdb, None
+            with contextlib.suppress(Exception):
+                async with db.pool.acquire() as conn:
+                    await conn.execute("UPDATE audit_replicas SET seen_at = 0 WHERE replica = $1", self.replica_id)
+            await db.close()
 
     async def _open_sqlite(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -589,6 +715,12 @@ class AuditLog:
             await self._queue.put(None)  # drains what is queued, then stops
             await self._writer
             self._writer = None
+        if self._marker is not None:
+            self._marker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._marker
+            self._marker = None
+            await asyncio.to_thread(self._write_mark)  # a clean stop leaves the mark at the head
         await self._close_sqlite()
         if self._pgdb is not None:
             db, self._pgdb = self._pgdb, None
@@ -622,7 +754,8 @@ class AuditLog:
         equal to the caller's own name) is no secret of that record: it is not scrubbed from it."""
         s = self.scrub
         cols = [c for c in (rec.principal, rec.tool, rec.target) if c]
-        call = tuple(x for x in rec.scrub + extra if not any(str(x).strip() in c for c in cols))
+        # equal to a column, not merely inside one: a secret that is part of the caller's name is still a secret
+        call = tuple(x for x in rec.scrub + extra if str(x).strip() not in cols)
         needles = s.needles(call)
 
         def col(text: str | None) -> str | None:
@@ -1138,6 +1271,8 @@ class Seal:
     key: HeadKey
     db_id: str
     notes: tuple[str, ...] = ()  # what opening did (key generated, an older database sealed), for the log
+    head: tuple[int, float] | None = None  # the head opening found or wrote: (seq, time it was written)
+    new_chain: bool = False  # this opening began the chain (a new file, a fresh PostgreSQL chain)
 
 
 def _doc(text: Any, what: str) -> dict[str, Any]:
@@ -1297,6 +1432,9 @@ def open_seal_pg(where: PgLocation, key_path: Path) -> Seal:
         )
     con = PgConnection(where)
     try:
+        problem = pg_objects_problem(con)  # what verify refuses, a replica does not write through
+        if problem is not None:
+            raise AuditIntegrityError(f"{problem}; run `pvegate audit verify`")
         con.execute("BEGIN IMMEDIATE")
         try:
             seal = _open_seal(con, key_path, "fresh" in _meta_all(con), create_key=False)
@@ -1317,8 +1455,9 @@ def _open_seal(con: Any, key_path: Path, new_file: bool, *, create_key: bool = T
     if "created" in meta:
         key = HeadKey.load(key_path)
         seal = Seal(key, check_created(key, meta))
-        check_head(seal, meta.get("head"), last, meta.get("anchor"))
-        return seal
+        seq, _ = check_head(seal, meta.get("head"), last, meta.get("anchor"))
+        when = _doc(meta["head"], "chain head").get("ts")
+        return Seal(key, seal.db_id, head=(seq, float(when) if isinstance(when, int | float) else 0.0))
     older = last is not None or "anchor" in meta
     key, made = HeadKey.load_or_create(key_path) if create_key else (HeadKey.load(key_path), False)
     notes = [f"generated a new audit head key at {key_path} (key id {key.key_id}): back it up"] if made else []
@@ -1370,10 +1509,14 @@ def _open_seal(con: Any, key_path: Path, new_file: bool, *, create_key: bool = T
             f"sealed the existing audit chain (records up to {seq}, verified) with the audit head key; "
             "records written before this were not protected by a key"
         )
-    return Seal(key, db_id, tuple(notes))
+    return Seal(key, db_id, tuple(notes), head=(seq, now), new_chain=not older)
 
 
 # --- operator side: plain sqlite3, used by the CLI and the admin API ---------------------
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def connect(path: Path | PgLocation, *, readonly: bool = False) -> Any:
@@ -1385,6 +1528,9 @@ def connect(path: Path | PgLocation, *, readonly: bool = False) -> Any:
     uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
     con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0)
     con.row_factory = sqlite3.Row
+    # text that is not UTF-8 (written below the gateway) is read with its bytes kept as lone surrogates, so
+    # the record it is in is named (`damage`) instead of the whole read failing; pvegate's text never has them
+    con.text_factory = _lenient_text
     con.execute("PRAGMA busy_timeout=10000")
     return con
 
@@ -1410,9 +1556,49 @@ class VerifyResult:
     archives: list[str] = field(default_factory=list)  # archive files verified before the database
     sealed_at: int | None = None  # an older database: the record up to which it was sealed when upgraded
     checkpoint: int | None = None  # the checkpoint's record, found unchanged
+    high_water: int | None = None  # the high-water mark of this chain next to the key, found at or below the head
+    high_water_file: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+# the record's columns that always hold text, and those that may be NULL
+_TEXT = ("request_id", "kind", "body", "prev_hash", "hash")
+_TEXT_OR_NULL = ("principal", "tool", "target", "outcome")
+_TS_RANGE = (-62135596800.0, 253402300800.0)  # the years 1..9999: what a time can be shown as
+
+
+def damage(row: dict[str, Any]) -> str | None:
+    """What makes a stored record one pvegate never writes (the end of a sentence: "its body is not UTF-8
+    text"), or None: a column of another type (a BLOB, a number), text that is not UTF-8 (read as
+    SQLite's bytes with their undecodable bytes kept, see `connect`), a time that is no time."""
+    ts = row.get("ts")
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        return f"its time is not a number ({_shown(ts)})"
+    if not (math.isfinite(ts) and _TS_RANGE[0] < ts < _TS_RANGE[1]):
+        return f"its time is out of range ({ts!r})"
+    for col in _TEXT + _TEXT_OR_NULL:
+        value = row.get(col)
+        if value is None and col in _TEXT_OR_NULL:
+            continue
+        if isinstance(value, bytes):
+            return f"its {col} is a BLOB, not text"
+        if not isinstance(value, str):
+            return f"its {col} is not text ({type(value).__name__})"
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"its {col} is not UTF-8 text"
+    return None
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A column's value as a line may print it (undecodable bytes escaped, never an encoding error)."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class ChainChecker:
@@ -1432,12 +1618,19 @@ class ChainChecker:
         return self.expect_seq - 1, self.prev
 
     def feed(self, row: dict[str, Any]) -> bool:
-        seq = int(row["seq"])
+        seq = row.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            return self._fail(
+                self.expect_seq, f"the record after record {self.expect_seq - 1} was changed: its seq is not a number"
+            )
         if seq < self.expect_seq:
             return self._fail(seq, f"record {seq} is inserted before record {self.expect_seq - 1} (out of order)")
         if seq > self.expect_seq:
             missing = f"{self.expect_seq}" if seq == self.expect_seq + 1 else f"{self.expect_seq}..{seq - 1}"
             return self._fail(self.expect_seq, f"record {missing} is missing (deleted)")
+        problem = damage(row)
+        if problem is not None:
+            return self._fail(seq, f"record {seq} was changed: {problem}")
         if row["prev_hash"] != self.prev:
             return self._fail(
                 seq,
@@ -1558,6 +1751,9 @@ def _check_schema(con: Any, postgresql: bool) -> None:
         if row is not None and int(row[0]) > known:
             raise _Bad(migrations._newer("audit", int(row[0]), known))
     if postgresql:
+        problem = pg_objects_problem(con)
+        if problem is not None:
+            raise _Bad(problem)
         return
     problems = [str(r[0]) for r in con.execute("PRAGMA integrity_check")]
     if problems != ["ok"]:
@@ -1590,11 +1786,103 @@ def _check_schema(con: Any, postgresql: bool) -> None:
             raise _Bad(f"the {kind} {name!r} is not the one pvegate makes: it was changed outside the gateway")
 
 
+# PostgreSQL: the audit's tables as MIGRATIONS makes them: (column, type, NOT NULL, generated) in order
+_PG_TABLES: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "audit": (
+        ("seq", "bigint", True),
+        ("ts", "double precision", True),
+        ("request_id", "text", True),
+        ("kind", "text", True),
+        ("principal", "text", False),
+        ("tool", "text", False),
+        ("target", "text", False),
+        ("outcome", "text", False),
+        ("body", "text", True),
+        ("prev_hash", "text", True),
+        ("hash", "text", True),
+    ),
+    "audit_meta": (("key", "text", True), ("value", "text", True)),
+}
+_PG_KINDS = {"v": "view", "m": "materialized view", "p": "partitioned table", "f": "foreign table", "S": "sequence"}
+
+
+def _char(value: Any) -> str:
+    """A PostgreSQL "char" column's value (the driver gives bytes)."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    return "" if value is None else str(value).strip("\x00")
+
+
+def pg_objects_problem(con: Any) -> str | None:
+    """PostgreSQL: whether `audit` and `audit_meta`, as every reader names them (unqualified, through the
+    search_path), are the ordinary tables pvegate makes in the schema it makes them in (current_schema()),
+    with nothing that shows a reader other rows than a full scan sees, or changes what is written: no
+    view or other object in their place, no rule, no trigger, no row-level security, no column changed.
+    verify walks the chain with the same unqualified name, so such an object could let it pass while
+    search, export, the admin API and replay are shown (or the writer stores) something else. None: sound."""
+    schema = con.execute("SELECT current_schema()").fetchone()[0]
+    for name, columns in _PG_TABLES.items():
+        row = con.execute(
+            "SELECT c.oid, n.nspname, c.relkind, c.relrowsecurity, c.relforcerowsecurity "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(?::text)",
+            (name,),
+        ).fetchone()
+        if row is None:
+            return f"there is no {name} table (in the search_path of this connection): it was renamed or dropped"
+        oid, nsp, relkind, rls, force = row[0], row[1], _char(row[2]), row[3], row[4]
+        if relkind != "r":
+            what = _PG_KINDS.get(str(relkind), f"relation of kind {relkind!r}")
+            return (
+                f"{name} is a {what} ({nsp}.{name}), not the table pvegate makes: readers that name it would not "
+                "see what the table holds (keep a copy of the database as evidence, then restore the table)"
+            )
+        if nsp != schema:
+            return (
+                f"{name} resolves to {nsp}.{name}, not to the table in schema {schema} where pvegate makes it: "
+                "another schema in the search_path shadows it"
+            )
+        rules = [str(r[0]) for r in con.execute("SELECT rulename FROM pg_rewrite WHERE ev_class = ?::oid", (oid,))]
+        if rules:
+            return (
+                f"the {name} table has a rule ({', '.join(sorted(rules))}) that pvegate does not make: it was added "
+                "outside the gateway and can change what is read or written; drop it (keep a copy as evidence first)"
+            )
+        triggers = [
+            str(r[0])
+            for r in con.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = ?::oid AND NOT tgisinternal", (oid,))
+        ]
+        if triggers:
+            return (
+                f"the {name} table has a trigger ({', '.join(sorted(triggers))}) that pvegate does not make: it was "
+                "added outside the gateway and can change what is written; drop it (keep a copy as evidence first)"
+            )
+        if rls or force:
+            return (
+                f"row-level security is enabled on the {name} table (pvegate never enables it): its policies can "
+                f"hide records from some readers; ALTER TABLE {name} DISABLE ROW LEVEL SECURITY (keep a copy first)"
+            )
+        found = [
+            (str(r[0]), str(r[1]), bool(r[2]), _char(r[3]))
+            for r in con.execute(
+                "SELECT attname, format_type(atttypid, atttypmod), attnotnull, attgenerated FROM pg_attribute "
+                "WHERE attrelid = ?::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (oid,),
+            )
+        ]
+        if found != [(c, t, nn, "") for c, t, nn in columns]:
+            return f"the {name} table's columns are not the ones pvegate makes: it was altered outside the gateway"
+    return None
+
+
 def _verify(
     path: Path | PgLocation, archived: list[Path], key_path: Path, checkpoint: Path | None, state: dict[str, Any]
 ) -> VerifyResult:
     if isinstance(path, Path) and not path.is_file():
         raise _Bad(f"there is no audit database at {path}")
+    # the high-water mark is read before the database's snapshot: a gateway running meanwhile writes it
+    # only after its head moved, so a mark read first never names a record past the head read next
+    hwm_file = mark_path(key_path)
+    hwm_text = mark_text(hwm_file)
     con = connect(path, readonly=True)
     try:
         # one snapshot for the head and the records: a live gateway commits between two separate
@@ -1636,7 +1924,21 @@ def _verify(
             if not ok:
                 raise _Bad(checker.problem or "the chain breaks", checker.bad_seq)
         last = None if state["first"] is None else checker.end
-        check_head(seal, head_text, last, meta.get("anchor"))
+        head_seq, _ = check_head(seal, head_text, last, meta.get("anchor"))
+        try:
+            hwm = read_mark(hwm_file, key, hwm_text)
+        except MarkError as exc:
+            raise _Bad(str(exc)) from None
+        high_water: int | None = None
+        if hwm is not None and hwm["db"] == db_id:
+            high_water = int(hwm["seq"])
+            if high_water > head_seq:
+                raise _Bad(
+                    f"records at the end are missing: the head is at seq {head_seq} but seq {high_water} was "
+                    f"reached (high-water mark at {hwm_file}): an older head was put back, or an older copy of "
+                    "the database restored",
+                    head_seq + 1,
+                )
         if mark is not None and not checker.checkpoint_seen:
             if mark[0] > checker.end[0]:
                 raise _Bad(
@@ -1655,6 +1957,8 @@ def _verify(
             archives=[str(p) for p in used],
             sealed_at=int(sealed_at["seq"]) if isinstance(sealed_at, dict) else None,
             checkpoint=None if mark is None else mark[0],
+            high_water=high_water,
+            high_water_file=str(hwm_file) if hwm is not None and hwm["db"] == db_id else None,
         )
     finally:
         con.close()
@@ -1867,9 +2171,15 @@ def body_or_empty(text: str | None) -> dict[str, Any]:
 
 def parse_body(row: dict[str, Any]) -> dict[str, Any]:
     """A record's body as an object, or AuditDataError naming the record."""
+    problem = damage(row)
+    if problem is not None:
+        raise AuditDataError(
+            f"record {_shown(row.get('seq'))} (request {_shown(row.get('request_id'))}, {_shown(row.get('kind'))}) "
+            f"cannot be read: {problem} (changed outside the gateway: run `pvegate audit verify`)"
+        )
     try:
         doc = json.loads(row["body"])
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict):
         raise AuditDataError(
@@ -1883,11 +2193,17 @@ def parse_body(row: dict[str, Any]) -> dict[str, Any]:
 def export_line(row: dict[str, Any]) -> str:
     """One JSONL line: the record's columns (only those: a column added to the table outside the gateway
     is not exported), its body as an object; hashes kept so a SIEM can re-verify. A body that is not a
-    JSON object raises AuditDataError naming the record."""
+    JSON object, or a damaged record (`damage`), raises AuditDataError naming the record."""
     doc = {k: row[k] for k in COLUMNS}
+    doc["body"] = parse_body(row)  # first: it says what is damaged before the time is read
     doc["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(row["ts"])) + f".{int(row['ts'] % 1 * 1e6):06d}Z"
-    doc["body"] = parse_body(row)
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    try:
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    except (ValueError, RecursionError) as exc:  # a body nested too deep to write back
+        raise AuditDataError(
+            f"record {row.get('seq')} (request {row.get('request_id')}, {row.get('kind')}) cannot be exported: "
+            f"its body cannot be written as JSON ({type(exc).__name__}): run `pvegate audit verify`"
+        ) from None
 
 
 def _archive_line(row: dict[str, Any]) -> str:

@@ -17,13 +17,16 @@ import json
 import os
 import secrets
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
 KEY_BYTES = 32
 KEY_FILE_NAME = "audit-head.key"
 # what each MAC is about: a MAC made for one purpose never passes as another
-PURPOSES = ("created", "head", "anchor", "archive")
+PURPOSES = ("created", "head", "anchor", "archive", "mark")
+MARK_SUFFIX = ".hwm"  # the high-water mark: next to the key, `audit-head.key.hwm`
+MARK_TYPE = "pvegate-audit-high-water"
 
 
 class AuditKeyError(Exception):
@@ -32,6 +35,11 @@ class AuditKeyError(Exception):
 
 def default_key_path(db: Path) -> Path:
     return db.parent / KEY_FILE_NAME
+
+
+def mark_path(key_path: Path) -> Path:
+    """Where the high-water mark of the chains sealed with this key lives: next to the key file."""
+    return key_path.with_name(key_path.name + MARK_SUFFIX)
 
 
 class HeadKey:
@@ -120,3 +128,82 @@ class HeadKey:
             return False
         body = {k: v for k, v in doc.items() if k != "mac"}
         return hmac.compare_digest(doc["mac"], self._mac(purpose, body))
+
+
+class MarkError(Exception):
+    """The high-water mark file is there but cannot be read, is garbled or is not authenticated (a sentence)."""
+
+
+def mark_text(path: Path) -> str | MarkError | None:
+    """The mark file's text (None: no file), read apart from its check (verify reads it before the database)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        return MarkError(f"the high-water mark {path} cannot be read ({getattr(exc, 'strerror', None) or exc})")
+
+
+def read_mark(path: Path, key: HeadKey, text: str | MarkError | None = None) -> dict[str, Any] | None:
+    """The authenticated high-water mark ({"db", "seq", "ts"}), None when there is no file; MarkError otherwise.
+
+    The mark is the highest record of the chain a writer on this host reached, kept outside the database
+    (next to the key), so an older authenticated head put back over a cut end is seen (docs/audit.md)."""
+    if text is None:
+        text = mark_text(path)
+    if text is None:
+        return None
+    if isinstance(text, MarkError):
+        raise text
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("type") != MARK_TYPE:
+        raise MarkError(f"the high-water mark {path} is garbled (not a pvegate high-water mark)")
+    body = {k: doc.get(k) for k in ("db", "seq", "ts", "mac")}
+    seq = body["seq"]
+    if not key.check("mark", body) or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise MarkError(
+            f"the high-water mark {path} is not authenticated by the audit head key {key.path}: "
+            "it was written or changed by another hand, or with another key"
+        )
+    return body
+
+
+def write_mark(path: Path, key: HeadKey, db_id: str, seq: int) -> bool:
+    """Record that the chain `db_id` reached record `seq`: never lowers a mark already there for it (another
+    process on the same chain may have written a higher one). One write and one fsync; the file is
+    replaced whole (a temporary file renamed over it), or, where the gateway may not create files in
+    the key's directory, rewritten in place (an operator-made file the gateway's user may write).
+    False when nothing needed writing; OSError when it cannot be written."""
+    with contextlib.suppress(MarkError):
+        now = read_mark(path, key)
+        if now is not None and now["db"] == db_id and now["seq"] >= seq:
+            return False
+    doc = key.sign("mark", {"db": db_id, "seq": seq, "ts": time.time()})
+    data = (json.dumps({"type": MARK_TYPE, **doc}, sort_keys=True) + "\n").encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except PermissionError:  # the directory is not the gateway's to write: the file itself may be
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, data)
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    try:
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return True

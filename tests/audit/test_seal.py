@@ -186,6 +186,9 @@ def test_a_checkpoint_catches_an_older_copy_put_back(tmp_path: Path, capsys: pyt
     assert cli(["audit", "checkpoint", "--db", str(db)]) == 0
     cp.write_text(capsys.readouterr().out)
     shutil.copy(old, db)  # the later records vanish, the old head is authentic on its own
+    res = auditlib.verify(db)  # below the high-water mark kept next to the key
+    assert not res.ok and res.bad_seq == 11 and "records at the end are missing" in (res.problem or "")
+    (db.parent / "audit-head.key.hwm").unlink()  # whoever holds the key's directory too: only a checkpoint sees it
     assert auditlib.verify(db).ok
     res = auditlib.verify(db, checkpoint=cp)
     assert not res.ok and res.bad_seq == 11 and "older copy" in (res.problem or "")

@@ -269,6 +269,9 @@ async def test_a_checkpoint_catches_an_older_state_put_back(
         "DELETE FROM audit WHERE seq > 10",
         "UPDATE audit_meta SET value = '" + str(old_head).replace("'", "''") + "' WHERE key = 'head'",
     )
+    res = off(auditlib.verify, store.where, key=store.key)  # below the high-water mark kept next to the key
+    assert not res.ok and res.bad_seq == 11 and "seq 20 was reached" in (res.problem or ""), res.problem
+    store.key.with_name(store.key.name + ".hwm").unlink()  # whoever holds the key's directory too: checkpoints
     assert off(auditlib.verify, store.where, key=store.key).ok
     res = off(auditlib.verify, store.where, key=store.key, checkpoint=mark)
     assert not res.ok and res.bad_seq == 11 and "older copy" in (res.problem or ""), res.problem

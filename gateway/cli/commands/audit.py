@@ -94,6 +94,14 @@ def _query(args: argparse.Namespace, **kw: Any) -> auditlib.Query:
 
 
 def _line(row: dict[str, Any]) -> str:
+    damaged = auditlib.damage(row)
+    if damaged is not None:  # listed, and said, with what can be shown: a listing goes on
+        cols = [
+            auditlib._shown(row.get(c)) if row.get(c) is not None else "-" for c in ("seq", "ts", "kind", "outcome")
+        ]
+        who = [auditlib._shown(row.get(c)) if row.get(c) is not None else "-" for c in ("principal", "tool", "target")]
+        rid = auditlib._shown(row.get("request_id"))
+        return "  ".join([*cols, *who, rid, f"(damaged: {damaged}: run `pvegate audit verify`)"])
     when = datetime.fromtimestamp(row["ts"], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
     body: dict[str, Any] | None
     try:
@@ -147,6 +155,9 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"OK: {result.checked} records verified, {span}{anchor}; authenticated head {result.head_hash}")
         if result.checkpoint is not None:
             print(f"the checkpoint's record {result.checkpoint} is present and unchanged")
+        if result.high_water is not None:
+            mark = f"the high-water mark ({result.high_water_file}) is record {result.high_water}"
+            print(f"{mark}: the head is not below it")
         if result.sealed_at is not None:
             print(f"(records up to {result.sealed_at} were written before the chain head was keyed)")
     else:
