@@ -27,12 +27,17 @@ def claim(claims: dict[str, Any], path: str) -> Any:
     return value
 
 
-def strings(value: Any, what: str) -> tuple[str, ...]:
-    """A list of strings, or a space-separated string (OAuth `scope`); absent is empty."""
+def strings(value: Any, what: str, *, split: bool = False) -> tuple[str, ...]:
+    """A list of strings, or one string; absent is empty.
+
+    `split`: a string is a space-separated list (OAuth `scope`, RFC 6749 §3.3). Only scopes are:
+    a single role or group named in a string is one value, spaces included (`/Domain Users`)."""
     if value is None:
         return ()
     if isinstance(value, str):
-        return tuple(v for v in value.split() if v)
+        if split:
+            return tuple(v for v in value.split() if v)
+        return (value,) if value else ()
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
     raise ClaimError(f"token claim {what} has an unexpected type")

@@ -3,6 +3,15 @@
 A token naming a `kid` we do not hold triggers at most one refresh per
 `min_refresh_seconds` (rotation without restart, no amplification by forged
 kids); a failed refresh keeps serving the keys we already trust.
+
+Fetching never stands in the way of tokens the keys we hold can verify. One fetch at a time
+(single flight), cut at `timeout` seconds in total (however slowly the provider sends) and at
+`MAX_JWKS_BYTES`. A key set older than `cache_seconds` is refreshed in the background and used
+meanwhile; only a caller that needs keys we do not hold (an unknown kid, no keys yet) waits for
+the fetch. The staleness is bounded: when no fetch has completed (succeeded or failed) for
+`cache_seconds + max_stale_seconds` (a gateway that was idle), callers wait for the fetch, at
+most `timeout` seconds, so a key the provider removed is trusted at most
+`cache_seconds + max_stale_seconds` after it was fetched, as long as the provider answers.
 """
 
 from __future__ import annotations
@@ -32,6 +41,19 @@ ALG_KEY_TYPES: dict[str, tuple[str, ...]] = {
     "EdDSA": ("OKP",),
 }
 
+# A JWKS larger than this is refused (a failed refresh): real ones are a few KiB.
+MAX_JWKS_BYTES = 1 << 20
+# How long past cache_seconds a key set is used while it is refreshed in the background.
+MAX_STALE_SECONDS = 60.0
+# How much of a token header value (kid, alg) a message may quote: they are the sender's choice.
+SHOWN_CHARS = 64
+
+
+def shown(value: Any) -> str:
+    """repr() of an untrusted value, cut to SHOWN_CHARS: safe to put in a reply or the audit."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
 
 class KeyUnavailable(Exception):
     """No trusted key verifies this token (unknown kid, wrong key type, no keys)."""
@@ -52,12 +74,16 @@ def _parse(doc: Any) -> list[_Key]:
     for raw in doc["keys"]:
         if not isinstance(raw, dict) or raw.get("use", "sig") != "sig":
             continue
+        kid, kty, alg = raw.get("kid"), raw.get("kty"), raw.get("alg")
+        if not isinstance(kty, str) or not isinstance(kid, str | None) or not isinstance(alg, str | None):
+            log.warning("skipping JWKS key %s: kty, kid and alg must be strings", shown(kid))
+            continue
         try:
             jwk = jwt.PyJWK.from_dict(raw)
-        except jwt.PyJWTError as exc:  # unsupported or broken entries are skipped, not fatal
-            log.warning("skipping JWKS key %s: %s", raw.get("kid"), exc)
+        except Exception as exc:  # unsupported or broken entries are skipped, not fatal
+            log.warning("skipping JWKS key %s: %s", shown(kid), shown(str(exc)))
             continue
-        keys.append(_Key(raw.get("kid"), str(raw.get("kty")), raw.get("alg"), jwk.key))
+        keys.append(_Key(kid, kty, alg, jwk.key))
     return keys
 
 
@@ -72,6 +98,8 @@ class JwksKeys:
         cache_seconds: float = 300.0,
         min_refresh_seconds: float = 10.0,
         timeout: float = 5.0,
+        max_stale_seconds: float = MAX_STALE_SECONDS,
+        max_bytes: int = MAX_JWKS_BYTES,
     ) -> None:
         if bool(url) == bool(file):
             raise ValueError("exactly one of jwks_url and jwks_file")
@@ -83,57 +111,131 @@ class JwksKeys:
         self.file = file
         self.cache_seconds = cache_seconds
         self.min_refresh_seconds = min_refresh_seconds
-        self.timeout = timeout
+        self.timeout = timeout  # the whole fetch: connecting, the headers and every byte of the body
+        self.max_stale_seconds = max_stale_seconds
+        self.max_bytes = max_bytes
         self._keys: list[_Key] = []
         self.generation = 0  # bumped whenever the key set changes
-        self._loaded_at = 0.0
-        self._last_attempt = -1e9
+        self._loaded_at = float("-inf")  # when the fetch that gave the current keys started
+        self._settled_at = float("-inf")  # when the last fetch ended, however it ended
+        self._last_attempt = float("-inf")
         self._file_mtime: float | None = None
-        self._lock = asyncio.Lock()
+        self._flight: asyncio.Task[None] | None = None  # the one fetch under way
 
-    async def _fetch(self) -> list[_Key]:
-        if self.file is not None:
-            return _parse(json.loads(self.file.read_text()))
+    def _read_file(self) -> list[_Key]:
+        assert self.file is not None
+        with self.file.open("rb") as f:
+            body = f.read(self.max_bytes + 1)
+        if len(body) > self.max_bytes:
+            raise ValueError(f"the JWKS is larger than {self.max_bytes} bytes")
+        return _parse(json.loads(body))
+
+    async def _download(self) -> list[_Key]:
         assert self.url is not None
-        async with httpx.AsyncClient(timeout=self.timeout) as http:
-            r = await http.get(self.url, headers={"accept": "application/json"})
-            r.raise_for_status()
-            return _parse(r.json())
+        async with asyncio.timeout(self.timeout):  # httpx's timeout is per read: a trickle never trips it
+            async with (
+                httpx.AsyncClient(timeout=self.timeout) as http,
+                http.stream("GET", self.url, headers={"accept": "application/json"}) as r,
+            ):
+                r.raise_for_status()
+                declared = r.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.max_bytes:
+                    raise ValueError(f"the JWKS is larger than {self.max_bytes} bytes")
+                body = bytearray()
+                async for chunk in r.aiter_bytes():  # decoded: a compressed body is counted unpacked
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        raise ValueError(f"the JWKS is larger than {self.max_bytes} bytes")
+        return _parse(json.loads(bytes(body)))
+
+    def _install(self, keys: list[_Key], started: float, mtime: float | None) -> None:
+        if [(k.kid, k.kty, k.alg, k.key) for k in keys] != [(k.kid, k.kty, k.alg, k.key) for k in self._keys]:
+            self.generation += 1  # verified-token caches drop what the old set vouched for
+        self._keys = keys
+        self._loaded_at = started
+        self._file_mtime = mtime
+        log.info("loaded %d signing keys from %s", len(self._keys), self.url or self.file)
+
+    def _failed(self, exc: BaseException) -> None:
+        why = f"no complete answer within {self.timeout:g} s" if isinstance(exc, TimeoutError) else shown(str(exc))
+        log.warning(
+            "JWKS refresh from %s failed (%s: %s); keeping %d known keys",
+            self.url or self.file,
+            type(exc).__name__,
+            why,
+            len(self._keys),
+        )
+
+    def _refresh_file(self, *, force: bool = False) -> None:
+        """A file is read at once, without waiting on anything, whenever it changed (or `force`)."""
+        assert self.file is not None
+        started = time.monotonic()
+        try:
+            mtime = self.file.stat().st_mtime
+            if mtime == self._file_mtime and not force:
+                return
+            keys = self._read_file()
+        except Exception as exc:  # anything wrong with the document is a failed refresh
+            self._failed(exc)
+        else:
+            self._install(keys, started, mtime)
+        finally:
+            self._settled_at = time.monotonic()
+
+    async def _fetch(self) -> None:
+        started = time.monotonic()
+        try:
+            keys = await self._download()
+        except Exception as exc:  # the deadline, the size cap, HTTP, JSON (even RecursionError): all a failure
+            self._failed(exc)
+        else:
+            self._install(keys, started, None)
+        finally:
+            self._settled_at = time.monotonic()
 
     def _stale(self) -> bool:
-        if self.file is not None:
-            try:
-                return self.file.stat().st_mtime != self._file_mtime
-            except OSError:
-                return True
         return time.monotonic() - self._loaded_at > self.cache_seconds
 
+    def _overdue(self) -> bool:
+        """No fetch has ended for longer than the staleness bound (or none ever has)."""
+        return time.monotonic() - self._settled_at > self.cache_seconds + self.max_stale_seconds
+
+    def _start(self, *, force: bool) -> asyncio.Task[None] | None:
+        """The fetch under way, else a new one when it is due and the rate limit allows, else None."""
+        loop = asyncio.get_running_loop()
+        flight = self._flight
+        if flight is not None and not flight.done() and flight.get_loop() is loop:
+            return flight
+        now = time.monotonic()
+        if not force and not self._stale():
+            return None
+        if now - self._last_attempt < self.min_refresh_seconds:
+            # rate limit, with or without keys: a flood of unknown kids (or of requests while
+            # the identity provider is down) must not become a flood of fetches
+            return None
+        self._last_attempt = now
+        self._flight = loop.create_task(self._fetch(), name="pvegate-jwks-refresh")
+        return self._flight
+
+    async def ready(self) -> int:
+        """The generation of a key set fit to verify with now, without waiting on the provider
+        unless the set is past the staleness bound: a stale set starts a background refresh."""
+        if self.file is not None:
+            self._refresh_file()
+        else:
+            flight = self._start(force=False)
+            if flight is not None and self._overdue():
+                await asyncio.shield(flight)  # a caller that goes away does not cancel the shared fetch
+        return self.generation
+
     async def refresh(self, *, force: bool = False) -> None:
-        async with self._lock:
-            now = time.monotonic()
-            if not force and not self._stale():
-                return
-            if self.url and now - self._last_attempt < self.min_refresh_seconds:
-                # rate limit, with or without keys: a flood of unknown kids (or of requests while
-                # the identity provider is down) must not become a flood of serialised fetches
-                return
-            self._last_attempt = now
-            try:
-                mtime = self.file.stat().st_mtime if self.file is not None else None
-                keys = await self._fetch()
-                if [(k.kid, k.kty, k.alg, k.key) for k in keys] != [(k.kid, k.kty, k.alg, k.key) for k in self._keys]:
-                    self.generation += 1  # verified-token caches drop what the old set vouched for
-                self._keys = keys
-                self._loaded_at = now
-                self._file_mtime = mtime
-                log.info("loaded %d signing keys from %s", len(self._keys), self.url or self.file)
-            except (OSError, ValueError, httpx.HTTPError) as exc:
-                log.warning(
-                    "JWKS refresh from %s failed (%s); keeping %d known keys",
-                    self.url or self.file,
-                    exc,
-                    len(self._keys),
-                )
+        """Start (or join) a fetch when it is due (`force`: now, rate limit permitting) and wait for it."""
+        if self.file is not None:
+            self._refresh_file(force=force)
+            return
+        flight = self._start(force=force)
+        if flight is not None:
+            await asyncio.shield(flight)
 
     def _match(self, kid: str | None, alg: str) -> Any | None:
         types = ALG_KEY_TYPES.get(alg, ())
@@ -146,13 +248,13 @@ class JwksKeys:
         return None
 
     async def key_for(self, kid: str | None, alg: str) -> Any:
-        await self.refresh()
+        await self.ready()
         key = self._match(kid, alg)
-        if key is None and kid is not None and not any(k.kid == kid for k in self._keys):
-            await self.refresh(force=True)  # maybe the IdP rotated
+        if key is None and (not self._keys or (kid is not None and not any(k.kid == kid for k in self._keys))):
+            await self.refresh(force=True)  # maybe the IdP rotated; only this caller waits
             key = self._match(kid, alg)
         if key is None:
             if kid is not None and any(k.kid == kid for k in self._keys):
-                raise KeyUnavailable(f"key {kid!r} cannot verify {alg}")
-            raise KeyUnavailable("unknown signing key" + (f" {kid!r}" if kid else " (token names no kid)"))
+                raise KeyUnavailable(f"key {shown(kid)} cannot verify {alg}")
+            raise KeyUnavailable("unknown signing key" + (f" {shown(kid)}" if kid else " (token names no kid)"))
         return key

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import jwt
 
 from gateway.auth import identity
-from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
+from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable, shown
 from gateway.core import jsonread
 from gateway.core.config import AuthConfig
 from gateway.core.principal import Principal
@@ -52,6 +52,24 @@ def _check_text(doc: dict[str, Any], part: str) -> None:
 # take "1700000000" (a string) through int(), and a signed exp of 10**400 overflowed float() into a 500.
 NUMERIC_DATE_CLAIMS = ("exp", "iat", "nbf")
 MAX_NUMERIC_DATE = 253402300799  # 9999-12-31T23:59:59Z
+
+
+# Tokens that say they are not access tokens: an OpenID Connect ID token (Keycloak's payload
+# `typ: ID`) or logout token proves a sign-in to a client, it does not grant access to this
+# resource, even when its `aud` happens to be auth.audience. A token that says nothing is taken.
+ID_TOKEN_PAYLOAD_TYPES = ("id",)  # Keycloak: "Bearer" in access tokens, "ID" in ID tokens
+NOT_ACCESS_HEADER_TYPES = ("id_token+jwt", "logout+jwt")  # explicit typing (RFC 8725 §3.11)
+
+
+def _declared_not_access(header_typ: Any, payload_typ: Any = None) -> str | None:
+    """Which kind of token the header or payload `typ` says this is, when that is not an access token."""
+    if isinstance(header_typ, str):
+        media = header_typ.lower().removeprefix("application/")
+        if media.endswith(NOT_ACCESS_HEADER_TYPES):
+            return "a logout token" if media.endswith("logout+jwt") else "an ID token"
+    if isinstance(payload_typ, str) and payload_typ.lower() in ID_TOKEN_PAYLOAD_TYPES:
+        return "an ID token"
+    return None
 
 
 class _ClaimTypeError(jwt.DecodeError):
@@ -128,9 +146,11 @@ class Authenticator:
         except jwt.PyJWTError as exc:
             raise AuthError("malformed token") from exc
         _check_text(header, "header")
+        if (what := _declared_not_access(header.get("typ"))) is not None:
+            raise AuthError(f"token is {what}, not an access token")
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self.cfg.algorithms:
-            raise AuthError(f"token algorithm {alg!r} is not accepted")
+            raise AuthError(f"token algorithm {shown(alg)} is not accepted")  # cut: the sender chose it
         if alg == "HS256":
             if not self._hs_secret:
                 raise AuthError("HS256 tokens are not accepted")
@@ -153,12 +173,15 @@ class Authenticator:
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         hit = self._verified.get(digest)
         if hit is not None:
-            # a stale key set is refreshed first, as a verification would (the HS256 secret is read once)
+            # a changed key set (a file that changed, a background refresh that ended) drops the
+            # entry; a stale one is refreshed in the background meanwhile (the HS256 secret is read once)
             generation = None if hit.generation is None else await self._key_generation()
-            if hit.generation == generation and time.time() < hit.exp:
-                self._verified.move_to_end(digest)
+            # other requests with this token ran during the await: they may have dropped or replaced it
+            hit = self._verified.get(digest)
+            if hit is not None and hit.generation == generation and time.time() < hit.exp:
+                self._verified.move_to_end(digest)  # no await since the look-up: still there
                 return hit.principal
-            del self._verified[digest]
+            self._verified.pop(digest, None)
         principal, exp, alg = await self._verify(token)
         # no await since _verify took its key: this is the generation of the set that key came from
         generation = None if alg == "HS256" or self.jwks is None else self.jwks.generation
@@ -171,8 +194,7 @@ class Authenticator:
     async def _key_generation(self) -> int | None:
         if self.jwks is None:
             return None
-        await self.jwks.refresh()
-        return self.jwks.generation
+        return await self.jwks.ready()  # waits on the provider only past the staleness bound
 
     async def _verify(self, token: str) -> tuple[Principal, float | None, str]:
         """Verify the token: the Principal, its exp (None when not a number), the algorithm."""
@@ -206,11 +228,13 @@ class Authenticator:
         except (TypeError, ValueError) as exc:  # pyjwt's word for a key that does not fit the algorithm
             raise AuthError(f"the signing key cannot verify {alg} tokens") from exc
         _check_text(claims, "claim")
+        if (what := _declared_not_access(None, claims.get("typ"))) is not None:
+            raise AuthError(f"token is {what}, not an access token")
         iat = claims.get("iat")
         if isinstance(iat, (int, float)) and iat > time.time() + self.cfg.leeway_seconds:
             raise AuthError("token not yet valid (nbf/iat in the future)")
         try:
-            scopes = identity.strings(identity.claim(claims, self.cfg.scopes_claim), self.cfg.scopes_claim)
+            scopes = identity.strings(identity.claim(claims, self.cfg.scopes_claim), self.cfg.scopes_claim, split=True)
             principal = identity.principal(claims, self.cfg, scopes)
         except identity.ClaimError as exc:
             raise AuthError(str(exc)) from exc
