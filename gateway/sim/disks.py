@@ -18,6 +18,7 @@ GiB = 1 << 30
 QEMU_DISK = re.compile(r"^(scsi|virtio|sata|ide|efidisk|tpmstate)[0-9]+$")
 LXC_DISK = re.compile(r"^(rootfs|mp[0-9]+)$")
 NEW_VOLUME = re.compile(r"^([a-z][a-z0-9._-]*[a-z0-9]):([0-9]+)(,.*)?$")
+NEW_CLOUDINIT = re.compile(r"^([a-z][a-z0-9._-]*[a-z0-9]):cloudinit(,.*)?$")
 # settings QEMU cannot change while the VM runs (PVE's default hotplug is network,disk,usb)
 NOT_HOTPLUG = {"cores", "sockets", "cpu", "machine", "bios", "ostype", "boot", "memory", "numa", "vga"}
 
@@ -128,6 +129,10 @@ def set_key(cl: Cluster, g: Guest, key: str, value: Any) -> None:
             if key in g.config and NEW_VOLUME.match(value):
                 raise ApiError(500, f"unable to create disk {key}: {key} is already in use")
             value = allocate(cl, g, key, value)
+            if g.type == "qemu" and (ci := NEW_CLOUDINIT.match(value)):
+                # PVE allocates the cloud-init drive and records it as a CD-ROM: vm-N-cloudinit,media=cdrom
+                rest = ",".join(p for p in (ci.group(2) or "").split(",") if p and not p.startswith("media="))
+                value = f"{ci.group(1)}:vm-{g.vmid}-cloudinit,media=cdrom" + (f",{rest}" if rest else "")
     if g.type == "qemu" and g.status != "stopped" and key in NOT_HOTPLUG:
         g.pending[key] = value
         return

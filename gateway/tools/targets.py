@@ -126,13 +126,16 @@ def memory_of(config: dict[str, Any]) -> int:
     return int(_options(value)[1].get("current", 512) if "=" in value else value)
 
 
-def disk_bytes(kind: Any, config: dict[str, Any], strict: bool = True) -> int:
+def disk_bytes(kind: Any, config: dict[str, Any], strict: bool = True, from_backup: bool = False) -> int:
     """The volumes a guest's config names, summed by their recorded sizes (a VM's CD-ROM drives
-    and empty drives are no disk; a container's bind and device mounts allocate nothing). A
-    VM's drive excluded from its backup (backup=0) counts by its recorded size though a restore
-    leaves it out: an over-count, never an under-count. `strict`: any other volume without a
-    recorded size is a ValueError, not a free disk (a backup's: what is not known is refused);
-    otherwise it counts 0 (a guest's current disks: its growth only looks larger)."""
+    and empty drives are no disk; a container's bind and device mounts allocate nothing).
+    `strict`: any other volume without a recorded size is a ValueError, not a free disk (what is
+    not known is refused); otherwise it counts 0 (a guest's current disks before a restore over
+    it: its growth only looks larger). `from_backup`: the config is a backup's, and a VM's drive
+    excluded from it (backup=0) is left out by a restore, so one without a recorded size is no
+    error (one with a size still counts: an over-count, never an under-count). A guest's own
+    config (a pool member's, a clone's source) has no such exception: every volume it names
+    exists, and a clone copies it."""
     total = 0
     for key, line in config.items():
         if not _DISK_KEY["qemu" if kind == "qemu" else "lxc"].match(key):
@@ -140,32 +143,49 @@ def disk_bytes(kind: Any, config: dict[str, Any], strict: bool = True) -> int:
         volume, opts = _options(line)
         if volume in ("", "none") or opts.get("media") == "cdrom":
             continue
+        if kind == "lxc" and volume.startswith("/"):  # a bind or device mount
+            continue
         m = _SIZE.match(opts.get("size", ""))
         if m is None:
-            if not strict or (kind == "lxc" and volume.startswith("/")) or opts.get("backup") in ("0", "no"):
+            if not strict or (from_backup and opts.get("backup") in ("0", "no")):
                 continue
             raise ValueError(f"{key} records no size")
         total += int(float(m.group(1)) * _UNIT[m.group(2)])
     return total
 
 
-def guest_size(kind: Any, config: dict[str, Any], node_cpus: int | None = None) -> dict[str, int]:
-    """The size of the guest a configuration describes, counted as a create counts it: a VM's
-    cores times its sockets, a container's memory plus its swap (a container without `cores`
-    may use every core of its node: `node_cpus`), its disks in whole GiB, rounded up."""
+def cores_of(kind: Any, config: dict[str, Any], node_cpus: int | None = None) -> int:
+    """A guest's cores as a create counts them: a VM's cores times its sockets; a container's
+    `cores`, or without it every core of its node (`node_cpus`: unknown is a ValueError, never 0)."""
     if kind == "qemu":
-        cores = int(config.get("cores") or 1) * sockets_of(kind, config)
-    elif config.get("cores"):
-        cores = int(config["cores"])
-    elif node_cpus:
-        cores = node_cpus
-    else:
-        raise ValueError("a container without cores, on a node whose cores are not known")
-    return {
-        "cores": cores,
-        "memory_mib": memory_of(config) + swap_of(kind, config),
-        "disk_gib": -(-disk_bytes(kind, config) // GiB),
-    }
+        return int(config.get("cores") or 1) * sockets_of(kind, config)
+    if kind != "lxc":
+        raise ValueError(f"not a guest type: {kind!r}")
+    if config.get("cores"):
+        return int(config["cores"])
+    if node_cpus:
+        return int(node_cpus)
+    raise ValueError("a container without cores, on a node whose cores are not known")
+
+
+def size_parts(
+    kind: Any, config: dict[str, Any], node_cpus: int | None = None, from_backup: bool = False
+) -> tuple[int, int, int]:
+    """(cores, memory in MiB, disk in bytes) of the guest a configuration describes, counted as a
+    create counts them: a VM's cores times its sockets, a container's memory plus its swap (a
+    container without `cores` may use every core of its node: `node_cpus`; unknown is a
+    ValueError, never 0), every disk by its recorded size (see disk_bytes)."""
+    cores = cores_of(kind, config, node_cpus)
+    return cores, memory_of(config) + swap_of(kind, config), disk_bytes(kind, config, from_backup=from_backup)
+
+
+def guest_size(
+    kind: Any, config: dict[str, Any], node_cpus: int | None = None, from_backup: bool = False
+) -> dict[str, int]:
+    """The size of the guest a configuration describes, counted as a create counts it (see
+    size_parts), its disks in whole GiB, rounded up."""
+    cores, memory_mib, disk = size_parts(kind, config, node_cpus, from_backup)
+    return {"cores": cores, "memory_mib": memory_mib, "disk_gib": -(-disk // GiB)}
 
 
 def tag_list(value: Any) -> list[str]:
@@ -187,6 +207,56 @@ def url_host(url: Any) -> str | None:
     if parts.scheme not in ("http", "https") or not host or "@" in parts.netloc:
         return None
     return host.rstrip(".").lower() or None
+
+
+def _node_cpus(nodes: dict[str, Any], node: Any) -> int | None:
+    """A node's cores from its /cluster/resources row; None when not known (pvestatd fills
+    maxcpu in a while after the node joins): never 0."""
+    value = (nodes.get(node) or {}).get("maxcpu")
+    return int(value) if value else None
+
+
+CONFIG_READS = 8  # guest configs read at once while a pool's usage is summed
+
+
+class _Configs:
+    """Guests' configurations (GET /nodes/{node}/{type}/{vmid}/config) for one resources()
+    call: each read once (a resize's guest is also its pool's member), at most CONFIG_READS
+    at a time, over the cluster's one client."""
+
+    def __init__(self, client: PveApiClient | None) -> None:
+        self.client = client
+        self._reads: dict[int, asyncio.Task[dict[str, Any]]] = {}
+        self._bound = asyncio.Semaphore(CONFIG_READS)
+
+    async def _read(self, row: dict[str, Any]) -> dict[str, Any]:
+        if self.client is None:
+            raise LookupError("unknown cluster")
+        node, kind, vmid = row.get("node"), row.get("type"), int(row["vmid"])
+        if not node or kind not in ("qemu", "lxc"):
+            raise LookupError(f"guest {vmid}: no node or type to read its config from")
+        async with self._bound:
+            config = await self.client.request("GET", f"/nodes/{quote(str(node), safe='')}/{kind}/{vmid}/config")
+        if not isinstance(config, dict):
+            raise ValueError(f"guest {vmid}: its config is {type(config).__name__}, not an object")
+        return config
+
+    def get(self, row: dict[str, Any]) -> asyncio.Task[dict[str, Any]]:
+        vmid = int(row["vmid"])
+        if vmid not in self._reads:
+            self._reads[vmid] = asyncio.ensure_future(self._read(row))
+        return self._reads[vmid]
+
+    async def sizes(self, rows: list[dict[str, Any]], nodes: dict[str, Any]) -> list[tuple[int, int, int]]:
+        """(cores, memory MiB, disk bytes) of each guest, from its config; raises (an
+        ExceptionGroup: the reads still under way are cancelled) when any cannot be read or sized."""
+
+        async def one(row: dict[str, Any]) -> tuple[int, int, int]:
+            return size_parts(row.get("type"), await self.get(row), _node_cpus(nodes, row.get("node")))
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(row)) for row in rows]
+        return [t.result() for t in tasks]
 
 
 class TargetResolver:
@@ -361,12 +431,19 @@ class TargetResolver:
         """What an allocating call asks for, and what its pool already holds (facts for the
         policy's resource quotas); None for a tool that allocates nothing.
 
-        `pool_usage` is null when the call names no pool or the pool could not be summed:
-        the policy refuses what it cannot check against a pool limit. A call that resizes an
-        existing guest (`resize_of`) also carries `final`, the sizes it sets as the guest ends
-        up with them (null when they could not be worked out: the policy refuses). A restore
-        (`copy_of_backup`) asks for the size its backup records; when that cannot be read,
-        `final` is null for it too: what cannot be counted is refused."""
+        Guests are sized from their configurations (GET /nodes/{node}/{type}/{vmid}/config),
+        counted as a create counts its arguments: every disk by its recorded size, a
+        container's memory plus its swap. /cluster/resources' maxdisk is the boot disk only,
+        its maxmem has no swap, and pvestatd fills maxcpu/maxmem/maxdisk seconds after a create
+        or resize: none of them is counted.
+
+        `pool_usage` is null when the call names no pool or the pool could not be summed (a
+        member's config unreadable or a size in it unknown): the policy refuses what it cannot
+        check against a pool limit. A call that resizes an existing guest (`resize_of`) also
+        carries `final`, the sizes it sets as the guest ends up with them (null when they could
+        not be worked out: the policy refuses). A restore (`copy_of_backup`) asks for the size
+        its backup records, a clone (`copy_of`) for its source's size; when that cannot be
+        read, `final` is null for it too: what cannot be counted is refused."""
         a = tool.allocates
         if not a:
             return None
@@ -390,9 +467,10 @@ class TargetResolver:
         pool_param = a.get("pool")
         pool = arguments.get(pool_param) if pool_param else target.get("pool")
         facts: dict[str, Any] = {}
+        configs = _Configs(self.clients.get(cluster))  # one read of each guest's config per call
         if "resize_of" in a:
             try:
-                requested, facts["final"] = await self._resize(tool, arguments, cluster, target)
+                requested, facts["final"] = await self._resize(tool, arguments, cluster, target, configs)
             except Exception:  # the guest's size is unknown: so is what the call makes of it; the policy refuses
                 facts["final"] = None
         elif "copy_of_backup" in a:  # a restore to a new guest asks for what its backup holds
@@ -400,31 +478,47 @@ class TargetResolver:
                 requested.update(await self._backup_size(tool, arguments, cluster, target))
             except Exception:  # the backup's size is unknown: the policy refuses (final null)
                 facts["final"] = None
+        elif "copy_of" in a:  # a clone asks for what its source has, every disk included
+            try:
+                requested.update(await self._clone_size(arguments[a["copy_of"]], cluster, target, configs))
+            except Exception:  # the source's size is unknown: the policy refuses (final null)
+                facts["final"] = None
         usage: dict[str, int] | None = None
-        try:
-            index = await self._index(cluster)
-            source = a.get("copy_of")
-            if source:  # a clone asks for what its source has
-                row = index["guests"].get(int(arguments[source])) or {}
-                requested.update(
-                    cores=int(row.get("maxcpu") or 0),
-                    memory_mib=int(row.get("maxmem") or 0) // MiB,
-                    disk_gib=-(-int(row.get("maxdisk") or 0) // GiB),
-                )
-            if pool:
-                members = [g for g in index["guests"].values() if g.get("pool") == pool]
-                usage = {
-                    "guests": len(members),
-                    "cores": sum(int(g.get("maxcpu") or 0) for g in members),
-                    "memory_mib": sum(int(g.get("maxmem") or 0) for g in members) // MiB,
-                    "disk_gib": -(-sum(int(g.get("maxdisk") or 0) for g in members) // GiB),
-                }
-        except Exception:  # unknown usage: the policy decides (it refuses pool limits it cannot check)
-            usage = None
+        if pool:
+            try:
+                usage = await self._pool_usage(pool, cluster, configs)
+            except Exception:  # unknown usage: the policy decides (it refuses pool limits it cannot check)
+                usage = None
         return {"requested": requested, **facts, "pool": pool, "pool_usage": usage}
 
+    async def _pool_usage(self, pool: Any, cluster: str, configs: _Configs) -> dict[str, int]:
+        """What the pool's guests hold: its members as /cluster/resources lists them, each sized
+        from its config (at most CONFIG_READS read at once). Raises when any member cannot be
+        read or sized: a pool summed without it would look emptier than it is."""
+        index = await self._index(cluster)
+        members = [g for g in index["guests"].values() if g.get("pool") == pool]
+        sizes = await configs.sizes(members, index["nodes"])
+        return {
+            "guests": len(members),
+            "cores": sum(c for c, _, _ in sizes),
+            "memory_mib": sum(m for _, m, _ in sizes),
+            "disk_gib": -(-sum(d for _, _, d in sizes) // GiB),
+        }
+
+    async def _clone_size(self, vmid: Any, cluster: str, target: dict[str, Any], configs: _Configs) -> dict[str, int]:
+        """The size of a clone's source, from its config, counted as a create counts it: every
+        disk (a full clone copies them all; a linked one's count as the sizes the new guest
+        records). A container without cores takes every core of the node the clone lands on."""
+        index = await self._index(cluster)
+        row = index["guests"].get(int(vmid))
+        if row is None:
+            raise LookupError("the source guest is not visible")
+        config = await configs.get(row)
+        node = (target.get("destination") or {}).get("node") or row.get("node")
+        return guest_size(row.get("type"), config, _node_cpus(index["nodes"], node))
+
     async def _resize(
-        self, tool: Tool, arguments: dict[str, Any], cluster: str, target: dict[str, Any]
+        self, tool: Tool, arguments: dict[str, Any], cluster: str, target: dict[str, Any], configs: _Configs
     ) -> tuple[dict[str, int], dict[str, int]]:
         """(growth, final) for a call that sets an existing guest's cores and/or memory to new
         absolute values, or (`copy_of_backup`: a restore in place) replaces it with a backup's
@@ -432,30 +526,35 @@ class TargetResolver:
         (max_per_guest caps those: a size the call leaves alone is not its to answer for);
         the growth over the current size is what the pool gains (max_pool_total; a shrink adds
         nothing). Counted as a create counts them: a VM's cores times its sockets, a
-        container's memory plus its swap; both read from the guest's config."""
+        container's memory plus its swap; the current size read from the guest's config, as
+        the pool's usage counts it."""
         a = tool.allocates
         sizes = {k: q for k, q in a.items() if k in ("cores", "memory_mib")}
         sets = {k: int(arguments[q["param"]]) for k, q in sizes.items() if q["param"] in arguments}
         growth = {"guests": 0, "cores": 0, "memory_mib": 0, "disk_gib": 0}
         if not sets and "copy_of_backup" not in a:  # tags, a description, onboot: no size changes
             return growth, {}
-        row = (await self._index(cluster))["guests"].get(int(arguments[a["resize_of"]]))
+        index = await self._index(cluster)
+        row = index["guests"].get(int(arguments[a["resize_of"]]))
         if row is None:
             raise LookupError("guest not visible")
         kind = row.get("type")
-        config = await self.clients[cluster].request("GET", f"/nodes/{row['node']}/{kind}/{int(row['vmid'])}/config")
-        config = config if isinstance(config, dict) else {}
-        swap = swap_of(kind, config)
+        config = await configs.get(row)
         final: dict[str, int] = {}
         if "copy_of_backup" in a:
             final = await self._backup_size(tool, arguments, cluster, target)
         if "cores" in sets:
             final["cores"] = sets["cores"] * sockets_of(kind, config)
         if "memory_mib" in sets:
-            final["memory_mib"] = sets["memory_mib"] + swap
-        # the current size as the pool's usage counts it (its maxcpu and maxmem), the container's swap added;
-        # its disks as its config records them (a backup's are counted so)
-        current = {"cores": int(row.get("maxcpu") or 0), "memory_mib": int(row.get("maxmem") or 0) // MiB + swap}
+            final["memory_mib"] = sets["memory_mib"] + swap_of(kind, config)
+        # the current size of what the call sets, as the pool's usage counts it (from the config,
+        # not /cluster/resources' figures); its disks as its config records them, a volume without
+        # a recorded size counted 0 (the growth only looks larger)
+        current: dict[str, int] = {}
+        if "cores" in final:
+            current["cores"] = cores_of(kind, config, _node_cpus(index["nodes"], row.get("node")))
+        if "memory_mib" in final:
+            current["memory_mib"] = memory_of(config) + swap_of(kind, config)
         if "disk_gib" in final:
             current["disk_gib"] = -(-disk_bytes(kind, config, strict=False) // GiB)
         growth.update({k: max(v - current[k], 0) for k, v in final.items()})
@@ -478,7 +577,7 @@ class TargetResolver:
         )
         config = config_text(text)
         kind = "lxc" if str(tool.spec.get("path", "")).endswith("/lxc") else "qemu"  # what the call creates
-        node_cpus = None
+        cpus = None
         if kind == "lxc" and not config.get("cores"):  # it may use every core of its node
-            node_cpus = int(((await self._index(cluster))["nodes"].get(node) or {}).get("maxcpu") or 0)
-        return guest_size(kind, config, node_cpus)
+            cpus = _node_cpus((await self._index(cluster))["nodes"], node)
+        return guest_size(kind, config, cpus, from_backup=True)
