@@ -556,9 +556,17 @@ class AuditLog:
         if isinstance(mark, MarkError):
             raise AuditIntegrityError(f"{mark}: {move}")
         if mark is not None and mark["db"] != seal.db_id and not seal.new_chain:
-            raise AuditIntegrityError(
-                f"the high-water mark {where} is for another audit database (id {mark['db']}; this one is "
-                f"{seal.db_id}): the database was replaced; {move}"
+            # Another database sealed with this key (two audit files beside one key, a `--db` of a copy, a
+            # replay sample) wrote it last: one mark per key, so it follows whichever chain opens. Not a
+            # refusal: that would stop a database for having a neighbour. Its cut end is then seen only
+            # against checkpoints, as without a mark (docs/audit.md).
+            log.error(
+                "audit: the high-water mark %s was written for another audit database (id %s; this one is %s): "
+                "it now follows this chain, from record %d; keep one audit database per head key",
+                where,
+                mark["db"],
+                seal.db_id,
+                seq,
             )
         if mark is not None and mark["db"] == seal.db_id and mark["seq"] > seq:
             raise AuditIntegrityError(
@@ -582,7 +590,7 @@ class AuditLog:
                 where,
                 seq,
             )
-        elif mark is not None and mark["db"] != seal.db_id:
+        elif mark is not None and mark["db"] != seal.db_id and seal.new_chain:
             log.warning("audit: the high-water mark %s now follows the new chain (database %s)", where, seal.db_id)
         if mark is not None and mark["db"] == seal.db_id:
             self._marked = int(mark["seq"])

@@ -154,3 +154,31 @@ async def test_a_mark_never_goes_down_and_a_new_chain_takes_it_over(store: Store
     # the moved-aside database verifies; the mark (of the new chain) is not checked against it
     res = off(auditlib.verify, tmp_path / "moved-aside.db", key=store.key)
     assert res.ok and res.high_water is None, res.problem
+
+
+async def test_two_databases_beside_one_key_both_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One mark per key: a second audit database sealed with the same key (a copy given with --db, a
+    sample beside the real one) wrote it last, and the real database was then refused at every start
+    as 'replaced'. It starts, says so, and the mark follows it again."""
+    state = tmp_path / "state"
+    first, second = state / "audit.db", state / "other.db"
+    key = state / "audit-head.key"
+
+    async def write(db: Path, n: int) -> None:
+        log = auditlib.AuditLog(db)
+        await log.open()
+        try:
+            for i in range(n):
+                await log.append(rec(i))
+        finally:
+            await log.close()
+
+    await write(first, 5)
+    await write(second, 2)  # the same key (the default: next to the database), another chain
+    caplog.set_level(logging.ERROR, "pvegate.audit")
+    await write(first, 1)  # refused before: "the high-water mark ... is for another audit database"
+    assert any("was written for another audit database" in r.getMessage() for r in caplog.records)
+    mark = read_mark(key.with_name(key.name + ".hwm"), HeadKey.load(key))
+    assert mark is not None and mark["seq"] == 6
+    res = off(auditlib.verify, first)
+    assert res.ok, res.problem
