@@ -627,10 +627,11 @@ class AuditLog:
                     await asyncio.to_thread(self._write_mark)
 
     async def _close_store(self) -> None:
-        """Close the connections of an opening that failed after the store was opened."""
+        """Close the store's connections, at a stop or after an opening that failed once it was open."""
         await self._close_sqlite()
         if self._pgdb is not None:
             db, self._pgdb = self._pgdb, None
+            # gone on purpose: what it left open is for the other replicas to reconcile, now
             with contextlib.suppress(Exception):
                 async with db.pool.acquire() as conn:
                     await conn.execute("UPDATE audit_replicas SET seen_at = 0 WHERE replica = $1", self.replica_id)
@@ -729,14 +730,7 @@ class AuditLog:
                 await self._marker
             self._marker = None
             await asyncio.to_thread(self._write_mark)  # a clean stop leaves the mark at the head
-        await self._close_sqlite()
-        if self._pgdb is not None:
-            db, self._pgdb = self._pgdb, None
-            # gone on purpose: what it left open is for the other replicas to reconcile, now
-            with contextlib.suppress(Exception):
-                async with db.pool.acquire() as conn:
-                    await conn.execute("UPDATE audit_replicas SET seen_at = 0 WHERE replica = $1", self.replica_id)
-            await db.close()
+        await self._close_store()
 
     async def append(self, *records: AuditRecord) -> str | None:
         """Queue records (kept together, in order); returns once they are committed, with the replica
