@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.store.audit_seal import HeadKey
 from gateway.store.db import Database, PostgresDatabase, SqliteDatabase
+from gateway.store.pgsync import PgLocation
 from gateway.store.schema import upgrade_all
 from tests.pgserver import PostgresServer
+from tests.store.auditstore import Store, new_pg_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -56,3 +59,15 @@ async def open_database(make_database: Callable[[], Database]) -> AsyncIterator[
     yield one
     for db in opened:
         await db.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """An audit store on each backend: a SQLite file, or a PostgreSQL database and the key every replica is given."""
+    key = tmp_path / "keys" / "audit-head.key"
+    if request.param == "sqlite":
+        return Store("sqlite", tmp_path / "state" / "audit.db", key, tmp_path)
+    server: PostgresServer = request.getfixturevalue("postgres")
+    url = await new_pg_database(server)
+    HeadKey.create(key)  # on PostgreSQL `pvegate db upgrade` makes it; a replica never does
+    return Store("postgresql", PgLocation(url), key, tmp_path)

@@ -9,7 +9,6 @@ chain, a key every replica must share, whose call is whose, and the server going
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import multiprocessing
@@ -18,7 +17,6 @@ import signal
 import sqlite3
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,103 +33,9 @@ from gateway.store.migrations import SchemaError
 from gateway.store.outcomes import AuditUnavailable, ClaimLost, Outcomes
 from gateway.store.pgsync import PgLocation
 from gateway.store.reconcile import Reconciler, claimed_tasks, open_calls
-from gateway.store.schema import upgrade_all
 from tests.config.conftest import minimal, write
 from tests.pgserver import PostgresServer, start_postgres
-
-
-async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
-    """A new, upgraded database on the server (what `pvegate db upgrade` leaves): its URL."""
-    url = await server.create_database(prefix)
-    db = PostgresDatabase(url)
-    await db.open()
-    try:
-        await upgrade_all(db)
-    finally:
-        await db.close()
-    return url
-
-
-def off(fn: Any, *args: Any, **kw: Any) -> Any:
-    """A blocking call (the operator side) made from an async test: in a thread that runs no event loop."""
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(fn, *args, **kw).result()
-
-
-@dataclass
-class Store:
-    """One audit store under test: where it is, its head key, and raw SQL on it (the tamperer's hand)."""
-
-    backend: str
-    where: Path | PgLocation
-    key: Path
-    root: Path
-
-    def log(self, **kw: Any) -> AuditLog:
-        return AuditLog(self.where, head_key=self.key, **kw)
-
-    def sql(self, *stmts: str) -> None:
-        if isinstance(self.where, Path):
-            con = sqlite3.connect(self.where)
-            try:
-                for s in stmts:
-                    con.execute(s)
-                con.commit()
-            finally:
-                con.close()
-            return
-
-        async def run() -> None:
-            assert isinstance(self.where, PgLocation)
-            con = await asyncpg.connect(self.where.url)
-            try:
-                for s in stmts:
-                    await con.execute(s)
-            finally:
-                await con.close()
-
-        off(asyncio.run, run())
-
-    def value(self, query: str) -> Any:
-        """The first column of the first row of a query."""
-        if isinstance(self.where, Path):
-            con = sqlite3.connect(self.where)
-            try:
-                return con.execute(query).fetchone()[0]
-            finally:
-                con.close()
-
-        async def run() -> Any:
-            assert isinstance(self.where, PgLocation)
-            con = await asyncpg.connect(self.where.url)
-            try:
-                return await con.fetchval(query)
-            finally:
-                await con.close()
-
-        return off(asyncio.run, run())
-
-    def config(self) -> Path:
-        """A gateway configuration naming this store (for the CLI)."""
-        raw = minimal(self.root)
-        raw["audit"] = {**raw.get("audit", {}), "head_key_file": str(self.key)}
-        if isinstance(self.where, PgLocation):
-            raw["storage"] = {"url": self.where.url}
-        else:
-            raw["storage"] = {"url": f"sqlite://{self.where}"}
-            raw.get("audit", {}).pop("path", None)
-        return write(self.root, raw)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    key = tmp_path / "keys" / "audit-head.key"
-    if request.param == "sqlite":
-        return Store("sqlite", tmp_path / "state" / "audit.db", key, tmp_path)
-    server: PostgresServer = request.getfixturevalue("postgres")
-    url = await new_pg_database(server)
-    HeadKey.create(key)  # on PostgreSQL `pvegate db upgrade` makes it; a replica never does
-    return Store("postgresql", PgLocation(url), key, tmp_path)
+from tests.store.auditstore import Store, new_pg_database, off
 
 
 def rec(i: int, kind: str = "decision", outcome: str | None = "allow", **body: Any) -> AuditRecord:
@@ -824,7 +728,7 @@ async def test_a_postgresql_database_of_the_previous_release_gains_the_audit(
     from gateway.store import approvals, handoffs, shared_keys, usage
     from gateway.store.approvals import ApprovalStore
     from gateway.store.migrations import upgrade
-    from tests.config.conftest import minimal, run_pvegate, write
+    from tests.config.conftest import run_pvegate
     from tests.store.test_stores import request
 
     url = await postgres.create_database("p_")

@@ -15,21 +15,8 @@ from gateway.cli import main as cli
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import HeadKey, read_mark
-from gateway.store.pgsync import PgLocation
-from tests.pgserver import PostgresServer
-from tests.store.test_audit_backends import Store, filled, new_pg_database, off, rec
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    """As test_audit_backends.py's: a SQLite file, or a PostgreSQL database and the key every replica is given."""
-    key = tmp_path / "keys" / "audit-head.key"
-    if request.param == "sqlite":
-        return Store("sqlite", tmp_path / "state" / "audit.db", key, tmp_path)
-    server: PostgresServer = request.getfixturevalue("postgres")
-    url = await new_pg_database(server)
-    HeadKey.create(key)
-    return Store("postgresql", PgLocation(url), key, tmp_path)
+from tests.store.auditstore import Store, off
+from tests.store.test_audit_backends import filled, rec
 
 
 def _mark(store: Store) -> Path:

@@ -16,7 +16,7 @@ from gateway.store.audit import AuditIntegrityError, AuditLog, AuditRecord
 from gateway.store.audit_seal import HeadKey
 from gateway.store.pgsync import PgLocation
 from tests.pgserver import PostgresServer
-from tests.store.test_audit_backends import new_pg_database, off
+from tests.store.auditstore import new_pg_database, off
 
 TAMPERS = {
     "view": (

@@ -17,7 +17,8 @@ from gateway.store import audit as auditlib
 from gateway.store.audit_seal import HeadKey
 from gateway.store.pgsync import PgLocation
 from tests.pgserver import start_postgres
-from tests.store.test_audit_backends import new_pg_database, off, start_server, stop_server
+from tests.store.auditstore import new_pg_database, off
+from tests.store.test_audit_backends import start_server, stop_server
 from tests.support import GatewayThread, free_port
 
 

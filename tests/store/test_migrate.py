@@ -21,7 +21,7 @@ from gateway.store.db import PostgresDatabase
 from gateway.store.pgsync import PgLocation
 from tests.config.conftest import run_pvegate
 from tests.pgserver import PostgresServer
-from tests.store.test_audit_backends import off
+from tests.store.auditstore import off
 from tests.store.test_stores import approved, request
 from tests.support import GatewayThread, free_port
 

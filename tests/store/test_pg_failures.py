@@ -26,9 +26,8 @@ from gateway.store.pgsync import PgLocation
 from gateway.store.usage import SqlQuotas
 from tests.config.conftest import minimal, write
 from tests.pgserver import PostgresServer
-from tests.store.test_audit_backends import Store, new_pg_database, off, rec, store, two_replicas
-
-__all__ = ["store"]  # the fixture (both backends), used here too
+from tests.store.auditstore import Store, new_pg_database, off
+from tests.store.test_audit_backends import rec, two_replicas
 
 
 async def test_a_replicas_sessions_end_idle_transactions_and_wait_for_the_head_boundedly(

@@ -23,8 +23,8 @@ from gateway.store.pgsync import PgLocation
 from gateway.store.reconcile import Reconciler, Settled, open_calls
 from gateway.tools.catalog import Catalog
 from tests.pgserver import PostgresServer
-from tests.store.test_audit_backends import Store, off, rec, two_replicas
-from tests.store.test_audit_backends import store as store
+from tests.store.auditstore import Store, off
+from tests.store.test_audit_backends import rec, two_replicas
 
 
 def reconciler(log: AuditLog, cls: type[Reconciler] = Reconciler) -> Reconciler:

@@ -1,0 +1,103 @@
+"""The audit store under test, shared by the storage suite's audit tests: a SQLite file or a real
+PostgreSQL database (tests/pgserver.py), its head key, and raw SQL on it (the tamperer's hand)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from gateway.store.audit import AuditLog
+from gateway.store.db import PostgresDatabase
+from gateway.store.pgsync import PgLocation
+from gateway.store.schema import upgrade_all
+from tests.config.conftest import minimal, write
+from tests.pgserver import PostgresServer
+
+
+async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
+    """A new, upgraded database on the server (what `pvegate db upgrade` leaves): its URL."""
+    url = await server.create_database(prefix)
+    db = PostgresDatabase(url)
+    await db.open()
+    try:
+        await upgrade_all(db)
+    finally:
+        await db.close()
+    return url
+
+
+def off(fn: Any, *args: Any, **kw: Any) -> Any:
+    """A blocking call (the operator side) made from an async test: in a thread that runs no event loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(fn, *args, **kw).result()
+
+
+@dataclass
+class Store:
+    """One audit store under test: where it is, its head key, and raw SQL on it (the tamperer's hand)."""
+
+    backend: str
+    where: Path | PgLocation
+    key: Path
+    root: Path
+
+    def log(self, **kw: Any) -> AuditLog:
+        return AuditLog(self.where, head_key=self.key, **kw)
+
+    def sql(self, *stmts: str) -> None:
+        if isinstance(self.where, Path):
+            con = sqlite3.connect(self.where)
+            try:
+                for s in stmts:
+                    con.execute(s)
+                con.commit()
+            finally:
+                con.close()
+            return
+
+        async def run() -> None:
+            assert isinstance(self.where, PgLocation)
+            con = await asyncpg.connect(self.where.url)
+            try:
+                for s in stmts:
+                    await con.execute(s)
+            finally:
+                await con.close()
+
+        off(asyncio.run, run())
+
+    def value(self, query: str) -> Any:
+        """The first column of the first row of a query."""
+        if isinstance(self.where, Path):
+            con = sqlite3.connect(self.where)
+            try:
+                return con.execute(query).fetchone()[0]
+            finally:
+                con.close()
+
+        async def run() -> Any:
+            assert isinstance(self.where, PgLocation)
+            con = await asyncpg.connect(self.where.url)
+            try:
+                return await con.fetchval(query)
+            finally:
+                await con.close()
+
+        return off(asyncio.run, run())
+
+    def config(self) -> Path:
+        """A gateway configuration naming this store (for the CLI)."""
+        raw = minimal(self.root)
+        raw["audit"] = {**raw.get("audit", {}), "head_key_file": str(self.key)}
+        if isinstance(self.where, PgLocation):
+            raw["storage"] = {"url": self.where.url}
+        else:
+            raw["storage"] = {"url": f"sqlite://{self.where}"}
+            raw.get("audit", {}).pop("path", None)
+        return write(self.root, raw)
