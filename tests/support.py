@@ -20,6 +20,7 @@ import yaml
 from gateway.components import Components
 from gateway.core import processes
 from gateway.core.config import Config
+from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa, free_port
 from gateway.server import uvicorn_config
 
@@ -135,6 +136,39 @@ def example_policy(root: Path, edit: Callable[[dict[str, Any]], None]) -> dict[s
         "mode": "managed",
         "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(root)],
     }
+
+
+def example_env(tmp: Path, sim: Any, edit: Callable[[dict[str, Any]], None]) -> DevEnv:
+    """A gateway's environment (not started) on `sim` as cluster `default`, whose policy is the
+    repository's with its example data, rate limits no test reaches, and `edit` applied."""
+
+    def edited(data: dict[str, Any]) -> None:
+        data["quotas"] = GENEROUS_QUOTAS
+        edit(data)
+
+    return make_env(tmp / "gw", {"default": sim}, port=free_port(), opa=example_policy(tmp / "policy", edited))
+
+
+def mutations(sim: Any) -> list[tuple[str, str]]:
+    """The writes the simulator has been sent, in order: (method, path)."""
+    return [(e["method"], e["path"]) for e in sim.requests_log() if e["method"] != "GET"]
+
+
+def resource_facts(gw: GatewayThread, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The resource facts the gateway hands the policy for a call of `name` on cluster `default`,
+    read as a call reads them (on the gateway's own loop)."""
+    c = gw.components
+    tool = c.catalog.get(name)
+    assert tool is not None and gw.loop is not None
+
+    async def run() -> dict[str, Any]:
+        valid = tool.validate(args)
+        target = await c.targets.resolve(tool, valid, "default")
+        out = await c.targets.resources(tool, valid, "default", target)
+        assert out is not None
+        return out
+
+    return dict(asyncio.run_coroutine_threadsafe(run(), gw.loop).result(timeout=60))
 
 
 class ExternalOPA:

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.dev.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api, outcome, text
-from tests.support import GENEROUS_QUOTAS, GatewayThread, audit_rows, example_policy, free_port
+from tests.support import GatewayThread, audit_rows, example_env, mutations
 
 ALWAYS = [
     {"name": "always", "weekdays": ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], "from_hour": 0, "to_hour": 24}
@@ -31,10 +31,8 @@ ALWAYS = [
 def gateway_env(tmp: pytest.TempPathFactory, sim: Any, name: str, windows: list[dict[str, Any]]) -> DevEnv:
     def edit(data: dict[str, Any]) -> None:
         data["guardrails"]["maintenance_windows"] = windows
-        data["quotas"] = GENEROUS_QUOTAS
 
-    opa = example_policy(tmp.mktemp(f"{name}-policy"), edit)
-    return make_env(tmp.mktemp(name), {"default": sim}, port=free_port(), opa=opa)
+    return example_env(tmp.mktemp(name), sim, edit)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +68,6 @@ def admin(api: Api, sub: str = "dana") -> str:
 
 def alice(api: Api) -> str:
     return api.human("alice", ["sre-leads"])
-
-
-def mutations(sim: Any) -> list[tuple[str, str]]:
-    return [(e["method"], e["path"]) for e in sim.requests_log() if e["method"] != "GET"]
 
 
 def guest(sim: Any, vmid: int) -> dict[str, Any] | None:

@@ -12,15 +12,15 @@ so the simulator's storage reaches them.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gateway.dev.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv
 from tests.connectors.test_provision_e2e import TEMPLATE, call, text
-from tests.support import GENEROUS_QUOTAS, GatewayThread, example_policy, free_port
+from tests.support import GatewayThread, example_env, mutations
+from tests.support import resource_facts as facts
 
 POOL_LIMIT = {"guests": 10, "cores": 100, "memory_mib": 1_000_000, "disk_gib": 150}
 
@@ -37,13 +37,11 @@ def psim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def penv(psim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
     def edit(data: dict[str, Any]) -> None:
-        data["quotas"] = GENEROUS_QUOTAS
         for q in data["resource_quotas"]:
             if q["name"] == "provisioners-in-sandbox":
                 q["max_pool_total"] = dict(POOL_LIMIT)
 
-    opa = example_policy(tmp_path_factory.mktemp("pool-policy"), edit)
-    return make_env(tmp_path_factory.mktemp("pool-gw"), {"default": psim}, port=free_port(), opa=opa)
+    return example_env(tmp_path_factory.mktemp("pool"), psim, edit)
 
 
 @pytest.fixture(scope="module")
@@ -55,26 +53,6 @@ def pgw(penv: DevEnv) -> Iterator[GatewayThread]:
 
 def provisioner(env: DevEnv) -> str:
     return env.token("pool-usage-agent", ["provisioner"], kind="agent")
-
-
-def mutations(sim: Any) -> list[tuple[str, str]]:
-    return [(e["method"], e["path"]) for e in sim.requests_log() if e["method"] != "GET"]
-
-
-def facts(gw: GatewayThread, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """The resource facts the gateway hands the policy for this call, read as a call reads them."""
-    c = gw.components
-    tool = c.catalog.get(name)
-    assert tool is not None and gw.loop is not None
-
-    async def run() -> dict[str, Any]:
-        valid = tool.validate(args)
-        target = await c.targets.resolve(tool, valid, "default")
-        out = await c.targets.resources(tool, valid, "default", target)
-        assert out is not None
-        return out
-
-    return dict(asyncio.run_coroutine_threadsafe(run(), gw.loop).result(timeout=60))
 
 
 async def ok(env: DevEnv, name: str, args: dict[str, Any]) -> None:

@@ -12,16 +12,16 @@ pool at 14 cores; `lab-restore-in-place` caps what a restore in place leaves in 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gateway.dev.devenv import DevEnv, make_env
+from gateway.dev.devenv import DevEnv
 from tests.connectors.test_backup_e2e import backups_of
 from tests.connectors.test_provision_e2e import admin, call, guests, text
-from tests.support import GENEROUS_QUOTAS, GatewayThread, example_policy, free_port
+from tests.support import GatewayThread, example_env, mutations
+from tests.support import resource_facts as facts
 
 LAB_RESTORERS = {
     "name": "lab-restorers",
@@ -51,10 +51,8 @@ def renv(rsim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
              "principal_kinds": ["agent"], "scope": {"pools": ["lab"]}}
         )  # fmt: skip
         data["resource_quotas"] += [LAB_RESTORERS, IN_PLACE]
-        data["quotas"] = GENEROUS_QUOTAS
 
-    opa = example_policy(tmp_path_factory.mktemp("restore-policy"), edit)
-    return make_env(tmp_path_factory.mktemp("restore-gw"), {"default": rsim}, port=free_port(), opa=opa)
+    return example_env(tmp_path_factory.mktemp("restore"), rsim, edit)
 
 
 @pytest.fixture(scope="module")
@@ -66,26 +64,6 @@ def rgw(renv: DevEnv) -> Iterator[GatewayThread]:
 
 def restorer(env: DevEnv) -> str:
     return env.token("lab-restore-agent", ["lab-restorer"], kind="agent")
-
-
-def mutations(sim: Any) -> list[tuple[str, str]]:
-    return [(e["method"], e["path"]) for e in sim.requests_log() if e["method"] != "GET"]
-
-
-def facts(gw: GatewayThread, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """The resource facts the gateway hands the policy for this call, read as a call reads them."""
-    c = gw.components
-    tool = c.catalog.get(name)
-    assert tool is not None and gw.loop is not None
-
-    async def run() -> dict[str, Any]:
-        valid = tool.validate(args)
-        target = await c.targets.resolve(tool, valid, "default")
-        out = await c.targets.resources(tool, valid, "default", target)
-        assert out is not None
-        return out
-
-    return dict(asyncio.run_coroutine_threadsafe(run(), gw.loop).result(timeout=60))
 
 
 async def ok(env: DevEnv, name: str, args: dict[str, Any]) -> Any:
