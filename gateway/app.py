@@ -37,6 +37,7 @@ from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
 from gateway.store.handoffs import MIGRATIONS as HANDOFF_MIGRATIONS
 from gateway.store.handoffs import SharedStates
+from gateway.store.holds import build_holds
 from gateway.store.migrations import check
 from gateway.store.pgsync import audit_location
 from gateway.store.reconcile import Reconciler
@@ -192,6 +193,7 @@ async def _build_with(
     config: Config, catalog: Catalog, url: str, sidecar: OPASidecar | None, audit: AuditLog
 ) -> Components:
     usage = await build_quotas(config, audit)
+    holds = await build_holds(config)
     api_token = opa_api_token(config, sidecar)
     policy_status = PolicyStatus(url, sidecar.source if sidecar else "external", token=api_token)
     local_revision = local_name = None
@@ -222,6 +224,7 @@ async def _build_with(
         approvals=await build_approvals(config, audit, decisions),
         runtimes=runtimes,
         usage=usage,
+        holds=holds,
         listings=ListingCache(ttl=config.tools_list_cache_seconds),
         sidecar=sidecar,
         policy_status=policy_status,

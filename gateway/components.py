@@ -16,6 +16,7 @@ from gateway.policy.opa_sidecar import OPASidecar
 from gateway.store.approvals import Approvals
 from gateway.store.audit import AuditLog
 from gateway.store.auth_failures import AuthFailures
+from gateway.store.holds import MemoryHolds, PoolHolds
 from gateway.store.outcomes import Outcomes
 from gateway.store.usage import MemoryQuotas, Quotas
 from gateway.tools.catalog import Catalog
@@ -35,6 +36,7 @@ class Components:
     approvals: Approvals
     runtimes: dict[str, Runtime]
     usage: Quotas = field(default_factory=MemoryQuotas)
+    holds: PoolHolds = field(default_factory=MemoryHolds)  # allocating calls in flight, per pool
     listings: ListingCache = field(default_factory=lambda: ListingCache(ttl=0))
     sidecar: OPASidecar | None = None
     # the active policy revision and the last bundle error, refreshed from OPA (readiness, admin API)
@@ -81,6 +83,7 @@ class Components:
             await rt.close()
         await self.approvals.close()
         await self.usage.close()
+        await self.holds.close()
         await self.decisions.close()
         await self.audit.close()
         if self.sidecar is not None:

@@ -17,6 +17,7 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
+from gateway.store.holds import CallHold
 from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
 from gateway.tools.runtimes.base import (
     AnswerLost,
@@ -71,13 +72,16 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     dispatch becomes AuditUnavailable: a clear refusal, and nothing reaches Proxmox."""
     c.outcomes.check_store()  # nothing is asked or sent while the audit cannot take the records
     with c.outcomes.flight(req.request_id) as flight:
+        hold = CallHold(c.holds)  # an allocating call's hold on its pool (store/holds.py)
         try:
-            return await _call_tool(c, req, flight)
+            return await _call_tool(c, req, flight, hold)
         except STORE_ERRORS as exc:
             raise c.outcomes.unavailable(exc) from exc
+        finally:  # given back once Proxmox answered or nothing was sent; kept while reconciliation waits
+            await hold.end(keep=req.request_id in c.outcomes.unsettled)
 
 
-async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallResult:
+async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: CallHold) -> CallResult:
     started = time.perf_counter()
     tool = c.catalog.get(req.tool)
     if tool is None:
@@ -120,8 +124,8 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight) -> CallRes
         return CallResult("denied", refusal, is_error=True)
     usage, slot = await c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
     input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
-    if tool.allocates:  # creates, attaches, grows: the requested resources and the pool's usage
-        input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
+    if tool.allocates:  # creates, attaches, grows: the requested resources, held on the pool, and its usage
+        input_doc["resources"] = await c.targets.resources(tool, args, cluster, target, hold.take)
     m = c.metrics
     t = time.perf_counter()
     decision = await c.decisions.decide(input_doc)

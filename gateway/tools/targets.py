@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway.tools.runtimes.base import ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
 from gateway.tools.tool import Tool, parse_release
+
+# an allocating call's hold on its pool: (cluster, pool, amounts) -> what earlier holds add (store/holds.py)
+TakeHold = Callable[[str, str, Mapping[str, int]], Awaitable[dict[str, int]]]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -426,10 +430,21 @@ class TargetResolver:
         return target
 
     async def resources(
-        self, tool: Tool, arguments: dict[str, Any], cluster: str, target: dict[str, Any]
+        self,
+        tool: Tool,
+        arguments: dict[str, Any],
+        cluster: str,
+        target: dict[str, Any],
+        hold: TakeHold | None = None,
     ) -> dict[str, Any] | None:
         """What an allocating call asks for, and what its pool already holds (facts for the
         policy's resource quotas); None for a tool that allocates nothing.
+
+        With `hold` (a call that may be sent), the call holds what it asks for on its pool before
+        the pool's usage is read, and what the holds taken before it add (allowed calls still in
+        flight, on any replica: store/holds.py) is counted into `pool_usage` and shown as
+        `pool_in_flight`. The usage is then read afresh: a call whose hold was given back before
+        this one's was taken has its guest listed by then.
 
         Guests are sized from their configurations (GET /nodes/{node}/{type}/{vmid}/config),
         counted as a create counts its arguments: every disk by its recorded size, a
@@ -484,18 +499,24 @@ class TargetResolver:
             except Exception:  # the source's size is unknown: the policy refuses (final null)
                 facts["final"] = None
         usage: dict[str, int] | None = None
+        if pool and hold is not None and isinstance(pool, str):
+            # a store error here refuses the call (fail closed): nothing is decided without the holds
+            in_flight = await hold(cluster, pool, requested)
+            facts["pool_in_flight"] = in_flight
         if pool:
             try:
-                usage = await self._pool_usage(pool, cluster, configs)
+                usage = await self._pool_usage(pool, cluster, configs, fresh=hold is not None)
             except Exception:  # unknown usage: the policy decides (it refuses pool limits it cannot check)
                 usage = None
+        if usage is not None and "pool_in_flight" in facts:
+            usage = {k: v + facts["pool_in_flight"].get(k, 0) for k, v in usage.items()}
         return {"requested": requested, **facts, "pool": pool, "pool_usage": usage}
 
-    async def _pool_usage(self, pool: Any, cluster: str, configs: _Configs) -> dict[str, int]:
+    async def _pool_usage(self, pool: Any, cluster: str, configs: _Configs, fresh: bool = False) -> dict[str, int]:
         """What the pool's guests hold: its members as /cluster/resources lists them, each sized
         from its config (at most CONFIG_READS read at once). Raises when any member cannot be
         read or sized: a pool summed without it would look emptier than it is."""
-        index = await self._index(cluster)
+        index = await self._index(cluster, fresh=fresh)
         members = [g for g in index["guests"].values() if g.get("pool") == pool]
         sizes = await configs.sizes(members, index["nodes"])
         return {

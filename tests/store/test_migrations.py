@@ -15,6 +15,7 @@ import pytest
 from gateway.store import approvals, audit, handoffs, shared_keys, usage
 from gateway.store.approvals import ApprovalStore
 from gateway.store.db import Database, PostgresDatabase
+from gateway.store.holds import SqlHolds
 from gateway.store.migrations import SchemaError
 from gateway.store.schema import upgrade_all
 from gateway.store.usage import SqlQuotas
@@ -38,7 +39,14 @@ async def test_upgrade_is_versioned_and_idempotent(make_database: Callable[[], D
     expected_first = (
         [("audit", 0, 1), ("approvals", 0, 1), ("keys", 0, 1), ("handoffs", 0, 3)]
         if backend == "sqlite"
-        else [("audit", 1, 1), ("approvals", 1, 1), ("usage", 1, 1), ("keys", 1, 1), ("handoffs", 3, 3)]
+        else [
+            ("audit", 1, 1),
+            ("approvals", 1, 1),
+            ("usage", 1, 1),
+            ("holds", 1, 1),
+            ("keys", 1, 1),
+            ("handoffs", 3, 3),
+        ]
     )
     assert first == expected_first
     assert all(before == after == (3 if name == "handoffs" else 1) for name, before, after in again)
@@ -68,6 +76,8 @@ async def test_postgresql_refuses_a_database_not_yet_upgraded(postgres: Postgres
         await ApprovalStore(PostgresDatabase(dsn)).open()
     with pytest.raises(SchemaError, match="usage schema"):
         await SqlQuotas(PostgresDatabase(dsn)).open()
+    with pytest.raises(SchemaError, match="holds schema"):
+        await SqlHolds(PostgresDatabase(dsn)).open()
     db = PostgresDatabase(dsn)
     await db.open()
     try:
@@ -75,6 +85,7 @@ async def test_postgresql_refuses_a_database_not_yet_upgraded(postgres: Postgres
             ("audit", 0, 1),
             ("approvals", 0, 1),
             ("usage", 0, 1),
+            ("holds", 0, 1),
             ("keys", 0, 1),
             ("handoffs", 0, 3),
         ]
@@ -129,6 +140,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "audit: version 0 -> 1",
         "approvals: version 0 -> 1",
         "usage: version 0 -> 1",
+        "holds: version 0 -> 1",
         "keys: version 0 -> 1",
         "handoffs: version 0 -> 3",
     ]
@@ -139,6 +151,7 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "audit: version 1, up to date",
         "approvals: version 1, up to date",
         "usage: version 1, up to date",
+        "holds: version 1, up to date",
         "keys: version 1, up to date",
         "handoffs: version 3, up to date",
     ]

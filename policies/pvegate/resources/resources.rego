@@ -128,9 +128,18 @@ denials contains lib.reason("quota.resource_pool_total", sprintf("data.resource_
 	asked > 0
 	used + asked > limit
 	msg := sprintf(
-		"resource quota %q: pool %v holds %v %s and the call adds %v, over its limit of %v",
-		[q.name, input.resources.pool, used, unit[k], asked, limit],
+		"resource quota %q: pool %v holds %v %s%s and the call adds %v, over its limit of %v",
+		[q.name, input.resources.pool, used, unit[k], in_flight_text(k), asked, limit],
 	)
+}
+
+# pool_usage counts what allowed calls still in flight hold (input.resources.pool_in_flight): said
+# so, or a refusal would name more than Proxmox lists in the pool
+default in_flight_text(_) := ""
+
+in_flight_text(k) := sprintf(" (%v of them for calls still in flight)", [n]) if {
+	n := object.get(object.get(input.resources, "pool_in_flight", {}), k, 0)
+	n > 0
 }
 
 usage_known if is_object(input.resources.pool_usage)

@@ -38,6 +38,14 @@ test_pool_total_limit if {
 	fx.has_reason(resources.deny, "pool sandbox holds 10 guests and the call adds 1, over its limit of 10") with input as inp
 }
 
+test_pool_total_names_what_calls_in_flight_hold if {
+	base := create(provisioner, "sandbox", small, amounts(10, 8, 16384, 96))
+	inp := json.patch(base, [{"op": "add", "path": "/resources/pool_in_flight", "value": amounts(2, 0, 0, 0)}])
+	msg := "pool sandbox holds 10 guests (2 of them for calls still in flight) and the call adds 1, over its limit of 10"
+	fx.has_reason(resources.deny, msg) with input as inp
+	not data.pvegate.decision.allow with input as inp
+}
+
 test_unknown_pool_usage_fails_closed if {
 	inp := create(provisioner, "sandbox", small, null)
 	fx.has_reason(resources.deny, "the usage of pool sandbox could not be read") with input as inp

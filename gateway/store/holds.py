@@ -1,0 +1,189 @@
+"""Pool holds: what allowed allocating calls still in flight will add to their pool.
+
+A pool's usage is read from Proxmox when a call is decided. Two creates decided at once would
+each see the pool without the other and pass its `max_pool_total` together, and a create still
+running in Proxmox may not be in the pool yet. So an allocating call takes a hold on its pool for
+what it asks for *before* the pool's usage is read, and is told what the holds taken before it add
+(counted into `resources.pool_usage`, shown as `resources.pool_in_flight`). It gives the hold back
+when its call ends with Proxmox's answer (the guest or disk is then in the pool's usage, or there
+is none) or was never sent (denied, held for approval, a dry run). A call whose outcome is left to
+reconciliation (interrupted, or still running at its task_timeout) keeps its hold until it
+expires: until then Proxmox may not list what it makes.
+
+Because every hold is taken before the usage it is checked against is read, a call either sees
+an earlier call's hold or that call's guest: of two calls that fit one at a time but not
+together, the later one is refused (an earlier call later denied may cost a later one a refusal
+it would not have had: the error is on the safe side).
+
+On SQLite the holds are this process's (one gateway process owns the file); on PostgreSQL they are
+rows every replica counts, taken under an advisory lock on the pool, on the database's clock. A
+process that dies holding one (a crash, SIGKILL) leaves it to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from gateway.core.config import Config
+from gateway.store.db import Database, database
+from gateway.store.migrations import check
+
+log = logging.getLogger("pvegate.holds")
+
+AMOUNTS = ("guests", "cores", "memory_mib", "disk_gib")
+Amounts = dict[str, int]
+
+# how long a hold outlives its call at most: longer than any call may run (the longest task wait and
+# the shutdown grace are minutes), so a hold never lapses while its call can still be running
+DEFAULT_TTL_SECONDS = 3600.0
+
+
+def _zero() -> Amounts:
+    return dict.fromkeys(AMOUNTS, 0)
+
+
+class PoolHolds(Protocol):
+    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> tuple[Amounts, Any]:
+        """Hold `amounts` on the pool; (what the holds before this one add, this hold's handle)."""
+        ...
+
+    async def give_back(self, handle: Any) -> None: ...
+    async def close(self) -> None: ...
+
+
+class MemoryHolds:
+    """This process's holds (the SQLite backend). take() has no await: atomic on the event loop."""
+
+    def __init__(self, ttl: float = DEFAULT_TTL_SECONDS) -> None:
+        self.ttl = ttl
+        self._ids = itertools.count(1)
+        self._held: dict[int, tuple[tuple[str, str], Amounts, float]] = {}
+
+    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> tuple[Amounts, int]:
+        now = time.monotonic()
+        for handle in [h for h, (_, _, until) in self._held.items() if until <= now]:
+            del self._held[handle]
+        before = _zero()
+        for key, held, _ in self._held.values():
+            if key == (cluster, pool):
+                for k in AMOUNTS:
+                    before[k] += held[k]
+        handle = next(self._ids)
+        self._held[handle] = ((cluster, pool), {k: int(amounts.get(k, 0)) for k in AMOUNTS}, now + self.ttl)
+        return before, handle
+
+    async def give_back(self, handle: Any) -> None:
+        self._held.pop(handle, None)
+
+    def held(self) -> int:
+        """How many holds are live (operators and tests look)."""
+        return len(self._held)
+
+    async def close(self) -> None:
+        self._held.clear()
+
+
+POSTGRES_V1 = """
+CREATE TABLE IF NOT EXISTS pool_holds (
+    id          BIGSERIAL PRIMARY KEY,
+    cluster     TEXT NOT NULL,
+    pool        TEXT NOT NULL,
+    guests      BIGINT NOT NULL,
+    cores       BIGINT NOT NULL,
+    memory_mib  BIGINT NOT NULL,
+    disk_gib    BIGINT NOT NULL,
+    expires_at  DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pool_holds_by_pool ON pool_holds(cluster, pool)
+"""
+MIGRATIONS: dict[str, Sequence[str]] = {"postgresql": [POSTGRES_V1]}
+
+
+class SqlHolds:
+    """Holds shared through the database: a row per hold, counted by every replica.
+
+    Taking one is one transaction under an advisory lock on the pool: drop the lapsed rows, sum
+    the live ones, insert this one. The database's clock is the one every replica agrees on.
+    """
+
+    def __init__(self, database: Database, ttl: float = DEFAULT_TTL_SECONDS) -> None:
+        self.database = database
+        self.ttl = ttl
+
+    async def open(self) -> None:
+        await self.database.open()
+        try:
+            await check(self.database, "holds", MIGRATIONS)
+        except BaseException:
+            await self.database.close()
+            raise
+
+    async def close(self) -> None:
+        await self.database.close()
+
+    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> tuple[Amounts, int]:
+        sums = ", ".join(f"COALESCE(SUM({k}), 0) AS {k}" for k in AMOUNTS)
+        async with self.database.transaction() as tx:
+            await tx.lock("pool-holds:" + json.dumps([cluster, pool]))  # names of any characters, unambiguous
+            now = await tx.now()
+            await tx.execute(
+                "DELETE FROM pool_holds WHERE cluster = ? AND pool = ? AND expires_at <= ?", cluster, pool, now
+            )
+            rows = await tx.fetch(f"SELECT {sums} FROM pool_holds WHERE cluster = ? AND pool = ?", cluster, pool)  # noqa: S608
+            ids = await tx.fetch(
+                f"INSERT INTO pool_holds (cluster, pool, {', '.join(AMOUNTS)}, expires_at) "  # noqa: S608
+                "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                cluster,
+                pool,
+                *(int(amounts.get(k, 0)) for k in AMOUNTS),
+                now + self.ttl,
+            )
+        return {k: int(rows[0][k]) for k in AMOUNTS}, int(ids[0]["id"])
+
+    async def give_back(self, handle: Any) -> None:
+        async with self.database.transaction() as tx:
+            await tx.execute("DELETE FROM pool_holds WHERE id = ?", int(handle))
+
+    async def held(self) -> int:
+        rows = await self.database.fetch("SELECT COUNT(*) AS n FROM pool_holds")
+        return int(rows[0]["n"])
+
+
+class CallHold:
+    """One call's hold, if it takes one: taken while its resources are read, ended with the call."""
+
+    def __init__(self, holds: PoolHolds) -> None:
+        self.holds = holds
+        self.handle: Any = None
+
+    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> Amounts:
+        if self.handle is not None:  # one hold per call: a second read would count the call twice
+            raise RuntimeError("this call already holds resources")
+        before, self.handle = await self.holds.take(cluster, pool, amounts)
+        return before
+
+    async def end(self, *, keep: bool) -> None:
+        """Give the hold back, or (`keep`: the call's outcome is left to reconciliation) let it expire.
+        A failure to give it back only keeps the pool held until the hold expires: logged, not raised."""
+        handle, self.handle = self.handle, None
+        if handle is None or keep:
+            return
+        try:
+            await asyncio.shield(self.holds.give_back(handle))
+        except Exception as exc:  # the call is over; its hold lapses by itself
+            log.warning("a pool hold could not be given back (%s); it lapses by itself", type(exc).__name__)
+
+
+async def build_holds(config: Config) -> PoolHolds:
+    """The holds storage.url selects: rows shared by the replicas on PostgreSQL, else this process's."""
+    if config.storage.postgresql:
+        holds = SqlHolds(database(config))
+        await holds.open()
+        return holds
+    return MemoryHolds()

@@ -1,0 +1,118 @@
+"""A pool limit holds under concurrency: SDK clients -> HTTPS -> JWT -> real OPA -> gateway -> simulator.
+
+Each allocating call holds what it asks for on its pool before the pool's usage is read
+(gateway/store/holds.py), so calls decided at once see each other: with room for one more guest
+in the pool, one of several concurrent creates is allowed, not all of them. The holds are given
+back when a call ends; what another replica holds (a hold taken here by hand) counts too. The
+policy is the repository's library and example data, pool `sandbox` capped at one guest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.dev.devenv import DevEnv
+from gateway.store import audit as auditlib
+from gateway.store.holds import MemoryHolds
+from tests.connectors.test_provision_e2e import answered, call, text
+from tests.support import GatewayThread, audit_rows, example_env, mutations
+
+
+@pytest.fixture(scope="module")
+def hsim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from gateway.sim.harness import start_simulator
+
+    handle = start_simulator("small", tmp_path_factory.mktemp("hold-sim"), ssh=False)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def henv(hsim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    def edit(data: dict[str, Any]) -> None:
+        for q in data["resource_quotas"]:
+            if q["name"] == "provisioners-in-sandbox":
+                q["max_pool_total"] = {"guests": 1}
+
+    return example_env(tmp_path_factory.mktemp("holds"), hsim, edit)
+
+
+@pytest.fixture(scope="module")
+def hgw(henv: DevEnv) -> Iterator[GatewayThread]:
+    gw = GatewayThread(henv.config).start()
+    yield gw
+    gw.stop()
+
+
+def provisioner(env: DevEnv) -> str:
+    return env.token("hold-agent", ["provisioner"], kind="agent")
+
+
+def create(vmid: int) -> dict[str, Any]:
+    return {"node": "pve1", "vmid": vmid, "pool": "sandbox", "cores": 1, "memory": 256}
+
+
+def holds(gw: GatewayThread) -> MemoryHolds:
+    h = gw.components.holds
+    assert isinstance(h, MemoryHolds)  # SQLite: this process's holds
+    return h
+
+
+def on_loop(gw: GatewayThread, coro: Any) -> Any:
+    assert gw.loop is not None
+    return asyncio.run_coroutine_threadsafe(coro, gw.loop).result(timeout=30)
+
+
+async def test_concurrent_creates_into_a_pool_with_room_for_one_allow_one(
+    hgw: GatewayThread, henv: DevEnv, hsim: Any
+) -> None:
+    env, sim = henv, hsim
+    token = provisioner(env)
+    sim.clear_logs()
+    results = await asyncio.gather(*(call(env, token, "vm_create", create(vmid)) for vmid in range(170, 175)))
+    allowed = [r for r in results if not r.is_error]
+    refused = [r for r in results if r.is_error]
+    assert len(allowed) == 1, [text(r) for r in results]
+    for r in refused:
+        assert "quota.resource_pool_total" in r.structured_content["codes"], text(r)
+    assert [m for m in mutations(sim) if m[0] == "POST"] == [("POST", "/api2/json/nodes/pve1/qemu")]
+    assert holds(hgw).held() == 0  # every call gave its hold back
+    # the pool is full now: one after another, as before
+    res = await call(env, token, "vm_create", create(176))
+    assert res.is_error and "quota.resource_pool_total" in res.structured_content["codes"], text(res)
+    assert holds(hgw).held() == 0
+
+
+async def test_what_another_call_holds_counts_and_is_shown(hgw: GatewayThread, henv: DevEnv, hsim: Any) -> None:
+    env, sim = henv, hsim
+    token = provisioner(env)
+    # make room: the guest the test above created leaves the pool
+    placed = [g for g, v in sim.state()["guests"].items() if v.get("pool") == "sandbox"]
+    assert len(placed) == 1, placed
+    res = await answered(env, "pool_members_remove", {"poolid": "sandbox", "vmids": placed[0]})
+    assert not res.is_error, text(res)
+
+    # a create in flight elsewhere (another replica's, or one Proxmox still runs) holds one guest
+    before, handle = on_loop(hgw, holds(hgw).take("default", "sandbox", {"guests": 1}))
+    assert before == {"guests": 0, "cores": 0, "memory_mib": 0, "disk_gib": 0}
+    sim.clear_logs()
+    res = await call(env, token, "vm_create", create(177))
+    assert res.is_error and "quota.resource_pool_total" in res.structured_content["codes"], text(res)
+    assert "1 of them for calls still in flight" in text(res), text(res)
+    assert mutations(sim) == []
+    rows = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "decision" and r["tool"] == "vm_create"]
+    facts = auditlib.unpack_input(json.loads(rows[-1]["body"]))["resources"]
+    assert facts["pool_in_flight"] == {"guests": 1, "cores": 0, "memory_mib": 0, "disk_gib": 0}, facts
+    assert facts["pool_usage"]["guests"] == 1, facts
+
+    # the refused call gave its own hold back; once the other is given back, the pool has room again
+    assert holds(hgw).held() == 1
+    on_loop(hgw, holds(hgw).give_back(handle))
+    res = await call(env, token, "vm_create", create(177))
+    assert not res.is_error, text(res)
+    assert holds(hgw).held() == 0
