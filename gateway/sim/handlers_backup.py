@@ -182,6 +182,8 @@ def restore(ctx: Ctx, kind: str) -> Any:
                 g.config[key] = disks.with_mac(g, key, re.sub(r"^([a-z0-9]+)=[0-9A-Fa-f:]{17}", r"\1", str(line)))
             else:
                 g.config[key] = line
+        if kind == "lxc" and p.get("unprivileged") is not None:  # the call's setting wins over the backup's
+            g.config["unprivileged"] = int(p["unprivileged"])
         root = "scsi0" if kind == "qemu" else "rootfs"
         g.maxdisk = disks.size_of(str(g.config.get(root, "")))
         sync_from_config(g)

@@ -65,9 +65,12 @@ async def test_restore_to_new_ids_and_in_place(gateway: GatewayThread, env: DevE
     await run(
         gateway, env, sim, "lxc_restore", {"node": "pve1", "vmid": 191, "archive": ct_archive, "storage": "local-lvm"},
         ("POST", f"{API}/pve1/lxc", {"vmid": "191", "ostemplate": ct_archive, "storage": "local-lvm",
-                                      "restore": "1", "unique": "1"}),
+                                      "restore": "1", "unique": "1", "unprivileged": "1"}),
     )  # fmt: skip
     assert (await guests(env))[191]["name"] == "docker01"
+    # Proxmox takes `unprivileged` from the backup unless the call sets it: always set, so a
+    # privileged container's backup never comes back as a privileged container
+    assert str((await config(env, 191))["unprivileged"]) == "1"
     await run(
         gateway, env, sim, "lxc_restore_in_place", {"vmid": 191, "archive": ct_archive, "storage": "ssd"},
         ("POST", f"{API}/pve1/lxc", {"vmid": "191", "ostemplate": ct_archive, "storage": "ssd",

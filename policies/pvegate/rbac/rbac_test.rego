@@ -36,6 +36,15 @@ test_role_deny_overrides_allow if {
 	count(rbac.granting_bindings) == 0 with input as fx.call(fx.agent, fx.guest_migrate, fx.prod_guest)
 }
 
+test_operators_create_no_guest_by_restore_or_clone if {
+	# the operator's globs match vm_restore, lxc_restore and guest_clone; each makes a new guest
+	# (a restore with the backup's privileges), which is the provisioner's, within quotas
+	every name in ["vm_restore", "lxc_restore", "guest_clone", "vm_create", "lxc_create"] {
+		reasons := rbac.deny with input as fx.call(fx.agent, fx.tool(name, "backup", "write", "guest", []), fx.prod_guest)
+		fx.has_reason(reasons, sprintf("role \"operator\" (binding \"operators\") forbids tool %q", [name]))
+	}
+}
+
 test_deny_from_one_role_beats_allow_from_another if {
 	org := {
 		"roles": {"a": {"allow": [{"tools": ["*"]}]}, "b": {"allow": [{"effects": ["read"]}], "deny": [{"tools": ["vm_stop"]}]}},
