@@ -56,6 +56,7 @@ class Components:
             min_free_bytes=int(self.config.audit_min_free_mb * 1024 * 1024),
         )
         self.outcomes.on_reconciled = self.metrics.reconciled  # pvegate_calls_reconciled_total{result}
+        self.outcomes.on_settled = self.holds.give_back_call  # what it made is listed by now (or nothing was)
         self.auth_failures = AuthFailures(self.audit, per_source=self.config.audit_auth_failure_rows_per_minute)
 
     def runtime(self, tool: Tool) -> Runtime:

@@ -72,12 +72,12 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     dispatch becomes AuditUnavailable: a clear refusal, and nothing reaches Proxmox."""
     c.outcomes.check_store()  # nothing is asked or sent while the audit cannot take the records
     with c.outcomes.flight(req.request_id) as flight:
-        hold = CallHold(c.holds)  # an allocating call's hold on its pool (store/holds.py)
+        hold = CallHold(c.holds, req.request_id)  # an allocating call's hold on its pool (store/holds.py)
         try:
             return await _call_tool(c, req, flight, hold)
         except STORE_ERRORS as exc:
             raise c.outcomes.unavailable(exc) from exc
-        finally:  # given back once Proxmox answered or nothing was sent; kept while reconciliation waits
+        finally:  # given back once Proxmox answered or nothing was sent; else when reconciliation settles it
             await hold.end(keep=req.request_id in c.outcomes.unsettled)
 
 

@@ -7,8 +7,9 @@ what it asks for *before* the pool's usage is read, and is told what the holds t
 (counted into `resources.pool_usage`, shown as `resources.pool_in_flight`). It gives the hold back
 when its call ends with Proxmox's answer (the guest or disk is then in the pool's usage, or there
 is none) or was never sent (denied, held for approval, a dry run). A call whose outcome is left to
-reconciliation (interrupted, or still running at its task_timeout) keeps its hold until it
-expires: until then Proxmox may not list what it makes.
+reconciliation (interrupted, or still running at its task_timeout) keeps its hold until
+reconciliation settles it (on any replica) or the hold lapses: until then Proxmox may not list
+what it makes.
 
 Because every hold is taken before the usage it is checked against is read, a call either sees
 an earlier call's hold or that call's guest: of two calls that fit one at a time but not
@@ -49,11 +50,17 @@ def _zero() -> Amounts:
 
 
 class PoolHolds(Protocol):
-    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> tuple[Amounts, Any]:
-        """Hold `amounts` on the pool; (what the holds before this one add, this hold's handle)."""
+    async def take(
+        self, cluster: str, pool: str, amounts: Mapping[str, int], request_id: str = ""
+    ) -> tuple[Amounts, Any]:
+        """Hold `amounts` on the pool for a call; (what the holds before this one add, this hold's handle)."""
         ...
 
     async def give_back(self, handle: Any) -> None: ...
+    async def give_back_call(self, request_id: str) -> None:
+        """Give back the hold of a call reconciliation settled (whichever process took it)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -63,23 +70,30 @@ class MemoryHolds:
     def __init__(self, ttl: float = DEFAULT_TTL_SECONDS) -> None:
         self.ttl = ttl
         self._ids = itertools.count(1)
-        self._held: dict[int, tuple[tuple[str, str], Amounts, float]] = {}
+        # handle -> ((cluster, pool), amounts, lapses at (monotonic), request id)
+        self._held: dict[int, tuple[tuple[str, str], Amounts, float, str]] = {}
 
-    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> tuple[Amounts, int]:
+    async def take(
+        self, cluster: str, pool: str, amounts: Mapping[str, int], request_id: str = ""
+    ) -> tuple[Amounts, int]:
         now = time.monotonic()
-        for handle in [h for h, (_, _, until) in self._held.items() if until <= now]:
+        for handle in [h for h, (_, _, until, _) in self._held.items() if until <= now]:
             del self._held[handle]
         before = _zero()
-        for key, held, _ in self._held.values():
+        for key, held, _, _ in self._held.values():
             if key == (cluster, pool):
                 for k in AMOUNTS:
                     before[k] += held[k]
         handle = next(self._ids)
-        self._held[handle] = ((cluster, pool), {k: int(amounts.get(k, 0)) for k in AMOUNTS}, now + self.ttl)
+        self._held[handle] = ((cluster, pool), {k: int(amounts.get(k, 0)) for k in AMOUNTS}, now + self.ttl, request_id)
         return before, handle
 
     async def give_back(self, handle: Any) -> None:
         self._held.pop(handle, None)
+
+    async def give_back_call(self, request_id: str) -> None:
+        for handle in [h for h, (_, _, _, rid) in self._held.items() if rid == request_id]:
+            del self._held[handle]
 
     def held(self) -> int:
         """How many holds are live (operators and tests look)."""
@@ -92,6 +106,7 @@ class MemoryHolds:
 POSTGRES_V1 = """
 CREATE TABLE IF NOT EXISTS pool_holds (
     id          BIGSERIAL PRIMARY KEY,
+    request_id  TEXT NOT NULL,
     cluster     TEXT NOT NULL,
     pool        TEXT NOT NULL,
     guests      BIGINT NOT NULL,
@@ -100,7 +115,8 @@ CREATE TABLE IF NOT EXISTS pool_holds (
     disk_gib    BIGINT NOT NULL,
     expires_at  DOUBLE PRECISION NOT NULL
 );
-CREATE INDEX IF NOT EXISTS pool_holds_by_pool ON pool_holds(cluster, pool)
+CREATE INDEX IF NOT EXISTS pool_holds_by_pool ON pool_holds(cluster, pool);
+CREATE INDEX IF NOT EXISTS pool_holds_by_call ON pool_holds(request_id)
 """
 MIGRATIONS: dict[str, Sequence[str]] = {"postgresql": [POSTGRES_V1]}
 
@@ -127,7 +143,9 @@ class SqlHolds:
     async def close(self) -> None:
         await self.database.close()
 
-    async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> tuple[Amounts, int]:
+    async def take(
+        self, cluster: str, pool: str, amounts: Mapping[str, int], request_id: str = ""
+    ) -> tuple[Amounts, int]:
         sums = ", ".join(f"COALESCE(SUM({k}), 0) AS {k}" for k in AMOUNTS)
         async with self.database.transaction() as tx:
             await tx.lock("pool-holds:" + json.dumps([cluster, pool]))  # names of any characters, unambiguous
@@ -137,8 +155,9 @@ class SqlHolds:
             )
             rows = await tx.fetch(f"SELECT {sums} FROM pool_holds WHERE cluster = ? AND pool = ?", cluster, pool)  # noqa: S608
             ids = await tx.fetch(
-                f"INSERT INTO pool_holds (cluster, pool, {', '.join(AMOUNTS)}, expires_at) "  # noqa: S608
-                "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                f"INSERT INTO pool_holds (request_id, cluster, pool, {', '.join(AMOUNTS)}, expires_at) "  # noqa: S608
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                request_id,
                 cluster,
                 pool,
                 *(int(amounts.get(k, 0)) for k in AMOUNTS),
@@ -150,6 +169,10 @@ class SqlHolds:
         async with self.database.transaction() as tx:
             await tx.execute("DELETE FROM pool_holds WHERE id = ?", int(handle))
 
+    async def give_back_call(self, request_id: str) -> None:
+        async with self.database.transaction() as tx:
+            await tx.execute("DELETE FROM pool_holds WHERE request_id = ?", request_id)
+
     async def held(self) -> int:
         rows = await self.database.fetch("SELECT COUNT(*) AS n FROM pool_holds")
         return int(rows[0]["n"])
@@ -158,18 +181,20 @@ class SqlHolds:
 class CallHold:
     """One call's hold, if it takes one: taken while its resources are read, ended with the call."""
 
-    def __init__(self, holds: PoolHolds) -> None:
+    def __init__(self, holds: PoolHolds, request_id: str = "") -> None:
         self.holds = holds
+        self.request_id = request_id
         self.handle: Any = None
 
     async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> Amounts:
         if self.handle is not None:  # one hold per call: a second read would count the call twice
             raise RuntimeError("this call already holds resources")
-        before, self.handle = await self.holds.take(cluster, pool, amounts)
+        before, self.handle = await self.holds.take(cluster, pool, amounts, self.request_id)
         return before
 
     async def end(self, *, keep: bool) -> None:
-        """Give the hold back, or (`keep`: the call's outcome is left to reconciliation) let it expire.
+        """Give the hold back, or (`keep`: the call's outcome is left to reconciliation) keep it until
+        reconciliation settles the call (Outcomes.on_settled) or it lapses.
         A failure to give it back only keeps the pool held until the hold expires: logged, not raised."""
         handle, self.handle = self.handle, None
         if handle is None or keep:

@@ -119,6 +119,8 @@ class Outcomes:
         self._flusher: asyncio.Task[None] | None = None
         # told what Proxmox said when reconciliation settles a call (the metrics hook the service wires)
         self.on_reconciled: Callable[[str], None] | None = None
+        # told the request id of every call reconciliation settles (its pool hold is given back then)
+        self.on_settled: Callable[[str], Awaitable[None]] | None = None
 
     # --- the store ---------------------------------------------------------------------
 

@@ -517,6 +517,11 @@ class Reconciler:
         body["reconciled_at"] = time.time()
         rec = AuditRecord(call.request_id, "result", call.principal, call.tool, call.target_key, outcome, body)
         await self.outcomes.append(rec)
+        if self.outcomes.on_settled is not None:
+            try:
+                await self.outcomes.on_settled(call.request_id)
+            except Exception as exc:  # the call is settled; a hold not given back lapses by itself
+                log.warning("reconcile: the pool hold of %s not given back (%s)", call.request_id, type(exc).__name__)
         if outcome == "reconciled":
             self.outcomes.counters.reconciled += 1
             if self.outcomes.on_reconciled is not None:

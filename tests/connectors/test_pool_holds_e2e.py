@@ -12,14 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from gateway.core.config import load
 from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
 from gateway.store.holds import MemoryHolds
 from tests.connectors.test_provision_e2e import answered, call, text
+from tests.outcomes.helpers import wait_for
 from tests.support import GatewayThread, audit_rows, example_env, mutations
 
 
@@ -116,3 +120,35 @@ async def test_what_another_call_holds_counts_and_is_shown(hgw: GatewayThread, h
     res = await call(env, token, "vm_create", create(177))
     assert not res.is_error, text(res)
     assert holds(hgw).held() == 0
+
+
+async def test_a_create_left_to_reconciliation_keeps_its_hold_until_it_is_settled(hsim: Any, tmp_path: Path) -> None:
+    """Its answer lost, the create is `interrupted`: Proxmox may still be making the guest, so the
+    call keeps its hold; reconciliation finds the task and settles the call, and gives the hold back."""
+    sim = hsim
+
+    def edit(data: dict[str, Any]) -> None:
+        for q in data["resource_quotas"]:
+            if q["name"] == "provisioners-in-sandbox":
+                q["max_pool_total"] = {"guests": 10}
+
+    env = example_env(tmp_path, sim, edit)
+    raw = yaml.safe_load(env.config_path.read_text())
+    raw["clusters"][0]["timeout"] = 1.0  # the gateway gives up on the answer after 1 s ...
+    env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env.config = load(env.config_path)
+    gw = GatewayThread(env.config).start()
+    try:
+        # ... while Proxmox starts the create at once and answers the POST 2.5 s later
+        sim.set_faults(answer_delay_ms=2500, answer_delay_path=r"^/nodes/pve1/qemu$", task_seconds=0.5)
+        try:
+            res = await call(env, provisioner(env), "vm_create", create(178))
+        finally:
+            sim.set_faults(answer_delay_ms=0, answer_delay_path=None, task_seconds=None)
+        assert res.is_error and "interrupted" in text(res), text(res)
+        assert holds(gw).held() == 1  # kept: the guest may not be listed yet
+        await wait_for(lambda: holds(gw).held() == 0, 60, "the hold given back when the call is settled")
+        settled = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "result" and r["tool"] == "vm_create"]
+        assert [r["outcome"] for r in settled] == ["interrupted", "reconciled"], settled
+    finally:
+        gw.stop()

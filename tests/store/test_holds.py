@@ -59,7 +59,7 @@ async def test_two_replicas_on_postgresql(postgres: PostgresServer) -> None:
 
 
 @pytest.mark.parametrize("backend", ["memory", "postgresql"])
-async def test_a_hold_lapses_and_a_call_keeps_it_while_reconciliation_waits(
+async def test_a_call_left_to_reconciliation_keeps_its_hold_until_settled_or_lapsed(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     if backend == "memory":
@@ -68,13 +68,18 @@ async def test_a_hold_lapses_and_a_call_keeps_it_while_reconciliation_waits(
     else:
         holds, other = await replicas(request.getfixturevalue("postgres"), ttl=1.0)
     try:
-        settled, waiting = CallHold(holds), CallHold(holds)
+        settled, waiting, unsettled = CallHold(holds, "r1"), CallHold(holds, "r2"), CallHold(holds, "r3")
         assert await settled.take("default", "sandbox", one()) == dict.fromkeys(AMOUNTS, 0)
         assert (await waiting.take("default", "sandbox", one()))["guests"] == 1
+        assert (await unsettled.take("default", "sandbox", one()))["guests"] == 2
         with pytest.raises(RuntimeError):  # one hold per call: a second would count it twice
             await waiting.take("default", "sandbox", one())
         await settled.end(keep=False)  # Proxmox answered: given back at once
-        await waiting.end(keep=True)  # interrupted: left to lapse (the guest may not be listed yet)
+        await waiting.end(keep=True)  # interrupted: kept (the guest may not be listed yet) ...
+        await unsettled.end(keep=True)
+        before, _ = await other.take("default", "sandbox", one(0, 0))
+        assert before["guests"] == 2
+        await other.give_back_call("r2")  # ... until reconciliation settles it, on whichever replica
         before, _ = await other.take("default", "sandbox", one(0, 0))
         assert before["guests"] == 1
         await asyncio.sleep(1.2)  # a crashed replica's rows, too, count only until they lapse
