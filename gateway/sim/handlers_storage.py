@@ -1,5 +1,8 @@
 """Storage content as PVE does it: one volume's info, notes and protection, deletion (a
-task; a disk in use and a protected backup are refused), downloads from a URL (a task that
+task; a protected backup is refused, and nothing else: as in PVE (Content.pm delete ->
+vdisk_free), a disk a guest still uses is deleted and its guest's config keeps naming it. PVE
+also refuses a template's base image that linked clones still use; the simulator's linked
+clones get disks of their own, so there is none), downloads from a URL (a task that
 creates the file), URL metadata, allocating a disk image, storage RRD and one definition.
 
 The simulator reaches no network: a download "fetches" from a small table of known files
@@ -58,16 +61,6 @@ def _path(s: Storage, v: Volume) -> str:
     return f"{base}/{sub}/{name.split('/', 1)[-1]}"
 
 
-def _in_use(cl: Cluster, volid: str) -> int | None:
-    for g in cl.guests.values():
-        for key, line in g.config.items():
-            if key.startswith("unused"):
-                continue
-            if disks.volid_of(str(line)) == volid:
-                return g.vmid
-    return None
-
-
 @route("GET", "/nodes/{node}/storage/{storage}/content/{volume}")
 def get_volume(ctx: Ctx) -> Any:
     cl = ctx.rt.cluster
@@ -117,9 +110,6 @@ def delete_volume(ctx: Ctx) -> Any:
             ctx.require(f"/storage/{s.id}", "Datastore.Allocate")
     if v.protected:
         raise ApiError(500, f"backup '{v.volid}' is protected - unable to delete")
-    owner = _in_use(cl, v.volid)
-    if owner is not None:
-        raise ApiError(500, f"unable to delete '{v.volid}' - volume is in use by guest {owner}")
 
     def work() -> list[str]:
         if v not in cl.volumes:

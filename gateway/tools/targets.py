@@ -47,6 +47,49 @@ def backup_vmid(volume: Any) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# A guest's volume, as Proxmox's storage plugins name it (parse_volname): a disk image, a
+# template's base image, a container's subvolume, a cloud-init drive, a saved VM state, an EFI
+# or TPM disk (vm-101-disk-0, base-100-disk-0, subvol-200-disk-0, basevol-..., vm-101-cloudinit,
+# vm-101-state-snap1); a linked clone's last (base-100-disk-0/vm-101-disk-0); on a directory
+# storage under the owner's directory (101/vm-101-disk-0.qcow2, a linked clone's
+# 100/base-100-disk-0.qcow2/101/vm-101-disk-0.qcow2) or a container's directory (rootdir/200).
+_GUEST_IMAGE = re.compile(r"^(?:vm|base|subvol|basevol)-([0-9]+)-", re.IGNORECASE)
+_BASE_IMAGE = re.compile(r"^(?:base|basevol)-[0-9]+-", re.IGNORECASE)
+_DIR_IMAGE = re.compile(r"^(?:[0-9]+/[^/]+/)?([0-9]+)/([^/]+)$")
+_ROOTDIR = re.compile(r"^rootdir/([0-9]+)$")
+_NO_OWNER = ("iso/", "vztmpl/", "snippets/", "import/")  # content no guest owns
+
+
+def volume_owner(volume: Any) -> tuple[str, int | None] | None:
+    """(content, vmid): the guest a volume id says it belongs to, `content` "images" (a disk,
+    whatever its role) or "backup". vmid None: the name is a guest's disk's but does not say
+    which guest unambiguously (two ids that disagree, an image name nested where no plugin
+    puts one): unknown, never "nobody's". None when the name says no guest owns it (an ISO, a
+    template, a snippet, a backup whose name carries no id, a LUN)."""
+    if not isinstance(volume, str):
+        return None
+    _, colon, name = volume.partition(":")
+    if not colon or not name or name.startswith(_NO_OWNER):
+        return None
+    if name.startswith("backup/"):  # a vzdump archive, a PBS snapshot: only under backup/
+        vmid = backup_vmid(volume)
+        return ("backup", vmid) if vmid is not None else None
+    if m := _ROOTDIR.match(name):
+        return "images", int(m.group(1))
+    if m := _DIR_IMAGE.match(name):  # a directory storage's: the owner is the directory
+        file = _GUEST_IMAGE.match(m.group(2))
+        if file is not None and int(file.group(1)) != int(m.group(1)):
+            return "images", None
+        return "images", int(m.group(1))
+    parts = name.split("/")
+    last = _GUEST_IMAGE.match(parts[-1])
+    if last is not None and (len(parts) == 1 or (len(parts) == 2 and _BASE_IMAGE.match(parts[0]))):
+        return "images", int(last.group(1))
+    if any(_GUEST_IMAGE.match(p) for p in parts):
+        return "images", None
+    return None
+
+
 def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
     """The guest as the call leaves it: the target's facts, with what the call names instead. A
     declared pool not given is no pool (Proxmox puts the new guest in none); a node not given is
@@ -350,7 +393,38 @@ class TargetResolver:
         archive_param = tool.target.get("backup_of")
         if archive_param:
             target["backup_of"] = await self._backed_up(arguments.get(archive_param), cluster)
+        volume_param = tool.target.get("volume_of")
+        if volume_param:
+            target["volume_of"] = await self._volume_owner(arguments.get(volume_param), cluster)
         return target
+
+    async def _volume_owner(self, volume: Any, cluster: str) -> dict[str, Any]:
+        """The guest a volume belongs to, as its name says (volume_owner) and the cluster knows
+        it now: a fresh lookup, so a guest tagged protected a moment ago counts. `exists` true
+        (node, pool, tags filled), false (no such guest: an orphan), null when not known (the
+        name says no owner, or not which one, or the lookup failed): the policy refuses to
+        destroy a guest's volume whose owner it cannot check."""
+        owner = volume_owner(volume)
+        out: dict[str, Any] = {
+            "cluster": cluster,
+            "volume": volume if isinstance(volume, str) else None,
+            "content": owner[0] if owner else None,
+            "vmid": owner[1] if owner else None,
+            "node": None,
+            "pool": None,
+            "tags": [],
+            "exists": None,
+        }
+        if out["vmid"] is None or cluster not in self.clients:
+            return out
+        try:
+            row = (await self._index(cluster, fresh=True))["guests"].get(out["vmid"])
+        except Exception:  # unknown facts: the policy refuses to destroy what it cannot check
+            return out
+        out["exists"] = row is not None
+        if row is not None:
+            out.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
+        return out
 
     async def _backed_up(self, volume: Any, cluster: str) -> dict[str, Any]:
         """The guest a backup volume was taken of, as the cluster knows it now: a restore copies it,

@@ -2,7 +2,11 @@
 # title: Guard rails
 # description: |
 #   Deny rules that hold whatever the roles say:
-#   - guests carrying a protected tag are never destroyed;
+#   - guests carrying a protected tag are never destroyed, nor are their volumes
+#     (a disk or backup deleted by its volume id), nor are their backups unprotected;
+#   - the disk of a guest that exists is not deleted as a bare storage volume
+#     (Proxmox would delete it while the guest uses it): the guest's config removes it;
+#   - a guest's volume whose owner could not be checked is not destroyed;
 #   - destroy and exec only inside a maintenance window, unless a break-glass
 #     role grants the call, in which case it needs an approval instead;
 #   - agents never mutate node-scope (configurable) tools;
@@ -30,6 +34,56 @@ denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protecte
 	msg := sprintf(
 		"guest %v is tagged %q: protected guests are never destroyed (remove the tag through change management first)",
 		[input.target.vmid, tag],
+	)
+}
+
+# nor are a protected guest's volumes destroyed by their volume ids (storage_volume_delete),
+# nor its backups unprotected (prunable and deletable afterwards): target.volume_of is the
+# guest the volume's name says owns it, as the cluster knows it now
+denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
+	some risk in volume_risks
+	owner := input.target.volume_of
+	some tag in lib.tags_of(owner)
+	tag in config.protected_tags
+	msg := sprintf(
+		concat("", [
+			"volume %v belongs to guest %v, which is tagged %q: a protected guest's volumes are never %s ",
+			"(remove the tag through change management first)",
+		]),
+		[owner.volume, owner.vmid, tag, risk],
+	)
+}
+
+# Proxmox deletes a disk image by its volume id even while its guest uses it (the guest's
+# config then names a volume that is gone): an existing guest's disks are removed through its
+# configuration (detach, then delete the unused disk), for everyone
+denials contains lib.reason("guardrail.guest_disk", "pvegate.guardrails.guest_disk", msg) if {
+	input.tool.effect == "destroy"
+	owner := input.target.volume_of
+	owner.content == "images"
+	owner.exists == true
+	msg := sprintf(
+		concat("", [
+			"volume %v belongs to guest %v, which exists: detach/remove it through the guest's configuration ",
+			"(deleted as a storage volume, Proxmox would remove it even while the guest uses it)",
+		]),
+		[owner.volume, owner.vmid],
+	)
+}
+
+# a volume whose name says it is a guest's, but whose guest could not be checked (the name
+# does not say which guest unambiguously, or the lookup failed): fail closed
+denials contains lib.reason("guardrail.volume_owner_unknown", "pvegate.guardrails.volume_owner_unknown", msg) if {
+	some risk in volume_risks
+	owner := input.target.volume_of
+	owner.content in {"images", "backup"}
+	not is_boolean(owner.exists)
+	msg := sprintf(
+		concat("", [
+			"volume %v is a guest's %s, but the guest it belongs to could not be checked ",
+			"(its name does not say which guest, or the lookup failed); refusing: a volume is not %s unverified",
+		]),
+		[owner.volume, volume_content_text[owner.content], risk],
 	)
 }
 
@@ -131,6 +185,21 @@ deny_rule_index[effect][kind][name] contains i if {
 deny_rule_exact[i] := lib.exact_selector(sel) if some i, sel in config.deny_rules
 
 mutation if input.tool.effect in lib.mutating_effects
+
+# what a call naming a volume (target.volume_of) does to it that a guard rail may refuse:
+# destroys it, or takes a backup's protection away
+volume_risks contains "destroyed" if {
+	"volume_of" in object.keys(input.target)
+	input.tool.effect == "destroy"
+}
+
+volume_risks contains "unprotected" if {
+	"volume_of" in object.keys(input.target)
+	input.tool.effect in lib.mutating_effects
+	input.arguments.protected == false
+}
+
+volume_content_text := {"images": "disk", "backup": "backup"}
 
 # tags that decide what other rules do: protected ones, and the ones that carry risk points
 guarded_tags contains tag if some tag in config.protected_tags

@@ -184,3 +184,92 @@ test_no_download_hosts_configured_denies_every_download if {
 test_calls_without_a_url_target_are_not_concerned if {
 	count(guardrails.deny) == 0 with input as fx.call(fx.admin, fx.vm_stop, fx.lab_guest)
 }
+
+# --- volumes by their ids: target.volume_of ---------------------------------
+
+volume_delete := fx.tool("storage_volume_delete", "storage", "destroy", "storage", ["content"])
+
+volume_set := fx.tool("storage_volume_set", "storage", "write", "storage", ["content"])
+
+# volume_of(volume, content, vmid, exists, tags): the guest a volume's name says owns it
+volume_of(volume, content, vmid, exists, tags) := {
+	"cluster": "default", "volume": volume, "content": content, "vmid": vmid,
+	"node": "pve1", "pool": null, "tags": tags, "exists": exists,
+}
+
+# volume_call(p, t, owner, arguments): a call naming owner.volume on pve1, Saturday 10:00
+# (inside the weekend window), approved by an SRE lead
+volume_call(p, t, owner, arguments) := fx.with_approval(inp, ["alice"], ["sre-leads"]) if {
+	target := object.union(fx.node_target, {"storage": "local-lvm", "volume_of": owner})
+	call := fx.call_at(p, t, target, fx.sat_1000)
+	named := {"node": "pve1", "storage": "local-lvm", "volume": owner.volume}
+	inp := object.union(call, {"arguments": object.union(named, arguments)})
+}
+
+protected_disk := volume_of("local-lvm:vm-102-disk-0", "images", 102, true, ["prod", "protected"])
+
+test_protected_guest_disk_never_deleted_by_volume_id if {
+	inp := volume_call(fx.admin, volume_delete, protected_disk, {})
+	reasons := guardrails.deny with input as inp
+	fx.has_reason(reasons, "volume local-lvm:vm-102-disk-0 belongs to guest 102, which is tagged \"protected\"")
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.protected_tag", "guardrail.guest_disk"}
+}
+
+test_protected_guest_backup_never_deleted if {
+	backup := volume_of("pbs:backup/vm/102/2026-11-20T01:00:00Z", "backup", 102, true, ["protected"])
+	inp := volume_call(fx.admin, volume_delete, backup, {})
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.protected_tag"}
+}
+
+test_existing_guest_disk_not_deleted_by_volume_id if {
+	disk := volume_of("local-lvm:vm-205-disk-1", "images", 205, true, ["lab"])
+	inp := volume_call(fx.admin, volume_delete, disk, {})
+	reasons := guardrails.deny with input as inp
+	fx.has_reason(reasons, "volume local-lvm:vm-205-disk-1 belongs to guest 205, which exists: detach/remove it")
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.guest_disk"}
+}
+
+test_orphan_disk_iso_and_backup_stay_deletable if {
+	orphan := volume_of("local-lvm:vm-777-disk-0", "images", 777, false, [])
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_delete, orphan, {})
+	iso := volume_of("local:iso/debian-12.iso", null, null, null, [])
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_delete, iso, {})
+	backup := volume_of("local:backup/vzdump-qemu-205-2026_11_20-01_00_00.vma.zst", "backup", 205, true, ["lab"])
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_delete, backup, {})
+	gone := volume_of("local:backup/vzdump-qemu-777-2026_11_20-01_00_00.vma.zst", "backup", 777, false, [])
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_delete, gone, {})
+}
+
+test_unknown_volume_owner_fails_closed if {
+	# the lookup failed, or the name is a guest's disk without saying whose
+	some owner in [
+		volume_of("local-lvm:vm-205-disk-0", "images", 205, null, []),
+		volume_of("local-lvm:vm-205-x/vm-206-y", "images", null, null, []),
+		volume_of("local:backup/vzdump-qemu-205-2026_11_20-01_00_00.vma.zst", "backup", 205, null, []),
+	]
+	inp := volume_call(fx.admin, volume_delete, owner, {})
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.volume_owner_unknown"}
+	fx.has_reason(guardrails.deny, "could not be checked") with input as inp
+}
+
+test_protected_guest_backup_not_unprotected if {
+	backup := volume_of("local:backup/vzdump-qemu-102-2026_11_20-01_00_00.vma.zst", "backup", 102, true, ["protected"])
+	inp := volume_call(fx.admin, volume_set, backup, {"protected": false})
+	fx.has_reason(guardrails.deny, "a protected guest's volumes are never unprotected") with input as inp
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.protected_tag"}
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_set, backup, {"protected": true})
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_set, backup, {"notes": "keep"})
+	lab := volume_of("local:backup/vzdump-qemu-205-2026_11_20-01_00_00.vma.zst", "backup", 205, true, ["lab"])
+	count(guardrails.deny) == 0 with input as volume_call(fx.admin, volume_set, lab, {"protected": false})
+}
+
+test_volume_rules_need_the_volume_fact if {
+	# a destroy-class storage tool that names no volume (target.volume_of absent): no volume rule
+	inp := fx.call_at(fx.admin, volume_delete, object.union(fx.node_target, {"storage": "local"}), fx.sat_1000)
+	count(guardrails.volume_risks) == 0 with input as inp
+}
