@@ -72,9 +72,10 @@ def _sqlstate(exc: BaseException) -> str:
 
 
 def refusal(exc: BaseException) -> str | None:
-    """Why PostgreSQL did not do the work, when the error is the store's (unreachable, read-only, out of
-    resources, a timeout, a lock held elsewhere, a transaction it aborted), as a sentence; None when the
-    error is about what was sent (a bad value, a key taken, a bug in a statement): the caller's own."""
+    """Why PostgreSQL did not do the work, when the error is the store's (unreachable, the login or the database
+    refused, invalid connection settings, read-only, out of resources, a timeout, a lock held elsewhere, a
+    transaction it aborted), as a sentence; None when the error is about what was sent (a bad value, a key
+    taken, a bug in a statement): the caller's own."""
     import asyncpg
 
     cause = exc.__context__
@@ -91,6 +92,15 @@ def refusal(exc: BaseException) -> str | None:
             "PostgreSQL ended the session: its transaction stayed idle past idle_in_transaction_session_timeout "
             f"(this process was paused or cut off mid-transaction), and was rolled back: {why}"
         )
+    if state in ("28P01", "28000"):
+        return (
+            "PostgreSQL refuses the login: the user or password is wrong (storage.url, storage.password), or "
+            f"pg_hba.conf does not admit this client: {why}"
+        )
+    if state == "3D000":
+        return f"the database storage.url names does not exist on the PostgreSQL server (create it first): {why}"
+    if isinstance(exc, asyncpg.ClientConfigurationError):  # e.g. an unknown sslmode: nothing was sent
+        return f"the PostgreSQL connection settings are invalid (storage.url): {why}"
     if isinstance(exc, TimeoutError):
         return "PostgreSQL cannot be reached: it did not answer in time (down, unreachable or overloaded)"
     if isinstance(exc, _connection_errors()):

@@ -128,15 +128,13 @@ def _config(tmp_path: Path, storage: dict[str, Any] | None) -> Path:
 async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path: Path) -> None:
     path = _config(tmp_path, {"url": await fresh_pg(postgres)})
     r = run_pvegate("db", "status", "--config", str(path))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr  # an upgrade is needed
     assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
     r = run_pvegate("db", "upgrade", "--config", str(path))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "database: PostgreSQL"
-    # the audit head key every replica shares is made here, once (a replica never makes one)
-    assert lines[1].startswith(f"audit head key: generated {tmp_path / 'state' / 'audit-head.key'}")
-    assert lines[2:] == [
+    assert lines[1:7] == [
         "audit: version 0 -> 1",
         "approvals: version 0 -> 1",
         "usage: version 0 -> 1",
@@ -144,10 +142,13 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
         "keys: version 0 -> 1",
         "handoffs: version 0 -> 3",
     ]
+    # the audit head key every replica shares is made here, once, after the database took the schema
+    # (a replica never makes one)
+    assert lines[7].startswith(f"audit head key: generated {tmp_path / 'state' / 'audit-head.key'}")
     r = run_pvegate("db", "upgrade", "--config", str(path))
     lines = r.stdout.splitlines()
-    assert lines[1].startswith("audit head key: ") and "generated" not in lines[1]
-    assert lines[2:] == [
+    assert lines[7].startswith("audit head key: ") and "generated" not in lines[7]
+    assert lines[1:7] == [
         "audit: version 1, up to date",
         "approvals: version 1, up to date",
         "usage: version 1, up to date",
@@ -162,12 +163,14 @@ async def test_db_upgrade_and_status_commands(postgres: PostgresServer, tmp_path
     sqlite_cfg = _config(tmp_path / "s", None)  # the default: the audit database file
     r = run_pvegate("db", "upgrade", "--config", str(sqlite_cfg))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1:] == [
+    assert r.stdout.splitlines()[1:5] == [
         "audit: version 0 -> 1",
         "approvals: version 0 -> 1",
         "keys: version 0 -> 1",
         "handoffs: version 0 -> 3",
     ]
+    # a new file is sealed as the gateway's first start would (its key made, as that start makes it)
+    assert r.stdout.splitlines()[5].startswith("audit: sealed the new audit chain"), r.stdout
     assert (tmp_path / "s" / "state" / "audit.db").exists()
     r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
     assert r.returncode == 0, r.stderr
@@ -183,7 +186,7 @@ async def test_db_status_is_read_only(postgres: PostgresServer, tmp_path: Path) 
     """A status command writes nothing: not the versions table, not a new SQLite file."""
     dsn = await fresh_pg(postgres)
     r = run_pvegate("db", "status", "--config", str(_config(tmp_path, {"url": dsn})))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr  # an upgrade is needed
     assert "keys: version 0 (this pvegate: 1): upgrade needed" in r.stdout
     conn = await asyncpg.connect(dsn)
     try:
@@ -194,7 +197,7 @@ async def test_db_status_is_read_only(postgres: PostgresServer, tmp_path: Path) 
     sqlite_cfg = _config(tmp_path / "s", None)
     audit_db = tmp_path / "s" / "state" / "audit.db"
     r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr
     assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
     assert not audit_db.exists() and not audit_db.parent.exists()
     audit_db.parent.mkdir(parents=True)
@@ -203,7 +206,7 @@ async def test_db_status_is_read_only(postgres: PostgresServer, tmp_path: Path) 
         db.commit()
     before = audit_db.read_bytes()
     r = run_pvegate("db", "status", "--config", str(sqlite_cfg))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr
     assert "approvals: version 0 (this pvegate: 1): upgrade needed" in r.stdout
     assert audit_db.read_bytes() == before
     with contextlib.closing(sqlite3.connect(audit_db)) as db:
