@@ -18,6 +18,7 @@ from gateway.store.audit import AuditLog
 from gateway.store.auth_failures import AuthFailures
 from gateway.store.holds import MemoryHolds, PoolHolds
 from gateway.store.outcomes import Outcomes
+from gateway.store.principal_limits import DoorRefusals, PrincipalLimits
 from gateway.store.usage import MemoryQuotas, Quotas
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import Runtime
@@ -47,6 +48,8 @@ class Components:
     outcomes: Outcomes = field(init=False)  # store checks, calls in flight, drain, outbox
     # auth_failure rows and pre-auth refusals (transport guard, console sign-in), bounded per client address
     auth_failures: AuthFailures = field(init=False)
+    # calls in flight and refused calls per principal, and the summaries of calls refused at its door
+    principal_limits: PrincipalLimits = field(init=False)
 
     def __post_init__(self) -> None:
         grace = self.config.shutdown_grace_seconds
@@ -58,6 +61,12 @@ class Components:
         self.outcomes.on_reconciled = self.metrics.reconciled  # pvegate_calls_reconciled_total{result}
         self.outcomes.on_settled = self.holds.give_back_call  # what it made is listed by now (or nothing was)
         self.auth_failures = AuthFailures(self.audit, per_source=self.config.audit_auth_failure_rows_per_minute)
+        self.principal_limits = PrincipalLimits(
+            max_inflight=self.config.max_inflight_per_principal,
+            refusals_per_window=self.config.refused_calls_per_minute_per_principal,
+            summaries=DoorRefusals(self.audit),
+            on_limited=self.metrics.principal_limited,  # pvegate_principal_limited_total{reason}
+        )
 
     def runtime(self, tool: Tool) -> Runtime:
         return self.runtimes[tool.connector]
@@ -78,6 +87,7 @@ class Components:
     async def close(self) -> None:
         await self.outcomes.stop()  # kept records: one last try before the audit closes
         await self.auth_failures.close()  # the counted auth failures' summaries (never raises)
+        await self.principal_limits.summaries.close()  # and those of calls refused at a principal's door
         if self.health is not None:
             await self.health.stop()
         for rt in self.runtimes.values():

@@ -27,6 +27,7 @@ import httpx
 import uvicorn
 
 from gateway.cli import clientconfig
+from gateway.core.config import Config
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.dev.keycloak import (
@@ -355,6 +356,9 @@ async def _serve(oneshot: bool, port: int, kc: KeycloakServer | None) -> int:
             # the production bound on audit rows of refused unauthenticated requests (the test
             # environments lift it): the demo's pvegate.yaml is what an operator copies
             "audit": {"path": str(DEMO_DIR / "state" / "audit.db")},
+            # and the production per-principal limits (the test environments lift them too)
+            "refused_calls_per_minute_per_principal": Config.refused_calls_per_minute_per_principal,
+            "max_inflight_per_principal": Config.max_inflight_per_principal,
         }
         if kc is not None:
             extra.update(idp_extra(kc, DEMO_DIR))

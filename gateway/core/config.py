@@ -238,6 +238,10 @@ class Config:
     allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = 1_048_576
     max_inflight_per_client: int = 64  # concurrent requests one client address may have open
+    # calls (tools/call, tools/list) one principal may have in flight, from any address (store/principal_limits.py)
+    max_inflight_per_principal: int = 32
+    # refused calls one principal may have in any 60 s; beyond, its calls are refused at the door
+    refused_calls_per_minute_per_principal: int = 120
     target_cache_seconds: float = 5.0
     tools_list_cache_seconds: float = 10.0  # how long a principal's tools/list answer is reused (0: never)
     public_url: str | None = None
@@ -559,6 +563,8 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
             allowed_hosts=tuple(raw.get("allowed_hosts", [])),
             max_body_bytes=int(raw.get("max_body_bytes", 1_048_576)),
             max_inflight_per_client=int(raw.get("max_inflight_per_client", 64)),
+            max_inflight_per_principal=int(raw.get("max_inflight_per_principal", 32)),
+            refused_calls_per_minute_per_principal=int(raw.get("refused_calls_per_minute_per_principal", 120)),
             target_cache_seconds=float(raw.get("target_cache_seconds", 5.0)),
             tools_list_cache_seconds=float(raw.get("tools_list_cache_seconds", 10.0)),
             public_url=raw.get("public_url"),

@@ -98,6 +98,11 @@ def make_env(
         # counted and summarised): tests send many from 127.0.0.1 and check each one's record.
         # tests/audit/test_auth_failure_bound.py sets the bound back and checks it.
         "audit": {"path": str(workdir / "state" / "audit.db"), "auth_failure_rows_per_minute": 100_000},
+        # Likewise every test principal's refused calls audited one by one and its calls never held at its
+        # door (production: 120 refused calls a minute, 32 in flight per principal): tests send many denied
+        # calls from one token. tests/mcp/test_principal_limits.py sets them back and checks them.
+        "refused_calls_per_minute_per_principal": 100_000,
+        "max_inflight_per_principal": 10_000,
         "public_url": f"https://127.0.0.1:{port}",
         # The background cluster probe (GET /version every 15 s) is off here: tests prove what calls
         # send to Proxmox from the simulator's request log, and the probe's requests are not calls.

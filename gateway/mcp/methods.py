@@ -2,7 +2,9 @@
 
 Tool-level outcomes (policy denial, invalid arguments, pending approval, a
 failed connector) are tool results with isError, which a model can act on;
-unknown tools and protocol faults raise RpcFault.
+unknown tools and protocol faults raise RpcFault. Both methods pass their
+principal's door first (principal_limits.py: calls in flight, refusal budget),
+and a call's refusals are counted against that budget.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from gateway.components import Components
 from gateway.core.calls import CallRequest, CallResult
 from gateway.core.jsonenc import Encoded, dumps
 from gateway.core.principal import Principal
-from gateway.mcp import handoff
+from gateway.mcp import handoff, principal_limits
 from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
 from gateway.mcp.request_state import RequestStates, StateError
 from gateway.observability import logs
@@ -67,7 +69,18 @@ def request_digest(x: Exchange, name: str, arguments: Any) -> str:
     return arguments_digest(name, arguments if isinstance(arguments, dict) else {}, sensitive=sensitive)
 
 
+# a tools/call's outcomes (CallResult.outcome) that count against its principal's refusal budget: denied
+# (by policy, a quota, or an approval refused) and invalid (arguments, an unsupported version, a
+# connector's refusal). Not pending_approval (held, as the policy asked), failed (upstream) or interrupted.
+REFUSED_OUTCOMES = frozenset({"denied", "invalid"})
+
+
 async def list_tools(x: Exchange) -> dict[str, Any]:
+    async with principal_limits.door(x.c.principal_limits, x.principal.sub):  # one of its slots, or refused
+        return await _list_tools(x)
+
+
+async def _list_tools(x: Exchange) -> dict[str, Any]:
     req = CallRequest(uuid.uuid4().hex, x.principal, "", None, x.version, x.source_ip)
     input_doc = {
         "contract_version": CONTRACT_VERSION,
@@ -146,6 +159,13 @@ async def _run(x: Exchange, req: CallRequest) -> CallResult:
 
 
 async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
+    """tools/call behind its principal's door: a slot of its own while it runs, refused at once when
+    the principal is over its refusal budget; its refusal (an outcome or an audited fault) counted."""
+    async with principal_limits.door(x.c.principal_limits, x.principal.sub):
+        return await _call(x, params)
+
+
+async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str) or not name:
         raise RpcFault(INVALID_PARAMS, "Invalid params: tools/call needs a tool name")
@@ -182,6 +202,8 @@ async def call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
     result = await _run(x, req)
+    if result.outcome in REFUSED_OUTCOMES:
+        x.c.principal_limits.refused(x.principal.sub)
     aid = handoff.approval_id(result)
     # also after a retry: one made before the approver voted is held again, with a fresh handle
     if result.outcome == "pending_approval" and aid and x.url_elicitation:

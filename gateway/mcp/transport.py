@@ -23,12 +23,14 @@ from starlette.responses import JSONResponse, Response
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
 from gateway.core.principal import Principal
-from gateway.mcp import handoff, methods, modern
+from gateway.mcp import handoff, methods, modern, principal_limits
 from gateway.mcp.jsonrpc import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
+    URL_ELICITATION_REQUIRED,
     Message,
     RpcFault,
     error_response,
@@ -46,6 +48,7 @@ from gateway.store.outcomes import (
     AuditUnavailable,
     ClaimLost,
 )
+from gateway.store.principal_limits import REFUSAL_BUDGET
 
 log = logging.getLogger("pvegate.transport")
 
@@ -53,6 +56,9 @@ LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_LEGACY = LEGACY_VERSIONS[-1]
 DEFAULT_VERSION = "2025-03-26"  # what the spec says to assume when the header is absent
 SESSION_HEADER = "mcp-session-id"
+# faults audited as protocol_error that are not the client's refusal: an approval hand-off (a held call)
+# and an internal error; they never count against the principal's refusal budget (principal_limits.py)
+_NOT_REFUSALS = frozenset({URL_ELICITATION_REQUIRED, INTERNAL_ERROR})
 
 
 def www_authenticate(c: Components, err: AuthError) -> str:
@@ -191,7 +197,11 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
         status = _status(fault, modern.is_modern(version_header))
         if fault.id is None and msg is not None:
             fault.id = msg.id
+        if isinstance(fault, principal_limits.PrincipalLimited):  # counted at the door; 429 in both eras
+            status = principal_limits.HTTP_STATUS
         response = error_response(fault.id, fault.code, fault.message, fault.data, status=status)
+        if isinstance(fault, principal_limits.PrincipalLimited):
+            response.headers["Retry-After"] = str(fault.retry_after)
         if fault.audited:
             return response
         return await _refuse(c, principal, request, response, fault)
@@ -207,11 +217,20 @@ def _status(fault: RpcFault, is_modern: bool) -> int | None:
 async def _refuse(
     c: Components, principal: Principal, request: Request, response: Response, fault: RpcFault | None = None
 ) -> Response:
-    """Audit a protocol-level refusal of an authenticated request, then send it."""
+    """Audit a protocol-level refusal of an authenticated request, then send it. It counts against the
+    principal's refusal budget; one over its budget gets the same answer, counted, not written
+    (store/principal_limits.py)."""
+    limits = c.principal_limits
+    refusal = fault is None or fault.code not in _NOT_REFUSALS
+    if refusal and limits.throttled_for(principal.sub) is not None:
+        await limits.limited(principal.sub, REFUSAL_BUDGET, "protocol_error")
+        return response
     body: dict[str, Any] = {"status": response.status_code, "source_ip": _source_ip(request)}
     if fault is not None:
         body.update(code=fault.code, reason=fault.message)
     await c.audit.append(AuditRecord(uuid.uuid4().hex, "refusal", principal.sub, None, None, "protocol_error", body))
+    if refusal:
+        limits.refused(principal.sub)
     return response
 
 

@@ -57,6 +57,8 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 DECISION_OUTCOMES = ("allow", "deny", "pending", "failed_closed")
 # a tools/call's outcome (pipeline.CallResult.outcome), plus the two that end it with an RPC error
 CALL_OUTCOMES = ("allowed", "denied", "pending_approval", "invalid", "failed", "unknown_tool", "error")
+# why a principal's request was refused at its door (store/principal_limits.py)
+PRINCIPAL_LIMITED_REASONS = ("inflight", "refusal_budget")
 # upstream kinds by connector: composite tools say so, as their inner step is not known here
 UPSTREAM_KIND = {"pve_api": "api", "ssh": "ssh", "composite": "composite"}
 
@@ -110,6 +112,18 @@ class Metrics:
             registry=r,
         )
         self.calls_in_flight = Gauge("pvegate_calls_in_flight", "tools/call requests being handled.", registry=r)
+        self.principal_limited_total = Counter(
+            "pvegate_principal_limited_total",
+            "MCP requests of an authenticated principal refused at its door, by reason: inflight (it had "
+            "max_inflight_per_principal calls in flight), refusal_budget (refused_calls_per_minute_per_principal "
+            "of its calls were refused in the last minute; its protocol faults in that time are counted here "
+            "too). Counted, not audited one by one: one summary row per principal and minute.",
+            ["reason"],
+            registry=r,
+        )
+        self.principal_limited_reason = {
+            reason: self.principal_limited_total.labels(reason) for reason in PRINCIPAL_LIMITED_REASONS
+        }
         # Incremented by the outcomes work (dispatch records): a call whose result was never recorded
         # (the gateway stopped mid-call) is `interrupted`; asking Proxmox what became of it afterwards
         # is `reconciled`, labelled with what was found.
@@ -159,6 +173,10 @@ class Metrics:
     def call_done(self, outcome: str, seconds: float) -> None:
         child = self.call_outcome.get(outcome)
         (child or self.call_seconds.labels(outcome)).observe(seconds)
+
+    def principal_limited(self, reason: str) -> None:
+        child = self.principal_limited_reason.get(reason)
+        (child or self.principal_limited_total.labels(reason)).inc()
 
     def upstream_error(self, cluster: str, connector: str, exc: BaseException) -> None:
         self.upstream_errors_total.labels(cluster, UPSTREAM_KIND.get(connector, connector), upstream_reason(exc)).inc()

@@ -145,7 +145,14 @@ def _iso(t: float) -> str:
 
 class AuthFailures:
     """Writes auth failures and refusals without an identity to the audit, at most `per_source` rows
-    per source and window, of all kinds together (see module)."""
+    per source and window, of all kinds together (see module).
+
+    Also the machinery of other bounded refusals (store/principal_limits.py: refusals at a principal's
+    door, keyed by principal): a subclass names its key (`key_field`, `key_of`, `principal_of`) and
+    its summaries (`_reason`); `per_source` 0 counts every one (no full rows)."""
+
+    key_field = "source_ip"  # what a summary's body calls the key it counted by
+    what = "auth failure"  # what the log calls these summaries
 
     def __init__(
         self,
@@ -155,15 +162,18 @@ class AuthFailures:
         window_seconds: float = WINDOW_SECONDS,
         max_sources: int = MAX_SOURCES,
         total: int | None = None,
+        max_summaries: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if per_source < 1 or window_seconds <= 0 or max_sources < 1:
-            raise ValueError("per_source and max_sources must be at least 1, window_seconds above 0")
+        if per_source < 0 or window_seconds <= 0 or max_sources < 1:
+            raise ValueError("per_source must be at least 0, max_sources at least 1, window_seconds above 0")
         self.audit = audit
         self.per_source = per_source
         self.window_seconds = window_seconds
         self.max_sources = max_sources
         self.total = total if total is not None else per_source * TOTAL_FACTOR
+        # summaries named one by one per window; the rest folded into one "*" summary per kind
+        self.max_summaries = max_summaries if max_summaries is not None else max(self.total, 1)
         self.clock = clock  # wall time: the summaries name their windows in it
         # every failure seen, by (surface, recorded): recorded is "row" (audited in full) or "suppressed"
         self.counts: dict[tuple[str, str], int] = {(s, r): 0 for s in SURFACES for r in ("row", SUPPRESSED)}
@@ -174,15 +184,26 @@ class AuthFailures:
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
+    def key_of(self, ident: str | None) -> str | None:
+        """What a refusal is counted against: here its source (see source_of)."""
+        return source_of(ident)
+
+    def principal_of(self, key: str | None) -> str | None:
+        """The principal a summary row is written under: none for a source address."""
+        return None
+
     # --- the writers' entry point --------------------------------------------------------------------
 
-    async def record(self, record: AuditRecord, *, source_ip: str | None, surface: str) -> None:
+    async def record(
+        self, record: AuditRecord, *, source_ip: str | None, surface: str, raise_errors: bool = True
+    ) -> None:
         """Audit one refused request (`record`: an `auth_failure`, a pre-auth `refusal`, a refused
         console sign-in), or count it; with any summaries that are due, in one transaction. Raises what
-        AuditLog.append raises when a row was to be written and could not be."""
+        AuditLog.append raises when a row was to be written and could not be (`raise_errors` False,
+        for a request only counted: logged, the summaries kept for the next try)."""
         now = self.clock()
         due = self._roll(now)
-        key = source_of(source_ip)
+        key = self.key_of(source_ip)
         src = self._sources.get(key)
         if src is None:
             # tracked by address even once the window's rows are spent (its summary names it: an
@@ -204,7 +225,7 @@ class AuthFailures:
             self._ensure_sweeper()
         self.counts[(surface, recorded)] = self.counts.get((surface, recorded), 0) + 1
         if due or row is not None:
-            await self._write(due, row, raise_errors=True)
+            await self._write(due, row, raise_errors=raise_errors or row is not None)
 
     # --- windows --------------------------------------------------------------------------------------
 
@@ -229,7 +250,7 @@ class AuthFailures:
         counted_by = [e for e in counted_by if e[2].suppressed]
         # at most `total` summaries a window, the largest counts named (whoever sends most is never folded
         # away); the rest folded into one per kind, so many addresses cannot turn summaries into a flood
-        named, rest = counted_by[: self.total], counted_by[self.total :]
+        named, rest = counted_by[: self.max_summaries], counted_by[self.max_summaries :]
         due += [self._summary(key, group, counted, start, stop) for key, group, counted in named]
         folded: dict[_Group, _Counted] = {}
         for _, group, counted in rest:
@@ -242,11 +263,8 @@ class AuthFailures:
         reader who looks for one kind of row finds its count too."""
         kind, action = group
         body: dict[str, Any] = {
-            "reason": f"{counted.suppressed} more {NOUNS.get(kind, kind + ' row(s)')} from this source were "
-            f"counted, not recorded one by one (at most {self.per_source} rows per source per "
-            f"{self.window_seconds:g} s, for auth failures, refusals before authentication and refused "
-            "console sign-ins together)",
-            "source_ip": key,
+            "reason": self._reason(kind, counted),
+            self.key_field: key,
             "count": counted.suppressed,
             "audited": counted.audited,
             "window_start": _iso(start),
@@ -256,7 +274,15 @@ class AuthFailures:
         }
         if action is not None:
             body["action"] = action
-        return AuditRecord(uuid.uuid4().hex, kind, outcome=SUPPRESSED, body=body)
+        return AuditRecord(uuid.uuid4().hex, kind, self.principal_of(key), outcome=SUPPRESSED, body=body)
+
+    def _reason(self, kind: str, counted: _Counted) -> str:
+        return (
+            f"{counted.suppressed} more {NOUNS.get(kind, kind + ' row(s)')} from this source were "
+            f"counted, not recorded one by one (at most {self.per_source} rows per source per "
+            f"{self.window_seconds:g} s, for auth failures, refusals before authentication and refused "
+            "console sign-ins together)"
+        )
 
     def pending(self) -> int:
         """Refused requests counted but not yet written in a summary."""
@@ -274,7 +300,7 @@ class AuthFailures:
             if raise_errors:
                 raise
             log.warning(
-                "auth failure summaries not written yet (%d refused requests); tried again later", self.pending()
+                "%s summaries not written yet (%d refused requests); tried again later", self.what, self.pending()
             )
             return False
         return True
