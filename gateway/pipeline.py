@@ -17,7 +17,7 @@ from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
 from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
-from gateway.store.holds import CallHold
+from gateway.store.holds import CallHold, HoldsUnavailable
 from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
 from gateway.tools.runtimes.base import (
     AnswerLost,
@@ -72,13 +72,18 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
     dispatch becomes AuditUnavailable: a clear refusal, and nothing reaches Proxmox."""
     c.outcomes.check_store()  # nothing is asked or sent while the audit cannot take the records
     with c.outcomes.flight(req.request_id) as flight:
-        hold = CallHold(c.holds, req.request_id)  # an allocating call's hold on its pool (store/holds.py)
+        hold = CallHold(c.holds, req.request_id)  # an allowed allocating call's hold on its pool (store/holds.py)
+        ended = False
         try:
-            return await _call_tool(c, req, flight, hold)
+            result = await _call_tool(c, req, flight, hold)
+            ended = True
+            return result
         except STORE_ERRORS as exc:
             raise c.outcomes.unavailable(exc) from exc
-        finally:  # given back once Proxmox answered or nothing was sent; else when reconciliation settles it
-            await hold.end(keep=req.request_id in c.outcomes.unsettled)
+        finally:  # given back once Proxmox answered or nothing was sent; else when reconciliation settles it,
+            # or (cut off by an error after it was sent) when it lapses
+            sent = flight.dispatched or flight.task_id is not None
+            await hold.end(keep=req.request_id in c.outcomes.unsettled or (sent and not ended))
 
 
 async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: CallHold) -> CallResult:
@@ -124,11 +129,21 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
         return CallResult("denied", refusal, is_error=True)
     usage, slot = await c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
     input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
-    if tool.allocates:  # creates, attaches, grows: the requested resources, held on the pool, and its usage
-        input_doc["resources"] = await c.targets.resources(tool, args, cluster, target, hold.take)
+    if tool.allocates:  # creates, attaches, grows: the requested resources and the pool's usage
+        input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
     m = c.metrics
     t = time.perf_counter()
     decision = await c.decisions.decide(input_doc)
+    if tool.allocates and _will_send(decision, dry_run):
+        # allowed: what it asks for is held on its pool, and it is decided again with the holds of the
+        # calls allowed before it (store/holds.py); only an allowed call holds, so none blocks another
+        try:
+            input_doc["resources"] = await c.targets.resources(tool, args, cluster, target, hold.take)
+        except HoldsUnavailable as exc:  # nothing decided on, nothing sent: this call is refused
+            await c.usage.release(req.principal.sub, tool.name, slot)
+            await _refuse(c, req, tool.name, target, "holds_unavailable", str(exc))
+            return CallResult("failed", f"{tool.name} refused: {exc}", is_error=True)
+        decision = await c.decisions.decide(input_doc)
     t = m.observe("decide", t)
     m.decision["failed_closed" if decision.failed_closed else _outcome(decision)].inc()
     owner = await _audit_decision(c, req, tool, args, target, decision, input_doc)  # durable before Proxmox hears of it
@@ -161,6 +176,11 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
             await _refused_unsent(c, req, tool.name, target, exc)
             raise
     return await dispatch(c, req, tool, args, target, ctx, decision, started, flight)
+
+
+def _will_send(decision: Decision, dry_run: bool) -> bool:
+    """The decision lets the call reach Proxmox as it is: allowed, not held for approval, no dry run."""
+    return decision.allow and not decision.approval_required and not (dry_run or decision.obligations.get("dry_run"))
 
 
 def _dispatch_recorder(

@@ -2,23 +2,26 @@
 
 A pool's usage is read from Proxmox when a call is decided. Two creates decided at once would
 each see the pool without the other and pass its `max_pool_total` together, and a create still
-running in Proxmox may not be in the pool yet. So an allocating call takes a hold on its pool for
-what it asks for *before* the pool's usage is read, and is told what the holds taken before it add
-(counted into `resources.pool_usage`, shown as `resources.pool_in_flight`). It gives the hold back
-when its call ends with Proxmox's answer (the guest or disk is then in the pool's usage, or there
-is none) or was never sent (denied, held for approval, a dry run). A call whose outcome is left to
-reconciliation (interrupted, or still running at its task_timeout) keeps its hold until
-reconciliation settles it (on any replica) or the hold lapses: until then Proxmox may not list
-what it makes.
+running in Proxmox may not be in the pool yet. So an allocating call the policy allows (to be
+sent as it is: no approval to wait for, no dry run) then holds what it asks for on its pool,
+reads the pool's usage afresh, and is decided again with what the holds taken before it add
+(counted into `resources.pool_usage`, shown as `resources.pool_in_flight`). Only calls allowed
+once take holds, so a principal the policy refuses cannot block a pool with them. A call gives
+its hold back when it ends with Proxmox's answer (the guest or disk is then in the pool's usage,
+or there is none) or is not sent after all (denied the second time). A call whose outcome is
+left to reconciliation (interrupted, or still running at its task_timeout) keeps its hold while
+reconciliation finds its task running (each pass renews it) and until it settles the call (on
+any replica); a call cut off by an error after it was sent keeps it until it lapses.
 
 Because every hold is taken before the usage it is checked against is read, a call either sees
 an earlier call's hold or that call's guest: of two calls that fit one at a time but not
 together, the later one is refused (an earlier call later denied may cost a later one a refusal
 it would not have had: the error is on the safe side).
 
-On SQLite the holds are this process's (one gateway process owns the file); on PostgreSQL they are
-rows every replica counts, taken under an advisory lock on the pool, on the database's clock. A
-process that dies holding one (a crash, SIGKILL) leaves it to expire.
+On SQLite the holds are this process's (one gateway process owns the file; a restart forgets
+them); on PostgreSQL they are rows every replica counts, taken under an advisory lock on the
+pool, on the database's clock. A process that dies holding one (a crash, SIGKILL) leaves it to
+lapse.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ Amounts = dict[str, int]
 DEFAULT_TTL_SECONDS = 3600.0
 
 
+class HoldsUnavailable(Exception):
+    """A hold could not be taken (the database behind the holds failed): the call is refused, alone."""
+
+
 def _zero() -> Amounts:
     return dict.fromkeys(AMOUNTS, 0)
 
@@ -59,6 +66,10 @@ class PoolHolds(Protocol):
     async def give_back(self, handle: Any) -> None: ...
     async def give_back_call(self, request_id: str) -> None:
         """Give back the hold of a call reconciliation settled (whichever process took it)."""
+        ...
+
+    async def renew_call(self, request_id: str) -> None:
+        """A call's task still runs (reconciliation found it so): its hold lapses a full TTL from now."""
         ...
 
     async def close(self) -> None: ...
@@ -94,6 +105,12 @@ class MemoryHolds:
     async def give_back_call(self, request_id: str) -> None:
         for handle in [h for h, (_, _, _, rid) in self._held.items() if rid == request_id]:
             del self._held[handle]
+
+    async def renew_call(self, request_id: str) -> None:
+        until = time.monotonic() + self.ttl
+        for handle, (key, held, _, rid) in list(self._held.items()):
+            if rid == request_id:
+                self._held[handle] = (key, held, until, rid)
 
     def held(self) -> int:
         """How many holds are live (operators and tests look)."""
@@ -173,6 +190,11 @@ class SqlHolds:
         async with self.database.transaction() as tx:
             await tx.execute("DELETE FROM pool_holds WHERE request_id = ?", request_id)
 
+    async def renew_call(self, request_id: str) -> None:
+        async with self.database.transaction() as tx:
+            now = await tx.now()
+            await tx.execute("UPDATE pool_holds SET expires_at = ? WHERE request_id = ?", now + self.ttl, request_id)
+
     async def held(self) -> int:
         rows = await self.database.fetch("SELECT COUNT(*) AS n FROM pool_holds")
         return int(rows[0]["n"])
@@ -189,7 +211,13 @@ class CallHold:
     async def take(self, cluster: str, pool: str, amounts: Mapping[str, int]) -> Amounts:
         if self.handle is not None:  # one hold per call: a second read would count the call twice
             raise RuntimeError("this call already holds resources")
-        before, self.handle = await self.holds.take(cluster, pool, amounts, self.request_id)
+        try:
+            before, self.handle = await self.holds.take(cluster, pool, amounts, self.request_id)
+        except Exception as exc:  # not the audit's failure: this call is refused, the others go on
+            log.warning("a pool hold could not be taken: %s", exc)  # the operator's detail, not the client's
+            raise HoldsUnavailable(
+                f"its pool's holds cannot be taken now ({type(exc).__name__}); nothing was sent, retry"
+            ) from exc
         return before
 
     async def end(self, *, keep: bool) -> None:

@@ -121,6 +121,8 @@ class Outcomes:
         self.on_reconciled: Callable[[str], None] | None = None
         # told the request id of every call reconciliation settles (its pool hold is given back then)
         self.on_settled: Callable[[str], Awaitable[None]] | None = None
+        # told the request id of a call reconciliation found still running in Proxmox (its hold is renewed)
+        self.on_running: Callable[[str], Awaitable[None]] | None = None
 
     # --- the store ---------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,8 @@ class Reconciler:
                 continue
             settled.owner = call.owner
             out.append(settled)
+            if settled.action == "open" and settled.proxmox == "running":  # still being made: keep it held
+                await self._tell(self.outcomes.on_running, call.request_id)
         return out
 
     async def settle_own(self, since: float) -> list[Settled] | None:
@@ -340,8 +343,11 @@ class Reconciler:
                 return None
             settled = await self.run_once(time.time(), since=since, only=mine, turn=turn)
         outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
-        # ids no longer open (settled elsewhere: another replica, by hand) leave the set too
-        outcomes.unsettled -= mine - {s.request_id for s in settled}
+        # ids no longer open (settled elsewhere: another replica, by hand) leave the set too, and their holds
+        gone = mine - {s.request_id for s in settled} | {s.request_id for s in settled if s.action == "already_settled"}
+        outcomes.unsettled -= gone
+        for request_id in gone:
+            await self._tell(outcomes.on_settled, request_id)
         return settled
 
     async def settle_stale_replicas(self) -> list[Settled]:
@@ -517,15 +523,22 @@ class Reconciler:
         body["reconciled_at"] = time.time()
         rec = AuditRecord(call.request_id, "result", call.principal, call.tool, call.target_key, outcome, body)
         await self.outcomes.append(rec)
-        if self.outcomes.on_settled is not None:
-            try:
-                await self.outcomes.on_settled(call.request_id)
-            except Exception as exc:  # the call is settled; a hold not given back lapses by itself
-                log.warning("reconcile: the pool hold of %s not given back (%s)", call.request_id, type(exc).__name__)
+        await self._tell(self.outcomes.on_settled, call.request_id)
         if outcome == "reconciled":
             self.outcomes.counters.reconciled += 1
             if self.outcomes.on_reconciled is not None:
                 self.outcomes.on_reconciled(str(body.get("proxmox")))
+
+    @staticmethod
+    async def _tell(hook: Callable[[str], Awaitable[None]] | None, request_id: str) -> None:
+        """Tell the pool holds a call was settled or is still running (never fails the pass: a hold not
+        given back or renewed only lapses sooner or later)."""
+        if hook is None:
+            return
+        try:
+            await hook(request_id)
+        except Exception as exc:
+            log.warning("reconcile: the pool hold of %s not updated (%s)", request_id, type(exc).__name__)
 
 
 class _SettledMeanwhile(Exception):

@@ -19,8 +19,10 @@ import pytest
 import yaml
 
 from gateway.core.config import load
+from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
+from gateway.store.db import DatabaseUnavailable
 from gateway.store.holds import MemoryHolds
 from tests.connectors.test_provision_e2e import answered, call, text
 from tests.outcomes.helpers import wait_for
@@ -61,6 +63,14 @@ def create(vmid: int) -> dict[str, Any]:
     return {"node": "pve1", "vmid": vmid, "pool": "sandbox", "cores": 1, "memory": 256}
 
 
+async def empty_sandbox(env: DevEnv, sim: Any) -> None:
+    """The guests earlier tests put in pool sandbox leave it (an admin's call): room for one again."""
+    placed = [g for g, v in sim.state()["guests"].items() if v.get("pool") == "sandbox"]
+    if placed:
+        res = await answered(env, "pool_members_remove", {"poolid": "sandbox", "vmids": ",".join(placed)})
+        assert not res.is_error, text(res)
+
+
 def holds(gw: GatewayThread) -> MemoryHolds:
     h = gw.components.holds
     assert isinstance(h, MemoryHolds)  # SQLite: this process's holds
@@ -96,10 +106,8 @@ async def test_what_another_call_holds_counts_and_is_shown(hgw: GatewayThread, h
     env, sim = henv, hsim
     token = provisioner(env)
     # make room: the guest the test above created leaves the pool
-    placed = [g for g, v in sim.state()["guests"].items() if v.get("pool") == "sandbox"]
-    assert len(placed) == 1, placed
-    res = await answered(env, "pool_members_remove", {"poolid": "sandbox", "vmids": placed[0]})
-    assert not res.is_error, text(res)
+    assert len([v for v in sim.state()["guests"].values() if v.get("pool") == "sandbox"]) == 1
+    await empty_sandbox(env, sim)
 
     # a create in flight elsewhere (another replica's, or one Proxmox still runs) holds one guest
     before, handle = on_loop(hgw, holds(hgw).take("default", "sandbox", {"guests": 1}))
@@ -152,3 +160,58 @@ async def test_a_create_left_to_reconciliation_keeps_its_hold_until_it_is_settle
         assert [r["outcome"] for r in settled] == ["interrupted", "reconciled"], settled
     finally:
         gw.stop()
+
+
+async def test_only_a_call_allowed_to_be_sent_takes_a_hold(hgw: GatewayThread, henv: DevEnv, hsim: Any) -> None:
+    """A principal the policy refuses (or a dry run) takes no hold: none can block a pool for the
+    others by asking for more than it may have; the allowed call is decided again under its hold."""
+    env = henv
+    taken: list[dict[str, int]] = []
+    h = holds(hgw)
+    real = h.take
+
+    async def spy(cluster: str, pool: str, amounts: Any, request_id: str = "") -> Any:
+        taken.append(dict(amounts))
+        return await real(cluster, pool, amounts, request_id)
+
+    await empty_sandbox(env, hsim)
+    h.take = spy  # type: ignore[method-assign]
+    try:
+        huge = {**create(179), "disk_storage": "local-lvm", "disk_gib": 65536}
+        res = await call(env, env.token("hold-auditor", ["auditor"], kind="agent"), "vm_create", huge)
+        assert res.is_error and taken == [], text(res)  # denied (no role creates): no hold
+        async with mcp_client(env.url, provisioner(env), env.ca_file) as client:
+            res = await client.call_tool("vm_create", create(179), meta={"dry_run": True})
+        assert not res.is_error and taken == [], text(res)  # a rehearsal allocates nothing
+        res = await call(env, provisioner(env), "vm_create", create(179))
+        assert not res.is_error and taken == [{"guests": 1, "cores": 1, "memory_mib": 256, "disk_gib": 0}], text(res)
+        res = await call(env, provisioner(env), "vm_create", create(180))  # the pool is full now
+        assert res.is_error and "quota.resource_pool_total" in res.structured_content["codes"], text(res)
+        assert len(taken) == 1  # denied the first time: never held
+    finally:
+        h.take = real  # type: ignore[method-assign]
+
+
+async def test_a_holds_store_that_fails_refuses_that_call_alone(hgw: GatewayThread, henv: DevEnv, hsim: Any) -> None:
+    env, sim = henv, hsim
+    h = holds(hgw)
+    real, gone = h.take, h.give_back_call
+
+    async def down(*_: Any, **__: Any) -> Any:
+        raise DatabaseUnavailable("PostgreSQL cannot be reached (connection refused)")
+
+    await empty_sandbox(env, sim)
+    h.take = down  # type: ignore[method-assign]
+    try:
+        sim.clear_logs()
+        res = await call(env, provisioner(env), "vm_create", create(181))
+        assert res.is_error and "holds cannot be taken now (DatabaseUnavailable)" in text(res), text(res)
+        assert "PostgreSQL" not in text(res)  # the operator's detail is logged, not told to the agent
+        assert mutations(sim) == []
+        # not the audit's failure: the next call, anyone's, is served at once
+        res = await call(env, env.token("hold-viewer", ["viewer"], kind="agent"), "list_nodes", {})
+        assert not res.is_error, text(res)
+        refusals = [r for r in audit_rows(env.config.audit_path) if r["outcome"] == "holds_unavailable"]
+        assert len(refusals) == 1 and refusals[0]["tool"] == "vm_create"
+    finally:
+        h.take, h.give_back_call = real, gone  # type: ignore[method-assign]

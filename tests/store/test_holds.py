@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from gateway.store.db import PostgresDatabase
-from gateway.store.holds import AMOUNTS, CallHold, MemoryHolds, PoolHolds, SqlHolds
+from gateway.store.holds import AMOUNTS, CallHold, HoldsUnavailable, MemoryHolds, PoolHolds, SqlHolds
 from tests.pgserver import PostgresServer
 from tests.store.auditstore import new_pg_database
 
@@ -101,5 +101,34 @@ async def test_a_store_that_fails_refuses_the_take_and_an_end_only_logs(
     await a.close()  # the store is gone: giving back fails, the call is not failed for it
     await hold.end(keep=False)
     assert "could not be given back" in caplog.text
-    with pytest.raises(Exception):
+    with pytest.raises(HoldsUnavailable, match="holds cannot be taken now"):  # the call alone is refused
         await CallHold(a).take("default", "sandbox", one())
+
+
+async def test_a_running_calls_hold_is_renewed_by_reconciliation() -> None:
+    """Reconciliation renews the hold of a call whose task still runs: a clone or restore longer than
+    the TTL stays counted (Proxmox may list its guest only when it ends)."""
+    holds = MemoryHolds(ttl=1.0)
+    await CallHold(holds, "long").take("default", "sandbox", one())
+    for _ in range(3):
+        await asyncio.sleep(0.6)
+        await holds.renew_call("long")  # a reconciliation pass found its task running
+    before, _ = await holds.take("default", "sandbox", one(0, 0))
+    assert before["guests"] == 1  # 1.8 s after it was taken, TTL 1 s: still held
+    await asyncio.sleep(1.1)
+    before, _ = await holds.take("default", "sandbox", one(0, 0))
+    assert before["guests"] == 0  # not renewed: lapsed
+
+
+async def test_renewal_on_postgresql(postgres: PostgresServer) -> None:
+    a, b = await replicas(postgres, ttl=1.0)
+    try:
+        await CallHold(a, "long").take("default", "sandbox", one())
+        await asyncio.sleep(0.7)
+        await b.renew_call("long")  # whichever replica reconciles it
+        await asyncio.sleep(0.7)
+        before, _ = await b.take("default", "sandbox", one(0, 0))
+        assert before["guests"] == 1
+    finally:
+        await a.close()
+        await b.close()

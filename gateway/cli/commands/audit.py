@@ -286,6 +286,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     from gateway.components import default_grace
     from gateway.core.config import load
     from gateway.store.audit import AuditLog, known_secrets
+    from gateway.store.holds import build_holds
     from gateway.store.outcomes import Outcomes
     from gateway.store.reconcile import RECONCILE_LOCK, Reconciler, summary
     from gateway.tools.catalog import Catalog
@@ -302,7 +303,13 @@ def _reconcile(args: argparse.Namespace) -> int:
         await audit.open()
         clients = {name: PveApiClient(cl) for name, cl in cfg.clusters.items()}
         try:
+            holds = await build_holds(cfg)  # PostgreSQL: the replicas' pool holds (SQLite: a running gateway's own)
+        except BaseException:
+            await audit.close()
+            raise
+        try:
             outcomes = Outcomes(audit, grace_seconds=grace, min_free_bytes=0)
+            outcomes.on_settled, outcomes.on_running = holds.give_back_call, holds.renew_call
             reconciler = Reconciler(cfg, catalog, outcomes, clients)
             # the replicas' rule (PostgreSQL): one reconciler at a time, so no call is settled twice
             deadline = time.monotonic() + args.wait
@@ -314,6 +321,7 @@ def _reconcile(args: argparse.Namespace) -> int:
                     return None
                 await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         finally:
+            await holds.close()
             for c in clients.values():
                 await c.close()
             await audit.close()
