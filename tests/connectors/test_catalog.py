@@ -15,6 +15,7 @@ from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.pve_schema import SHIPPED_DIR, schema_file
 from gateway.tools.catalog import Catalog, CatalogError
 from gateway.tools.pveschema import PveSchema, check_catalog, expansions, least_privilege, privileges
+from gateway.tools.tool import ArgumentError
 
 CONNECTORS = REPO_ROOT / "connectors"
 TWELVE = [
@@ -286,3 +287,19 @@ def test_a_key_given_twice_in_a_connector_file_is_refused(tmp_path: Path) -> Non
     (tmp_path / "twice.yaml").write_text("tools:\n  - name: t\n    effect: read\n    effect: destroy\n")
     with pytest.raises(CatalogError, match="effect: given twice in the same mapping"):
         Catalog.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("path", "ok"),
+    [("/srv/data", True), ("/.hidden", True), ("/srv/..data", True), ("/srv/../etc", False), ("/..", False),
+     ("/a/./b", False), ("/srv/", False), ("/a/b/c/d/e/f/g/h/i", False)],
+)  # fmt: skip
+def test_a_mount_path_has_no_dot_segments(catalog: Catalog, path: str, ok: bool) -> None:
+    """lxc_mountpoint_add's path is the gateway's own check, not only Proxmox's: no `.`/`..` segment."""
+    tool = catalog.tools["lxc_mountpoint_add"]
+    args = {"vmid": 200, "index": 0, "storage": "local-lvm", "disk_gib": 5, "path": path}
+    if ok:
+        assert tool.validate(args)["path"] == path
+    else:
+        with pytest.raises(ArgumentError):
+            tool.validate(args)
