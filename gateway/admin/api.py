@@ -25,6 +25,7 @@ import hmac
 import html
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -385,6 +386,16 @@ async def _vote(request: Request, verdict: str) -> Response:
     who = await approver(request)
     if isinstance(who, JSONResponse):
         return who
+    # a refused vote is a full audit row: it counts against the voter's refusal budget, as a refused
+    # call does, and over it the vote is refused unwritten (an agent's token passes approver() too)
+    limits = _components(request).principal_limits
+    if await limits.over_budget(who.sub, f"{verdict}_refused"):
+        wait = max(1, math.ceil(limits.throttled_for(who.sub) or 1))
+        return JSONResponse(
+            {"error": "too_many_refusals", "detail": f"too many refused requests from {who.sub}: retry in {wait} s"},
+            status_code=429,
+            headers={"Cache-Control": "no-store", "Retry-After": str(wait)},
+        )
     body = await _json_body(request)
     if isinstance(body, JSONResponse):
         return body
@@ -398,7 +409,10 @@ async def _vote(request: Request, verdict: str) -> Response:
             source_ip=source_ip(request),
         )
     except NotFound:
+        limits.refused(who.sub)
         return _err(404, "not_found", "no such approval request")
+    if not out.ok:
+        limits.refused(who.sub)
     return _vote_response(out)
 
 

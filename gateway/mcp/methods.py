@@ -70,9 +70,11 @@ def request_digest(x: Exchange, name: str, arguments: Any) -> str:
 
 
 # a tools/call's outcomes (CallResult.outcome) that count against its principal's refusal budget: denied
-# (by policy, a quota, or an approval refused) and invalid (arguments, an unsupported version, a
-# connector's refusal). Not pending_approval (held, as the policy asked), failed (upstream) or interrupted.
-REFUSED_OUTCOMES = frozenset({"denied", "invalid"})
+# (by policy, a quota, or an approval refused), invalid (arguments, an unsupported version, a connector's
+# refusal), and pending_approval: a held call and each retry of it before the vote is a `refusal` row
+# (approval_pending), so polling is bounded too (a poll every 2 s is 30 a minute). Not failed
+# (upstream) or interrupted.
+REFUSED_OUTCOMES = frozenset({"denied", "invalid", "pending_approval"})
 
 
 async def list_tools(x: Exchange) -> dict[str, Any]:

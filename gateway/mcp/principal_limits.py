@@ -8,12 +8,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
-from gateway.mcp.jsonrpc import RpcFault
+from gateway.mcp.jsonrpc import INTERNAL_ERROR, URL_ELICITATION_REQUIRED, RpcFault
 from gateway.store.principal_limits import Limited, PrincipalLimits
 
 # JSON-RPC code in the implementation-defined band (store/outcomes.py has -32010 and -32011)
 TOO_MANY_REQUESTS = -32012
 HTTP_STATUS = 429
+
+
+# faults audited as protocol_error that are not the client's refusal: an approval hand-off (a held call)
+# and an internal error; they never count against the principal's refusal budget
+NOT_REFUSALS = frozenset({URL_ELICITATION_REQUIRED, INTERNAL_ERROR})
+
+
+def counts(fault: RpcFault | None) -> bool:
+    """A protocol-level refusal that counts against its principal's refusal budget."""
+    return fault is None or fault.code not in NOT_REFUSALS
 
 
 class PrincipalLimited(RpcFault):

@@ -31,7 +31,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from gateway.components import Components
 from gateway.core.config import LocalPrincipal
 from gateway.core.principal import Principal
-from gateway.mcp import handoff, methods, modern, transport
+from gateway.mcp import handoff, methods, modern, principal_limits, transport
 from gateway.mcp.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -139,11 +139,16 @@ class StdioSession:
         return too_long_reply(limit)
 
     async def _refuse(self, fault: RpcFault) -> None:
-        """A protocol-level refusal is audited like one over HTTP (there is no source address)."""
+        """A protocol-level refusal is audited like one over HTTP (there is no source address), and counts
+        against the principal's refusal budget as there: over it, only counted (store/principal_limits.py)."""
+        limits, sub = self.c.principal_limits, self.principal.sub
+        refusal = principal_limits.counts(fault)
+        if refusal and await limits.over_budget(sub, "protocol_error"):
+            return
+        if refusal:  # counted before it is written: faults sent at once see each other
+            limits.refused(sub)
         body = {"transport": "stdio", "code": fault.code, "reason": fault.message}
-        await self.c.audit.append(
-            AuditRecord(uuid.uuid4().hex, "refusal", self.principal.sub, None, None, "protocol_error", body)
-        )
+        await self.c.audit.append(AuditRecord(uuid.uuid4().hex, "refusal", sub, None, None, "protocol_error", body))
 
 
 class _Lines:

@@ -25,12 +25,10 @@ from gateway.components import Components
 from gateway.core.principal import Principal
 from gateway.mcp import handoff, methods, modern, principal_limits
 from gateway.mcp.jsonrpc import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
-    URL_ELICITATION_REQUIRED,
     Message,
     RpcFault,
     error_response,
@@ -48,7 +46,6 @@ from gateway.store.outcomes import (
     AuditUnavailable,
     ClaimLost,
 )
-from gateway.store.principal_limits import REFUSAL_BUDGET
 
 log = logging.getLogger("pvegate.transport")
 
@@ -56,9 +53,6 @@ LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_LEGACY = LEGACY_VERSIONS[-1]
 DEFAULT_VERSION = "2025-03-26"  # what the spec says to assume when the header is absent
 SESSION_HEADER = "mcp-session-id"
-# faults audited as protocol_error that are not the client's refusal: an approval hand-off (a held call)
-# and an internal error; they never count against the principal's refusal budget (principal_limits.py)
-_NOT_REFUSALS = frozenset({URL_ELICITATION_REQUIRED, INTERNAL_ERROR})
 
 
 def www_authenticate(c: Components, err: AuthError) -> str:
@@ -221,16 +215,15 @@ async def _refuse(
     principal's refusal budget; one over its budget gets the same answer, counted, not written
     (store/principal_limits.py)."""
     limits = c.principal_limits
-    refusal = fault is None or fault.code not in _NOT_REFUSALS
-    if refusal and limits.throttled_for(principal.sub) is not None:
-        await limits.limited(principal.sub, REFUSAL_BUDGET, "protocol_error")
+    refusal = principal_limits.counts(fault)
+    if refusal and await limits.over_budget(principal.sub, "protocol_error"):
         return response
+    if refusal:  # counted before it is written: faults sent at once see each other
+        limits.refused(principal.sub)
     body: dict[str, Any] = {"status": response.status_code, "source_ip": _source_ip(request)}
     if fault is not None:
         body.update(code=fault.code, reason=fault.message)
     await c.audit.append(AuditRecord(uuid.uuid4().hex, "refusal", principal.sub, None, None, "protocol_error", body))
-    if refusal:
-        limits.refused(principal.sub)
     return response
 
 

@@ -192,6 +192,10 @@ class AuthFailures:
         """The principal a summary row is written under: none for a source address."""
         return None
 
+    def shown_key(self, key: str | None) -> str | None:
+        """The key as a summary's body names it."""
+        return key
+
     # --- the writers' entry point --------------------------------------------------------------------
 
     async def record(
@@ -264,7 +268,7 @@ class AuthFailures:
         kind, action = group
         body: dict[str, Any] = {
             "reason": self._reason(kind, counted),
-            self.key_field: key,
+            self.key_field: self.shown_key(key),
             "count": counted.suppressed,
             "audited": counted.audited,
             "window_start": _iso(start),

@@ -73,11 +73,16 @@ class DoorRefusals(AuthFailures):
         kw.setdefault("max_summaries", kw["max_sources"])
         super().__init__(audit, per_source=0, window_seconds=window_seconds, **kw)
 
+    # a principal's key is its sub behind a prefix, so that a sub that is literally "*" is never the
+    # aggregate of the principals folded beyond max_sources (whose rows name no principal)
     def key_of(self, ident: str | None) -> str | None:
-        return ident
+        return None if ident is None else "sub:" + ident
 
     def principal_of(self, key: str | None) -> str | None:
-        return key
+        return key[4:] if key is not None and key.startswith("sub:") else None
+
+    def shown_key(self, key: str | None) -> str | None:
+        return self.principal_of(key) if key is not None and key.startswith("sub:") else key
 
     def _reason(self, kind: str, counted: _Counted) -> str:
         return (
@@ -158,6 +163,14 @@ class PrincipalLimits:
         if self.on_limited is not None:
             self.on_limited(reason)
         await self.summaries.count(principal, outcome or reason)
+
+    async def over_budget(self, principal: str, outcome: str) -> bool:
+        """A refusal that would be audited (a protocol fault, a refused vote): True, counted in the
+        summary and not to be written, when the principal is over its refusal budget."""
+        if self.throttled_for(principal) is None:
+            return False
+        await self.limited(principal, REFUSAL_BUDGET, outcome)
+        return True
 
     async def enter(self, principal: str) -> None:
         """Take one of the principal's call slots (give it back with leave()); Limited (counted) when its

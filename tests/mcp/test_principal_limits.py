@@ -274,3 +274,36 @@ def test_door_refusals_are_summed_up_at_shutdown(lsim: Any, tmp_path: Path) -> N
         gw.stop()
     rows = [r for r in mine(env.config.audit_path, 0, who) if r["outcome"] == "suppressed"]
     assert sum(json.loads(r["body"])["count"] for r in rows) == n and 1 <= len(rows) <= 2
+
+
+def test_a_held_call_and_its_retries_count_so_polling_is_bounded(
+    lgw: GatewayThread, lenv: DevEnv, http: httpx.Client
+) -> None:
+    """Each answer `pending_approval` (the held call, and each retry of it before the vote) is a
+    `refusal` row: an agent polling as fast as it likes would be an unbounded row source."""
+    db, who = lenv.config.audit_path, "lim-poller"
+    stop = call_doc("vm_stop", {"vmid": 100})  # an agent stopping a prod guest: held for an approver
+    before = max_seq(db)
+    for _ in range(BUDGET):
+        assert outcome(post(lenv, http, who, ["operator"], stop)) == "pending_approval"
+    assert_throttled(post(lenv, http, who, ["operator"], stop), "refusal_budget")
+    assert len([r for r in mine(db, before, who) if r["outcome"] in ("pending", "approval_pending")]) == BUDGET
+
+
+def test_refused_approval_votes_count_and_over_the_budget_are_refused_unwritten(
+    lgw: GatewayThread, lenv: DevEnv, http: httpx.Client
+) -> None:
+    """An agent's token passes the approver endpoints' authentication too: its refused votes are full
+    audit rows, bounded by its refusal budget like its refused calls."""
+    db, who = lenv.config.audit_path, "lim-voter"
+    url = lenv.url.removesuffix("/mcp") + "/admin/approvals/no-such-request/approve"
+    auth = {"authorization": f"Bearer {lenv.token(who, ['operator'])}", "content-type": "application/json"}
+    for _ in range(BUDGET):
+        assert http.post(url, content=b"{}", headers=auth).status_code == 404
+    seq = max_seq(db)
+    r = http.post(url, content=b"{}", headers=auth)
+    assert r.status_code == 429 and r.json()["error"] == "too_many_refusals", r.text
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert mine(db, seq, who) == []
+    # its calls are held at the door too: one budget per principal
+    assert_throttled(post(lenv, http, who, ["operator"], call_doc("list_nodes")), "refusal_budget")

@@ -269,3 +269,22 @@ async def test_a_message_that_fails_is_still_answered(
         assert sim.requests_log() == []
     finally:
         await c.close()
+
+
+async def test_protocol_faults_over_stdio_count_against_the_principals_budget(stdio_env: DevEnv) -> None:
+    """As over HTTP: a local agent looping on faults writes rows only up to its refusal budget; beyond,
+    each fault is still answered, counted in its principal's summary, not written one by one."""
+    c = await build_components(stdio_env.config)
+    me = local_principal(stdio_env.config.local_principals["desk-agent"])
+    c.principal_limits.refusals_per_window = 3
+    try:
+        before = len(audit_rows(stdio_env.config.audit_path))
+        replies = await exchange(c, me, [rpc(i, "foo/bar") for i in range(10)])
+        assert [r["error"]["code"] for r in replies] == [-32601] * 10  # every one answered
+        rows = audit_rows(stdio_env.config.audit_path)[before:]
+        assert [(r["principal"], r["outcome"]) for r in rows] == [(me.sub, "protocol_error")] * 3
+        assert c.principal_limits.summaries.pending() == 7  # counted, summed up in one row
+    finally:
+        await c.close()
+    summary = [r for r in audit_rows(stdio_env.config.audit_path) if r["outcome"] == "suppressed"]
+    assert summary and json.loads(summary[-1]["body"])["count"] == 7

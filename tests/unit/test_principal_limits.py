@@ -127,3 +127,16 @@ def test_the_limits_are_at_least_one() -> None:
         PrincipalLimits(max_inflight=0, refusals_per_window=1, summaries=DoorRefusals(cast(AuditLog, FakeAudit())))
     with pytest.raises(ValueError):
         PrincipalLimits(max_inflight=1, refusals_per_window=0, summaries=DoorRefusals(cast(AuditLog, FakeAudit())))
+
+
+async def test_a_sub_that_is_a_star_is_not_the_aggregate_of_folded_principals() -> None:
+    audit, wall = FakeAudit(), Clock()
+    summaries = DoorRefusals(cast(AuditLog, audit), clock=wall, max_sources=2, max_summaries=10)
+    for sub in ("*", "x", "y", "y"):
+        await summaries.count(sub, INFLIGHT)
+    await summaries.close()
+    rows = sorted(
+        ((r.principal or "-"), (r.body or {}).get("principal"), (r.body or {}).get("count")) for r in audit.records
+    )
+    # "*" and "x" named; "y" folded beyond max_sources into the aggregate, which names no principal
+    assert rows == [("*", "*", 1), ("-", "*", 2), ("x", "x", 1)], rows
