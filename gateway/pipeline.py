@@ -2,7 +2,9 @@
 
 resolve tool → validate arguments → enrich (target, approval, usage) → one OPA
 query → enforce → dispatch → shape → audit. The gateway decides nothing here:
-it builds the input, asks OPA once, and does what the answer says.
+it builds the input, asks OPA, and does what the answer says (an allocating call
+the answer allows into a pool holds what it asks for there and asks again, so
+calls in flight count: store/holds.py).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def request_facts(req: CallRequest, method: str = "tools/call") -> dict[str, Any
 
 
 async def call_tool(c: Components, req: CallRequest) -> CallResult:
-    """resolve → validate → enrich → decide (one OPA query) → audit → enforce → dispatch.
+    """resolve → validate → enrich → decide (one OPA query; an allowed allocating call into a pool is
+    decided again under its pool hold) → audit → enforce → dispatch.
 
     Tracked while it runs (a drain waits for it); a failed audit write anywhere before
     dispatch becomes AuditUnavailable: a clear refusal, and nothing reaches Proxmox."""
@@ -134,7 +137,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
     m = c.metrics
     t = time.perf_counter()
     decision = await c.decisions.decide(input_doc)
-    if tool.allocates and _will_send(decision, dry_run):
+    if tool.allocates and _into_a_pool(input_doc) and _will_send(decision, dry_run):
         # allowed: what it asks for is held on its pool, and it is decided again with the holds of the
         # calls allowed before it (store/holds.py); only an allowed call holds, so none blocks another
         try:
@@ -176,6 +179,11 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
             await _refused_unsent(c, req, tool.name, target, exc)
             raise
     return await dispatch(c, req, tool, args, target, ctx, decision, started, flight)
+
+
+def _into_a_pool(input_doc: dict[str, Any]) -> bool:
+    """The allocating call names a pool: there is something to hold (a pool limit needs one)."""
+    return isinstance((input_doc.get("resources") or {}).get("pool"), str)
 
 
 def _will_send(decision: Decision, dry_run: bool) -> bool:
