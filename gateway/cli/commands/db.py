@@ -88,12 +88,7 @@ async def _upgrade_pg(db: PostgresDatabase, cfg: Config) -> int:
             raise _Failed(f"cannot read the database: {_why(exc, db.kind)}") from exc
         # a sealed chain: its key must be here already (checked before anything is changed)
         key_line = _pg_head_key(cfg, created) if created is not None else None
-        try:
-            found = await upgrade_all(db)
-        except SchemaError:
-            raise
-        except Exception as exc:
-            raise _Failed(f"the upgrade failed: {_why(exc, db.kind)}") from exc
+        found = await _apply(db)
     finally:
         await db.close()
     _versions(found)
@@ -115,12 +110,7 @@ async def _upgrade_sqlite(db: SqliteDatabase, cfg: Config) -> int:
     try:
         await _open(db)
         try:
-            try:
-                found = await upgrade_all(db)
-            except SchemaError:
-                raise
-            except Exception as exc:
-                raise _Failed(f"the upgrade failed: {_why(exc, db.kind)}") from exc
+            found = await _apply(db)
         finally:
             await db.close()
         if new_file:
@@ -141,6 +131,16 @@ async def _upgrade_sqlite(db: SqliteDatabase, cfg: Config) -> int:
         made = " (generated: back it up)" if new_key else ""
         print(f"audit: sealed the new audit chain (database {seal.db_id}) with the head key {key_path}{made}")
     return 0
+
+
+async def _apply(db: Database) -> list[tuple[str, int, int]]:
+    """The missing migrations, on an open database; a failure other than a schema's is one line."""
+    try:
+        return await upgrade_all(db)
+    except SchemaError:
+        raise
+    except Exception as exc:
+        raise _Failed(f"the upgrade failed: {_why(exc, db.kind)}") from exc
 
 
 def _remove_new(path: Path, new_dir: bool, new_key: Path | None) -> None:
