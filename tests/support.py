@@ -96,6 +96,17 @@ def audit_rows(db: Path, request_id: str | None = None) -> list[dict[str, Any]]:
         con.close()
 
 
+def sqlite_exec(path: Path, *stmts: str) -> None:
+    """Run SQL statements on a SQLite file and commit (the tamperer's hand on an audit database)."""
+    con = sqlite3.connect(path)
+    try:
+        for s in stmts:
+            con.execute(s)
+        con.commit()
+    finally:
+        con.close()
+
+
 def database_bytes(db: Path) -> bytes:
     """The raw bytes of a SQLite database and its -wal/-shm files, read by another process.
 

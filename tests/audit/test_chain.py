@@ -16,6 +16,7 @@ import pytest
 from gateway.cli import main as cli
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditLog, AuditRecord
+from tests.support import sqlite_exec
 
 
 async def _filled(path: Path, n: int = 30) -> None:
@@ -33,16 +34,6 @@ async def _filled(path: Path, n: int = 30) -> None:
         )
     finally:
         await log.close()
-
-
-def _sql(path: Path, *stmts: str) -> None:
-    con = sqlite3.connect(path)
-    try:
-        for s in stmts:
-            con.execute(s)
-        con.commit()
-    finally:
-        con.close()
 
 
 @pytest.fixture
@@ -107,7 +98,7 @@ async def test_append_returns_only_when_durable(tmp_path: Path) -> None:
 def test_tampering_is_found_at_the_right_record(
     db: Path, tamper: str, bad_seq: int, words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _sql(db, tamper)
+    sqlite_exec(db, tamper)
     res = auditlib.verify(db)
     assert not res.ok
     assert res.bad_seq == bad_seq, res.problem
@@ -178,7 +169,7 @@ def test_archive_refuses_a_broken_chain(tmp_path: Path) -> None:
     db = tmp_path / "p.db"
     asyncio.run(_filled(db, 10))
     first = auditlib.search(db, auditlib.Query(limit=1))[0]
-    _sql(db, "UPDATE audit SET ts = ts - 1000 WHERE seq <= 8")  # hashes break: archive must refuse
+    sqlite_exec(db, "UPDATE audit SET ts = ts - 1000 WHERE seq <= 8")  # hashes break: archive must refuse
     with pytest.raises(ValueError, match="refusing to archive"):
         auditlib.archive(db, time.time() - 500, tmp_path / "x")
     assert first["seq"] == 1
@@ -314,7 +305,8 @@ async def test_kept_policy_input_is_scrubbed_packed_and_chained(tmp_path: Path) 
     assert auditlib.verify(path).ok
     # the packed text is inside the chain: changing it breaks verification at that record
     body[auditlib.INPUT_FIELD] = auditlib.pack_input(json.dumps({"arguments": {}}))
-    _sql(path, f"UPDATE audit SET body = '{json.dumps(body, sort_keys=True, separators=(',', ':'))}' WHERE seq = 1")
+    packed = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    sqlite_exec(path, f"UPDATE audit SET body = '{packed}' WHERE seq = 1")
     bad = auditlib.verify(path)
     assert not bad.ok and bad.bad_seq == 1
 
@@ -432,7 +424,7 @@ def test_verify_fails_on_an_index_that_lies_to_filtered_readers(db: Path, capsys
     ],
 )
 def test_verify_fails_on_objects_and_columns_pvegate_does_not_make(db: Path, stmt: str, said: str | None) -> None:
-    _sql(db, stmt)
+    sqlite_exec(db, stmt)
     res = auditlib.verify(db)
     if said is None:
         assert res.ok, res.problem
@@ -441,24 +433,24 @@ def test_verify_fails_on_objects_and_columns_pvegate_does_not_make(db: Path, stm
 
 
 def test_verify_fails_on_an_index_redefined_under_a_known_name(db: Path) -> None:
-    _sql(db, "DROP INDEX audit_ts", "CREATE INDEX audit_ts ON audit(kind)")
+    sqlite_exec(db, "DROP INDEX audit_ts", "CREATE INDEX audit_ts ON audit(kind)")
     res = auditlib.verify(db)
     assert not res.ok and "index 'audit_ts' is not the one pvegate makes" in str(res.problem)
 
 
 def test_verify_allows_sqlite_statistics_and_a_gateways_whole_file(db: Path, tmp_path: Path) -> None:
-    _sql(db, "ANALYZE")
+    sqlite_exec(db, "ANALYZE")
     assert auditlib.verify(db).ok
 
 
 def test_verify_fails_on_a_newer_audit_schema(db: Path) -> None:
-    _sql(db, "UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")
+    sqlite_exec(db, "UPDATE pvegate_schema SET version = 99 WHERE component = 'audit'")
     res = auditlib.verify(db)
     assert not res.ok and "version 99, newer than this pvegate knows" in str(res.problem)
 
 
 def test_export_keeps_only_the_records_columns(db: Path, tmp_path: Path) -> None:
-    _sql(db, "ALTER TABLE audit ADD COLUMN reviewed_by TEXT", "UPDATE audit SET reviewed_by = 'leak'")
+    sqlite_exec(db, "ALTER TABLE audit ADD COLUMN reviewed_by TEXT", "UPDATE audit SET reviewed_by = 'leak'")
     out = tmp_path / "x.jsonl"
     assert cli(["audit", "export", "--db", str(db), "--jsonl", "--out", str(out), "--kind", "decision"]) == 0
     docs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -470,7 +462,7 @@ def test_a_body_that_is_not_json_is_a_sentence_naming_the_record_and_no_partial_
     db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A record written by a release whose text-level scrub broke its JSON: readers say which, never crash."""
-    _sql(db, "UPDATE audit SET body = '[redacted]\"i\":7}' WHERE seq = 14")
+    sqlite_exec(db, "UPDATE audit SET body = '[redacted]\"i\":7}' WHERE seq = 14")
     out = tmp_path / "x.jsonl"
     assert cli(["audit", "export", "--db", str(db), "--jsonl", "--out", str(out)]) == 1
     err = capsys.readouterr().err
@@ -486,7 +478,7 @@ def test_a_body_that_is_not_json_is_a_sentence_naming_the_record_and_no_partial_
 
 
 async def test_rows_and_console_sign_ins_read_past_a_body_that_is_not_json(db: Path) -> None:
-    _sql(
+    sqlite_exec(
         db,
         "UPDATE audit SET body = 'x' WHERE seq = 3",
         "UPDATE audit SET kind = 'console', outcome = 'ok', ts = 1e12 WHERE seq = 3",

@@ -17,6 +17,7 @@ from gateway.cli import main as cli
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditIntegrityError, AuditLog, AuditRecord
 from gateway.store.audit_seal import AuditKeyError, HeadKey
+from tests.support import sqlite_exec
 
 
 async def _fill(path: Path, n: int, prefix: str = "req") -> None:
@@ -30,16 +31,6 @@ async def _fill(path: Path, n: int, prefix: str = "req") -> None:
             )
     finally:
         await log.close()
-
-
-def _sql(path: Path, *stmts: str) -> None:
-    con = sqlite3.connect(path)
-    try:
-        for s in stmts:
-            con.execute(s)
-        con.commit()
-    finally:
-        con.close()
 
 
 @pytest.fixture
@@ -123,14 +114,14 @@ def test_tampering_without_the_key_fails_verify_with_a_sentence(
 ) -> None:
     stmts, words = TAMPERING[case]
     assert auditlib.verify(db).ok
-    _sql(db, *stmts)
+    sqlite_exec(db, *stmts)
     problem = _fails_with_a_sentence(db, capsys)
     assert words in problem, problem
 
 
 @pytest.mark.parametrize("case", ["delete the last rows and the head", "delete every record", "garbled head"])
 def test_the_writer_never_extends_a_tampered_chain(db: Path, case: str) -> None:
-    _sql(db, *TAMPERING[case][0])
+    sqlite_exec(db, *TAMPERING[case][0])
 
     async def reopen() -> None:
         log = AuditLog(db)
@@ -148,9 +139,9 @@ async def test_a_running_writer_never_reseals_a_cut_chain(tmp_path: Path) -> Non
     await log.open()
     try:
         await log.append(*[AuditRecord(f"r{i}", "decision", outcome="allow") for i in range(10)])
-        _sql(path, "DELETE FROM audit WHERE seq >= 8")  # another hand cuts the end while the gateway runs
+        sqlite_exec(path, "DELETE FROM audit WHERE seq >= 8")  # another hand cuts the end while the gateway runs
         await log.append(AuditRecord("after", "decision", outcome="allow"))  # continues from the head: 11
-        _sql(path, "DELETE FROM audit_meta WHERE key = 'head'")  # no authenticated head: nowhere to continue
+        sqlite_exec(path, "DELETE FROM audit_meta WHERE key = 'head'")  # no authenticated head: nowhere to continue
         with pytest.raises(AuditIntegrityError, match=r"head .* is missing"):
             await log.append(AuditRecord("lost", "decision", outcome="allow"))
     finally:
@@ -171,7 +162,7 @@ def test_a_checkpoint_catches_records_removed_after_it(
     assert doc["hash"] == auditlib.search(db, auditlib.Query(newest_first=True, limit=1))[0]["hash"]
     assert cli(["audit", "verify", "--db", str(db), "--checkpoint", str(cp)]) == 0
     assert "checkpoint's record 60 is present and unchanged" in capsys.readouterr().out
-    _sql(db, "DELETE FROM audit WHERE seq >= 59")
+    sqlite_exec(db, "DELETE FROM audit WHERE seq >= 59")
     problem = _fails_with_a_sentence(db, capsys, "--checkpoint", str(cp))
     assert "missing" in problem
 
@@ -246,7 +237,7 @@ def test_unreadable_inputs_are_sentences(tmp_path: Path, capsys: pytest.CaptureF
     arch = tmp_path / "a.jsonl"
     arch.write_text("garbage\n")
     assert "never archived" in (auditlib.verify(db, [arch]).problem or "")
-    _sql(db, "INSERT INTO audit_meta VALUES ('anchor', 'x')")
+    sqlite_exec(db, "INSERT INTO audit_meta VALUES ('anchor', 'x')")
     assert "garbled" in (auditlib.verify(db).problem or "")
 
 
@@ -319,7 +310,7 @@ async def test_an_older_database_is_sealed_once_after_its_chain_verifies(
 def test_an_older_database_with_a_broken_chain_is_not_sealed(tmp_path: Path, tamper: str, words: str) -> None:
     db = tmp_path / "old.db"
     _legacy_db(db, 12)
-    _sql(db, tamper)
+    sqlite_exec(db, tamper)
     with pytest.raises(AuditIntegrityError, match=words):
         asyncio.run(_fill(db, 1))
     con = sqlite3.connect(db)
@@ -329,7 +320,7 @@ def test_an_older_database_with_a_broken_chain_is_not_sealed(tmp_path: Path, tam
 
 def test_an_existing_key_never_seals_records_without_a_marker(db: Path) -> None:
     # dropping audit_meta must not get a cut chain re-sealed on the next start
-    _sql(db, "DROP TABLE audit_meta", "DELETE FROM audit WHERE seq >= 50")
+    sqlite_exec(db, "DROP TABLE audit_meta", "DELETE FROM audit WHERE seq >= 50")
     with pytest.raises(AuditIntegrityError, match="already exists"):
         asyncio.run(_fill(db, 1))
     assert not auditlib.verify(db).ok
@@ -394,7 +385,7 @@ def test_verify_reads_the_head_and_the_records_from_one_snapshot(db: Path, monke
 def test_an_emptied_database_is_never_resealed_under_the_existing_key(db: Path) -> None:
     """Deleting every record and audit_meta (or truncating the file) needs no key; a restart must not
     then seal the empty file as a new chain, which would make verify pass on the laundered log."""
-    _sql(db, *TAMPERING["delete everything"][0])
+    sqlite_exec(db, *TAMPERING["delete everything"][0])
     with pytest.raises(AuditIntegrityError, match="no records and no creation marker"):
         asyncio.run(_fill(db, 1))
     assert not auditlib.verify(db).ok

@@ -18,6 +18,7 @@ from gateway.store.pgsync import PgLocation
 from gateway.store.schema import upgrade_all
 from tests.config.conftest import minimal, write
 from tests.pgserver import PostgresServer
+from tests.support import sqlite_exec
 
 
 async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
@@ -52,13 +53,7 @@ class Store:
 
     def sql(self, *stmts: str) -> None:
         if isinstance(self.where, Path):
-            con = sqlite3.connect(self.where)
-            try:
-                for s in stmts:
-                    con.execute(s)
-                con.commit()
-            finally:
-                con.close()
+            sqlite_exec(self.where, *stmts)
             return
 
         async def run() -> None:
