@@ -37,7 +37,7 @@ from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
 from gateway.store.handoffs import MIGRATIONS as HANDOFF_MIGRATIONS
 from gateway.store.handoffs import SharedStates
-from gateway.store.holds import build_holds
+from gateway.store.holds import MemoryHolds, build_holds
 from gateway.store.migrations import check
 from gateway.store.pgsync import audit_location
 from gateway.store.reconcile import Reconciler
@@ -309,6 +309,8 @@ def create_app(
             built.outcomes.start()
             # what earlier runs left open (killed, cut off): settled from Proxmox's answers, in the background
             reconciler = Reconciler(config, built.catalog, built.outcomes, built.clients)
+            if isinstance(built.holds, MemoryHolds):  # this process's holds: what earlier runs held, again
+                await reconciler.restore_holds(built.holds, started_at)
             tasks.append(reconciler.start(started_at))
             if built.health is not None:  # its task, last pass and open calls: /readyz, /admin/health, /metrics
                 built.health.reconciler = reconciler

@@ -18,10 +18,11 @@ an earlier call's hold or that call's guest: of two calls that fit one at a time
 together, the later one is refused (an earlier call later denied may cost a later one a refusal
 it would not have had: the error is on the safe side).
 
-On SQLite the holds are this process's (one gateway process owns the file; a restart forgets
-them); on PostgreSQL they are rows every replica counts, taken under an advisory lock on the
-pool, on the database's clock. A process that dies holding one (a crash, SIGKILL) leaves it to
-lapse.
+On SQLite the holds are this process's (one gateway process owns the file); at start it takes
+again those of the calls its audit shows still open (Reconciler.restore_holds). On PostgreSQL
+they are rows every replica counts, taken under an advisory lock on the pool, on the database's
+clock. A replica that dies holding one (a crash, SIGKILL) leaves it to lapse, or to the
+reconciliation that settles its calls.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ from urllib.parse import quote
 from gateway.core.config import Config, ConfigError
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditRecord
+from gateway.store.holds import AMOUNTS, PoolHolds
 from gateway.store.outcomes import AuditUnavailable, Outcomes
 from gateway.store.pgsync import PgLocation
 from gateway.tools.catalog import Catalog
@@ -75,6 +76,9 @@ from gateway.tools.runtimes.base import ToolError
 from gateway.tools.runtimes.pve_api import PveApiClient, upid_node
 
 log = logging.getLogger("pvegate.reconcile")
+
+# (cluster, pool, amounts): a call's hold on its pool, as its decision record shows it
+PoolHold = tuple[str, str, dict[str, int]]
 
 LOOKBACK_SECONDS = 7 * 86400  # Proxmox keeps its task history about this long by default
 TASK_LIST_LIMIT = 500
@@ -126,6 +130,7 @@ class OpenCall:
     owner: str | None = None  # the replica that decided it (PostgreSQL); None: written on SQLite
     unreadable: int | None = None  # seq of a record whose body is not JSON (edited outside the gateway)
     seq: int = 0  # its decision record
+    hold: PoolHold | None = None  # what it held on its pool when it was decided (an allowed allocating call)
 
 
 @dataclass
@@ -174,6 +179,7 @@ def open_calls(
                     call.dry_run = bool(body.get("dry_run"))
                 elif kind == "decision":
                     call.owner = body.get("replica")
+                    call.hold = held_by(auditlib.unpack_input(body))
                     if (body.get("obligations") or {}).get("dry_run"):
                         call.dry_run = True
                 elif kind == "dispatch":
@@ -184,6 +190,20 @@ def open_calls(
         return calls
     finally:
         con.close()
+
+
+def held_by(doc: dict[str, Any] | None) -> PoolHold | None:
+    """The pool hold a decision's policy input shows its call took (its resources carry `pool_in_flight`
+    only then: pipeline.py), as (cluster, pool, amounts); None for any other call, or an older record."""
+    res = (doc or {}).get("resources")
+    cluster = ((doc or {}).get("target") or {}).get("cluster")
+    if not isinstance(res, dict) or "pool_in_flight" not in res or not isinstance(cluster, str):
+        return None
+    pool, requested = res.get("pool"), res.get("requested")
+    if not isinstance(pool, str) or not isinstance(requested, dict):
+        return None
+    amounts = {k: v for k, v in requested.items() if k in AMOUNTS and isinstance(v, int) and not isinstance(v, bool)}
+    return cluster, pool, amounts
 
 
 def claimed_tasks(path: Path | PgLocation, since: float) -> set[str]:
@@ -255,6 +275,23 @@ class Reconciler:
         self.task = asyncio.create_task(reconcile_loop(self, before, interval), name="reconcile")
         self.task.add_done_callback(_log_end)
         return self.task
+
+    async def restore_holds(self, holds: PoolHolds, before: float) -> int:
+        """The pool holds of earlier runs' calls still open, taken again before the first call is
+        served: the SQLite holds live in the process, and a restart (a crash, a drain that cut calls
+        whose tasks still run) forgot them, so a pool would look emptier than what its running
+        creates will make it. Each is kept as a call's own (renewed while its task runs, given back
+        when reconciliation settles the call) and lapses like any other. How many were taken."""
+        calls = await asyncio.to_thread(open_calls, self.outcomes.audit.path, before - LOOKBACK_SECONDS, before)
+        taken = 0
+        for call in calls:
+            if call.hold is not None and not call.dry_run and call.effect != "read":
+                cluster, pool, amounts = call.hold
+                await holds.take(cluster, pool, amounts, call.request_id)
+                taken += 1
+        if taken:
+            log.info("reconcile: %d pool hold(s) of earlier runs' open calls taken again", taken)
+        return taken
 
     def token_user(self, cluster: str) -> str | None:
         """The user Proxmox records on the gateway's tasks: the token id, without its secret."""

@@ -215,3 +215,43 @@ async def test_a_holds_store_that_fails_refuses_that_call_alone(hgw: GatewayThre
         assert len(refusals) == 1 and refusals[0]["tool"] == "vm_create"
     finally:
         h.take, h.give_back_call = real, gone  # type: ignore[method-assign]
+
+
+async def test_a_restart_takes_the_holds_of_calls_still_open_again(hsim: Any, tmp_path: Path) -> None:
+    """SQLite keeps the holds in the process: a gateway restarted while an interrupted create still
+    runs in Proxmox takes its hold again from the call's decision record before it serves, keeps it
+    while the task runs, and gives it back when reconciliation settles the call."""
+    sim = hsim
+
+    def edit(data: dict[str, Any]) -> None:
+        for q in data["resource_quotas"]:
+            if q["name"] == "provisioners-in-sandbox":
+                q["max_pool_total"] = {"guests": 10}
+
+    env = example_env(tmp_path, sim, edit)
+    raw = yaml.safe_load(env.config_path.read_text())
+    raw["clusters"][0]["timeout"] = 1.0
+    env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env.config = load(env.config_path)
+    gw = GatewayThread(env.config).start()
+    try:  # the answer comes after the gateway gave up, and the task runs on for a while
+        sim.set_faults(answer_delay_ms=2500, answer_delay_path=r"^/nodes/pve1/qemu$", task_seconds=6)
+        try:
+            res = await call(env, provisioner(env), "vm_create", create(183))
+        finally:
+            sim.set_faults(answer_delay_ms=0, answer_delay_path=None)
+        assert res.is_error and "interrupted" in text(res), text(res)
+        assert holds(gw).held() == 1
+    finally:
+        gw.stop()  # before reconciliation settles it: the task still runs
+    rid = next(r["request_id"] for r in audit_rows(env.config.audit_path) if r["tool"] == "vm_create")
+    gw = GatewayThread(env.config).start()
+    try:
+        held = [(key, amounts, r) for key, amounts, _, r in holds(gw)._held.values()]
+        assert held == [(("default", "sandbox"), {"guests": 1, "cores": 1, "memory_mib": 256, "disk_gib": 0}, rid)]
+        await wait_for(lambda: holds(gw).held() == 0, 60, "the hold given back when the call is settled")
+        settled = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "result" and r["tool"] == "vm_create"]
+        assert [r["outcome"] for r in settled] == ["interrupted", "reconciled"], settled
+    finally:
+        gw.stop()
+        sim.set_faults(task_seconds=None)

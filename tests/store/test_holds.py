@@ -132,3 +132,19 @@ async def test_renewal_on_postgresql(postgres: PostgresServer) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+def test_a_decision_record_shows_the_hold_its_call_took_and_no_other() -> None:
+    """What a restart takes again (Reconciler.restore_holds): the hold a decision's policy input shows,
+    only when its call took one (`pool_in_flight` is there only then)."""
+    from gateway.store.reconcile import held_by
+
+    res = {"requested": one(), "pool": "sandbox", "pool_usage": one(), "pool_in_flight": one(0, 0)}
+    assert held_by({"target": {"cluster": "default"}, "resources": res}) == ("default", "sandbox", one())
+    unheld = {k: v for k, v in res.items() if k != "pool_in_flight"}  # denied, held for approval, a dry run
+    assert held_by({"target": {"cluster": "default"}, "resources": unheld}) is None
+    assert held_by({"target": {"cluster": "default"}, "resources": {**res, "pool": None}}) is None
+    assert held_by({"target": {}, "resources": res}) is None
+    assert held_by(None) is None  # an older record keeps no input
+    odd = {**res, "requested": {"guests": True, "cores": "2", "memory_mib": 512, "other": 1}}
+    assert held_by({"target": {"cluster": "default"}, "resources": odd}) == ("default", "sandbox", {"memory_mib": 512})
