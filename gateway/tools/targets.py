@@ -396,7 +396,54 @@ class TargetResolver:
         volume_param = tool.target.get("volume_of")
         if volume_param:
             target["volume_of"] = await self._volume_owner(arguments.get(volume_param), cluster)
+        prune_param = tool.target.get("prune")
+        if prune_param:
+            target["prune_removes"] = await self._prune_removes(tool, arguments, cluster, prune_param)
         return target
+
+    async def _prune_removes(
+        self, tool: Tool, arguments: dict[str, Any], cluster: str, keep_param: str
+    ) -> dict[str, Any]:
+        """The guests whose backups a prune would delete, as Proxmox's own preview marks them now
+        (GET .../prunebackups with the call's retention and guest), each as the cluster knows it
+        (node, pool, tags; `exists` false for a guest that is gone): without a guest named, a prune
+        reaches every guest's backups on the storage, a protected one's too. `known` false when the
+        preview or the guests could not be read: the policy refuses what it cannot check."""
+        out: dict[str, Any] = {"known": False, "guests": []}
+        node, storage = arguments.get(tool.target.get("node", "")), arguments.get(tool.target.get("storage", ""))
+        if not node or not storage or cluster not in self.clients:
+            return out
+        params = {"prune-backups": str(arguments.get(keep_param, ""))}
+        vmid_param = tool.target.get("vmid")
+        if vmid_param and arguments.get(vmid_param) is not None:
+            params["vmid"] = str(arguments[vmid_param])
+        try:
+            marks = await self.clients[cluster].request(
+                "GET",
+                f"/nodes/{quote(str(node), safe='')}/storage/{quote(str(storage), safe='')}/prunebackups",
+                params=params,
+            )
+            guests = (await self._index(cluster, fresh=True))["guests"]
+            removed: set[int] = set()
+            for row in marks if isinstance(marks, list) else [None]:
+                if not isinstance(row, dict):  # not the shape Proxmox answers: nothing can be checked
+                    return out
+                if row.get("mark") != "remove":
+                    continue
+                vmid = row.get("vmid") if isinstance(row.get("vmid"), int) else backup_vmid(row.get("volid"))
+                if vmid is None:  # a backup Proxmox removes without saying whose: nothing can be checked
+                    return out
+                removed.add(int(vmid))
+        except Exception:  # unknown facts: the policy refuses a prune it cannot check
+            return out
+        for vmid in sorted(removed):
+            row = guests.get(vmid)
+            guest = {"vmid": vmid, "node": None, "pool": None, "tags": [], "exists": row is not None}
+            if row is not None:
+                guest.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
+            out["guests"].append(guest)
+        out["known"] = True
+        return out
 
     async def _volume_owner(self, volume: Any, cluster: str) -> dict[str, Any]:
         """The guest a volume belongs to, as its name says (volume_owner) and the cluster knows

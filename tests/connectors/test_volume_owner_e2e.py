@@ -141,3 +141,41 @@ async def test_an_orphan_disk_is_deleted_after_approval(vgw: GatewayThread, venv
     path = CONTENT.format(node="pve1", storage="local-lvm", volume=orphan)
     assert mutations(vsim) == [("DELETE", path)], mutations(vsim)
     assert orphan not in await volumes(venv, "pve1", "local-lvm")
+
+
+async def set_tags(sim: Any, node: str, vmid: int, tags: str) -> None:
+    """Tags set in Proxmox itself (an admin in the web UI), not through the gateway."""
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(sim.ca_file))) as http:
+        r = await http.put(
+            f"{sim.api_url}/nodes/{node}/qemu/{vmid}/config",
+            data={"tags": tags},
+            headers={"Authorization": f"PVEAPIToken={sim.tokens['admin']}"},
+        )
+    assert r.status_code == 200, r.text
+
+
+async def test_a_prune_never_deletes_a_protected_guests_backups(vgw: GatewayThread, venv: DevEnv, vsim: Any) -> None:
+    """Without a guest named, a prune reaches every guest's backups on the storage: it is decided on
+    the guests whose backups Proxmox's preview marks for removal (target.prune_removes)."""
+    wide = {"node": "pve2", "storage": "local", "keep": "keep-last=1"}  # dev-scratch (103) has three backups
+    vsim.clear_logs()
+    res = await call(venv, "backup_prune", wide)
+    assert (res.meta or {}).get("pvegate/outcome") == "pending_approval", text(res)  # a destroy, as any other
+    assert mutations(vsim) == []
+    await set_tags(vsim, "pve2", 103, "dev;protected")
+    try:
+        why = await refused(venv, vsim, "backup_prune", wide, {"guardrail.protected_tag"})
+        assert 'the prune would delete backups of guest 103, which is tagged "protected"' in why, why
+        # a retention that keeps every one of its backups reaches none of them: only the approval is asked
+        res = await call(venv, "backup_prune", {**wide, "keep": "keep-last=5"})
+        assert (res.meta or {}).get("pvegate/outcome") == "pending_approval", text(res)
+        # what it would delete cannot be read: refused, not guessed
+        vsim.set_faults(error_rate=1.0, error_path=r"/prunebackups$")
+        try:
+            why = await refused(venv, vsim, "backup_prune", wide, {"guardrail.prune_unknown"})
+        finally:
+            vsim.set_faults(error_rate=0.0, error_path=None)
+        assert "could not be checked" in why
+    finally:
+        await set_tags(vsim, "pve2", 103, "dev")
+    assert len([v for v in await volumes(venv, "pve2", "local") if "-103-" in v]) == 3  # nothing was pruned

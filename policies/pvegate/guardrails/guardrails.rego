@@ -7,6 +7,8 @@
 #   - the disk of a guest that exists is not deleted as a bare storage volume
 #     (Proxmox would delete it while the guest uses it): the guest's config removes it;
 #   - a guest's volume whose owner could not be checked is not destroyed;
+#   - a prune never deletes a protected guest's backups, nor runs when what it would
+#     delete could not be checked;
 #   - destroy and exec only inside a maintenance window, unless a break-glass
 #     role grants the call, in which case it needs an approval instead;
 #   - agents never mutate node-scope (configurable) tools;
@@ -85,6 +87,33 @@ denials contains lib.reason("guardrail.volume_owner_unknown", "pvegate.guardrail
 		]),
 		[owner.volume, volume_content_text[owner.content], risk],
 	)
+}
+
+# nor are a protected guest's backups deleted by a prune: target.prune_removes lists the guests
+# whose backups the retention would delete, as Proxmox's preview marks them now (without a guest
+# named, a prune reaches every guest's backups on the storage)
+denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
+	input.tool.effect == "destroy"
+	some guest in input.target.prune_removes.guests
+	some tag in guest.tags
+	tag in config.protected_tags
+	msg := sprintf(
+		concat("", [
+			"the prune would delete backups of guest %v, which is tagged %q: a protected guest's backups are never ",
+			"pruned (prune the other guests by vmid, or remove the tag through change management first)",
+		]),
+		[guest.vmid, tag],
+	)
+}
+
+# a prune whose reach could not be checked (the preview or the guests could not be read): fail closed
+denials contains lib.reason("guardrail.prune_unknown", "pvegate.guardrails.prune_unknown", msg) if {
+	input.tool.effect == "destroy"
+	input.target.prune_removes.known == false
+	msg := concat("", [
+		"the backups this prune would delete could not be checked ",
+		"(Proxmox's prune preview or the guests could not be read); refusing: retry",
+	])
 }
 
 # destroy and exec only inside a maintenance window (break-glass: see below)

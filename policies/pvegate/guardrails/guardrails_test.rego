@@ -273,3 +273,37 @@ test_volume_rules_need_the_volume_fact if {
 	inp := fx.call_at(fx.admin, volume_delete, object.union(fx.node_target, {"storage": "local"}), fx.sat_1000)
 	count(guardrails.volume_risks) == 0 with input as inp
 }
+
+# --- backup prunes: target.prune_removes --------------------------------------
+
+backup_prune := fx.tool("backup_prune", "backup", "destroy", "storage", ["backup", "prune"])
+
+# prune_call(p, removes): a storage-wide prune of local on pve1, Saturday 10:00, approved
+prune_call(p, removes) := fx.with_approval(inp, ["alice"], ["sre-leads"]) if {
+	target := object.union(fx.node_target, {"storage": "local", "prune_removes": removes})
+	call := fx.call_at(p, backup_prune, target, fx.sat_1000)
+	inp := object.union(call, {"arguments": {"node": "pve1", "storage": "local", "keep": "keep-last=1"}})
+}
+
+pruned(vmid, exists, tags) := {"vmid": vmid, "node": "pve1", "pool": null, "tags": tags, "exists": exists}
+
+test_prune_never_deletes_a_protected_guests_backups if {
+	removes := {"known": true, "guests": [pruned(205, true, ["lab"]), pruned(102, true, ["prod", "protected"])]}
+	inp := prune_call(fx.admin, removes)
+	fx.has_reason(guardrails.deny, "the prune would delete backups of guest 102, which is tagged \"protected\"") with input as inp
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.protected_tag"}
+}
+
+test_prune_of_other_guests_and_orphans_passes if {
+	removes := {"known": true, "guests": [pruned(205, true, ["lab"]), pruned(777, false, [])]}
+	count(guardrails.deny) == 0 with input as prune_call(fx.admin, removes)
+	count(guardrails.deny) == 0 with input as prune_call(fx.admin, {"known": true, "guests": []})
+}
+
+test_prune_whose_reach_is_unknown_fails_closed if {
+	inp := prune_call(fx.admin, {"known": false, "guests": []})
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.prune_unknown"}
+	fx.has_reason(guardrails.deny, "could not be checked") with input as inp
+}
