@@ -438,7 +438,7 @@ class TargetResolver:
             return out
         for vmid in sorted(removed):
             row = guests.get(vmid)
-            guest = {"vmid": vmid, "node": None, "pool": None, "tags": [], "exists": row is not None}
+            guest: dict[str, Any] = {"vmid": vmid, "node": None, "pool": None, "tags": [], "exists": row is not None}
             if row is not None:
                 guest.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
             out["guests"].append(guest)
