@@ -37,6 +37,7 @@ async def ok(env: DevEnv, name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 ENV_SECRET, LXC_SECRET = "SimLeakEnv-9f8e7d", "SimLeakLxc-1a2b3c"
+ARGS_SECRET = "SimLeakArgs-5c6d7e"
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,11 @@ def online_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                             "server": "10.10.0.70", "total_gb": 500, "used_gb": 100, "enabled": False})  # fmt: skip
     for g in raw["guests"]:
         if g["vmid"] == 103:
-            g["config"] = {"net1": "e1000=BC:24:11:00:01:03,bridge=vmbr1,tag=20,firewall=0"}
+            g["config"] = {
+                "net1": "e1000=BC:24:11:00:01:03,bridge=vmbr1,tag=20,firewall=0",
+                # raw QEMU arguments: a secret object, a SPICE password, ignition data passed with fw_cfg
+                "args": f"-object secret,id=s0,data={ARGS_SECRET}",
+            }
         if g["vmid"] == 101:  # cloud-init asks for DHCP: only the guest agent knows the address
             g["config"] = {"ipconfig0": "ip=dhcp"}
         if g["vmid"] == 200:  # a container's environment: PVE 9 `env` (NUL-separated), raw `lxc.environment`
@@ -196,6 +201,17 @@ async def test_a_containers_environment_never_leaves(online: tuple[DevEnv, Any])
         assert not res.is_error, text(res)
         shown = json.dumps(res.structured_content) + text(res)
         assert ENV_SECRET not in shown and LXC_SECRET not in shown, (tool, shown)
+
+
+async def test_a_vms_raw_qemu_arguments_never_leave(online: tuple[DevEnv, Any]) -> None:
+    """`args` passes anything to kvm, secrets included (`-object secret,data=`, `-spice password=`,
+    `-fw_cfg string=`): never shown, as a container's raw `lxc` lines are not."""
+    env, _ = online
+    for tool in ("get_guest_config", "get_guest_stored_config", "get_guest_pending"):
+        res = await call(env, tool, {"vmid": 103})
+        assert not res.is_error, text(res)
+        shown = json.dumps(res.structured_content) + text(res)
+        assert ARGS_SECRET not in shown and "-object secret" not in shown, (tool, shown)
 
 
 async def test_guest_config_adds_what_the_guest_agent_knows(online: tuple[DevEnv, Any]) -> None:
