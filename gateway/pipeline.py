@@ -9,7 +9,9 @@ calls in flight count: store/holds.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +20,14 @@ from gateway.components import Components
 from gateway.core.calls import CallRequest, CallResult
 from gateway.core.canonical import digest_json
 from gateway.policy.decisions import CONTRACT_VERSION, Decision
-from gateway.store.audit import CALL_SECRETS, AuditRecord, audit_arguments, redacted_paths, secret_values
+from gateway.store.audit import (
+    CALL_SECRETS,
+    AuditRecord,
+    Scrubber,
+    audit_arguments,
+    redacted_paths,
+    secret_values,
+)
 from gateway.store.holds import CallHold, HoldsUnavailable
 from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
 from gateway.tools.runtimes.base import (
@@ -80,13 +89,27 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
         try:
             result = await _call_tool(c, req, flight, hold)
             ended = True
-            return result
+            return _without_call_secrets(result)
         except STORE_ERRORS as exc:
             raise c.outcomes.unavailable(exc) from exc
         finally:  # given back once Proxmox answered or nothing was sent; else when reconciliation settles it,
             # or (cut off by an error after it was sent) when it lapses
             sent = flight.dispatched or flight.task_id is not None
             await hold.end(keep=req.request_id in c.outcomes.unsettled or (sent and not ended))
+
+
+def _without_call_secrets(result: CallResult) -> CallResult:
+    """A refusal's or failure's reply without the call's secret values: an error text quotes what
+    Proxmox (or a proxy, or a node's shell) answered, which may echo what it was sent, and the reply
+    reaches the model's context and its logs like any tool result. The audit scrubs the same values."""
+    secrets = CALL_SECRETS.get()
+    if not result.is_error or not secrets:
+        return result
+    scrub = Scrubber(secrets)
+    structured = result.structured
+    if structured is not None:
+        structured = json.loads(scrub.json_text(structured, scrub.needles()))
+    return dataclasses.replace(result, text=scrub(result.text) or "", structured=structured)
 
 
 async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: CallHold) -> CallResult:
