@@ -113,6 +113,8 @@ applies(b, target) if {
 	scope_covers(scope, target)
 	destination_covered(scope, target)
 	backup_of_covered(scope, target)
+	volume_of_covered(scope, target)
+	prune_covered(scope, target)
 }
 
 destination_covered(_, target) if not "destination" in object.keys(target)
@@ -123,6 +125,24 @@ destination_covered(scope, target) if scope_covers(scope, target.destination)
 backup_of_covered(_, target) if not "backup_of" in object.keys(target)
 
 backup_of_covered(scope, target) if scope_covers(scope, target.backup_of)
+
+# a guest's volume (target.volume_of: deleted or changed by its id) is that guest's: the scope
+# must cover the guest as it is now (gone, or not known: no node or pool, which a scoped binding
+# does not cover); a volume whose name says nobody owns it (an ISO, a template) is the storage's
+volume_of_covered(_, target) if not "volume_of" in object.keys(target)
+
+volume_of_covered(_, target) if target.volume_of.content == null
+
+volume_of_covered(scope, target) if scope_covers(scope, target.volume_of)
+
+# a prune deletes the backups of every guest in target.prune_removes: the scope must cover each
+prune_covered(_, target) if not "prune_removes" in object.keys(target)
+
+prune_covered(scope, target) if {
+	every guest in target.prune_removes.guests {
+		scope_covers(scope, object.union(guest, {"cluster": target.cluster}))
+	}
+}
 
 # --- role permissions ----------------------------------------------------------
 
@@ -250,7 +270,7 @@ denials contains lib.reason("rbac.not_granted", "pvegate.rbac.granting_bindings"
 }
 
 # target_text describes the target, and where the call puts it, for messages.
-target_text := concat("", [subject_text, destination_text, backup_of_text])
+target_text := concat("", [subject_text, destination_text, backup_of_text, volume_of_text, prune_text])
 
 default subject_text := "an unresolved target"
 
@@ -269,6 +289,21 @@ default backup_of_text := ""
 backup_of_text := sprintf(" from a backup of guest %v (pool %v)", [b.vmid, b.pool]) if {
 	b := input.target.backup_of
 }
+
+default volume_of_text := ""
+
+volume_of_text := sprintf(" (volume %v of guest %v, pool %v)", [v.volume, v.vmid, v.pool]) if {
+	v := input.target.volume_of
+	v.content != null
+}
+
+default prune_text := ""
+
+prune_text := sprintf(" (deleting backups of guests %v)", [concat(", ", pruned_vmids)]) if {
+	count(input.target.prune_removes.guests) > 0
+}
+
+pruned_vmids := [sprintf("%v", [g.vmid]) | some g in input.target.prune_removes.guests]
 
 default destination_text := ""
 

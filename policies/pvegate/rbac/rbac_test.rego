@@ -293,3 +293,53 @@ test_a_restore_must_copy_a_guest_inside_the_bindings_scope if {
 	gone := from_backup_of(new_lab_guest, 999, null) # the backed-up guest no longer exists: unknown pool
 	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, restore_tool, gone) with data.data as restore_org
 }
+
+# --- a guest's volume, and the backups a prune deletes, are that guest's -----------
+
+storage_org := {
+	"roles": {"storage-keeper": {"allow": [{"tools": ["storage_volume_delete", "backup_prune"]}]}},
+	"bindings": [{"name": "pve1-only", "role": "storage-keeper", "subjects": ["mallory"], "scope": {"nodes": ["pve1"]}}],
+}
+
+volume_delete_tool := fx.tool("storage_volume_delete", "storage", "destroy", "storage", ["content"])
+
+prune_tool := fx.tool("backup_prune", "backup", "destroy", "storage", ["backup", "prune"])
+
+# on_volume(volume, content, vmid, node, pool): pve1's storage, a volume the guest on `node` owns
+on_volume(volume, content, vmid, node, pool) := object.union(fx.node_target, {"storage": "local", "volume_of": {
+	"cluster": "default", "volume": volume, "content": content, "vmid": vmid,
+	"node": node, "pool": pool, "tags": [], "exists": node != null,
+}})
+
+test_a_volume_is_its_guests_the_scope_must_cover_it if {
+	mine := on_volume("local:backup/vzdump-qemu-205-x.vma.zst", "backup", 205, "pve1", "lab")
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, volume_delete_tool, mine) with data.data as storage_org
+
+	theirs := on_volume("local:backup/vzdump-qemu-101-x.vma.zst", "backup", 101, "pve2", "prod")
+	reasons := rbac.deny with input as fx.call(fx.nobody, volume_delete_tool, theirs) with data.data as storage_org
+	fx.has_reason(reasons, "node pve1 (volume local:backup/vzdump-qemu-101-x.vma.zst of guest 101, pool prod)")
+
+	gone := on_volume("local:backup/vzdump-qemu-777-x.vma.zst", "backup", 777, null, null) # where it was: unknown
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, volume_delete_tool, gone) with data.data as storage_org
+
+	iso := on_volume("local:iso/debian.iso", null, null, null, null) # nobody's: the storage's
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, volume_delete_tool, iso) with data.data as storage_org
+}
+
+# pruning(guests): a prune on pve1's storage that deletes backups of these guests
+pruning(guests) := object.union(fx.node_target, {"storage": "local", "prune_removes": {"known": true, "guests": guests}})
+
+removes(vmid, node) := {"vmid": vmid, "node": node, "pool": null, "tags": [], "exists": node != null}
+
+test_a_prune_must_delete_only_backups_of_guests_in_scope if {
+	mine := pruning([removes(205, "pve1")])
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, prune_tool, mine) with data.data as storage_org
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, prune_tool, pruning([])) with data.data as storage_org
+
+	theirs := pruning([removes(205, "pve1"), removes(101, "pve2")])
+	reasons := rbac.deny with input as fx.call(fx.nobody, prune_tool, theirs) with data.data as storage_org
+	fx.has_reason(reasons, "node pve1 (deleting backups of guests 205, 101)")
+
+	gone := pruning([removes(777, null)])
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, prune_tool, gone) with data.data as storage_org
+}
