@@ -107,9 +107,13 @@ vmid_ok(scope, target) if {
 
 # applies(b, target): the binding's scope covers the target, and where the call
 # puts a guest (target.destination: a clone, a migration), that too: a binding
-# scoped to a pool or nodes never lets a guest out of them.
+# scoped to a pool or nodes never lets a guest out of them. A binding without a
+# scope covers every target: nothing to test.
+applies(b, _) if object.get(b, "scope", {}) == {}
+
 applies(b, target) if {
 	scope := object.get(b, "scope", {})
+	scope != {}
 	scope_covers(scope, target)
 	destination_covered(scope, target)
 	backup_of_covered(scope, target)
