@@ -4,11 +4,16 @@ JSON lets a client write a lone surrogate (`"\\ud800"`); Python decodes it into 
 `str` that cannot be encoded again, so it would fail later, far from the
 client: in the audit writer, the SQLite driver, the reply encoder. Such input
 is refused where it is parsed, before anything is dispatched.
+
+Text shown to a person (the console's pages) goes through `visible`: a bidi override or
+a zero-width character in an agent's argument is shown as its escape, never obeyed.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from typing import Any
 
 
@@ -66,3 +71,31 @@ def describe(path: tuple[str | int, ...]) -> str:
         else:
             out += f"[{escaped(part)}]"
     return out or "(the document)"
+
+
+# what a reader does not see as itself, or sees reorder the text around it: controls (C0 but tab, newline and
+# carriage return; DEL; C1), format characters (bidi embeddings, overrides and isolates, LRM/RLM/ALM, the
+# zero-width ones, U+FEFF, tag characters), lone surrogates, the line/paragraph separators, and code points
+# unassigned in this Python's Unicode (a newer one may have made them format characters)
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Cn"})
+_MAYBE_HIDDEN = re.compile("[^\t\n\r\x20-\x7e]")  # the characters worth looking up
+
+
+def _visible_char(match: re.Match[str]) -> str:
+    ch = match.group()
+    if unicodedata.category(ch) not in _HIDDEN_CATEGORIES:
+        return ch
+    code = ord(ch)
+    if code > 0xFFFF:  # as JSON writes it: a UTF-16 surrogate pair
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """`text` with every character a reader would not see as itself (a bidi override, a zero-width
+    space, a C1 control, a lone surrogate) written as its \\uXXXX escape, so what is shown is what is
+    there. In JSON text (they occur only inside its strings) the escapes keep it valid JSON of the same value."""
+    if text.isprintable():  # none of them is printable: the common case costs one scan in C
+        return text
+    return _MAYBE_HIDDEN.sub(_visible_char, text)

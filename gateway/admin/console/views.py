@@ -37,7 +37,7 @@ from gateway.components import Components
 from gateway.core.calls import CallRequest
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
-from gateway.core.text import describe, unencodable_path
+from gateway.core.text import describe, encodable, unencodable_path, visible
 from gateway.observability import metrics as metricslib
 from gateway.pipeline import policy_input
 from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
@@ -79,31 +79,59 @@ EXPORT_LIMIT = 50_000
 VERIFY_TTL = 60.0
 SQLITE_MAX_INT = 2**63 - 1  # an audit seq past it is no record (SQLite would raise OverflowError)
 
+
+def _shown(value: Any) -> Any:
+    """Every value a page writes (`finalize`): text with the characters a reader would not see as
+    themselves (bidi overrides, zero-width ones, C1 controls; an agent's arguments, reasons, names
+    may hold them) as their \\uXXXX escapes, so the approver reads what is there."""
+    return visible(value) if isinstance(value, str) else value
+
+
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("gateway.admin.console", "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
+    finalize=_shown,
 )
+# a time that is no time (a damaged audit record's ts: text, NaN, out of range) is shown as "?", never a 500
+_NO_TIME = (TypeError, ValueError, OverflowError, OSError)
+
+
+def _stamp(ts: Any, fmt: str, none: str) -> str:
+    if not ts:
+        return none
+    try:
+        return datetime.fromtimestamp(float(ts), tz=UTC).strftime(fmt)
+    except _NO_TIME:
+        return "?"
 
 
 def _when(ts: Any) -> str:
-    return datetime.fromtimestamp(float(ts), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if ts else "-"
+    return _stamp(ts, "%Y-%m-%d %H:%M:%S UTC", "-")
 
 
 def _ago(ts: Any) -> str:
     if not ts:
         return "-"
-    s = int(time.time() - float(ts))
+    try:
+        s = int(time.time() - float(ts))
+    except _NO_TIME:
+        return "?"
     sign, s = ("in ", -s) if s < 0 else ("", s)
     text = f"{s}s" if s < 90 else f"{s // 60}m" if s < 5400 else f"{s // 3600}h {s % 3600 // 60}m"
     return f"{sign}{text}" if sign else f"{text} ago"
 
 
+def _pretty(value: Any) -> str:
+    # ensure_ascii=False keeps names readable; the hidden characters (only ever inside strings) are escaped
+    return visible(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+
+
 _env.filters["when"] = _when
-_env.filters["day"] = lambda ts: datetime.fromtimestamp(float(ts), tz=UTC).strftime("%Y-%m-%d") if ts else ""
-_env.filters["clock"] = lambda ts: datetime.fromtimestamp(float(ts), tz=UTC).strftime("%H:%M:%S") if ts else "-"
+_env.filters["day"] = lambda ts: _stamp(ts, "%Y-%m-%d", "")
+_env.filters["clock"] = lambda ts: _stamp(ts, "%H:%M:%S", "-")
 _env.filters["ago"] = _ago
-_env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+_env.filters["pretty"] = _pretty
 
 
 class Console:
@@ -712,7 +740,7 @@ async def audit_page(request: Request) -> Response:
         q, filters = _audit_query(request, PAGE_SIZE)
     except ValueError as exc:
         return render(request, "message.html", 400, title="Audit", message=str(exc))
-    rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
+    rows = [_listed(r) for r in await asyncio.to_thread(auditlib.search, c.audit.path, q)]
     rows.reverse()  # newest first on screen
     verify = await _chain_status(request, fresh=request.query_params.get("verify") == "1")
     try:
@@ -745,20 +773,52 @@ async def audit_record(request: Request) -> Response:
     rows = await asyncio.to_thread(_row_by_seq, c, seq)
     if rows is None:
         return render(request, "message.html", 404, title="Audit", message=f"No audit record {seq}.")
-    related = await asyncio.to_thread(
-        auditlib.search, c.audit.path, auditlib.Query(request_id=rows["request_id"], limit=200)
-    )
-    body: Any = auditlib.body_or_empty(rows["body"]) if rows["body"] else None
-    if isinstance(body, dict):
-        body.pop(auditlib.INPUT_FIELD, None)  # the packed replay input: shown decoded below instead
+    rid = rows["request_id"]
+    related: list[dict[str, Any]] = []
+    if isinstance(rid, str) and encodable(rid):  # a damaged record's request id may be no text to look for
+        related = await asyncio.to_thread(auditlib.search, c.audit.path, auditlib.Query(request_id=rid, limit=200))
+    damaged = _damage(rows)
+    body: Any = None
+    if damaged is None:
+        body = auditlib.body_or_empty(rows["body"]) if rows["body"] else None
+        if isinstance(body, dict):
+            body.pop(auditlib.INPUT_FIELD, None)  # the packed replay input: shown decoded below instead
     return render(
         request,
         "audit_record.html",
         title=f"Audit record {seq}",
-        row=rows,
+        row=_listed(rows),
         body=body,
-        related=related,
+        damaged=damaged,
+        related=[_listed(r) for r in related],
     )
+
+
+def _damage(row: dict[str, Any]) -> str | None:
+    """Why a stored record cannot be read as a record (the sentence the export and the admin API give),
+    or None: the pages show it, and the record as stored, instead of failing."""
+    try:
+        auditlib.parse_body(row)
+    except auditlib.AuditDataError as exc:
+        return str(exc)
+    return None
+
+
+_AUDIT_TEXT = ("request_id", "kind", "principal", "tool", "target", "outcome", "body", "prev_hash", "hash")
+
+
+def _listed(row: dict[str, Any]) -> dict[str, Any]:
+    """A record as a page shows it: a damaged one (`_damage`, in `damaged`) with every text column as
+    text (a BLOB or a number written below the gateway as its repr), so the page renders it."""
+    damaged = _damage(row)
+    if damaged is None:
+        return {**row, "damaged": None}
+    shown = {**row, "damaged": damaged}
+    for col in _AUDIT_TEXT:
+        value = row.get(col)
+        if not isinstance(value, str) and (value is not None or col in ("request_id", "kind", "body")):
+            shown[col] = repr(value)
+    return shown
 
 
 def _row_by_seq(c: Components, seq: int) -> dict[str, Any] | None:
@@ -784,7 +844,7 @@ async def audit_export(request: Request) -> Response:
     q.newest_first = False
     rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
     await record(request, "audit_export", session.sub, "ok", {"filters": filters, "rows": len(rows)})
-    lines = "".join(auditlib.export_line(r) + "\n" for r in rows)
+    lines = "".join(_export_line(r) + "\n" for r in rows)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return StreamingResponse(
         iter([lines]),
@@ -794,6 +854,16 @@ async def audit_export(request: Request) -> Response:
             "Content-Disposition": f'attachment; filename="pvegate-audit-{stamp}.jsonl"',
         },
     )
+
+
+def _export_line(row: dict[str, Any]) -> str:
+    """The record's export line; a damaged one's says so, as the admin API's record does (the
+    auditor sees it, and the export goes on)."""
+    try:
+        return auditlib.export_line(row)
+    except auditlib.AuditDataError as exc:
+        doc = {"seq": row.get("seq"), "request_id": row.get("request_id"), "error": str(exc)}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 # --- policy and health --------------------------------------------------------------------
@@ -808,6 +878,8 @@ async def _decision_rates(c: Components, minutes: int = 15) -> dict[str, Any]:
     buckets: dict[str, Counter[str]] = {}
     totals: Counter[str] = Counter()
     for row in rows:
+        if auditlib.damage(row) is not None:  # a time that is no time: the audit page shows the record
+            continue
         minute = time.strftime("%H:%M", time.gmtime(row["ts"]))
         body = auditlib.body_or_empty(row["body"])
         outcome = "failed_closed" if body.get("failed_closed") else str(row["outcome"])
