@@ -222,13 +222,18 @@ def _check_allocates(tool: Tool, where: str, props: set[str]) -> None:
         return
     if tool.effect == "read":
         raise CatalogError(f"{where}: a read tool allocates nothing")
-    named = [a.get("copy_of"), a.get("pool"), a.get("resize_of"), a.get("copy_of_backup")]
+    named = [a.get("copy_of"), a.get("pool"), a.get("resize_of"), a.get("copy_of_backup"), a.get("members_of")]
     named += [q.get("param") for q in _quantities(a) if isinstance(q, dict)]
     for p in named:
         if p is not None and p not in props:
             raise CatalogError(f"{where}: allocates names undeclared parameter {p}")
     schemas = tool.parameters["properties"]
     required = set(tool.parameters.get("required", []))
+    if "members_of" in a:
+        # guests put into a pool: the gateway sizes them from their configs, nothing else is counted
+        if set(a) != {"members_of", "pool"}:
+            raise CatalogError(f"{where}: allocates.members_of takes only pool beside it (the pool they are put in)")
+        return
     if "copy_of_backup" in a:
         # a restore: the gateway counts the size the backup records (read on the target's node),
         # a new guest's (guests, pool) or, with resize_of, the one it replaces in place; nothing

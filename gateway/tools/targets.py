@@ -614,6 +614,12 @@ class TargetResolver:
                 requested.update(await self._backup_size(tool, arguments, cluster, target))
             except Exception:  # the backup's size is unknown: the policy refuses (final null)
                 facts["final"] = None
+        elif "members_of" in a:  # guests put into a pool: what they hold is the pool's now
+            try:
+                joining = arguments.get(a["members_of"])
+                requested, facts["final"] = await self._members_size(joining, pool, cluster, configs)
+            except Exception:  # a guest that cannot be seen or sized: the policy refuses (final null)
+                facts["final"] = None
         elif "copy_of" in a:  # a clone asks for what its source has, every disk included
             try:
                 requested.update(await self._clone_size(arguments[a["copy_of"]], cluster, target, configs))
@@ -646,6 +652,35 @@ class TargetResolver:
             "memory_mib": sum(m for _, m, _ in sizes),
             "disk_gib": -(-sum(d for _, _, d in sizes) // GiB),
         }
+
+    async def _members_size(
+        self, vmids: Any, pool: Any, cluster: str, configs: _Configs
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """(what the pool gains, the largest guest joining it) for guests put into `pool`: each
+        sized from its config as the pool's usage counts it; a guest already in the pool adds
+        nothing. Raises when a guest named cannot be seen or sized (Proxmox refuses an unknown
+        id too): what cannot be counted is refused."""
+        ids = list(dict.fromkeys(int(v) for v in str(vmids or "").split(",") if v.strip()))
+        rows = []
+        if ids:
+            index = await self._index(cluster, fresh=True)
+            for vmid in ids:
+                row = index["guests"].get(vmid)
+                if row is None:
+                    raise LookupError(f"guest {vmid} is not visible")
+                if row.get("pool") != pool:
+                    rows.append(row)
+        sizes = await configs.sizes(rows, index["nodes"]) if rows else []
+        cores, memory, disk = [c for c, _, _ in sizes], [m for _, m, _ in sizes], [d for _, _, d in sizes]
+        requested = {
+            "guests": len(rows),
+            "cores": sum(cores),
+            "memory_mib": sum(memory),
+            "disk_gib": -(-sum(disk) // GiB),
+        }
+        largest = {"cores": max(cores, default=0), "memory_mib": max(memory, default=0)}
+        largest["disk_gib"] = -(-max(disk, default=0) // GiB)
+        return requested, largest
 
     async def _clone_size(self, vmid: Any, cluster: str, target: dict[str, Any], configs: _Configs) -> dict[str, int]:
         """The size of a clone's source, from its config, counted as a create counts it: every

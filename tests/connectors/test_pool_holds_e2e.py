@@ -255,3 +255,39 @@ async def test_a_restart_takes_the_holds_of_calls_still_open_again(hsim: Any, tm
     finally:
         gw.stop()
         sim.set_faults(task_seconds=None)
+
+
+async def test_guests_put_into_a_pool_count_against_its_quota(hsim: Any, tmp_path: Path) -> None:
+    """pool_members_add makes a pool hold what its guests hold: a pool's total is capped for it as
+    for a create (allocates.members_of), a guest already in the pool adds nothing."""
+    sim = hsim
+
+    def edit(data: dict[str, Any]) -> None:
+        data["resource_quotas"].append({"name": "sandbox-cap", "pools": ["sandbox"], "max_pool_total": {"guests": 1}})
+
+    env = example_env(tmp_path, sim, edit)
+    gw = GatewayThread(env.config).start()
+    try:
+        await empty_sandbox(env, sim)
+        sim.clear_logs()
+        res = await answered(env, "pool_members_add", {"poolid": "sandbox", "vmids": "102,103", "allow_move": True})
+        assert res.is_error and "quota.resource_pool_total" in res.structured_content["codes"], text(res)
+        assert "pool sandbox holds 0 guests and the call adds 2" in text(res), text(res)
+        assert mutations(sim) == []
+        res = await answered(env, "pool_members_add", {"poolid": "sandbox", "vmids": "102", "allow_move": True})
+        assert not res.is_error, text(res)
+        assert sim.state()["guests"]["102"]["pool"] == "sandbox"
+        rows = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "decision"]
+        facts = auditlib.unpack_input(json.loads(rows[-1]["body"]))["resources"]
+        assert facts["requested"] == {"guests": 1, "cores": 4, "memory_mib": 8192, "disk_gib": 80}, facts
+        # already in it: adds nothing, so the full pool takes it
+        res = await answered(env, "pool_members_add", {"poolid": "sandbox", "vmids": "102"})
+        assert not res.is_error, text(res)
+        # a guest the gateway cannot see cannot be counted: refused, not guessed
+        res = await answered(env, "pool_members_add", {"poolid": "sandbox", "vmids": "999", "allow_move": True})
+        assert res.is_error and "quota.resource_facts_missing" in res.structured_content["codes"], text(res)
+        assert holds(gw).held() == 0
+    finally:
+        await empty_sandbox(env, sim)
+        res = await answered(env, "pool_members_add", {"poolid": "lab", "vmids": "102", "allow_move": True})
+        gw.stop()
