@@ -61,6 +61,8 @@ class Components:
         self.outcomes.on_reconciled = self.metrics.reconciled  # pvegate_calls_reconciled_total{result}
         self.outcomes.on_settled = self.holds.give_back_call  # what it made is listed by now (or nothing was)
         self.outcomes.on_running = self.holds.renew_call  # still being made: held while it is
+        if self.health is not None:  # readiness is red while calls are refused for the audit store
+            self.health.outcomes = self.outcomes
         self.auth_failures = AuthFailures(self.audit, per_source=self.config.audit_auth_failure_rows_per_minute)
         self.principal_limits = PrincipalLimits(
             max_inflight=self.config.max_inflight_per_principal,

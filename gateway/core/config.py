@@ -205,11 +205,16 @@ class HealthConfig:
     audit_probe_interval: float = 5.0  # a probe commit when nothing committed for this long
     audit_probe_timeout: float = 5.0
     cluster_probe_interval: float = 15.0  # 0: no cluster probes
+    # seconds OPA may take to answer a query: opa.timeout_ms, set at load (not a `health:` setting)
+    opa_timeout: float = 0.5
 
     @property
     def opa_max_age(self) -> float:
-        """A decision older than this means the prober stalled: unready."""
-        return 3 * self.opa_probe_interval + 1
+        """A decision older than this means the prober stalled: unready. Three probe intervals and a
+        second, plus a probe round's worst case on an OPA that answers slowly but in time: a round asks
+        OPA up to three times (the decision, that decision's data check on a new revision, the probe's
+        own data check), each just inside opa.timeout_ms; it is never taken for a stalled prober."""
+        return 3 * self.opa_probe_interval + 1 + 3 * self.opa_timeout
 
     @property
     def audit_max_age(self) -> float:
@@ -417,11 +422,12 @@ def _kind(raw: dict[str, Any]) -> KindConfig:
     )
 
 
-def _health(raw: dict[str, Any] | None) -> HealthConfig:
+def _health(raw: dict[str, Any] | None, opa_timeout_ms: int) -> HealthConfig:
     """Types and ranges are the schema's (schemas/config.schema.json)."""
     raw = raw or {}
     return HealthConfig(
-        **{k: float(v) for k, v in raw.items()}  # type: ignore[arg-type]
+        opa_timeout=opa_timeout_ms / 1000,
+        **{k: float(v) for k, v in raw.items()},  # type: ignore[arg-type]
     )
 
 
@@ -557,7 +563,7 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
                 if (raw.get("metrics") or {}).get("token")
                 else None
             ),
-            health=_health(raw.get("health")),
+            health=_health(raw.get("health"), int(opa_raw.get("timeout_ms", 500))),
             log_format=str(raw.get("log_format", "text")),
             allowed_origins=tuple(raw.get("allowed_origins", [])),
             allowed_hosts=tuple(raw.get("allowed_hosts", [])),

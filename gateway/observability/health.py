@@ -13,7 +13,10 @@ a load balancer may send agents here:
   files the managed OPA loaded at its last (re)start (`files:<12 hex>`).
 - audit: the audit store takes writes: no failed commit since the last good one, a
   commit (real, or a probe that writes outside the hash chain) recently, and free
-  space on its file system above a floor.
+  space on its file system above a floor. The probe fails as a commit of records would
+  (a row past the authenticated head too), and calls refused for the store now
+  (Outcomes.store_problem: records kept in the outbox, a write failed moments ago) make
+  it red as well: never ready while every call is refused.
 - draining: the gateway is not shutting down.
 - reconcile: the reconciler's background task (gateway/store/reconcile.py) still runs. Calls
   it leaves open (a Proxmox down, a task still running) do not make the gateway unready: they
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from gateway.policy.decisions import DecisionClient
     from gateway.policy.opa_sidecar import OPASidecar
     from gateway.store.audit import AuditLog
+    from gateway.store.outcomes import Outcomes
     from gateway.store.reconcile import Reconciler
     from gateway.tools.runtimes.pve_api import PveApiClient
 
@@ -148,6 +152,9 @@ class HealthMonitor:
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
     # the outcome reconciler, attached once its task runs (app.py); None: no `reconcile` check
     reconciler: Reconciler | None = None
+    # what refuses calls for the audit store (Outcomes.store_problem), attached with the components
+    # (components.py): the audit check is red while it refuses them
+    outcomes: Outcomes | None = None
     # OPA probe
     opa_ok_at: float | None = None  # monotonic time of the last decision inside the contract
     opa_error: str | None = "not probed yet"
@@ -377,10 +384,13 @@ class HealthMonitor:
             policy["bundle_error"] = st.bundle_error
             policy["bundles"] = [b.as_dict() for _, b in sorted(st.bundles.items())]
         commit_age = _age(self.audit.last_commit_at, now)
+        refused = None if self.outcomes is None else self.outcomes.store_problem(check_space=False)
         if self.audit.last_error:
             audit_detail: str | None = f"audit store refuses writes ({self.audit.last_error})"
         elif self.audit_probe_error:
             audit_detail = self.audit_probe_error
+        elif refused is not None:
+            audit_detail = f"calls are refused: {refused}"
         elif self.audit_stat_error:
             audit_detail = self.audit_stat_error
         elif commit_age is None or commit_age > cfg.audit_max_age:

@@ -400,12 +400,23 @@ def _seq_taken(head: int, seq: int) -> AuditIntegrityError:
     )
 
 
-# PostgreSQL: all rows of a group commit in one statement (one array per column)
+# PostgreSQL: all rows of a group commit in one statement (one array per column), continuing from the head
+# record $12; it inserts none while a row exists past that head (added by another hand: _pg_past_head names it)
 _PG_INSERT = (
     "INSERT INTO audit (seq, ts, request_id, kind, principal, tool, target, outcome, body, prev_hash, hash) "
     "SELECT * FROM unnest($1::bigint[], $2::float8[], $3::text[], $4::text[], $5::text[], $6::text[], "
-    "$7::text[], $8::text[], $9::text[], $10::text[], $11::text[])"
+    "$7::text[], $8::text[], $9::text[], $10::text[], $11::text[]) "
+    "WHERE NOT EXISTS (SELECT 1 FROM audit WHERE seq > $12::bigint)"
 )
+
+
+async def _pg_past_head(conn: Any, head: int) -> None:
+    """Raise the integrity error of a row past the authenticated head (record `head`), if there is one."""
+    past = await conn.fetchval("SELECT min(seq) FROM audit WHERE seq > $1::bigint", head)
+    if past is not None:
+        raise _seq_taken(head, int(past))
+
+
 ACQUIRE_TIMEOUT = 10.0  # seconds a commit waits for a connection (PostgreSQL unreachable: refused after this)
 # seconds a commit waits for the chain's head row (lock_timeout on the audit's sessions): a replica paused or cut
 # off while it holds it costs the others a refusal after this, and PostgreSQL ends its transaction once it has
@@ -785,7 +796,9 @@ class AuditLog:
         )
 
     async def probe(self) -> None:
-        """A readiness probe: one committed write through the writer (outside the hash chain)."""
+        """A readiness probe: one committed write through the writer (outside the hash chain). It fails
+        as a commit of records would: on a row found past the authenticated head too (AuditIntegrityError),
+        so readiness never turns green on an idle gateway that refuses every call."""
         await self.append()
 
     async def _write_loop(self) -> None:
@@ -887,6 +900,11 @@ class AuditLog:
         try:
             got = con.execute("SELECT value FROM audit_meta WHERE key = 'head'").fetchone()
             seq, prev = self._continue_from(None if got is None else str(got[0]))
+            # a row past the head (added by another hand, in a gap or not) refuses the commit, a probe's too:
+            # readiness sees what every call meets (one lookup on the primary key, under the write lock)
+            got = con.execute("SELECT min(seq) FROM audit WHERE seq > ?", (seq,)).fetchone()
+            if got is not None and got[0] is not None:
+                raise _seq_taken(seq, int(got[0]))
             moved = None
             if records:
                 rows, head = self._chain(records, seq, prev)
@@ -964,12 +982,18 @@ class AuditLog:
             if records:
                 rows, head = self._chain(records, seq, prev)
                 try:
-                    await conn.execute(_PG_INSERT, *[list(col) for col in zip(*rows, strict=True)])
+                    # inserts nothing while a row exists past the head (no round trip more on the hot path)
+                    status = await conn.execute(_PG_INSERT, *[list(col) for col in zip(*rows, strict=True)], seq)
                 except asyncpg.UniqueViolationError as exc:  # the seq is the only key: a row added past the head
                     taken = re.search(r"\(seq\)=\((\d+)\)", str(getattr(exc, "detail", "") or ""))
                     raise _seq_taken(seq, int(taken.group(1)) if taken else seq + 1) from exc
+                if str(status).rsplit(" ", 1)[-1] != str(len(rows)):
+                    await _pg_past_head(conn, seq)
+                    raise AuditStoreError(f"PostgreSQL: the audit insert wrote {status!r}, not {len(rows)} rows")
                 await conn.execute("UPDATE audit_meta SET value = $1 WHERE key = 'head'", head)
                 moved = (head, rows[-1][0], rows[-1][-1])
+            else:  # a readiness probe: a row past the head refuses it as it refuses every commit
+                await _pg_past_head(conn, seq)
         return moved
 
     async def hold(self, replica: str | None) -> None:

@@ -11,7 +11,8 @@
   kept in an outbox and written as soon as the store takes writes again; if the
   process dies first, reconciliation (gateway/store/reconcile.py) finds the outcome.
 
-The health surface reads `draining`, `store_ok()` and `counters` from here.
+The health surface reads `store_problem(check_space=False)` from here (readiness is red while calls
+are refused for the store: gateway/observability/health.py), the metrics `counters`.
 """
 
 from __future__ import annotations
@@ -126,13 +127,14 @@ class Outcomes:
 
     # --- the store ---------------------------------------------------------------------
 
-    def store_problem(self) -> str | None:
-        """Why the audit store cannot take writes now, or None (cheap: one statvfs)."""
+    def store_problem(self, *, check_space: bool = True) -> str | None:
+        """Why the audit store cannot take writes now, or None (cheap: one statvfs). Readiness asks
+        with `check_space` False: no I/O on its path (its own probe checks the same floor off the loop)."""
         if self.outbox:
             return f"{len(self.outbox)} audit record(s) are still waiting to be written"
         if self.last_store_error and time.monotonic() - self._store_error_at < STORE_ERROR_HOLD_SECONDS:
             return f"the last audit write failed ({self.last_store_error})"
-        if self.audit.local_dir is None:  # PostgreSQL: its disk is the server's (a failed write says so)
+        if not check_space or self.audit.local_dir is None:  # PostgreSQL: its disk is the server's
             return None
         try:
             free = free_bytes(self.audit.local_dir)
@@ -156,7 +158,7 @@ class Outcomes:
             raise self.unavailable(exc) from exc
 
     def store_ok(self) -> bool:
-        """The health signal: the audit store takes writes."""
+        """The audit store takes writes: no call is refused for it now (store_problem)."""
         return self.store_problem() is None
 
     def check_store(self) -> None:
