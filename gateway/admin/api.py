@@ -54,6 +54,7 @@ from gateway.store.approvals import (
     decode_cursor,
 )
 from gateway.store.audit import AuditRecord
+from gateway.store.outcomes import RETRY_AFTER_SECONDS, STORE_ERRORS
 
 log = logging.getLogger("pvegate.admin")
 
@@ -100,18 +101,30 @@ def _is_admin_token(request: Request) -> bool:
 
 
 async def _auth_failure(request: Request, status: int, error: str, reason: str, surface: str = "admin") -> JSONResponse:
-    """The refusal; its audit row is bounded per client address (store/auth_failures.py), the rest counted."""
+    """The refusal; its audit row is bounded per client address (store/auth_failures.py), the rest counted.
+    A row that cannot be written (the audit store refuses writes) turns it into a 503 with Retry-After,
+    as on /mcp: the health signal learns of the store, and nothing is served either way."""
     ip = source_ip(request)
-    await _components(request).auth_failures.record(
-        AuditRecord(
-            uuid.uuid4().hex,
-            "auth_failure",
-            outcome=error,
-            body={"reason": reason, "surface": surface, "path": request.url.path, "source_ip": ip},
-        ),
-        source_ip=ip,
-        surface=surface,
-    )
+    c = _components(request)
+    try:
+        await c.auth_failures.record(
+            AuditRecord(
+                uuid.uuid4().hex,
+                "auth_failure",
+                outcome=error,
+                body={"reason": reason, "surface": surface, "path": request.url.path, "source_ip": ip},
+            ),
+            source_ip=ip,
+            surface=surface,
+        )
+    except STORE_ERRORS as exc:
+        c.outcomes.store_failed(exc)
+        # the store's error is logged (store_failed), not told to a caller who presented no valid credential
+        return JSONResponse(
+            {"error": "audit_unavailable", "detail": "the audit store cannot take writes: retry later"},
+            status_code=503,
+            headers={"Cache-Control": "no-store", "Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
     return _err(status, error, reason)
 
 
