@@ -53,7 +53,9 @@ def current_request_id() -> str | None:
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 
 
-_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")  # what json.dumps does not escape and splitlines breaks at
+# C0, DEL and C1 controls, the Unicode line/paragraph separators and the bidi overrides: any of
+# them in client text (a tool name, a path) could start a forged line or disguise this one
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _escape_json(ch: re.Match[str]) -> str:
@@ -84,14 +86,14 @@ class JsonFormatter(logging.Formatter):
             doc["exc"] = self.formatException(record.exc_info)  # inside the object: still one line
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
-        # json.dumps leaves \x85, U+2028 and U+2029 raw (valid JSON), but a reader splitting lines the
-        # way str.splitlines does would see a forged line start there: escaped, the value is the same
-        return _LINE_BREAKS.sub(_escape_json, json.dumps(doc, default=str, ensure_ascii=False))
+        # json.dumps escapes C0 controls only: DEL, the C1 controls (\x85, \x9b: a terminal's CSI), U+2028,
+        # U+2029 and the bidi overrides stay raw (valid JSON), yet a reader splitting lines the way
+        # str.splitlines does would see a forged line start, a terminal would run a control sequence, a
+        # viewer would reorder the line. They occur only inside strings (the rest of the JSON is ASCII):
+        # escaped there as \uXXXX, the JSON stays valid and its values the same
+        return _UNSAFE.sub(_escape_json, json.dumps(doc, default=str, ensure_ascii=False))
 
 
-# C0, DEL and C1 controls, the Unicode line/paragraph separators and the bidi overrides: any of
-# them in client text (a tool name, a path) could start a forged line or disguise this one
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 MAX_MESSAGE = 8192  # characters of one record's message in the text log, after escaping
 
@@ -113,7 +115,8 @@ class TextFormatter(logging.Formatter):
     """The classic `LEVEL logger: message`, with `[request <id>]` while a request is bound.
 
     The message is one line, whatever client text it carries (one_line): only a traceback,
-    which follows it, spans lines. The JSON formatter needs none of this: json.dumps escapes.
+    which follows it, spans lines. The JSON formatter escapes the same characters, as JSON
+    escapes (\\u001b, \\u202e) inside its strings: one line, valid JSON, the text kept.
     """
 
     def __init__(self) -> None:
