@@ -55,12 +55,25 @@ PHASES = ("authenticate", "decide", "dispatch", "audit")
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # decisions by outcome: a failed-closed denial (no usable answer from OPA) is not a policy denial
 DECISION_OUTCOMES = ("allow", "deny", "pending", "failed_closed")
-# a tools/call's outcome (pipeline.CallResult.outcome), plus the two that end it with an RPC error
-CALL_OUTCOMES = ("allowed", "denied", "pending_approval", "invalid", "failed", "unknown_tool", "error")
+# every outcome of pvegate_call_seconds (mcp/methods.py _run): a tools/call's CallResult.outcome, plus the
+# three that end it with an RPC error (unknown_tool, audit_unavailable, error)
+CALL_OUTCOMES = (
+    "allowed",
+    "denied",
+    "pending_approval",
+    "invalid",
+    "failed",
+    "interrupted",
+    "unknown_tool",
+    "audit_unavailable",
+    "error",
+)
 # why a principal's request was refused at its door (store/principal_limits.py)
 PRINCIPAL_LIMITED_REASONS = ("inflight", "refusal_budget")
 # upstream kinds by connector: composite tools say so, as their inner step is not known here
 UPSTREAM_KIND = {"pve_api": "api", "ssh": "ssh", "composite": "composite"}
+# every reason of pvegate_upstream_errors_total (upstream_reason): UpstreamError's causes, then timeout, error
+UPSTREAM_REASONS = ("unreachable", "tls", "auth", "circuit_open", "timeout", "error")
 
 
 def upstream_reason(exc: BaseException) -> str:
@@ -107,7 +120,7 @@ class Metrics:
         self.upstream_errors_total = Counter(
             "pvegate_upstream_errors_total",
             "Failed connector calls after an allow, by cluster, kind (api, ssh, composite) and reason "
-            "(unreachable, tls, auth, circuit_open, timeout, error).",
+            f"({', '.join(UPSTREAM_REASONS)}).",
             ["cluster", "kind", "reason"],
             registry=r,
         )
