@@ -236,3 +236,22 @@ def test_a_record_with_bytes_that_are_no_text_is_shown(api: Api, erin: Browser, 
     assert page.status_code == 200 and 'id="damaged"' in page.text
     bad = [line for line in _export(erin, rid) if line.get("seq") == seq]
     assert len(bad) == 1 and "error" in bad[0]
+
+
+def test_a_refused_sign_in_whose_row_cannot_be_written_is_a_503(dgw: GatewayThread, denv: DevEnv) -> None:
+    """Anyone may send a sign-in answer; its refusal is audited. With a row past the audit's head
+    (added by another hand) every write is refused: the sign-in is refused with a 503, not a 500."""
+    con = sqlite3.connect(denv.config.audit_path)
+    (top,) = con.execute("SELECT max(seq) FROM audit").fetchone()
+    con.close()
+    row = f"{top + 1}, 1.0, 'forged', 'decision', 'p', 't', NULL, 'allow', '{{}}', '00', '00'"
+    forged = f"INSERT INTO audit VALUES ({row})"
+    sqlite_exec(denv.config.audit_path, forged)
+    anonymous = Browser(denv, None)
+    try:
+        r = anonymous.get("/admin/callback?state=x&code=y")
+        assert r.status_code == 503, (r.status_code, r.text[:500])
+        assert "audit store cannot take writes" in r.text
+    finally:
+        anonymous.close()
+        sqlite_exec(denv.config.audit_path, f"DELETE FROM audit WHERE seq = {top + 1}")

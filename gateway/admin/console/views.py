@@ -333,16 +333,21 @@ async def callback(request: Request) -> Response:
         # anyone can send this, so its row is bounded per client address with the auth failures
         # (store/auth_failures.py): the rest counted and summarised; the row is what record() writes
         ip = adminapi.source_ip(request)
-        await console.c.auth_failures.record(
-            AuditRecord(
-                uuid.uuid4().hex,
-                "console",
-                outcome="refused",
-                body={"action": "sign_in", "surface": "console", "source_ip": ip, "reason": reason},
-            ),
-            source_ip=ip,
-            surface="console",
-        )
+        try:
+            await console.c.auth_failures.record(
+                AuditRecord(
+                    uuid.uuid4().hex,
+                    "console",
+                    outcome="refused",
+                    body={"action": "sign_in", "surface": "console", "source_ip": ip, "reason": reason},
+                ),
+                source_ip=ip,
+                surface="console",
+            )
+        except STORE_ERRORS as exc:  # its row cannot be written: refused all the same, as /mcp refuses (503)
+            console.c.outcomes.store_failed(exc)
+            message = "The audit store cannot take writes now; nothing can be signed in to. Retry later."
+            return render(request, "message.html", 503, title="Sign-in unavailable", message=message)
         response = render(request, "message.html", 400, title="Sign-in failed", message=reason, retry=True)
         console.sessions.clear_login(response)
         return response
