@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 OPA     := .tools/bin/opa
 STAMP   := $(VENV)/.installed
 
-.PHONY: all demo test bench lint typecheck pytest policy-check policy-ci tools venv clean bundle compose-config console-screenshots
+.PHONY: all demo demo-tools test bench lint typecheck pytest policy-check policy-ci tools venv clean bundle compose-config console-screenshots
 
 all: test
 
@@ -29,7 +29,14 @@ tools:
 	@bash scripts/provision-keycloak.sh
 	@bash scripts/provision-chromium.sh
 
-demo: venv tools
+# what the demo runs on: OPA (and Regal), the Inspector its README line uses, Keycloak with IDP=1;
+# not the test-only PostgreSQL, Chromium and docker-compose of `make tools`
+demo-tools:
+	@bash scripts/provision-tools.sh
+	@bash scripts/provision-inspector.sh
+	@$(if $(IDP),bash scripts/provision-keycloak.sh,true)
+
+demo: venv demo-tools
 	@$(BIN)/pvegate demo $(if $(ONESHOT),--oneshot,) $(if $(PORT),--port $(PORT),) $(if $(IDP),--idp,)
 
 lint: venv

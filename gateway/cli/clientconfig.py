@@ -71,7 +71,8 @@ def snippets(url: str, token: str, ca_file: str) -> list[Snippet]:
             "MCP Inspector",
             "CLI mode, one method per run",
             "sh",
-            f"{ca} npx {INSPECTOR} --cli {shlex.quote(url)} --transport http --header {auth} --method tools/list",
+            # -y: npx would otherwise stop to ask (and, without a terminal, refuse) before fetching it once
+            f"{ca} npx -y {INSPECTOR} --cli {shlex.quote(url)} --transport http --header {auth} --method tools/list",
         ),
     ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import html
 import os
 import re
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -73,6 +74,15 @@ def connection_help(env: DevEnv, token: str) -> None:
     say("  Client configuration (the formats of README.md, values filled in):")
     for line in clientconfig.console(env.url, token, str(env.ca_file)):
         say(line)
+    say("  A held call (pending_approval): approve it as an approver (alice, group sre-leads), then")
+    say('  retry the same call with the one-time token in params._meta["pvegate/approval"]')
+    say("  (the Inspector: --tool-metadata pvegate/approval=<token>):")
+    cli = Path(sys.executable).parent / "pvegate"  # the virtualenv's: `pvegate` may not be on PATH
+    mint = f"{cli} token mint --config {env.config_path}"
+    say(f"    export PVEGATE_APPROVER_TOKEN=$({mint} --sub alice --group sre-leads --kind human --ttl 600)")
+    say(f"    {cli} approvals approve <apr-id> --config {env.config_path}")
+    say("  Stop: Ctrl-C (the simulator and OPA stop with it). Demo-only: HS256 tokens signed here, a")
+    say("  simulated Proxmox with a root token; deployment.md says what production needs instead.")
     say("=" * 72)
 
 
@@ -90,6 +100,20 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def hold_demo_dir(demo_dir: Path) -> IO[str] | None:
+    """The demo directory's lock, held for the run: a second demo from the same directory (another
+    port) would remove the first one's audit log and rewrite its configuration under it. None when
+    another demo holds it."""
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(demo_dir / "demo.lock", "a+")  # held (open) for the demo's lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock
 
 
 def reset_state(demo_dir: Path) -> str | None:
@@ -313,6 +337,19 @@ def _start_idp() -> KeycloakServer:
 
 
 async def _demo(oneshot: bool, port: int, idp: bool = False) -> int:
+    lock = hold_demo_dir(DEMO_DIR)
+    if lock is None:
+        print(
+            f"pvegate: cannot start: another demo runs from {DEMO_DIR} (its audit log and configuration are"
+            " there); stop it first (Ctrl-C), or keep a second demo elsewhere with PVEGATE_DEMO_DIR=<dir>",
+            file=sys.stderr,
+        )
+        return 2
+    with lock:
+        return await _demo_locked(oneshot, port, idp)
+
+
+async def _demo_locked(oneshot: bool, port: int, idp: bool) -> int:
     if port_in_use("127.0.0.1", port):
         print(
             f"pvegate: cannot start: 127.0.0.1:{port} is in use; choose another with make demo PORT=<port>"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -62,6 +64,32 @@ def test_demo_oneshot_behaves(tmp_path: Path) -> None:
             assert line in out, f"{snippet.client}: {line!r} not printed"
         if snippet.lang == "json":
             json.loads(snippet.text)
+
+    # how to approve a held call from the shell, as printed: the approver's token it mints is a JWT
+    mint = re.search(r"export PVEGATE_APPROVER_TOKEN=\$\((.+)\)$", out, re.M)
+    assert mint, out
+    minted = subprocess.run(shlex.split(mint.group(1)), capture_output=True, text=True, timeout=60, check=False)
+    assert minted.returncode == 0 and minted.stdout.strip().count(".") == 2, minted.stdout + minted.stderr
+    assert re.search(r"/pvegate approvals approve <apr-id> --config \S+pvegate\.yaml$", out, re.M), out
+
+
+def test_a_second_demo_from_the_same_directory_says_so_and_touches_nothing(tmp_path: Path) -> None:
+    """Another port does not make another demo: the state directory (its audit log, its configuration)
+    is the running demo's, and removing it under that demo would lose its audit."""
+    demo_dir = tmp_path / "demo"
+    (demo_dir / "state").mkdir(parents=True)
+    audit = demo_dir / "state" / "audit.db"
+    audit.write_text("the running demo's records")
+    with open(demo_dir / "demo.lock", "a+") as running:  # as the first demo holds it
+        fcntl.flock(running, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = _demo(demo_dir, free_port())
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"pvegate: cannot start: another demo runs from {demo_dir} (its audit log and configuration are there);"
+        " stop it first (Ctrl-C), or keep a second demo elsewhere with PVEGATE_DEMO_DIR=<dir>"
+    ], done.stderr
+    assert audit.read_text() == "the running demo's records"
+    assert not (demo_dir / "pvegate.yaml").exists()
 
 
 def test_demo_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:

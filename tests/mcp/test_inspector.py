@@ -84,8 +84,8 @@ def test_the_readme_inspector_command_works(gateway: GatewayThread, env: DevEnv)
     snippet = next(s for s in clientconfig.snippets(env.url, env.token("demo-agent", ["operator"]), str(env.ca_file))
                    if s.client == "MCP Inspector")  # fmt: skip
     words = shlex.split(snippet.text)
-    ca, npx, package, *args = words
-    assert (npx, package) == ("npx", clientconfig.INSPECTOR)
+    ca, npx, yes, package, *args = words
+    assert (npx, yes, package) == ("npx", "-y", clientconfig.INSPECTOR)  # -y: runs without a terminal to ask
     name, _, value = ca.partition("=")
     bin_js = ROOT / ".tools/node/node_modules/@modelcontextprotocol/inspector/cli/build/cli.js"
     proc = subprocess.run(
