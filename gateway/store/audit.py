@@ -51,7 +51,14 @@ from gateway.store.audit_seal import (
     read_mark,
     write_mark,
 )
-from gateway.store.db import IDLE_IN_TRANSACTION_SECONDS, REPLICA_SETTINGS, refusal, release_committed, wal_mode
+from gateway.store.db import (
+    IDLE_IN_TRANSACTION_SECONDS,
+    REPLICA_SETTINGS,
+    create_private,
+    refusal,
+    release_committed,
+    wal_mode,
+)
 from gateway.store.pgsync import PgConnection, PgLocation
 from gateway.tools.tool import Tool
 
@@ -665,6 +672,7 @@ class AuditLog:
             raise
 
     def _connect_sqlite(self, path: Path) -> None:
+        create_private(path)  # 0600 when this start makes it (its -wal and -shm take its mode)
         con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
         try:
             con.execute("PRAGMA busy_timeout=10000")

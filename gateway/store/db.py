@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import sqlite3
 import time
@@ -238,6 +239,19 @@ async def wal_mode_async(db: aiosqlite.Connection) -> None:
         await asyncio.sleep(0.02)
 
 
+def create_private(path: Path) -> None:
+    """Create a database file only its owner may read (0600) when there is none yet: SQLite gives
+    its -wal and -shm files the database file's mode, so what the stores keep (principals, the
+    arguments of calls, decisions, approval requests) is never world-readable, whatever the umask.
+    An existing file keeps the mode its operator gave it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 class SqliteDatabase:
     """One connection to the database file; transactions are serialised on it (and across
     processes on the file by SQLite's write lock, waited for up to busy_timeout)."""
@@ -259,7 +273,7 @@ class SqliteDatabase:
             self._db.row_factory = aiosqlite.Row
             await self._db.execute("PRAGMA busy_timeout=10000")
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(create_private, self.path)
         self._db = await aiosqlite.connect(self.path, isolation_level=None)
         self._db.row_factory = aiosqlite.Row
         try:  # closed again on any failure: aiosqlite's thread, left open, keeps the process from exiting
