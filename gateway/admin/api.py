@@ -25,7 +25,6 @@ import hmac
 import html
 import json
 import logging
-import math
 import secrets
 import time
 import uuid
@@ -55,6 +54,7 @@ from gateway.store.approvals import (
 )
 from gateway.store.audit import AuditRecord
 from gateway.store.outcomes import RETRY_AFTER_SECONDS, STORE_ERRORS
+from gateway.store.principal_limits import REFUSAL_BUDGET, Limited
 
 log = logging.getLogger("pvegate.admin")
 
@@ -400,33 +400,42 @@ async def _vote(request: Request, verdict: str) -> Response:
     if isinstance(who, JSONResponse):
         return who
     # a refused vote is a full audit row: it counts against the voter's refusal budget, as a refused
-    # call does, and over it the vote is refused unwritten (an agent's token passes approver() too)
+    # call does, and over it the vote is refused unwritten (an agent's token passes approver() too); it
+    # takes one of the voter's call slots while it runs, so votes sent at once pass the budget by at most
+    # max_inflight_per_principal, as calls do
     limits = _components(request).principal_limits
-    if await limits.over_budget(who.sub, f"{verdict}_refused"):
-        wait = max(1, math.ceil(limits.throttled_for(who.sub) or 1))
-        return JSONResponse(
-            {"error": "too_many_refusals", "detail": f"too many refused requests from {who.sub}: retry in {wait} s"},
-            status_code=429,
-            headers={"Cache-Control": "no-store", "Retry-After": str(wait)},
-        )
-    body = await _json_body(request)
-    if isinstance(body, JSONResponse):
-        return body
     try:
-        out = await _approvals(request).decide(
-            request.path_params["id"],
-            who,
-            verdict,
-            body.get("note"),
-            auth_time=bearer_auth_time(_bearer(request)),
-            source_ip=source_ip(request),
+        async with limits.admit(who.sub):
+            body = await _json_body(request)
+            if isinstance(body, JSONResponse):
+                return body
+            try:
+                out = await _approvals(request).decide(
+                    request.path_params["id"],
+                    who,
+                    verdict,
+                    body.get("note"),
+                    auth_time=bearer_auth_time(_bearer(request)),
+                    source_ip=source_ip(request),
+                )
+            except NotFound:
+                limits.refused(who.sub)
+                return _err(404, "not_found", "no such approval request")
+            if not out.ok:
+                limits.refused(who.sub)
+            return _vote_response(out)
+    except Limited as exc:
+        error = "too_many_refusals" if exc.reason == REFUSAL_BUDGET else "too_many_in_flight"
+        detail = (
+            f"too many refused requests from {who.sub}: retry in {exc.retry_after} s"
+            if exc.reason == REFUSAL_BUDGET
+            else f"too many requests of {who.sub} in flight: retry in {exc.retry_after} s"
         )
-    except NotFound:
-        limits.refused(who.sub)
-        return _err(404, "not_found", "no such approval request")
-    if not out.ok:
-        limits.refused(who.sub)
-    return _vote_response(out)
+        return JSONResponse(
+            {"error": error, "detail": detail},
+            status_code=429,
+            headers={"Cache-Control": "no-store", "Retry-After": str(exc.retry_after)},
+        )
 
 
 async def approval_approve(request: Request) -> Response:

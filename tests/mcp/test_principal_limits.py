@@ -307,3 +307,19 @@ def test_refused_approval_votes_count_and_over_the_budget_are_refused_unwritten(
     assert mine(db, seq, who) == []
     # its calls are held at the door too: one budget per principal
     assert_throttled(post(lenv, http, who, ["operator"], call_doc("list_nodes")), "refusal_budget")
+
+
+async def test_refused_votes_sent_at_once_pass_the_budget_by_at_most_the_slots(
+    lgw: GatewayThread, lenv: DevEnv
+) -> None:
+    """A vote takes one of its voter's call slots while it runs: a burst of refused votes is held to the
+    refusal budget plus the slots in flight, as a burst of calls is, not to however many arrive at once."""
+    who = "lim-burst-voter"
+    url = lenv.url.removesuffix("/mcp") + "/admin/approvals/no-such-request/approve"
+    auth = {"authorization": f"Bearer {lenv.token(who, ['operator'])}", "content-type": "application/json"}
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(lenv.ca_file)), timeout=60) as client:
+        answers = await asyncio.gather(*(client.post(url, content=b"{}", headers=auth) for _ in range(30)))
+    codes = [r.status_code for r in answers]
+    assert set(codes) <= {404, 429}, codes
+    assert codes.count(404) <= BUDGET + INFLIGHT - 1, codes  # the refused votes written (each a row)
+    assert {r.json()["error"] for r in answers if r.status_code == 429} <= {"too_many_refusals", "too_many_in_flight"}
