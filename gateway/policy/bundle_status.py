@@ -273,8 +273,10 @@ class PolicyStatus:
                 b.note_built_at(_built_at(b.manifest))
 
     def _from_manifests(self, loaded: dict[str, Any]) -> None:
+        # named as OPA names the bundle (for a bundle loaded once: the path it was given), as its
+        # decisions' provenance names it, so `revision` is the audit's bundle_revision
         for name, doc in loaded.items():
-            b = self.bundles.setdefault(Path(name).name.removesuffix(".tar.gz") or name, BundleState(name))
+            b = self.bundles.setdefault(name, BundleState(name))
             manifest = (doc or {}).get("manifest") or {}
             revision = manifest.get("revision")
             b.revision = revision if isinstance(revision, str) and revision else None  # "": none

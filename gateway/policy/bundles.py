@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -52,6 +53,49 @@ log = logging.getLogger("pvegate.bundle")
 
 class BundleError(Exception):
     pass
+
+
+class SignatureRefused(BundleError):
+    """OPA refused a bundle's signature (wrong key, changed after signing, unsigned): its reason."""
+
+
+def verification_key_problem(key: Path) -> str | None:
+    """Why `key` cannot be a bundle verification key (a PEM public key), or None. Said before OPA is
+    asked: OPA takes an unreadable --verification-key for the key's PEM text itself ("failed to
+    parse PEM block"), and accepts a private key (it verifies with its public half), but the
+    signing key must not sit on a host that only verifies."""
+    try:
+        pem = key.read_bytes()
+    except FileNotFoundError:
+        return f"verification key {key} not found"
+    except OSError as exc:
+        return f"cannot read the verification key {key}: {exc}"
+    if b"PRIVATE KEY-----" in pem:
+        return (
+            f"the verification key {key} is a private (signing) key: give its public half (bundle-verify.pem); "
+            "the signing key must not sit on the gateway host"
+        )
+    try:
+        serialization.load_pem_public_key(pem)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return f"the verification key {key} is not a PEM public key"
+    return None
+
+
+def verify_signature(bundle: Path, key: Path, output: Path, timeout: float = 120) -> None:
+    """Verify a bundle's signature with OPA: `opa build -b <bundle> --verification-key <key>` verifies
+    the signatures of its input before re-packaging it into `output` (a path in a directory of the
+    caller's own, never beside the bundle); the verified copy holds the bundle's files, unsigned.
+
+    Raises BundleError for a key that is no public key (verification_key_problem), SignatureRefused
+    with OPA's reason, OPAUnavailable without opa, subprocess.TimeoutExpired."""
+    problem = verification_key_problem(key)
+    if problem is not None:
+        raise BundleError(problem)
+    cmd = [str(find_opa()), "build", "-b", str(bundle), "--verification-key", str(key), "-o", str(output)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise SignatureRefused(done.stderr.strip() or done.stdout.strip())
 
 
 def _read_files(bundle: Path, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:

@@ -155,6 +155,30 @@ class PolicyError(Exception):
     """OPA gave no usable answer; the message is safe to show to a client."""
 
 
+def read_data_check(
+    result: Any, contract_problem: Callable[[Any], str | None]
+) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+    """The policy's data check (`data.pvegate.data_check`) as the gateway reads it: (problems, None)
+    when the data is valid, (problems, refusal) when it is not, the refusal being the decision that
+    then answers every call. The one reading of it: the decision client and `pvegate policy replay`
+    both use it. `contract_problem` is DecisionClient.contract_problem.
+
+    Raises PolicyError when the check is unusable (the caller fails closed): not an object with a
+    boolean `valid` and a `problems` list of strings, or, for invalid data, a refusal that breaks
+    the decision contract or allows."""
+    if not isinstance(result, dict) or not isinstance(result.get("valid"), bool):
+        raise PolicyError("data check does not match the contract")
+    problems = result.get("problems")
+    if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
+        raise PolicyError("data check does not match the contract")
+    if result["valid"]:
+        return tuple(problems), None
+    refusal = result.get("refusal")
+    if contract_problem(refusal) is not None or not isinstance(refusal, dict) or refusal.get("allow"):
+        raise PolicyError("data check refusal does not match the contract")
+    return tuple(problems), refusal
+
+
 class _OpaClient(AsyncOpaClient):  # type: ignore[misc]  # opa-client has no types
     """opa-client, over the managed sidecar's Unix socket when the address is a `unix://` one.
 
@@ -352,18 +376,11 @@ class DecisionClient:
             return check
 
     def _read_data_check(self, result: Any, envelope: dict[str, Any], key: str | None) -> DataCheck:
-        if not isinstance(result, dict) or not isinstance(result.get("valid"), bool):
-            raise PolicyError("data check does not match the contract")
-        problems = result.get("problems")
-        if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
-            raise PolicyError("data check does not match the contract")
-        if result["valid"]:
+        problems, refusal = read_data_check(result, self.contract_problem)
+        if refusal is None:
             return DataCheck(key, True, checked_at=time.monotonic())
-        refusal = result.get("refusal")
-        if self.contract_problem(refusal) is not None or not isinstance(refusal, dict) or refusal.get("allow"):
-            raise PolicyError("data check refusal does not match the contract")
         decision = Decision.from_result(refusal, envelope, self._provenance(envelope))
-        return DataCheck(key, False, tuple(problems), decision, time.monotonic())
+        return DataCheck(key, False, problems, decision, time.monotonic())
 
     def contract_problem(self, result: Any) -> str | None:
         """Why a decision document breaks the contract (decision.schema.json), or None."""

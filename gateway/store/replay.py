@@ -24,6 +24,7 @@ import base64
 import binascii
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -37,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.bundles import wasm_modules
-from gateway.policy.decisions import Decision, DecisionClient
+from gateway.policy.bundles import BundleError, verification_key_problem, verify_signature, wasm_modules
+from gateway.policy.decisions import Decision, DecisionClient, PolicyError, read_data_check
 from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import OPASidecar, OPAUnavailable, find_opa
-from gateway.store.audit import INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
+from gateway.store.audit import _TS_RANGE, INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
 from gateway.store.pgsync import PgLocation
 
 # outcome transitions, plus the two kinds that leave the outcome alone
@@ -206,6 +207,8 @@ def _columns(row: dict[str, Any], body: dict[str, Any], doc: dict[str, Any]) -> 
         _is_int(seq)
         and isinstance(ts, int | float)
         and not isinstance(ts, bool)
+        and math.isfinite(ts)  # an export's inf, NaN or 1e300 is no time (the audit's own range)
+        and _TS_RANGE[0] < ts < _TS_RANGE[1]
         and isinstance(request_id, str)
         and all(v is None or isinstance(v, str) for v in (principal, tool, target))  # NULL-able columns
         and isinstance(risk, dict)
@@ -345,6 +348,10 @@ class Candidate:
         if self.bundle is not None:
             if not self.bundle.exists():
                 raise ReplayError(f"the candidate bundle {self.bundle} does not exist")
+            if self.verification_key is not None:  # said before OPA is asked (it would misread the file)
+                problem = verification_key_problem(self.verification_key)
+                if problem is not None:
+                    raise ReplayError(problem)
             yield self
             return
         if not self.policies:
@@ -393,28 +400,46 @@ class Candidate:
 
     def eval_args(self) -> list[str]:
         if self.bundle is not None:
-            args = ["--bundle", str(self.bundle)]
-            if self.verification_key is not None:
-                args += ["--verification-key", str(self.verification_key)]
-            return args
+            if self.verification_key is not None:  # `opa eval` has no --verification-key: verify first
+                raise ReplayError("a signed candidate is evaluated from its verified copy (Candidate.verified)")
+            return ["--bundle", str(self.bundle)]
         args = ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
         for p in self.policies:
             args += ["--data", str(p)]
         return args
 
+    def verified(self, into: Path) -> Candidate:
+        """The bundle with its signature verified against the verification key, as `pvegate bundle
+        verify` does it (`opa build --verification-key` into `into`, a private directory): a
+        candidate `opa eval` can run, since `opa eval` verifies nothing. Itself without a key."""
+        if self.bundle is None or self.verification_key is None:
+            return self
+        copy = into / "verified.tar.gz"
+        try:
+            verify_signature(self.bundle, self.verification_key, copy)
+        except BundleError as exc:
+            raise ReplayError(f"the candidate bundle does not verify: {exc}") from None
+        return Candidate(bundle=copy)
+
+    def refuse_wasm(self) -> None:
+        """A bundle carrying Wasm modules is refused: OPA would run them, not the Rego `opa check` sees."""
+        if self.bundle is None:
+            return
+        try:
+            wasm = wasm_modules(self.bundle)
+        except (OSError, tarfile.TarError) as exc:
+            raise ReplayError(f"cannot read the candidate bundle {self.bundle}: {exc}") from None
+        if wasm:  # what a compiled module calls is unseen
+            raise ReplayError(
+                f"the candidate bundle carries Wasm modules ({', '.join(wasm[:5])}): a replay cannot check "
+                "what a compiled module calls, so it does not run one; replay the Rego it was built from"
+            )
+
     def check_offline(self, capabilities: Path) -> None:
         """Compile the candidate (the files OPA will load) against `capabilities`: one that calls a
         network builtin is refused here, before any recorded input is given to it."""
         if self.bundle is not None:
-            try:
-                wasm = wasm_modules(self.bundle)
-            except (OSError, tarfile.TarError) as exc:
-                raise ReplayError(f"cannot read the candidate bundle {self.bundle}: {exc}") from None
-            if wasm:  # OPA would run these, not the Rego checked below; what they call is unseen
-                raise ReplayError(
-                    f"the candidate bundle carries Wasm modules ({', '.join(wasm[:5])}): a replay cannot check "
-                    "what a compiled module calls, so it does not run one; replay the Rego it was built from"
-                )
+            self.refuse_wasm()
             paths = ["--bundle", str(self.bundle)]
         else:
             paths = ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*", *map(str, self.policies)]
@@ -484,15 +509,33 @@ class OfflineCapabilities:
             self.dir = None
 
 
+@dataclass(frozen=True)
+class Unusable:
+    """What stands for each answer of a batch whose data check is unusable: no verdict (undecided),
+    as the gateway fails closed on every call then."""
+
+    problem: str
+
+
 def _batch_results(result: Any, n: int) -> list[Any]:
+    """The candidate's answers of one batch, read as the gateway reads them: the data check first
+    (read_data_check, the decision client's own reading), whose refusal answers every call while the
+    data is invalid; an unusable check (outside the contract, a refusal that allows) makes every
+    answer of the batch undecided. No check at all (`c` empty) is a policy from before the check
+    moved out of the decision, which checks its data itself."""
     x = result.get("x") if isinstance(result, dict) else None
     if not isinstance(x, dict):
         return [None] * n
-    checks = result.get("c") or []
-    check = checks[0] if isinstance(checks, list) and checks else {"valid": True}
-    if not isinstance(check, dict) or check.get("valid") is not True:
-        refusal = check.get("refusal") if isinstance(check, dict) else None
-        return [refusal] * n  # None (an unusable check) is an answer outside the contract: a deny
+    checks = result.get("c")
+    if not isinstance(checks, list) or len(checks) > 1:
+        return [Unusable("policy data check unavailable: data check does not match the contract")] * n
+    if checks:
+        try:
+            _, refusal = read_data_check(checks[0], contract_problem)
+        except PolicyError as exc:
+            return [Unusable(f"policy data check unavailable: {exc}")] * n
+        if refusal is not None:
+            return [refusal] * n
     return [x.get(str(i)) for i in range(n)]
 
 
@@ -559,11 +602,16 @@ class EvalEngine:
             raise ReplayError("no candidate: give --policies (and --data) or --bundle")
         self.capabilities = OfflineCapabilities()
         self.caps_file: Path | None = None
+        self.run = candidate  # what `opa eval` loads: the candidate, or its verified copy
 
     def __enter__(self) -> EvalEngine:
         self.caps_file = self.capabilities.create()
         try:
-            self.candidate.check_offline(self.caps_file)  # a clear refusal before any input is given
+            # a signed bundle: its verified copy (beside the capabilities, private) is what is
+            # checked and run; the Wasm check reads the original (the copy holds the same files)
+            self.candidate.refuse_wasm()
+            self.run = self.candidate.verified(self.caps_file.parent)
+            self.run.check_offline(self.caps_file)  # a clear refusal before any input is given
         except BaseException:
             self.capabilities.remove()
             raise
@@ -582,7 +630,7 @@ class EvalEngine:
                 if self.caps_file is None:
                     raise ReplayError("the eval engine is used outside its `with` block")
                 cmd = [str(find_opa()), "eval", "--format", "json", "--capabilities", str(self.caps_file)]
-                cmd += [*self.candidate.eval_args(), "--input", f.name, BATCH_QUERY]
+                cmd += [*self.run.eval_args(), "--input", f.name, BATCH_QUERY]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 raise ReplayError(f"opa eval failed: {(done.stderr or done.stdout).strip()[:500]}")
@@ -610,13 +658,20 @@ class Verdict:
 _contract: list[DecisionClient] = []  # only its schema validators are used; it never connects
 
 
+def contract_problem(result: Any) -> str | None:
+    """DecisionClient.contract_problem: why a decision document breaks the contract, or None."""
+    if not _contract:
+        _contract.append(DecisionClient("http://127.0.0.1:1"))
+    return _contract[0].contract_problem(result)
+
+
 def verdict(result: Any) -> Verdict:
     """What the gateway would do with the candidate's answer (the same rules as DecisionClient.decide)."""
     if result is None:
         return Verdict("deny", None, {}, ("policy.unavailable",), "policy result undefined")
-    if not _contract:
-        _contract.append(DecisionClient("http://127.0.0.1:1"))
-    problem = _contract[0].contract_problem(result)
+    if isinstance(result, Unusable):
+        return Verdict("deny", None, {}, ("policy.unavailable",), result.problem)
+    problem = contract_problem(result)
     if problem is not None:
         return Verdict("deny", None, {}, ("policy.unavailable",), problem)
     d = Decision.from_result(result, {})
@@ -686,6 +741,15 @@ class Report:
     # would fail closed on them, the report counts them as denials, and any one fails the run
     undecided: int = 0
     problems: Counter[str] = field(default_factory=Counter)
+    # replayed inputs the audit kept with redacted arguments: the candidate saw `[redacted]` where the
+    # gateway's OPA saw the real value, so their verdict, changed or not, is approximate
+    redacted: int = 0
+    redacted_paths: Counter[str] = field(default_factory=Counter)
+    fail_on_redacted: bool = False  # --fail-on-redacted: any such input fails the run
+
+    @property
+    def redacted_changed(self) -> int:
+        return sum(1 for ch in self.changes if ch.rec.redacted)
 
     @property
     def by_kind(self) -> dict[str, int]:
@@ -700,8 +764,13 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        """Past the --fail-on threshold, or any undecided answer (whatever --fail-on says)."""
-        return self.undecided > 0 or (bool(self.fail_on) and self.failing > self.fail_above)
+        """Past the --fail-on threshold, or any undecided answer (whatever --fail-on says), or with
+        --fail-on-redacted any replayed input with redacted arguments."""
+        return (
+            self.undecided > 0
+            or (bool(self.fail_on) and self.failing > self.fail_above)
+            or (self.fail_on_redacted and self.redacted > 0)
+        )
 
     @property
     def rate(self) -> float:
@@ -736,6 +805,10 @@ class Report:
             "replayed": self.replayed,
             "undecided": self.undecided,
             "undecided_problems": dict(self.problems.most_common()),
+            "redacted": self.redacted,
+            "redacted_changed": self.redacted_changed,
+            "redacted_paths": dict(self.redacted_paths.most_common()),
+            "fail_on_redacted": self.fail_on_redacted,
             "skipped": vars(self.skipped),
             "changed": len(self.changes),
             "by_kind": self.by_kind,
@@ -761,28 +834,40 @@ class Report:
             f"changed:   {len(self.changes)}"
             + (" (" + ", ".join(f"{k} {n}" for k, n in self.by_kind.items()) + ")" if self.changes else ""),
         ]
+        if self.redacted_changed:
+            lines.append(f"           {self.redacted_changed} of them on inputs with redacted arguments (approximate)")
         if s.garbled:
             lines.append(
                 f"warning: {s.garbled} decision record(s) have a garbled input or body (unreadable, or "
                 f"larger than {MAX_INPUT_BYTES} bytes unpacked) and were not replayed"
             )
-        redacted = sum(1 for ch in self.changes if ch.rec.redacted)
-        if redacted:
-            lines.append(f"           {redacted} of them on inputs with redacted arguments (approximate)")
         lines.append(f"undecided: {self.undecided} answer(s) undefined or outside the decision contract")
+        lines.append(f"redacted:  {self.redacted} replayed input(s) with redacted arguments (not fully replayable)")
+        if self.redacted:
+            paths = ", ".join(f"{p} ({n})" for p, n in self.redacted_paths.most_common(3))
+            lines.append(
+                f"warning: {self.redacted} of {self.replayed} replayed decisions rest on inputs with redacted "
+                f"arguments ({paths}): the candidate saw `[redacted]` where the recorded decision saw the real "
+                f"value, so their verdicts are approximate and the {self.redacted - self.redacted_changed} of them "
+                "that compared equal prove little; --fail-on-redacted fails the run on them"
+            )
         if self.undecided:
             top = "; ".join(f"{p} ({n})" for p, n in self.problems.most_common(3))
             lines.append(
                 f"error:     the candidate gave no verdict on {self.undecided} of {self.replayed} decisions ({top}): "
                 "counted as denials, as the gateway would fail closed; this fails the run whatever --fail-on says"
             )
-        if self.fail_on or self.undecided:
+        if self.fail_on or self.undecided or self.fail_on_redacted:
             verdict_ = "FAILED" if self.failed else "passed"
             gate = []
             if self.fail_on:
                 gate.append(f"{self.failing} change(s) of {', '.join(self.fail_on)} (allowed: {self.fail_above})")
             if self.undecided:
                 gate.append(f"{self.undecided} undecided answer(s) (allowed: 0)")
+            if self.fail_on_redacted:
+                gate.append(f"{self.redacted} replayed input(s) with redacted arguments (allowed: 0)")
+            elif self.redacted:
+                gate.append(f"{self.redacted} on redacted inputs, approximate and not gated (--fail-on-redacted)")
             lines.append(f"gate:      {verdict_}: {'; '.join(gate)}")
         return lines
 
@@ -840,6 +925,9 @@ def replay(
     def flush() -> None:
         results = engine.evaluate([r.input for r in pending])
         for rec, result in zip(pending, results, strict=True):
+            if rec.redacted:
+                report.redacted += 1
+                report.redacted_paths.update(rec.redacted)
             after = verdict(result)
             if after.problem is not None:
                 report.undecided += 1

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.bundles import BundleError, build, built_optimized, keygen
-from gateway.policy.opa_sidecar import REPO_ROOT, OPAUnavailable, find_opa
+from gateway.policy.bundles import BundleError, SignatureRefused, build, built_optimized, keygen, verify_signature
+from gateway.policy.opa_sidecar import REPO_ROOT, OPAUnavailable
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -42,41 +42,26 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    # Checked here: OPA takes an unreadable --verification-key for the key's PEM text itself
-    # ("failed to parse PEM block"), and a missing bundle is no refusal of its signature.
+    # Checked here: a missing bundle is no refusal of its signature, and a key file that is missing,
+    # unreadable, no PEM public key or a private key is an error of its own (verify_signature says
+    # which before OPA is asked: OPA would take an unreadable path for the key's PEM text itself).
     if not args.bundle.exists():
         print(f"error: bundle {args.bundle} not found", file=sys.stderr)
         return 1
     try:
-        args.verification_key.read_bytes()
-    except FileNotFoundError:
-        print(f"error: verification key {args.verification_key} not found", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="pvegate-verify-") as tmp:  # never beside the bundle
+            verify_signature(args.bundle, args.verification_key, Path(tmp) / "verified.tar.gz")
+    except SignatureRefused as exc:
+        print(f"REFUSED: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"error: cannot read the verification key {args.verification_key}: {exc}", file=sys.stderr)
-        return 1
-    try:
-        opa = find_opa()
-    except OPAUnavailable as exc:
+    except (BundleError, OPAUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    try:
-        # `opa build` verifies the signatures of an input bundle before re-packaging it; the copy
-        # goes to a directory of our own, never beside the bundle.
-        with tempfile.TemporaryDirectory(prefix="pvegate-verify-") as tmp:
-            done = subprocess.run(
-                [str(opa), "build", "-b", str(args.bundle), "--verification-key", str(args.verification_key),
-                 "-o", str(Path(tmp) / "verified.tar.gz")],
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
     except subprocess.TimeoutExpired:
-        print(f"error: {opa} did not verify {args.bundle} within 120 s", file=sys.stderr)
+        print(f"error: opa did not verify {args.bundle} within 120 s", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"error: cannot verify {args.bundle}: {exc}", file=sys.stderr)
-        return 1
-    if done.returncode != 0:
-        print(f"REFUSED: {done.stderr.strip() or done.stdout.strip()}", file=sys.stderr)
         return 1
     print(f"OK: {args.bundle} is signed by the key {args.verification_key}")
     return 0

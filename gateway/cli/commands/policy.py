@@ -3,7 +3,8 @@
 eval: the decision for an input file, from a temporary managed sidecar on the policy
 directory or bundle, or an already running OPA given by --opa-url. Exit 0 with a decision, 1
 without a policy answer (OPA did not start or answer, or the decision failed closed: the
-gateway would deny with policy.unavailable), 2 for an unreadable input or a usage error.
+gateway would deny with policy.unavailable), 2 for an unreadable input or a usage error (a
+--verification-key that is missing, unreadable, no PEM public key or a private key among them).
 check: the policy data against its JSON Schema and the policy's own data problems, before a
 bundle is built (non-zero exit on any problem).
 explain: the decision for an input and which rules fired (reasons with codes, bindings, roles,
@@ -21,6 +22,7 @@ from typing import Any
 
 from gateway.cli.commands.replay import key_needs_bundle, register_replay
 from gateway.policy.authoring import AuthoringError, check_data, explain
+from gateway.policy.bundles import verification_key_problem
 from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
 from gateway.store.replay import start_short_lived
@@ -59,6 +61,11 @@ def _eval(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: cannot read input: {exc}", file=sys.stderr)
         return 2
+    if args.verification_key is not None and args.opa_url is None:  # said before OPA is asked
+        problem = verification_key_problem(args.verification_key)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     sidecar: OPASidecar | None = None
     try:
         url = args.opa_url

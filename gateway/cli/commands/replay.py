@@ -2,16 +2,19 @@
 
 Registered under `pvegate policy` (policy.py calls `register_replay`). Exit status:
 0 nothing past the --fail-on threshold, 1 past it (a CI gate) or a candidate answer that is no
-verdict (undefined or outside the contract, whatever --fail-on says), 2 the replay could not run
+verdict (undefined or outside the contract, whatever --fail-on says), or with --fail-on-redacted a
+replayed input with redacted arguments, 2 the replay could not run
 (among others: the audit does not verify, the candidate calls a network builtin, a candidate path
 that is not there or holds no policy, --bundle with --policies/--data, a candidate that answers
-nothing at all, no recorded decision selected without --allow-empty, a malformed export line).
+nothing at all, no recorded decision selected without --allow-empty, a malformed export line, no
+opa binary, an opa command that does not finish).
 """
 
 from __future__ import annotations
 
 import argparse
 import sqlite3
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 
 from gateway.cli.commands.audit import db_path, key_path, parse_time
 from gateway.core.config import ConfigError
+from gateway.policy.errors import OPAUnavailable
 from gateway.store.audit import verify
 from gateway.store.replay import (
     ALIASES,
@@ -121,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
                 report.verified = True
                 records = read_audit(db, filters, report.skipped, verified=result)
         report.max_examples = args.examples
+        report.fail_on_redacted = args.fail_on_redacted
         with candidate.staged() as run:  # exactly the files checked offline are the files that run
             engine: ServerEngine | EvalEngine = (
                 EvalEngine(run) if args.engine == "eval" else ServerEngine(run, concurrency=args.concurrency)
@@ -129,8 +134,12 @@ def _run(args: argparse.Namespace) -> int:
                 replay(records, engine, report)
         if report.replayed == 0 and not args.allow_empty:  # a mistyped filter must not pass a gate
             raise ReplayError(_nothing_replayed(report))
-    except (ReplayError, ConfigError, OSError) as exc:
+    except (ReplayError, ConfigError, OSError, OPAUnavailable) as exc:  # (OPAUnavailable: no opa binary)
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.TimeoutExpired as exc:
+        what = " ".join(map(str, exc.cmd[:2])) if isinstance(exc.cmd, list | tuple) else "opa"
+        print(f"error: `{what}` did not finish within {exc.timeout:g} s", file=sys.stderr)
         return 2
     except sqlite3.Error as exc:  # PostgreSQL's errors are sqlite3.OperationalError as well (pgsync)
         print(f"error: cannot read the audit: {exc}", file=sys.stderr)
@@ -164,9 +173,10 @@ def register_replay(psub: Any) -> None:
         "data, or a bundle) in a second OPA, and report every decision that changes: allow/approval/deny "
         "transitions, risk level and obligations. Exit 0: nothing past the gate; 1: changes of a --fail-on kind "
         "exceed --fail-above, or the candidate gave an undefined or contract-breaking answer (whatever --fail-on "
-        "says); 2: the replay could not run (the audit does not verify; a candidate path missing or without "
+        "says), or with --fail-on-redacted any replayed input had redacted arguments; 2: the replay could not run "
+        "(the audit does not verify; a candidate path missing or without "
         "policy; --bundle with --policies/--data; a candidate answering nothing at all; no decision replayed "
-        "without --allow-empty; an unreadable database or export).",
+        "without --allow-empty; an unreadable database or export; no opa binary, or an opa that does not finish).",
     )
     src = r.add_argument_group("recorded decisions")
     src.add_argument(
@@ -225,6 +235,12 @@ def register_replay(psub: Any) -> None:
     )
     out.add_argument(
         "--fail-above", type=_count(0), default=0, help="tolerate this many changes of the --fail-on kinds"
+    )
+    out.add_argument(
+        "--fail-on-redacted",
+        action="store_true",
+        help="fail the run (exit 1) when any replayed input had redacted arguments: its verdict, changed or "
+        "not, was reached on `[redacted]` values and is approximate (the report counts them either way)",
     )
     eng = r.add_argument_group("evaluation")
     eng.add_argument(
