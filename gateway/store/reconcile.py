@@ -174,13 +174,13 @@ def open_calls(
                 if not body and (r["body"] or "").strip() not in ("", "{}"):
                     call.unreadable = int(r["seq"])
                 if kind == "received":
-                    call.target = body.get("target") or {}
+                    call.target = _obj(body.get("target"))
                     call.effect = body.get("effect")
                     call.dry_run = bool(body.get("dry_run"))
                 elif kind == "decision":
                     call.owner = body.get("replica")
                     call.hold = held_by(auditlib.unpack_input(body))
-                    if (body.get("obligations") or {}).get("dry_run"):
+                    if _obj(body.get("obligations")).get("dry_run"):
                         call.dry_run = True
                 elif kind == "dispatch":
                     call.dispatched = True
@@ -192,11 +192,16 @@ def open_calls(
         con.close()
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    """A record's field read as an object: anything else (a record edited outside the gateway) as none."""
+    return value if isinstance(value, dict) else {}
+
+
 def held_by(doc: dict[str, Any] | None) -> PoolHold | None:
     """The pool hold a decision's policy input shows its call took (its resources carry `pool_in_flight`
     only then: pipeline.py), as (cluster, pool, amounts); None for any other call, or an older record."""
-    res = (doc or {}).get("resources")
-    cluster = ((doc or {}).get("target") or {}).get("cluster")
+    res = _obj(doc).get("resources")
+    cluster = _obj(_obj(doc).get("target")).get("cluster")
     if not isinstance(res, dict) or "pool_in_flight" not in res or not isinstance(cluster, str):
         return None
     pool, requested = res.get("pool"), res.get("requested")
@@ -231,6 +236,7 @@ class Reconciler:
         self.earlier_open: int | None = 0  # earlier runs' calls left open by the last pass; None: it failed
         self.earlier_done = False  # none of those is left: only the periodic passes remain
         self.stale_open = 0  # gone replicas' calls left open by the last pass over them (PostgreSQL)
+        self.restored: set[str] = set()  # earlier runs' calls whose pool holds restore_holds took again
 
     def open_calls(self) -> int | None:
         """Calls this process knows to be open: earlier runs', its own interrupted ones, gone replicas';
@@ -281,17 +287,31 @@ class Reconciler:
         served: the SQLite holds live in the process, and a restart (a crash, a drain that cut calls
         whose tasks still run) forgot them, so a pool would look emptier than what its running
         creates will make it. Each is kept as a call's own (renewed while its task runs, given back
-        when reconciliation settles the call) and lapses like any other. How many were taken."""
-        calls = await asyncio.to_thread(open_calls, self.outcomes.audit.path, before - LOOKBACK_SECONDS, before)
-        taken = 0
-        for call in calls:
-            if call.hold is not None and not call.dry_run and call.effect != "read":
-                cluster, pool, amounts = call.hold
-                await holds.take(cluster, pool, amounts, call.request_id)
-                taken += 1
-        if taken:
-            log.info("reconcile: %d pool hold(s) of earlier runs' open calls taken again", taken)
-        return taken
+        when reconciliation settles the call, here or by hand: forget_restored) and lapses like any
+        other. How many were taken. An audit that cannot be read here is logged, not fatal: the
+        reconciliation passes meet it too and say so in health, and a gateway that does not start
+        serves no one; the pools then count only what Proxmox lists until those calls settle."""
+        try:
+            calls = await asyncio.to_thread(open_calls, self.outcomes.audit.path, before - LOOKBACK_SECONDS, before)
+            for call in calls:
+                if call.hold is not None and not call.dry_run and call.effect != "read":
+                    cluster, pool, amounts = call.hold
+                    await holds.take(cluster, pool, amounts, call.request_id)
+                    self.restored.add(call.request_id)
+        except Exception as exc:
+            log.error("reconcile: the pool holds of earlier runs' open calls could not be taken again (%s)", exc)
+        if self.restored:
+            log.info("reconcile: %d pool hold(s) of earlier runs' open calls taken again", len(self.restored))
+        return len(self.restored)
+
+    async def forget_restored(self, settled: list[Settled]) -> None:
+        """After a pass over earlier runs' calls: give back the restored holds of calls it no longer
+        found open (settled meanwhile by `pvegate audit reconcile`, or by this pass: given back twice
+        is harmless)."""
+        still = {s.request_id for s in settled if s.action in ("open", "in_flight")}
+        for request_id in self.restored - still:
+            await self._tell(self.outcomes.on_settled, request_id)
+        self.restored &= still
 
     def token_user(self, cluster: str) -> str | None:
         """The user Proxmox records on the gateway's tasks: the token id, without its secret."""
@@ -601,7 +621,10 @@ async def _earlier_pass(reconciler: Reconciler, before: float) -> list[Settled] 
     """One pass over what earlier runs left open; None while another replica reconciles."""
     # replicas starting together take turns (PostgreSQL), so no call is settled twice
     async with reconciler.outcomes.audit.exclusive(RECONCILE_LOCK) as turn:
-        return await reconciler.run_once(before, turn=turn) if turn else None
+        settled = await reconciler.run_once(before, turn=turn) if turn else None
+    if settled is not None and reconciler.restored:
+        await reconciler.forget_restored(settled)
+    return settled
 
 
 async def reconcile_loop(reconciler: Reconciler, before: float, interval: float = 10.0) -> None:

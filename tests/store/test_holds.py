@@ -8,6 +8,7 @@ lapsed no longer counts; a call's hold is kept while its outcome waits for recon
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,39 @@ def test_a_decision_record_shows_the_hold_its_call_took_and_no_other() -> None:
     assert held_by(None) is None  # an older record keeps no input
     odd = {**res, "requested": {"guests": True, "cores": "2", "memory_mib": 512, "other": 1}}
     assert held_by({"target": {"cluster": "default"}, "resources": odd}) == ("default", "sandbox", {"memory_mib": 512})
+
+
+def test_a_decision_record_edited_into_other_shapes_shows_no_hold() -> None:
+    """A record edited outside the gateway (valid JSON, fields of other types) restores nothing and
+    breaks nothing: the start does not depend on it."""
+    from gateway.store.reconcile import held_by
+
+    res = {"requested": one(), "pool": "sandbox", "pool_in_flight": one(0, 0)}
+    for doc in (
+        {"target": "default", "resources": res},
+        {"target": {"cluster": 7}, "resources": res},
+        {"resources": "x"},
+    ):
+        assert held_by(doc) is None, doc
+    assert held_by("not a record") is None  # type: ignore[arg-type]
+
+
+async def test_restored_holds_are_given_back_once_their_calls_are_no_longer_open(tmp_path: Path) -> None:
+    """A call an earlier run left open, settled by hand (`pvegate audit reconcile` beside the gateway),
+    is no longer in the gateway's next pass over earlier runs: its restored hold is given back then."""
+    from types import SimpleNamespace
+
+    from gateway.store.reconcile import Reconciler, Settled
+
+    given: list[str] = []
+
+    async def give_back(request_id: str) -> None:
+        given.append(request_id)
+
+    outcomes = SimpleNamespace(on_settled=give_back, audit=SimpleNamespace(path=tmp_path / "no-audit.db"))
+    r = Reconciler(None, None, outcomes, {})  # type: ignore[arg-type]
+    # an audit that cannot be read restores nothing and does not stop the start (logged)
+    assert await r.restore_holds(MemoryHolds(), 1e9) == 0
+    r.restored = {"still-running", "settled-by-hand", "settled-now"}
+    await r.forget_restored([Settled("still-running", "vm_create", "open"), Settled("settled-now", None, "reconciled")])
+    assert sorted(given) == ["settled-by-hand", "settled-now"] and r.restored == {"still-running"}
