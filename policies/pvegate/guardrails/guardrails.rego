@@ -93,7 +93,6 @@ denials contains lib.reason("guardrail.volume_owner_unknown", "pvegate.guardrail
 # whose backups the retention would delete, as Proxmox's preview marks them now (without a guest
 # named, a prune reaches every guest's backups on the storage)
 denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
-	input.tool.effect == "destroy"
 	some guest in input.target.prune_removes.guests
 	some tag in guest.tags
 	tag in config.protected_tags
@@ -108,8 +107,8 @@ denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protecte
 
 # a prune whose reach could not be checked (the preview or the guests could not be read): fail closed
 denials contains lib.reason("guardrail.prune_unknown", "pvegate.guardrails.prune_unknown", msg) if {
-	input.tool.effect == "destroy"
-	input.target.prune_removes.known == false
+	"prune_removes" in object.keys(input.target)
+	not input.target.prune_removes.known == true
 	msg := concat("", [
 		"the backups this prune would delete could not be checked ",
 		"(Proxmox's prune preview or the guests could not be read); refusing: retry",

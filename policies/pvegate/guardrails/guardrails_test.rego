@@ -307,3 +307,22 @@ test_prune_whose_reach_is_unknown_fails_closed if {
 	codes == {"guardrail.prune_unknown"}
 	fx.has_reason(guardrails.deny, "could not be checked") with input as inp
 }
+
+odd_prune := fx.tool("odd_prune", "backup", "write", "storage", [])
+
+test_prune_rules_hold_whatever_the_tools_effect if {
+	# a connector declaring target.prune on a tool of another effect: the same rules
+	writer := object.union(prune_call(fx.admin, {"known": false, "guests": []}), {"tool": odd_prune})
+	"guardrail.prune_unknown" in {r.code | some r in guardrails.denials} with input as writer
+	malformed := prune_call(fx.admin, {"known": "yes", "guests": []})
+	"guardrail.prune_unknown" in {r.code | some r in guardrails.denials} with input as malformed
+	protected := {"known": true, "guests": [pruned(102, true, ["protected"])]}
+	odd := object.union(prune_call(fx.admin, protected), {"tool": odd_prune})
+	"guardrail.protected_tag" in {r.code | some r in guardrails.denials} with input as odd
+}
+
+test_no_prune_rule_without_the_prune_fact if {
+	inp := fx.call_at(fx.admin, backup_prune, object.union(fx.node_target, {"storage": "local"}), fx.sat_1000)
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	not "guardrail.prune_unknown" in codes
+}

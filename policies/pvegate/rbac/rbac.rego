@@ -143,6 +143,7 @@ volume_of_covered(scope, target) if scope_covers(scope, target.volume_of)
 prune_covered(_, target) if not "prune_removes" in object.keys(target)
 
 prune_covered(scope, target) if {
+	target.prune_removes.known == true # what it would delete, unknown, is not known to be in scope
 	every guest in target.prune_removes.guests {
 		scope_covers(scope, object.union(guest, {"cluster": target.cluster}))
 	}

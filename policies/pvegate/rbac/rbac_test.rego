@@ -343,3 +343,8 @@ test_a_prune_must_delete_only_backups_of_guests_in_scope if {
 	gone := pruning([removes(777, null)])
 	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, prune_tool, gone) with data.data as storage_org
 }
+
+test_a_prune_of_unknown_reach_is_in_no_scoped_bindings_scope if {
+	unknown := object.union(fx.node_target, {"storage": "local", "prune_removes": {"known": false, "guests": []}})
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, prune_tool, unknown) with data.data as storage_org
+}
