@@ -65,8 +65,20 @@ def token_hash(token: str) -> str:
 
 
 def target_key(target: dict[str, Any]) -> str:
-    """What a token is bound to about the target: the cluster, node, guest and storage it names."""
-    return canonical_json({k: target.get(k) for k in ("cluster", "node", "vmid", "storage")})
+    """What a token is bound to about the target: the cluster, node, guest and storage it names; and,
+    for a call decided on whose data it destroys, that too: the guest a volume belongs to
+    (target.volume_of), the guests a prune deletes backups of (target.prune_removes). The approvers
+    were checked against those (a scoped approver covers them); a retry that would reach others
+    (the volume's guest replaced, another guest's backups now pruned) needs its own approval."""
+    key = {k: target.get(k) for k in ("cluster", "node", "vmid", "storage")}
+    volume_of = target.get("volume_of")
+    if isinstance(volume_of, dict):
+        key["volume_of"] = [volume_of.get("vmid"), volume_of.get("node")]  # as the target's guest: id and node
+    prune = target.get("prune_removes")
+    if isinstance(prune, dict):
+        guests = [g for g in prune.get("guests") or [] if isinstance(g, dict)]
+        key["prune_removes"] = sorted(f"{g.get('vmid')}@{g.get('node')}" for g in guests)
+    return canonical_json(key)
 
 
 @dataclass
