@@ -25,6 +25,7 @@ import hmac
 import html
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -54,9 +55,10 @@ from gateway.store.approvals import (
 )
 from gateway.store.audit import AuditRecord
 from gateway.store.outcomes import RETRY_AFTER_SECONDS, STORE_ERRORS
-from gateway.store.principal_limits import REFUSAL_BUDGET, Limited
+from gateway.store.principal_limits import Limited
 
 log = logging.getLogger("pvegate.admin")
+VOTE_SLOTS = "vote:"  # a voter's vote slots are counted apart from its calls' (PrincipalLimits keys)
 
 MAX_BODY = 16_384
 DEFAULT_PAGE = 200  # GET /admin/approvals: requests per page unless `limit` says otherwise
@@ -400,12 +402,20 @@ async def _vote(request: Request, verdict: str) -> Response:
     if isinstance(who, JSONResponse):
         return who
     # a refused vote is a full audit row: it counts against the voter's refusal budget, as a refused
-    # call does, and over it the vote is refused unwritten (an agent's token passes approver() too); it
-    # takes one of the voter's call slots while it runs, so votes sent at once pass the budget by at most
-    # max_inflight_per_principal, as calls do
+    # call does, and over it the vote is refused unwritten (an agent's token passes approver() too)
     limits = _components(request).principal_limits
+    if await limits.over_budget(who.sub, f"{verdict}_refused"):
+        wait = max(1, math.ceil(limits.throttled_for(who.sub) or 1))
+        return JSONResponse(
+            {"error": "too_many_refusals", "detail": f"too many refused requests from {who.sub}: retry in {wait} s"},
+            status_code=429,
+            headers={"Cache-Control": "no-store", "Retry-After": str(wait)},
+        )
+    # and it takes one of the voter's vote slots while it runs (slots of their own: a person's votes do
+    # not wait behind calls made under the same subject), so votes sent at once pass the budget by at
+    # most max_inflight_per_principal, as calls do
     try:
-        async with limits.admit(who.sub):
+        async with limits.admit(VOTE_SLOTS + who.sub):
             body = await _json_body(request)
             if isinstance(body, JSONResponse):
                 return body
@@ -424,15 +434,12 @@ async def _vote(request: Request, verdict: str) -> Response:
             if not out.ok:
                 limits.refused(who.sub)
             return _vote_response(out)
-    except Limited as exc:
-        error = "too_many_refusals" if exc.reason == REFUSAL_BUDGET else "too_many_in_flight"
-        detail = (
-            f"too many refused requests from {who.sub}: retry in {exc.retry_after} s"
-            if exc.reason == REFUSAL_BUDGET
-            else f"too many requests of {who.sub} in flight: retry in {exc.retry_after} s"
-        )
+    except Limited as exc:  # all its vote slots are taken (the budget was checked above)
         return JSONResponse(
-            {"error": error, "detail": detail},
+            {
+                "error": "too_many_in_flight",
+                "detail": f"too many votes of {who.sub} in flight: retry in {exc.retry_after} s",
+            },
             status_code=429,
             headers={"Cache-Control": "no-store", "Retry-After": str(exc.retry_after)},
         )
