@@ -81,9 +81,13 @@ _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Cn"})
 _MAYBE_HIDDEN = re.compile("[^\t\n\r\x20-\x7e]")  # the characters worth looking up
 
 
+# letters and symbols that render as blank space (Hangul fillers, the braille blank): a name that looks empty
+_BLANK_GLYPHS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
 def _visible_char(match: re.Match[str]) -> str:
     ch = match.group()
-    if unicodedata.category(ch) not in _HIDDEN_CATEGORIES:
+    if unicodedata.category(ch) not in _HIDDEN_CATEGORIES and ch not in _BLANK_GLYPHS:
         return ch
     code = ord(ch)
     if code > 0xFFFF:  # as JSON writes it: a UTF-16 surrogate pair
@@ -96,6 +100,6 @@ def visible(text: str) -> str:
     """`text` with every character a reader would not see as itself (a bidi override, a zero-width
     space, a C1 control, a lone surrogate) written as its \\uXXXX escape, so what is shown is what is
     there. In JSON text (they occur only inside its strings) the escapes keep it valid JSON of the same value."""
-    if text.isprintable():  # none of them is printable: the common case costs one scan in C
+    if text.isprintable() and _BLANK_GLYPHS.isdisjoint(text):  # the common case: two scans in C
         return text
     return _MAYBE_HIDDEN.sub(_visible_char, text)

@@ -255,3 +255,13 @@ def test_a_refused_sign_in_whose_row_cannot_be_written_is_a_503(dgw: GatewayThre
     finally:
         anonymous.close()
         sqlite_exec(denv.config.audit_path, f"DELETE FROM audit WHERE seq = {top + 1}")
+
+
+def test_blank_glyphs_are_shown_and_safe_html_is_not_escaped_twice() -> None:
+    from markupsafe import Markup
+
+    from gateway.core.text import visible
+
+    assert visible("alice\u3164") == "alice\\u3164" and visible("\u2800") == "\\u2800"  # look like nothing
+    assert views._shown(Markup("<b>x\u202e</b>")) == Markup("<b>x\\u202e</b>")
+    assert views._env.from_string("{{ v }}").render(v=Markup("<b>x\n</b>")) == "<b>x\n</b>"

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
 import jinja2
+import markupsafe
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -84,6 +85,8 @@ def _shown(value: Any) -> Any:
     """Every value a page writes (`finalize`): text with the characters a reader would not see as
     themselves (bidi overrides, zero-width ones, C1 controls; an agent's arguments, reasons, names
     may hold them) as their \\uXXXX escapes, so the approver reads what is there."""
+    if isinstance(value, markupsafe.Markup):  # HTML already safe stays HTML (not escaped a second time)
+        return markupsafe.Markup(visible(str(value)))  # noqa: S704 - the input was Markup: only escapes added
     return visible(value) if isinstance(value, str) else value
 
 
