@@ -248,6 +248,9 @@ def create_private(path: Path) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & 0o004:  # made by an older release, or by hand: said, not changed
+                log.warning("%s is readable by every user of this host: chmod 600 it (and its -wal, -shm)", path)
         return
     os.close(fd)
 

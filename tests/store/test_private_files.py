@@ -43,7 +43,7 @@ async def test_the_audit_database_and_its_wal_are_the_owners_alone(tmp_path: Pat
 
 
 async def test_a_store_database_is_the_owners_alone_and_an_existing_one_keeps_its_mode(
-    tmp_path: Path, open_umask: None
+    tmp_path: Path, open_umask: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "approvals.db"
     db = SqliteDatabase(path)
@@ -64,3 +64,13 @@ async def test_a_store_database_is_the_owners_alone_and_an_existing_one_keeps_it
     await db.open()
     await db.close()
     assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+    assert "readable by every user" not in caplog.text
+
+    old = tmp_path / "older.db"  # an older release's, world-readable: said at start, left as it is
+    old.touch(mode=0o644)
+    old.chmod(0o644)
+    db = SqliteDatabase(old)
+    await db.open()
+    await db.close()
+    assert stat.S_IMODE(old.stat().st_mode) == 0o644
+    assert f"{old} is readable by every user of this host: chmod 600 it" in caplog.text
