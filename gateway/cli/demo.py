@@ -337,6 +337,20 @@ def _start_idp() -> KeycloakServer:
 
 
 async def _demo(oneshot: bool, port: int, idp: bool = False) -> int:
+    # what can be checked without starting or writing anything, first
+    if port_in_use("127.0.0.1", port):
+        print(
+            f"pvegate: cannot start: 127.0.0.1:{port} is in use; choose another with make demo PORT=<port>"
+            " (or pvegate demo --port <port>)",
+            file=sys.stderr,
+        )
+        return 2
+    if idp:
+        try:  # not provisioned: say so before starting anything
+            java_home(install_dir())
+        except KeycloakUnavailable as exc:
+            print(f"pvegate: cannot start the identity provider: {exc}", file=sys.stderr)
+            return 2
     lock = hold_demo_dir(DEMO_DIR)
     if lock is None:
         print(
@@ -350,20 +364,8 @@ async def _demo(oneshot: bool, port: int, idp: bool = False) -> int:
 
 
 async def _demo_locked(oneshot: bool, port: int, idp: bool) -> int:
-    if port_in_use("127.0.0.1", port):
-        print(
-            f"pvegate: cannot start: 127.0.0.1:{port} is in use; choose another with make demo PORT=<port>"
-            " (or pvegate demo --port <port>)",
-            file=sys.stderr,
-        )
-        return 2
     kc: KeycloakServer | None = None
     if idp:
-        try:  # not provisioned: say so before starting anything
-            java_home(install_dir())
-        except KeycloakUnavailable as exc:
-            print(f"pvegate: cannot start the identity provider: {exc}", file=sys.stderr)
-            return 2
         say(f">> starting Keycloak {KEYCLOAK_VERSION} (about 10-20 s, at most {KEYCLOAK_START_TIMEOUT:.0f} s)")
         try:
             kc = await asyncio.to_thread(_start_idp)
