@@ -44,6 +44,13 @@ def check_notification(version_header: str) -> None:
         raise _fault(rej, None)
 
 
+def refuse_duplicated_routing_headers(msg: Message, raw: Iterable[tuple[bytes, bytes]]) -> None:
+    """RpcFault (-32020) when a routing header (MCP-Protocol-Version, ...) appears more than once."""
+    decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
+    if (dup := find_duplicated_routing_header(decoded)) is not None:
+        raise RpcFault(HEADER_MISMATCH, f"{dup} header appears more than once", id_=msg.id)
+
+
 def classify(msg: Message, headers: dict[str, str] | None, raw_headers: Iterable[tuple[str, str]]) -> tuple[str, Any]:
     """Run the ladder; returns (protocol version, declared client capabilities) or raises RpcFault.
     `headers` None (stdio): no routing headers exist, so the header rung is skipped."""

@@ -178,11 +178,11 @@ class _Lines:
                 while (rest := await asyncio.to_thread(self.stream.readline, 65536)) and not rest.endswith(b"\n"):
                     pass
                 return TOO_LONG
-            return line.rstrip(b"\r\n")
+            return self._within(line.rstrip(b"\r\n"))
         try:
             line = await self.reader.readuntil(b"\n")
         except asyncio.IncompleteReadError as exc:  # end of input, maybe a last line without newline
-            return exc.partial.rstrip(b"\r") if exc.partial else None
+            return self._within(exc.partial.rstrip(b"\r")) if exc.partial else None
         except asyncio.LimitOverrunError:
             while True:  # drop the rest of the over-long line
                 try:
@@ -192,7 +192,12 @@ class _Lines:
                     await self.reader.readexactly(exc.consumed)
                 except asyncio.IncompleteReadError:
                     return TOO_LONG
-        return line.rstrip(b"\r\n")
+        return self._within(line.rstrip(b"\r\n"))
+
+    def _within(self, line: bytes) -> bytes:
+        """The line, or TOO_LONG past `limit` bytes (the readers let one byte more through: their bound
+        counts the newline), as HTTP refuses a body past max_body_bytes."""
+        return TOO_LONG if len(line) > self.limit else line
 
 
 async def serve_stdio(

@@ -25,6 +25,7 @@ from gateway.components import Components
 from gateway.core.principal import Principal
 from gateway.mcp import handoff, methods, modern, principal_limits
 from gateway.mcp.jsonrpc import (
+    HEADER_MISMATCH,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -36,7 +37,7 @@ from gateway.mcp.jsonrpc import (
     result_response,
 )
 from gateway.mcp.request_state import RequestStates, Sessions
-from gateway.mcp.wellknown import metadata_url
+from gateway.mcp.wellknown import authorization_servers, metadata_url
 from gateway.store.audit import AuditRecord
 from gateway.store.outcomes import (
     AUDIT_UNAVAILABLE,
@@ -60,8 +61,9 @@ def www_authenticate(c: Components, err: AuthError) -> str:
     parts = [f'error="{err.error}"', f'error_description="{_quote(str(err))}"'] if err.credentials else []
     if err.scope:
         parts.append(f'scope="{" ".join(err.scope)}"')
-    parts.append(f'resource_metadata="{metadata_url(c.config)}"')
-    return "Bearer " + ", ".join(parts)
+    if authorization_servers(c.config):  # else there is no metadata document to point at (wellknown.py)
+        parts.append(f'resource_metadata="{metadata_url(c.config)}"')
+    return " ".join(["Bearer", ", ".join(parts)]) if parts else "Bearer"
 
 
 def _quote(text: str) -> str:
@@ -183,6 +185,9 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
     msg: Message | None = None
     try:
         msg = parse_message(await request.body())
+        # a routing header sent twice is refused in both eras, before the era is chosen from its first
+        # copy: an intermediary reading the last copy would route the request differently
+        modern.refuse_duplicated_routing_headers(msg, request.scope["headers"])
         if modern.is_modern(version_header):
             assert version_header is not None
             return await _modern(c, principal, request, msg, version_header)
@@ -202,10 +207,11 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
 
 
 def _status(fault: RpcFault, is_modern: bool) -> int | None:
-    """Modern era: the SDK's code→status table. Handshake era: 400 for envelope faults, else 200."""
+    """Modern era: the SDK's code→status table. Handshake era: 400 for envelope faults (a routing
+    header sent twice among them), else 200."""
     if is_modern:
         return None
-    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST) else 200
+    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST, HEADER_MISMATCH) else 200
 
 
 async def _refuse(

@@ -18,7 +18,8 @@ MCP_PATH = "/mcp"
 
 
 def base_url(config: Config) -> str:
-    return (config.public_url or f"https://{config.host}:{config.port}").rstrip("/")
+    scheme = "http" if config.tls.insecure_http else "https"  # what the listener speaks
+    return (config.public_url or f"{scheme}://{config.host}:{config.port}").rstrip("/")
 
 
 def resource_url(config: Config) -> str:
@@ -52,5 +53,10 @@ def metadata(config: Config) -> dict[str, Any]:
 
 
 async def protected_resource(request: Request) -> Response:
+    """The metadata, when an authorization server issues tokens for us: RFC 9728 / MCP require at
+    least one in it. Without one (static tokens: an issuer that is no URL, as in the demo), there is
+    no document and 401 challenges do not point at one (transport.www_authenticate)."""
     config: Config = request.app.state.components.config
+    if not authorization_servers(config):
+        return JSONResponse({"error": "not_found", "detail": "no authorization server issues tokens here"}, 404)
     return JSONResponse(metadata(config), headers={"cache-control": "public, max-age=300"})

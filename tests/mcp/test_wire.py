@@ -259,6 +259,22 @@ def test_modern_duplicate_routing_header_is_refused(
     assert r.status_code == 400 and error_of(r)["code"] == -32020
 
 
+@pytest.mark.parametrize("first", ["2025-11-25", "modern"])
+def test_a_protocol_version_header_sent_twice_is_refused_whichever_copy_comes_first(
+    gateway: GatewayThread, env: DevEnv, http: httpx.Client, token: str, first: str
+) -> None:
+    """Routing by the first copy while an intermediary reads the last would split the two on the era:
+    refused in both eras, before the era is chosen."""
+    modern = modern_headers(token, "tools/list")
+    versions = ["2025-11-25", modern["mcp-protocol-version"]]
+    if first == "modern":
+        versions.reverse()
+    rest = [(k, v) for k, v in modern.items() if k != "mcp-protocol-version"]
+    headers = [*rest, *(("mcp-protocol-version", v) for v in versions)]
+    r = http.post(env.url, content=json.dumps(modern_body("tools/list", {})).encode(), headers=headers)
+    assert r.status_code == 400 and error_of(r)["code"] == -32020, r.text
+
+
 def test_modern_unknown_tool_and_notification(
     gateway: GatewayThread, env: DevEnv, http: httpx.Client, token: str
 ) -> None:
