@@ -369,6 +369,7 @@ def test_sqlite_errors_are_one_line(tmp_path: Path) -> None:
     cfg = load(_sqlite_config(tmp_path))
     cfg.audit_path.parent.mkdir(parents=True)
     cfg.audit_path.write_bytes(b"this is not a database" * 100)
+    cfg.audit_path.chmod(0o600)  # as the gateway makes it (a world-readable one is warned about: one more line)
     for command in ("upgrade", "status"):
         r = run_pvegate("db", command, "--config", str(tmp_path / "pvegate.yaml"))
         assert "not a database" in one_line_error(r), (command, r.stderr)
