@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,20 @@ def hsim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     handle.stop()
 
 
-@pytest.fixture(scope="module")
-def henv(hsim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+def sandbox_capped_at(guests: int) -> Callable[[dict[str, Any]], None]:
+    """A policy-data edit: provisioners may have at most `guests` guests in the sandbox pool."""
+
     def edit(data: dict[str, Any]) -> None:
         for q in data["resource_quotas"]:
             if q["name"] == "provisioners-in-sandbox":
-                q["max_pool_total"] = {"guests": 1}
+                q["max_pool_total"] = {"guests": guests}
 
-    return example_env(tmp_path_factory.mktemp("holds"), hsim, edit)
+    return edit
+
+
+@pytest.fixture(scope="module")
+def henv(hsim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    return example_env(tmp_path_factory.mktemp("holds"), hsim, sandbox_capped_at(1))
 
 
 @pytest.fixture(scope="module")
@@ -130,21 +136,21 @@ async def test_what_another_call_holds_counts_and_is_shown(hgw: GatewayThread, h
     assert holds(hgw).held() == 0
 
 
+def impatient_env(tmp_path: Path, sim: Any) -> DevEnv:
+    """The sandbox capped at 10 guests, on a cluster whose answers the gateway waits 1 s for."""
+    env = example_env(tmp_path, sim, sandbox_capped_at(10))
+    raw = yaml.safe_load(env.config_path.read_text())
+    raw["clusters"][0]["timeout"] = 1.0
+    env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env.config = load(env.config_path)
+    return env
+
+
 async def test_a_create_left_to_reconciliation_keeps_its_hold_until_it_is_settled(hsim: Any, tmp_path: Path) -> None:
     """Its answer lost, the create is `interrupted`: Proxmox may still be making the guest, so the
     call keeps its hold; reconciliation finds the task and settles the call, and gives the hold back."""
     sim = hsim
-
-    def edit(data: dict[str, Any]) -> None:
-        for q in data["resource_quotas"]:
-            if q["name"] == "provisioners-in-sandbox":
-                q["max_pool_total"] = {"guests": 10}
-
-    env = example_env(tmp_path, sim, edit)
-    raw = yaml.safe_load(env.config_path.read_text())
-    raw["clusters"][0]["timeout"] = 1.0  # the gateway gives up on the answer after 1 s ...
-    env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    env.config = load(env.config_path)
+    env = impatient_env(tmp_path, sim)  # the gateway gives up on the answer after 1 s ...
     gw = GatewayThread(env.config).start()
     try:
         # ... while Proxmox starts the create at once and answers the POST 2.5 s later
@@ -222,17 +228,7 @@ async def test_a_restart_takes_the_holds_of_calls_still_open_again(hsim: Any, tm
     runs in Proxmox takes its hold again from the call's decision record before it serves, keeps it
     while the task runs, and gives it back when reconciliation settles the call."""
     sim = hsim
-
-    def edit(data: dict[str, Any]) -> None:
-        for q in data["resource_quotas"]:
-            if q["name"] == "provisioners-in-sandbox":
-                q["max_pool_total"] = {"guests": 10}
-
-    env = example_env(tmp_path, sim, edit)
-    raw = yaml.safe_load(env.config_path.read_text())
-    raw["clusters"][0]["timeout"] = 1.0
-    env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    env.config = load(env.config_path)
+    env = impatient_env(tmp_path, sim)
     gw = GatewayThread(env.config).start()
     try:  # the answer comes after the gateway gave up, and the task runs on for a while
         sim.set_faults(answer_delay_ms=2500, answer_delay_path=r"^/nodes/pve1/qemu$", task_seconds=6)
