@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,15 @@ from tests.support import GatewayThread, free_port
 STEP_UP_SECONDS = 300
 
 
-def console_policy(root: Path, step_up: int = STEP_UP_SECONDS, approver_sections: str | None = None) -> Path:
-    """The approvals test data, a step-up limit on every risk level, and (approver_sections="all")
-    every console section open to approvers (the browser test's alice takes the screenshots)."""
+def console_policy(
+    root: Path,
+    step_up: int = STEP_UP_SECONDS,
+    approver_sections: str | None = None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """The approvals test data, a step-up limit on every risk level, (approver_sections="all")
+    every console section open to approvers (the browser test's alice takes the screenshots), and
+    the test's own `edit` of the data."""
     write_policy_data(root)
     path = root / "data" / "data.yaml"
     data = yaml.safe_load(path.read_text())
@@ -39,6 +45,8 @@ def console_policy(root: Path, step_up: int = STEP_UP_SECONDS, approver_sections
     data["approval"]["step_up_max_age_seconds_by_level"] = dict.fromkeys(levels, step_up)
     if approver_sections == "all":
         data["roles"]["approver"]["console"] = ["approvals", "audit", "policy"]
+    if edit is not None:
+        edit(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return root
 
@@ -68,18 +76,32 @@ def csim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     handle.stop()
 
 
-@pytest.fixture(scope="package")
-def cenv(csim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
-    policy = console_policy(tmp_path_factory.mktemp("cpolicy"))
+def console_env(
+    tmp_path_factory: pytest.TempPathFactory,
+    sim: Any,
+    name: str,
+    policy: Path,
+    issuer: str | None = None,
+    auth: dict[str, Any] | None = None,
+) -> DevEnv:
+    """A console gateway on `sim` with the repository's policy and the test `policy` data beside it.
+    Without an `issuer`, none listens where the console points: such tests never sign in
+    (test_browser.py does, at Keycloak)."""
     opa = {
         "mode": "managed",
         "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(policy)],
     }
-    work = tmp_path_factory.mktemp("cgw")
+    work = tmp_path_factory.mktemp(f"{name}gw")
     port = free_port()
-    # no provider listens at this issuer: these tests never sign in (test_browser.py does, at Keycloak)
-    extra = console_extra(work, f"http://127.0.0.1:{free_port()}/realms/none", port)
-    return make_env(work, {"default": csim}, port=port, opa=opa, extra=extra)
+    extra = console_extra(work, issuer or f"http://127.0.0.1:{free_port()}/realms/none", port)
+    if auth is not None:
+        extra["auth"] = auth
+    return make_env(work, {"default": sim}, port=port, opa=opa, extra=extra)
+
+
+@pytest.fixture(scope="package")
+def cenv(csim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    return console_env(tmp_path_factory, csim, "c", console_policy(tmp_path_factory.mktemp("cpolicy")))
 
 
 @pytest.fixture(scope="package")

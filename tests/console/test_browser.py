@@ -25,10 +25,9 @@ from mcp_types import ElicitRequestURLParams, ElicitResult
 from gateway.admin.console.session import SESSION_COOKIE
 from gateway.cli import main as cli
 from gateway.dev.client import mcp_client
-from gateway.dev.devenv import DevEnv, make_env
-from gateway.policy.opa_sidecar import REPO_ROOT
-from tests.console.conftest import console_extra, console_policy
-from tests.support import GatewayThread, audit_rows, free_port
+from gateway.dev.devenv import DevEnv
+from tests.console.conftest import console_env, console_policy
+from tests.support import GatewayThread, audit_rows
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -58,15 +57,8 @@ def bsim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def benv(bsim: Any, keycloak: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
     policy = console_policy(tmp_path_factory.mktemp("bpolicy"), step_up=STEP_UP, approver_sections="all")
-    opa = {
-        "mode": "managed",
-        "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(policy)],
-    }
-    work = tmp_path_factory.mktemp("bgw")
-    port = free_port()
-    extra: dict[str, Any] = console_extra(work, keycloak.issuer, port)
-    extra["auth"] = keycloak.auth_config()  # the realm's tokens, mapped by the defaults: no custom claim
-    return make_env(work, {"default": bsim}, port=port, opa=opa, extra=extra)
+    # the realm's tokens, mapped by the defaults: no custom claim
+    return console_env(tmp_path_factory, bsim, "b", policy, keycloak.issuer, keycloak.auth_config())
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from gateway.admin.console import views
-from gateway.dev.devenv import DevEnv, make_env
-from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api, outcome
-from tests.console.conftest import Browser, console_extra, console_policy, human
-from tests.support import GatewayThread, free_port, sqlite_exec
+from tests.console.conftest import Browser, console_env, console_policy, human
+from tests.support import GatewayThread, sqlite_exec
 
 CAROL = human("carol", ["approver"], ["sre-leads"])
 ERIN = human("erin", ["auditor"], [])
@@ -43,11 +41,7 @@ def hidden_in(text: str) -> list[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def denv(csim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
-    policy = console_policy(tmp_path_factory.mktemp("dpolicy"), approver_sections="all")
-    path = policy / "data" / "data.yaml"
-    data = yaml.safe_load(path.read_text())
+def describing_prod_needs_a_lead(data: dict[str, Any]) -> None:
     data["approval"]["rules"].append(
         {
             "name": "test-prod-description",
@@ -57,15 +51,13 @@ def denv(csim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
             "approver_groups": ["sre-leads"],
         }
     )
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    opa = {
-        "mode": "managed",
-        "policies": [str(REPO_ROOT / "policies" / "pvegate"), str(REPO_ROOT / "policies" / "system"), str(policy)],
-    }
-    work = tmp_path_factory.mktemp("dgw")
-    port = free_port()
-    extra = console_extra(work, f"http://127.0.0.1:{free_port()}/realms/none", port)
-    return make_env(work, {"default": csim}, port=port, opa=opa, extra=extra)
+
+
+@pytest.fixture(scope="module")
+def denv(csim: Any, tmp_path_factory: pytest.TempPathFactory) -> DevEnv:
+    root = tmp_path_factory.mktemp("dpolicy")
+    policy = console_policy(root, approver_sections="all", edit=describing_prod_needs_a_lead)
+    return console_env(tmp_path_factory, csim, "d", policy)
 
 
 @pytest.fixture(scope="module")
