@@ -235,6 +235,17 @@ def guest_size(
     return {"cores": cores, "memory_mib": memory_mib, "disk_gib": -(-disk // GiB)}
 
 
+def _summed(sizes: list[tuple[int, int, int]]) -> dict[str, int]:
+    """What guests sized by size_parts hold together, as a pool's usage counts it: their disks
+    summed in bytes, then rounded up to whole GiB."""
+    return {
+        "guests": len(sizes),
+        "cores": sum(c for c, _, _ in sizes),
+        "memory_mib": sum(m for _, m, _ in sizes),
+        "disk_gib": -(-sum(d for _, _, d in sizes) // GiB),
+    }
+
+
 def tag_list(value: Any) -> list[str]:
     """A guest's tags as a list: Proxmox writes them `;`-separated (older releases `,`)."""
     return [t for t in str(value or "").replace(",", ";").split(";") if t]
@@ -645,13 +656,7 @@ class TargetResolver:
         read or sized: a pool summed without it would look emptier than it is."""
         index = await self._index(cluster, fresh=fresh)
         members = [g for g in index["guests"].values() if g.get("pool") == pool]
-        sizes = await configs.sizes(members, index["nodes"])
-        return {
-            "guests": len(members),
-            "cores": sum(c for c, _, _ in sizes),
-            "memory_mib": sum(m for _, m, _ in sizes),
-            "disk_gib": -(-sum(d for _, _, d in sizes) // GiB),
-        }
+        return _summed(await configs.sizes(members, index["nodes"]))
 
     async def _members_size(
         self, vmids: Any, pool: Any, cluster: str, configs: _Configs
@@ -671,16 +676,10 @@ class TargetResolver:
                 if row.get("pool") != pool:
                     rows.append(row)
         sizes = await configs.sizes(rows, index["nodes"]) if rows else []
-        cores, memory, disk = [c for c, _, _ in sizes], [m for _, m, _ in sizes], [d for _, _, d in sizes]
-        requested = {
-            "guests": len(rows),
-            "cores": sum(cores),
-            "memory_mib": sum(memory),
-            "disk_gib": -(-sum(disk) // GiB),
-        }
+        cores, memory, disk = ([part[i] for part in sizes] for i in range(3))
         largest = {"cores": max(cores, default=0), "memory_mib": max(memory, default=0)}
         largest["disk_gib"] = -(-max(disk, default=0) // GiB)
-        return requested, largest
+        return _summed(sizes), largest
 
     async def _clone_size(self, vmid: Any, cluster: str, target: dict[str, Any], configs: _Configs) -> dict[str, int]:
         """The size of a clone's source, from its config, counted as a create counts it: every
