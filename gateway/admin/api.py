@@ -68,6 +68,13 @@ def _err(status: int, error: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers={"Cache-Control": "no-store"})
 
 
+def _retry_later(error: str, detail: str, wait: int) -> JSONResponse:
+    """429: the caller is over one of its limits for `wait` more seconds."""
+    response = _err(429, error, f"{detail}: retry in {wait} s")
+    response.headers["Retry-After"] = str(wait)
+    return response
+
+
 def source_ip(request: Request) -> str | None:
     """The peer's address, as audit records and the approver policy's `request.source_ip` carry it
     (the console's pages too)."""
@@ -406,11 +413,7 @@ async def _vote(request: Request, verdict: str) -> Response:
     limits = _components(request).principal_limits
     if await limits.over_budget(who.sub, f"{verdict}_refused"):
         wait = max(1, math.ceil(limits.throttled_for(who.sub) or 1))
-        return JSONResponse(
-            {"error": "too_many_refusals", "detail": f"too many refused requests from {who.sub}: retry in {wait} s"},
-            status_code=429,
-            headers={"Cache-Control": "no-store", "Retry-After": str(wait)},
-        )
+        return _retry_later("too_many_refusals", f"too many refused requests from {who.sub}", wait)
     # and it takes one of the voter's vote slots while it runs (slots of their own: a person's votes do
     # not wait behind calls made under the same subject), so votes sent at once pass the budget by at
     # most max_inflight_per_principal, as calls do
@@ -435,14 +438,7 @@ async def _vote(request: Request, verdict: str) -> Response:
                 limits.refused(who.sub)
             return _vote_response(out)
     except Limited as exc:  # all its vote slots are taken (the budget was checked above)
-        return JSONResponse(
-            {
-                "error": "too_many_in_flight",
-                "detail": f"too many votes of {who.sub} in flight: retry in {exc.retry_after} s",
-            },
-            status_code=429,
-            headers={"Cache-Control": "no-store", "Retry-After": str(exc.retry_after)},
-        )
+        return _retry_later("too_many_in_flight", f"too many votes of {who.sub} in flight", exc.retry_after)
 
 
 async def approval_approve(request: Request) -> Response:
