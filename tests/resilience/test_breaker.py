@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 import pytest
@@ -166,3 +167,93 @@ async def test_open_message_names_counts_and_kinds_not_upstream_text() -> None:
     assert "mallory" not in text
     b.success()
     assert b.kinds == {} and b.failures == 0
+
+
+class Probe:
+    """The gateway's own request, answering as told; counts how often it was asked."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.asked = 0
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self) -> bool:
+        self.asked += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.answers
+
+
+async def test_with_a_probe_that_answers_callers_failures_do_not_open() -> None:
+    """Timeouts a caller chose (a slow read) reach the threshold; the API answers the gateway's probe,
+    so the count starts again and the circuit stays closed."""
+    probe = Probe(answers=True)
+    b = CircuitBreaker("c1", threshold=3, probe=probe)
+    for _ in range(7):
+        await send_error(b)
+    assert b.state == "closed" and b.opens == 0 and probe.asked == 2 and b.confirmed == 2 and b.failures == 1
+
+
+async def test_with_a_probe_that_fails_the_circuit_opens() -> None:
+    probe = Probe(answers=False)
+    b = CircuitBreaker("c1", threshold=3, probe=probe)
+    for _ in range(3):
+        await send_error(b)
+    assert b.state == "open" and b.opens == 1 and probe.asked == 1
+
+
+async def test_failures_at_once_ask_the_probe_once() -> None:
+    probe = Probe(answers=False)
+    probe.gate = asyncio.Event()
+    b = CircuitBreaker("c1", threshold=2, probe=probe)
+    waiting = [asyncio.ensure_future(send_error(b)) for _ in range(4)]
+    await asyncio.sleep(0.01)
+    probe.gate.set()
+    await asyncio.gather(*waiting)
+    assert probe.asked == 1 and b.state == "open" and b.opens == 1
+
+
+async def test_once_open_the_probe_not_a_caller_decides_when_it_closes() -> None:
+    clock = Clock()
+    probe = Probe(answers=False)
+    b = CircuitBreaker("c1", threshold=1, cooldown=2.0, clock=clock, probe=probe)
+    await send_error(b)
+    assert b.state == "open"
+    sent: list[int] = []
+
+    async def send() -> Reply:
+        sent.append(1)
+        return response(200)
+
+    clock.now += 2.0
+    with pytest.raises(CircuitOpen):  # the probe failed: the caller's request never went out
+        await b.call(send)
+    assert sent == [] and b.state == "open" and probe.asked == 2
+    with pytest.raises(CircuitOpen):  # a new cooldown began with the failed probe
+        await b.call(send)
+    assert probe.asked == 2
+    clock.now += 2.0
+    probe.answers = True
+    assert (await b.call(send)).status == 200
+    assert sent == [1] and b.state == "closed" and b.failures == 0
+
+
+async def test_a_caller_leaving_while_the_probe_runs_leaves_the_circuit_to_the_next() -> None:
+    clock = Clock()
+    probe = Probe(answers=True)
+    b = CircuitBreaker("c1", threshold=1, cooldown=2.0, clock=clock, probe=Probe(answers=False))
+    await send_error(b)
+    b.probe = probe
+    probe.gate = asyncio.Event()
+    clock.now += 2.0
+    first = asyncio.ensure_future(send_status(b, 200))
+    await asyncio.sleep(0.01)
+    with pytest.raises(CircuitOpen):  # the others fail fast while it is asked
+        await send_status(b, 200)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert b.state == "open"  # not stuck half-open: the next caller asks
+    probe.gate.set()
+    assert (await send_status(b, 200)).status == 200
+    assert b.state == "closed" and probe.asked == 1  # the probe already under way was answered once

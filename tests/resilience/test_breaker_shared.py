@@ -1,9 +1,11 @@
 """The per-cluster circuit breaker is shared by every principal: what one principal can provoke
-at will (Proxmox answering 500 to a request error) must not pause the cluster for the others,
-and the fail-fast message must not carry another call's upstream text."""
+at will (Proxmox answering 500 to a request error, timeouts on a read it knows to be slow) must
+not pause the cluster for the others, and the fail-fast message must not carry another call's
+upstream text."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,7 +58,7 @@ async def test_an_open_circuit_tells_another_principal_no_upstream_text(
 ) -> None:
     mallory = renv.token("breaker-mallory", ["viewer"], kind="service")
     bob = renv.token("breaker-bob", ["viewer"], kind="service")
-    rsim.set_faults(error_rate=1.0, error_status=503, error_path="^/nodes$")
+    rsim.set_faults(error_rate=1.0, error_status=503, error_path="^/(nodes|version)$")  # the API, not a read
     for _ in range(breaker.threshold):
         res = await one(renv, sgw, mallory, "list_nodes", {})
         assert res["isError"] and "Proxmox answered 503: simulated error" in text_of(res), text_of(res)
@@ -68,3 +70,24 @@ async def test_an_open_circuit_tells_another_principal_no_upstream_text(
     assert "simulated error" not in text and "Proxmox answered" not in text, text
     rsim.set_faults(error_rate=0)
     breaker.success()
+
+
+async def test_one_principals_slow_reads_do_not_pause_the_cluster_for_another(
+    renv: DevEnv, rsim: Any, sgw: GatewayThread, breaker: CircuitBreaker
+) -> None:
+    """Timeouts a principal provokes by choosing a read Proxmox is slow to answer reach the
+    threshold; the gateway's own GET /version answers, so the circuit stays closed."""
+    mallory = renv.token("breaker-mallory", ["viewer"], kind="service")
+    bob = renv.token("breaker-bob", ["viewer"], kind="service")
+    slow = {"node": "pve1", "storage": "local"}
+    opens, confirmed = breaker.opens, breaker.confirmed
+    rsim.set_faults(latency_ms=20000, latency_path="^/nodes/pve1/storage/local/content$")  # beyond the 1.5 s timeout
+    try:  # three attempts each: six timeouts, over the threshold of five
+        results = await asyncio.gather(*(one(renv, sgw, mallory, "list_storage_content", slow) for _ in range(2)))
+    finally:
+        rsim.set_faults(latency_ms=0, latency_path=None)
+    for res in results:
+        assert res["isError"] and "did not answer in time" in text_of(res), text_of(res)
+    assert breaker.state == "closed" and breaker.opens == opens and breaker.confirmed > confirmed, breaker
+    res = await one(renv, sgw, bob, "list_nodes", {})
+    assert not res["isError"], text_of(res)

@@ -53,7 +53,8 @@ def nodes_reads(rsim: Any) -> int:
 async def test_slow_proxmox_times_out_with_a_clear_error_and_nothing_sticks(
     renv: DevEnv, rsim: Any, fgw: GatewayThread, breaker: CircuitBreaker, token: str
 ) -> None:
-    rsim.set_faults(latency_ms=20000, latency_path="^/nodes$")  # far beyond the 1.5 s timeout
+    # far beyond the 1.5 s timeout, for the API as a whole (the breaker's own probe is GET /version)
+    rsim.set_faults(latency_ms=20000, latency_path="^/(nodes|version)$")
     started = time.monotonic()
     res = await one(renv, fgw, token, "list_nodes")  # alone: three attempts, then a clear timeout
     assert res["isError"] and "did not answer in time" in text_of(res), text_of(res)
@@ -84,7 +85,7 @@ async def test_failing_api_opens_the_circuit_then_recovers(
     renv: DevEnv, rsim: Any, fgw: GatewayThread, breaker: CircuitBreaker, token: str
 ) -> None:
     # 503: the API is unavailable (a 500 is Proxmox's answer about the request: test_breaker_shared)
-    rsim.set_faults(error_rate=1.0, error_status=503, error_path="^/nodes$")
+    rsim.set_faults(error_rate=1.0, error_status=503, error_path="^/(nodes|version)$")
     for _ in range(breaker.threshold):
         res = await one(renv, fgw, token, "list_nodes")
         assert res["isError"] and "Proxmox answered 503" in text_of(res), text_of(res)

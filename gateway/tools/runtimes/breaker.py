@@ -19,6 +19,14 @@ the API did answer:
 - 595/596/597/599: pveproxy could not reach one *node*; the rest of the cluster still works;
 - 4xx: answers about the request.
 
+A transport failure can be provoked too: a principal that asks for a read Proxmox is slow to
+answer (a large listing, a path a proxy stalls on) gets timeouts of its own choosing. So, given a
+`probe` (the gateway's own GET /version), the breaker does not trust its callers' requests to say
+the API is down or back: on reaching the threshold it asks the probe first, and opens only when
+the probe fails too (when it answers, the failures were the requests' own and the count starts
+again); once open, the probe, not a caller's request, decides when it closes. Without a probe
+(its unit tests) the callers' requests count and probe as described above.
+
 The fail-fast message says how many consecutive failures of which kinds opened the circuit
 ("connection refused", "timeouts waiting for an answer", "HTTP 503 answers"); never any call's upstream
 text, which would carry one principal's error into another's reply and audit row.
@@ -26,6 +34,7 @@ text, which would carry one principal's error into another's reply and audit row
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -89,7 +98,11 @@ class CircuitBreaker:
     # the kinds of the consecutive failures (failure_kind, or "HTTP <status>"), counted: why the
     # circuit is open, in words that carry no call's upstream text. At most a handful of keys.
     kinds: dict[str, int] = field(default_factory=dict)
+    # the gateway's own request (True: the API answered), which alone opens and closes the circuit
+    probe: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False)
+    confirmed: int = 0  # how often the probe answered when callers' failures reached the threshold
     _probing: bool = field(default=False, repr=False)
+    _asking: asyncio.Future[bool] | None = field(default=None, repr=False)
 
     def before(self) -> None:
         """Raise CircuitOpen unless a request may go out now."""
@@ -117,23 +130,32 @@ class CircuitBreaker:
         self.kinds = {}
 
     def failure(self, kind: str = "errors") -> None:
+        self._count(kind)
+        self._probing = False
+        if self.state == "half_open" or self.failures >= self.threshold:
+            self._open()
+
+    def _count(self, kind: str) -> None:
         self.failures += 1
         if kind in self.kinds or len(self.kinds) < 8:
             self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        self._probing = False
-        if self.state == "half_open" or self.failures >= self.threshold:
-            if self.state != "open":
-                self.opens += 1
-            self.state = "open"
-            self.opened_at = self.clock()
+
+    def _open(self) -> None:
+        if self.state != "open":
+            self.opens += 1
+        self.state = "open"
+        self.opened_at = self.clock()
 
     async def call(self, send: Callable[[], Awaitable[Reply]]) -> Reply:
         """Send one request through the breaker; transport errors are re-raised after counting."""
-        self.before()
+        if self.probe is not None:
+            await self._admit()
+        else:
+            self.before()
         try:
             response = await send()
         except (NotSent, AnswerMissing) as exc:
-            self.failure(failure_kind(exc))
+            await self._failed(failure_kind(exc))
             raise
         except BaseException:
             self._probing = False  # cancelled or unexpected: neither proof of health nor of outage
@@ -141,7 +163,62 @@ class CircuitBreaker:
                 self.state = "open"
             raise
         if is_outage(response.status):
-            self.failure(f"HTTP {response.status} answers")
+            await self._failed(f"HTTP {response.status} answers")
         else:
             self.success()  # the API answered (a 500 about the request is an answer too)
         return response
+
+    async def _admit(self) -> None:
+        """before(), with the gateway's probe in place of a caller's request once the cooldown is over:
+        one caller asks it while the others fail fast; its answer closes the circuit (and that
+        caller's request goes out), its failure keeps it open for another cooldown."""
+        self.before()
+        if self.state != "half_open":
+            return
+        try:
+            answered = await self._ask()
+        except BaseException:  # the caller left: the next one after the cooldown asks (the same probe)
+            self.state, self._probing = "open", False
+            raise
+        if answered:
+            self.success()
+            return
+        self.failure("failed probes")
+        self.before()  # raises CircuitOpen: open again, for another cooldown
+
+    async def _failed(self, kind: str) -> None:
+        """Count a caller's failure; one that reaches the threshold opens the circuit only if the
+        probe (when there is one) fails too."""
+        if self.probe is None or self.state != "closed":
+            self.failure(kind)
+            return
+        self._count(kind)
+        if self.failures < self.threshold:
+            return
+        if await self._ask():  # concurrent failures wait for the same answer
+            # the API answers the gateway: these were the requests' own failures (a slow read a
+            # caller chose), which must not pause the cluster for every other principal
+            if self.state == "closed" and self.failures:
+                self.confirmed += 1
+                self.success()
+        elif self.state == "closed":
+            self._open()
+
+    async def _ask(self) -> bool:
+        """The probe's answer, asked once for every caller waiting on it at the same time."""
+        assert self.probe is not None
+        if self._asking is None:
+            self._asking = asyncio.ensure_future(self._probe_once(self.probe))
+        asking = self._asking
+        try:
+            return await asyncio.shield(asking)
+        finally:
+            if asking.done() and self._asking is asking:
+                self._asking = None
+
+    @staticmethod
+    async def _probe_once(probe: Callable[[], Awaitable[bool]]) -> bool:
+        try:
+            return await probe()
+        except Exception:  # no answer is a failed probe
+            return False

@@ -38,7 +38,7 @@ from gateway.tools.runtimes.base import (
     freeze_for_test,
     test_fault,
 )
-from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen
+from gateway.tools.runtimes.breaker import CircuitBreaker, CircuitOpen, is_outage
 from gateway.tools.runtimes.reducers import TRANSFORMS
 from gateway.tools.runtimes.transport import AnswerMissing, AnswerTooLarge, NotSent, PveHttp, Reply
 from gateway.tools.tool import PLACEHOLDER, Tool
@@ -217,7 +217,8 @@ class PveApiClient:
         self.clean = Scrub(token)  # every upstream text on its way into an error
         self._http: PveHttp | None = None
         self._lock = asyncio.Lock()
-        self.breaker = CircuitBreaker(cluster.name)  # fail fast while the cluster's API is down
+        # fail fast while the cluster's API is down, as the gateway's own GET /version finds it
+        self.breaker = CircuitBreaker(cluster.name, probe=self._answers)
 
     async def _client(self) -> PveHttp:
         if self._http is None:
@@ -308,6 +309,10 @@ class PveApiClient:
         readiness report's reachability probe): the HTTP status. Raises on no answer."""
         http = await self._client()
         return (await http.request("GET", "/version")).status
+
+    async def _answers(self) -> bool:
+        """The breaker's probe: whether the API answers the gateway's own request."""
+        return not is_outage(await self.ping())
 
     async def close(self) -> None:
         if self._http is not None:
