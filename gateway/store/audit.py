@@ -54,6 +54,7 @@ from gateway.store.audit_seal import (
 from gateway.store.db import (
     IDLE_IN_TRANSACTION_SECONDS,
     REPLICA_SETTINGS,
+    Database,
     create_private,
     refusal,
     release_committed,
@@ -94,6 +95,9 @@ CREATE TABLE IF NOT EXISTS audit_meta (
 # database from before versioning has exactly it). PostgreSQL's also makes audit_replicas (who runs
 # which call, for reconciliation) and marks the new, empty chain `fresh`: only such a chain may be
 # sealed under an existing key (an emptied one must not be re-sealed, as with SQLite's new file).
+# SQL alone cannot sign, so the migration's mark is FRESH_UNSIGNED; `pvegate db upgrade` then signs it
+# with the head key (sign_fresh), and only a signed mark is honoured: whoever can write to the
+# database, but holds no key, cannot empty the audit and mark it new to have it sealed again.
 MIGRATIONS: dict[str, Sequence[str]] = {
     "sqlite": [SCHEMA],
     "postgresql": [
@@ -1455,6 +1459,39 @@ def open_seal(path: Path, key_path: Path, *, new_file: bool = False) -> Seal:
         con.close()
 
 
+FRESH_UNSIGNED = "true"  # the migration's mark of a new chain, before `pvegate db upgrade` signs it
+
+
+async def sign_fresh(db: Database, key: HeadKey) -> bool:
+    """PostgreSQL: sign the migration's mark of a new, empty chain with the head key (`pvegate db
+    upgrade`, which holds the key); whether there was one to sign. A sealed chain has no mark."""
+    doc = key.sign("fresh", {"key_id": key.key_id, "nonce": uuid.uuid4().hex, "ts": time.time()})
+    async with db.transaction() as tx:
+        changed = await tx.execute(
+            "UPDATE audit_meta SET value = ? WHERE key = 'fresh' AND value = ?", json.dumps(doc), FRESH_UNSIGNED
+        )
+    return changed > 0
+
+
+def _fresh(key: HeadKey, meta: dict[str, str]) -> bool:
+    """Whether the chain is marked new by `pvegate db upgrade` with this key (an unsealed chain only)."""
+    text = meta.get("fresh")
+    if text is None or "created" in meta:
+        return False
+    with contextlib.suppress(ValueError, TypeError):
+        if key.check("fresh", json.loads(text)):
+            return True
+    if text == FRESH_UNSIGNED:
+        raise AuditIntegrityError(
+            "the audit chain is marked new but the mark is not signed: run `pvegate db upgrade` (with the audit "
+            "head key in place) once more to sign it, then start the replicas"
+        )
+    raise AuditIntegrityError(
+        "the audit chain is marked new, but not with this audit head key: the audit was emptied and marked by "
+        "hand, or `pvegate db upgrade` ran with another key (run `pvegate audit verify`, check your checkpoints)"
+    )
+
+
 def open_seal_pg(where: PgLocation, key_path: Path) -> Seal:
     """`open_seal` on PostgreSQL: the key must exist (every replica is given the same file; a key made
     here would be one replica's own), and only a `fresh` chain (its tables made by `pvegate db upgrade`,
@@ -1471,7 +1508,7 @@ def open_seal_pg(where: PgLocation, key_path: Path) -> Seal:
             raise AuditIntegrityError(f"{problem}; run `pvegate audit verify`")
         con.execute("BEGIN IMMEDIATE")
         try:
-            seal = _open_seal(con, key_path, "fresh" in _meta_all(con), create_key=False)
+            seal = _open_seal(con, key_path, _fresh(HeadKey.load(key_path), _meta_all(con)), create_key=False)
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:

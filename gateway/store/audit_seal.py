@@ -24,7 +24,7 @@ from typing import Any
 KEY_BYTES = 32
 KEY_FILE_NAME = "audit-head.key"
 # what each MAC is about: a MAC made for one purpose never passes as another
-PURPOSES = ("created", "head", "anchor", "archive", "mark")
+PURPOSES = ("created", "head", "anchor", "archive", "mark", "fresh")
 MARK_SUFFIX = ".hwm"  # the high-water mark: next to the key, `audit-head.key.hwm`
 MARK_TYPE = "pvegate-audit-high-water"
 

@@ -28,6 +28,7 @@ from gateway.store.schema import upgrade_all
 from tests.health.conftest import base_url, health_env, http_client, wait_for
 from tests.health.test_metrics import samples, value
 from tests.pgserver import PostgresServer, start_postgres
+from tests.store.auditstore import sign_new_chain
 from tests.support import GatewayThread, audit_rows
 
 UPID = "UPID:pve1:000F6AAE:0A1B2C3D:65000000:qmstart:100:pvegate@pve!gw:"
@@ -174,7 +175,8 @@ async def test_metrics_and_admin_health_answer_with_the_approvals_database_down(
         await db.close()
         env, scrape_token = _env(tmp_path, hsim, storage={"url": url, "pool_max_size": 4})
         env.config.audit_key_path.parent.mkdir(parents=True, exist_ok=True)
-        HeadKey.create(env.config.audit_key_path)  # what `pvegate db upgrade` leaves for every replica
+        HeadKey.create(env.config.audit_key_path)  # what `pvegate db upgrade` leaves for every replica,
+        await sign_new_chain(url, env.config.audit_key_path)  # with the new chain's mark signed by it
         gw = GatewayThread(env.config).start()
         base = base_url(env.config)
         try:

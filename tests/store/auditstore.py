@@ -12,7 +12,8 @@ from typing import Any
 
 import asyncpg
 
-from gateway.store.audit import AuditLog
+from gateway.store.audit import AuditLog, sign_fresh
+from gateway.store.audit_seal import HeadKey
 from gateway.store.db import PostgresDatabase
 from gateway.store.pgsync import PgLocation
 from gateway.store.schema import upgrade_all
@@ -21,16 +22,29 @@ from tests.pgserver import PostgresServer
 from tests.support import sqlite_exec
 
 
-async def new_pg_database(server: PostgresServer, prefix: str = "a_") -> str:
-    """A new, upgraded database on the server (what `pvegate db upgrade` leaves): its URL."""
+async def new_pg_database(server: PostgresServer, prefix: str = "a_", key: Path | None = None) -> str:
+    """A new, upgraded database on the server: its URL. With `key`, the audit head key is made there too
+    (when missing) and signs the new chain's mark: what `pvegate db upgrade` leaves, which a replica opens."""
     url = await server.create_database(prefix)
     db = PostgresDatabase(url)
     await db.open()
     try:
         await upgrade_all(db)
+        if key is not None:
+            await sign_fresh(db, HeadKey.load_or_create(key)[0])
     finally:
         await db.close()
     return url
+
+
+async def sign_new_chain(url: str, key: Path) -> None:
+    """`pvegate db upgrade`'s last step, for a test that made the key afterwards: sign the chain's mark."""
+    db = PostgresDatabase(url)
+    await db.open()
+    try:
+        await sign_fresh(db, HeadKey.load(key))
+    finally:
+        await db.close()
 
 
 def off(fn: Any, *args: Any, **kw: Any) -> Any:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store.audit_seal import HeadKey
 from gateway.store.db import Database, PostgresDatabase, SqliteDatabase
 from gateway.store.pgsync import PgLocation
 from gateway.store.schema import upgrade_all
@@ -68,6 +67,5 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "sqlite":
         return Store("sqlite", tmp_path / "state" / "audit.db", key, tmp_path)
     server: PostgresServer = request.getfixturevalue("postgres")
-    url = await new_pg_database(server)
-    HeadKey.create(key)  # on PostgreSQL `pvegate db upgrade` makes it; a replica never does
+    url = await new_pg_database(server, key=key)  # on PostgreSQL `pvegate db upgrade` makes it; a replica never does
     return Store("postgresql", PgLocation(url), key, tmp_path)

@@ -35,7 +35,7 @@ from gateway.store.pgsync import PgLocation
 from gateway.store.reconcile import Reconciler, claimed_tasks, open_calls
 from tests.config.conftest import minimal, write
 from tests.pgserver import PostgresServer, start_postgres
-from tests.store.auditstore import Store, new_pg_database, off
+from tests.store.auditstore import Store, new_pg_database, off, sign_new_chain
 
 
 def rec(i: int, kind: str = "decision", outcome: str | None = "allow", **body: Any) -> AuditRecord:
@@ -377,9 +377,8 @@ def _append_process(url: str, key: str, worker: int, n: int) -> None:
 
 
 async def test_three_processes_appending_at_once_make_one_chain(postgres: PostgresServer, tmp_path: Path) -> None:
-    url = await new_pg_database(postgres)
     key = tmp_path / "audit-head.key"
-    HeadKey.create(key)
+    url = await new_pg_database(postgres, key=key)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_append_process, args=(url, str(key), w, 50)) for w in range(3)]
     for p in procs:
@@ -404,6 +403,11 @@ async def test_a_replica_never_makes_the_key_and_a_fresh_chain_is_sealed_once(
         await log.open()
     assert not key.exists()
     HeadKey.create(key)
+    unsigned = AuditLog(PgLocation(url), head_key=key)  # the migration's mark, not yet signed by db upgrade
+    with pytest.raises(auditlib.AuditIntegrityError, match="mark is not signed: run `pvegate db upgrade`"):
+        await unsigned.open()
+    await unsigned.close()
+    await sign_new_chain(url, key)
     logs = [AuditLog(PgLocation(url), head_key=key) for _ in range(3)]
     await asyncio.gather(*[x.open() for x in logs])  # replicas starting at once: one seals, all agree
     try:
@@ -419,13 +423,23 @@ async def test_a_replica_never_makes_the_key_and_a_fresh_chain_is_sealed_once(
     with pytest.raises(auditlib.AuditIntegrityError, match="no records and no creation marker"):
         await again.open()
     await again.close()
+    # nor when whoever emptied it marks it new by hand, as the migration does: that mark is not signed
+    for mark in ("true", json.dumps({"key_id": "x", "nonce": "n", "ts": 1, "mac": "0" * 64})):
+        con = await asyncpg.connect(url)
+        await con.execute("DELETE FROM audit_meta")
+        await con.execute("INSERT INTO audit_meta VALUES ('fresh', $1)", mark)
+        await con.close()
+        again = AuditLog(PgLocation(url), head_key=key)
+        with pytest.raises(auditlib.AuditIntegrityError, match="is marked new"):
+            await again.open()
+        await again.close()
+    assert off(auditlib.verify, PgLocation(url), key=key).ok is False  # still shown as emptied
 
 
 async def two_replicas(postgres: PostgresServer, tmp_path: Path) -> tuple[str, Path, tuple[AuditLog, AuditLog]]:
     """A fresh audit database and two open replicas' logs on it (the caller closes them)."""
-    url = await new_pg_database(postgres)
     key = tmp_path / "audit-head.key"
-    HeadKey.create(key)
+    url = await new_pg_database(postgres, key=key)
     a, b = AuditLog(PgLocation(url), head_key=key), AuditLog(PgLocation(url), head_key=key)
     await a.open()
     await b.open()
@@ -620,9 +634,8 @@ def _restart(server: PostgresServer, down_for: float) -> None:
 async def test_postgresql_restarted_under_load_refuses_then_serves_again_without_a_restart(tmp_path: Path) -> None:
     server = start_postgres()  # its own server: the session's is shared by other tests
     try:
-        url = await new_pg_database(server)
         key = tmp_path / "audit-head.key"
-        HeadKey.create(key)
+        url = await new_pg_database(server, key=key)
         log = AuditLog(PgLocation(url), head_key=key)
         await log.open()
         outcomes = Outcomes(log, grace_seconds=1, min_free_bytes=0)
@@ -694,9 +707,8 @@ async def test_postgresql_restarted_under_load_refuses_then_serves_again_without
 
 async def test_a_store_error_is_the_stores_not_the_records(postgres: PostgresServer, tmp_path: Path) -> None:
     """PostgreSQL unreachable is AuditStoreError (every caller refused, readiness red), never a record's fault."""
-    url = await new_pg_database(postgres)
     key = tmp_path / "audit-head.key"
-    HeadKey.create(key)
+    url = await new_pg_database(postgres, key=key)
     log = AuditLog(PgLocation(url), head_key=key)
     await log.open()
     try:
@@ -782,9 +794,8 @@ async def test_an_idle_replica_keeps_its_heartbeat_fresh(
 ) -> None:
     """No call, no readiness probe: the writer still refreshes its row, so its long calls stay its own."""
     monkeypatch.setattr(auditlib, "HEARTBEAT_SECONDS", 0.2)
-    url = await new_pg_database(postgres)
     key = tmp_path / "audit-head.key"
-    HeadKey.create(key)
+    url = await new_pg_database(postgres, key=key)
     log = AuditLog(PgLocation(url), head_key=key)
     await log.open()
     try:

@@ -13,7 +13,6 @@ import pytest
 
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditIntegrityError, AuditLog, AuditRecord
-from gateway.store.audit_seal import HeadKey
 from gateway.store.pgsync import PgLocation
 from tests.pgserver import PostgresServer
 from tests.store.auditstore import new_pg_database, off
@@ -64,9 +63,9 @@ async def _sql(url: str, stmt: str) -> None:
 async def test_a_foreign_object_in_place_of_the_audit_tables_fails_verify_and_start(
     postgres: PostgresServer, tmp_path: Path, tamper: str
 ) -> None:
-    url = await new_pg_database(postgres)
-    where, key = PgLocation(url), tmp_path / "audit-head.key"
-    HeadKey.create(key)
+    key = tmp_path / "audit-head.key"
+    url = await new_pg_database(postgres, key=key)
+    where = PgLocation(url)
     log = AuditLog(where, head_key=key)
     await log.open()
     try:

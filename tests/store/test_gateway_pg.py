@@ -17,7 +17,7 @@ from gateway.store import audit as auditlib
 from gateway.store.audit_seal import HeadKey
 from gateway.store.pgsync import PgLocation
 from tests.pgserver import start_postgres
-from tests.store.auditstore import new_pg_database, off
+from tests.store.auditstore import new_pg_database, off, sign_new_chain
 from tests.store.test_audit_backends import start_server, stop_server
 from tests.support import GatewayThread, free_port
 
@@ -39,7 +39,8 @@ async def test_postgresql_down_means_refused_calls_and_red_readiness_then_served
                 "health": {"cluster_probe_interval": 0, "audit_probe_interval": 0.5, "audit_probe_timeout": 2},
             },
         )
-        HeadKey.create(env.config.audit_key_path)  # what `pvegate db upgrade` makes once
+        HeadKey.create(env.config.audit_key_path)  # what `pvegate db upgrade` makes once ...
+        await sign_new_chain(url, env.config.audit_key_path)  # ... and signs the new chain's mark with
         gw = GatewayThread(env.config).start()
         ctx = ssl.create_default_context(cafile=str(env.ca_file))
         token = env.token("pg-agent", ["operator"])

@@ -89,11 +89,22 @@ async def _upgrade_pg(db: PostgresDatabase, cfg: Config) -> int:
         # a sealed chain: its key must be here already (checked before anything is changed)
         key_line = _pg_head_key(cfg, created) if created is not None else None
         found = await _apply(db)
+        if created is None:
+            # a chain not sealed yet: its key, made only now (the database answered and took the schema),
+            # signs the chain's mark as new: a replica seals only a chain marked so (audit.sign_fresh)
+            from gateway.store.audit import sign_fresh
+
+            key_line = _pg_head_key(cfg, None)
+            try:
+                await sign_fresh(db, HeadKey.load(cfg.audit_key_path))
+            except AuditKeyError:
+                raise
+            except Exception as exc:
+                raise _Failed(f"the new audit chain's mark was not signed: {_why(exc, db.kind)}") from exc
     finally:
         await db.close()
     _versions(found)
-    # a chain not sealed yet: its key, made only now (the database answered and took the schema)
-    print(key_line or _pg_head_key(cfg, None))
+    print(key_line)
     return 0
 
 
