@@ -371,7 +371,13 @@ def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[
     except ValueError as exc:
         # urlsplit's text quotes the port or the whole user:password@host: never shown
         raise ConfigError(f"storage.url: not a valid PostgreSQL URL: {_urlsplit_reason(exc)}{moved}") from None
-    secret_params = sorted({k.lower() for k, _ in parse_qsl(parts.query)} & {"password", "sslpassword"})
+    try:  # as strictly as the driver (asyncpg) will: a `?sslmode` without a value is a mistake said here
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True) if parts.query else []
+    except ValueError:
+        raise ConfigError(
+            "storage.url: its query is not NAME=VALUE pairs joined by '&' (e.g. ?sslmode=verify-full)"
+        ) from None
+    secret_params = sorted({k.lower() for k, _ in query} & {"password", "sslpassword"})
     if secret_params:  # libpq's query form of the same secret
         raise ConfigError(
             f"storage.url: holds a {secret_params[0]} query parameter; secrets are not kept in this file: "
@@ -388,8 +394,12 @@ def _storage(raw: dict[str, Any], base: Path, audit_path: Path | None) -> tuple[
             "storage.url: has an '@' after the host: a password with '/', '?' or '#' in it would end the "
             f"host part early (write a literal '@' as %40){moved}"
         )
-    if not parts.hostname:
-        raise ConfigError("storage.url: names no host (postgresql://USER@HOST:PORT/DATABASE)")
+    socket_dir = any(k.lower() == "host" and v.startswith("/") for k, v in query)  # libpq's Unix socket form
+    if not parts.hostname and not socket_dir:
+        raise ConfigError(
+            "storage.url: names no host (postgresql://USER@HOST:PORT/DATABASE, or a Unix socket's directory "
+            "as postgresql://USER@/DATABASE?host=/run/postgresql)"
+        )
     return StorageConfig("postgresql", str(url), password, pool), None
 
 

@@ -66,6 +66,10 @@ def test_schema_problems(base: dict[str, Any], storage: dict[str, Any], expected
         ),
         ({"url": "postgresql://u@db:port/p"}, None, "storage.url: not a valid PostgreSQL URL"),
         ({"url": "postgresql://u@/p"}, None, "storage.url: names no host"),
+        ({"url": "postgresql://u@/p?host=run/pg"}, None, "storage.url: names no host"),  # a socket dir is absolute
+        # the driver parses the query strictly: refused here, not as a traceback at the first connection
+        ({"url": "postgresql://u@db/p?sslmode"}, None, "storage.url: its query is not NAME=VALUE pairs"),
+        ({"url": "postgresql://u@db/p?sslmode=require&&x"}, None, "storage.url: its query is not NAME=VALUE"),
         ({"url": "sqlite:///a.db"}, {"path": "/b.db"}, "storage.url names the SQLite file /a.db but audit.path"),
         ({"password": {"env": "X"}}, None, "storage.password: only used with a postgresql:// storage.url"),
         ({"url": "sqlite:///a.db", "pool_max_size": 3}, None, "storage.pool_max_size: only used with a postgresql"),
@@ -109,3 +113,11 @@ def test_serve_says_when_postgresql_cannot_be_reached(base: dict[str, Any], tmp_
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("pvegate: cannot start: storage.url: PostgreSQL cannot be reached"), line
+
+
+def test_a_unix_socket_directory_names_the_host(base: dict[str, Any], tmp_path: Path) -> None:
+    """libpq's form for a server on this host: no host in the authority, its socket directory in `host`."""
+    url = "postgresql://pvegate@/pvegate?host=/run/postgresql&port=5433"
+    base["storage"] = {"url": url}
+    cfg = parse(base, tmp_path)
+    assert cfg.storage.postgresql and cfg.storage.url == url
