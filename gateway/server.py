@@ -17,6 +17,7 @@ import signal
 import socket
 import sqlite3
 import ssl
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Generator
@@ -130,8 +131,9 @@ def check_files(config: Config) -> None:
 
 
 def check_ssh_keys(config: Config) -> None:
-    """The SSH private key usable without a passphrase (the gateway has none to give), and each
-    node's pinned host key a public key: else every SSH call would fail, each with an error."""
+    """The SSH private key usable without a passphrase (the gateway has none to give) and private to
+    the gateway's user, and each node's pinned host key a public key: else every SSH call would fail,
+    each with an error."""
     for c in config.clusters.values():
         if c.ssh is None:
             continue
@@ -148,6 +150,13 @@ def check_ssh_keys(config: Config) -> None:
                 raise StartupError(
                     f"clusters.{c.name}.ssh.nodes.{n.name}.host_key: not an OpenSSH public key: {exc}"
                 ) from None
+        # it logs in to every node: held to the audit head key's rule (store/audit_seal.py), owner only
+        mode = c.ssh.key_file.stat().st_mode  # readable: read_private_key above opened it
+        if mode & 0o077:
+            raise StartupError(
+                f"clusters.{c.name}.ssh.key_file: {c.ssh.key_file} is readable or writable by other users "
+                f"(mode {stat.S_IMODE(mode):o}): chmod 600 it"
+            )
 
 
 def check_tls(config: Config) -> None:

@@ -282,6 +282,7 @@ def test_an_unusable_ssh_key_is_refused_at_start(base: dict[str, Any], tmp_path:
     else:
         key_file.write_bytes(key.export_private_key())
         host_key = "ssh-ed25519 AAAAnotbase64"
+    key_file.chmod(0o600)  # private, as a key must be: what is wrong with it is the problem under test
     base["clusters"][0]["ssh"] = {
         "key_file": str(key_file),
         "nodes": {"pve1": {"host": "127.0.0.1", "host_key": host_key}},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -255,7 +255,13 @@ async def _gather(calls: list[Awaitable[Any]], limit: int = 8) -> list[Any]:
         async with sem:
             return await c
 
-    return list(await asyncio.gather(*(one(c) for c in calls), return_exceptions=True))
+    try:
+        return list(await asyncio.gather(*(one(c) for c in calls), return_exceptions=True))
+    except asyncio.CancelledError:  # the composite's deadline: those still waiting for their turn never start
+        for c in calls:
+            if isinstance(c, Coroutine):
+                c.close()  # no "never awaited" warning (a no-op for those that ran: all have ended by now)
+        raise
 
 
 def _err(exc: BaseException) -> str:
@@ -501,6 +507,12 @@ async def list_guest_containers(sub: Sub, args: dict[str, Any], warnings: list[s
     }
 
 
+# `docker inspect`s one inspect_compose_stack call runs: the guest writes the `docker ps` rows (up to
+# ssh.max_output_bytes, ~20,000 of them), and each inspect is one command on the node. Beyond it a
+# service is listed from its `docker ps` row alone
+MAX_COMPOSE_INSPECTS = 50
+
+
 async def inspect_compose_stack(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
     vmid, project = int(args["vmid"]), str(args["project"])
     g, ps = await _docker_guest(sub, vmid, warnings)
@@ -511,13 +523,28 @@ async def inspect_compose_stack(sub: Sub, args: dict[str, Any], warnings: list[s
     members = [r for r in ps if _labels(r.get("Labels")).get("com.docker.compose.project") == project]
     if stack is None and not members:
         raise ToolError(f"no Compose project {project!r} in guest {vmid}")
-    ids = [str(r.get("ID", ""))[:12] for r in members]
-    inspected = await _gather([sub("lxc_docker_inspect", {"vmid": vmid, "container": i}) for i in ids])
+    by_id: dict[str, dict[str, Any]] = {}  # one service per container: a repeated row is listed and inspected once
+    for r in members:
+        by_id.setdefault(str(r.get("ID", ""))[:12], r)
+    ids = list(by_id)[:MAX_COMPOSE_INSPECTS]
+    if len(by_id) > len(ids):
+        warnings.append(
+            f"{len(by_id) - len(ids)} more container(s) of project {project} not inspected (at most "
+            f"{MAX_COMPOSE_INSPECTS} per call): they are listed from docker ps alone, without restart policy, "
+            "exit code, networks or mounts"
+        )
+    inspected = dict(
+        zip(ids, await _gather([sub("lxc_docker_inspect", {"vmid": vmid, "container": i}) for i in ids]), strict=True)
+    )
     services = []
-    for r, res in zip(members, inspected, strict=True):
+    for cid, r in by_id.items():
         row = container_row(r)
         svc: dict[str, Any] = {"service": row["compose_service"], "container": row["name"], "image": row["image"],
                                "state": row["state"], "health": row["health"], "ports": row["ports"]}  # fmt: skip
+        services.append(svc)
+        if cid not in inspected:  # beyond the cap: its docker ps row only
+            continue
+        res = inspected[cid]
         if isinstance(res, BaseException):
             warnings.append(f"inspect {row['name']}: {_err(res)}")
         else:
@@ -536,7 +563,6 @@ async def inspect_compose_stack(sub: Sub, args: dict[str, Any], warnings: list[s
                 ],
             )
             svc.pop("restart_count")
-        services.append(svc)
     return {
         "vmid": vmid,
         "node": g.get("node"),

@@ -117,9 +117,16 @@ def render_argv(tool: Tool, args: dict[str, Any]) -> list[str]:
     return argv
 
 
+def lines_of(text: str) -> list[str]:
+    """Lines split at "\n" (a "\r" before it dropped) and nowhere else: str.splitlines also splits at
+    U+0085, U+2028 and the like, which docker's JSON and a path may hold raw, so one such field would
+    cut a row (or a JSON document) in two."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def parse_table(text: str) -> list[dict[str, str]]:
     """Fixed-width CLI tables (qm list, pct list): columns start where header words start."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines_of(text) if ln.strip()]
     if not lines:
         return []
     header = lines[0]
@@ -135,7 +142,7 @@ def parse_table(text: str) -> list[dict[str, str]]:
 def parse_df(text: str) -> list[dict[str, Any]]:
     """GNU `df --output=source,fstype,size,used,avail,target -B1`: one row per mounted filesystem."""
     rows: list[dict[str, Any]] = []
-    for line in text.splitlines()[1:]:
+    for line in lines_of(text)[1:]:
         parts = line.split(maxsplit=5)
         if len(parts) != 6:
             continue
@@ -160,7 +167,7 @@ def parse_output(kind: str, stdout: str, exit_status: int) -> Any:
         if kind == "json":
             return jsonread.loads(stdout, MAX_OUTPUT_DEPTH) if stdout.strip() else None
         if kind == "json_lines":
-            return [jsonread.loads(line, MAX_OUTPUT_DEPTH) for line in stdout.splitlines() if line.strip()]
+            return [jsonread.loads(line, MAX_OUTPUT_DEPTH) for line in lines_of(stdout) if line.strip()]
     except json.JSONDecodeError as exc:
         raise ToolError(f"command output was not the expected JSON ({exc.msg})") from exc
     except ValueError as exc:  # NaN, 1e999, nesting too deep, an integer too long to convert
@@ -287,6 +294,11 @@ class SshPool:
                     kbdint_auth=False,
                     preferred_auth="publickey",
                     config=None,
+                    # the pin is the only trust: no X.509 CA from ~/.ssh/ca-bundle.crt or ~/.ssh/crt (with
+                    # pyOpenSSL importable, a host cert from such a CA would pass with any key), no GSS/Kerberos
+                    x509_trusted_certs=None,
+                    x509_trusted_cert_paths=[],
+                    gss_host=None,
                     # a peer gone without a word (an expired NAT entry) never reports closed: without
                     # keepalives every later call on the pooled connection would time out
                     keepalive_interval=KEEPALIVE_SECONDS,
