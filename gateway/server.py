@@ -46,6 +46,7 @@ from gateway.store.shared_keys import configured_key
 from gateway.tools.catalog import CatalogError
 
 log = logging.getLogger("pvegate")
+HS256_MIN_BYTES = 32  # RFC 7518 §3.2: an HS256 key at least as long as the hash
 
 
 class StartupError(Exception):
@@ -86,6 +87,13 @@ def check_secrets(config: Config) -> None:
                 raise StartupError(f"{ref.setting}: the secret is empty")
         except ConfigError as exc:
             raise StartupError(str(exc)) from exc
+    hs256 = config.auth.hs256_secret
+    if hs256 is not None and len(hs256.read().encode()) < HS256_MIN_BYTES:
+        # a short HMAC key is guessed offline from any one token it signed (RFC 7518 §3.2: at least 256 bits)
+        raise StartupError(
+            f"{hs256.setting}: the secret is {len(hs256.read().encode())} bytes; an HS256 secret needs at least "
+            f"{HS256_MIN_BYTES} (e.g. `openssl rand -base64 48`)"
+        )
     try:
         configured_key(config)  # present and long enough (the database's key is read at start)
     except ConfigError as exc:

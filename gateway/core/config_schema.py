@@ -115,6 +115,20 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_NOT_SHOWN = "(not shown: a secret is read from a file or an environment variable, never written here)"
+
+
+def _kind_of(value: Any) -> str:
+    """What a value is, without what it says (a secret given inline)."""
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return _show(value)  # null, a mapping, a list: nothing of a secret in the words
+
+
 def _display_path(root: Any, path: Sequence[str | int]) -> str:
     """`clusters.prod.ssh.user`: a list item with a unique, plain `name` is shown by it, else `[i]`."""
     out = ""
@@ -170,7 +184,10 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
     hint = sub.get("x-hint")
     value = error.instance
     kind = error.validator
-    if kind == "additionalProperties" and isinstance(value, dict):
+    if kind in ("type", "pattern") and (sub.get("x-secret") or sub.get("$ref") == "#/$defs/secret"):
+        # a secret written where its file or variable belongs: the value is the secret, never shown
+        yield None, path, f"expected {{file: PATH}} or {{env: NAME}}, got {_kind_of(value)} {_NOT_SHOWN}"
+    elif kind == "additionalProperties" and isinstance(value, dict):
         known = list(sub.get("properties", {}))
         for key in value:
             if key not in known:

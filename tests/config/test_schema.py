@@ -371,3 +371,24 @@ def test_a_url_setting_with_credentials_is_refused(base: dict[str, Any], change:
     found = problems(base)
     assert any(line.startswith(f"{where}: a user name or password in the URL") for line in found), found
     assert not any("pw@" in line or ":secret@" in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["clusters.0.token", "auth.hs256_secret", "admin.token", "state_key", "metrics.token", "storage.password"],
+)
+def test_a_secret_written_inline_is_refused_without_being_shown(base: dict[str, Any], setting: str) -> None:
+    """The usual mistake with a secret setting is the secret itself in its place: the refusal (printed by every
+    command, logged by serve) names the setting and what belongs there, never the value, once."""
+    secret = "root@pam!gw=3f1c2a9e-6b7d-4c1e-TOPSECRET"
+    *parents, leaf = setting.split(".")
+    node: Any = base
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+    node[leaf] = secret
+    if setting == "storage.password":
+        base["storage"]["url"] = "postgresql://pvegate@db.example/pvegate"
+    found = problems(base)
+    assert len(found) == 1, found
+    assert "expected {file: PATH} or {env: NAME}, got a string (not shown" in found[0], found
+    assert "TOPSECRET" not in found[0] and "3f1c2a9e" not in found[0], found

@@ -293,3 +293,14 @@ def test_an_unusable_ssh_key_is_refused_at_start(base: dict[str, Any], tmp_path:
     else:
         assert reason.startswith(f"clusters.default.ssh.key_file: {key_file} is no usable private key"), reason
     assert "PRIVATE KEY" not in reason and "only-a-human-knows" not in reason
+
+
+def test_a_short_hs256_secret_is_refused(base: dict[str, Any], tmp_path: Path) -> None:
+    """A short HMAC key is found offline from any one token it signed: RFC 7518 wants at least 256 bits."""
+    short = tmp_path / "secrets" / "short-jwt"
+    short.parent.mkdir(parents=True, exist_ok=True)
+    short.write_text("x" * 31 + "\n")  # the newline is not part of it
+    base["auth"]["hs256_secret"] = {"file": str(short)}
+    reason = _refusal(run_pvegate("serve", "--config", str(write(tmp_path, base))))
+    assert reason.startswith("auth.hs256_secret: the secret is 31 bytes; an HS256 secret needs at least 32"), reason
+    assert "x" * 31 not in reason
