@@ -126,8 +126,10 @@ def set_key(cl: Cluster, g: Guest, key: str, value: Any) -> None:
             value = with_mac(g, key, value)
         elif is_disk(g.type, key) or key.startswith("ide"):
             check_media(cl, value)
-            if key in g.config and NEW_VOLUME.match(value):
-                raise ApiError(500, f"unable to create disk {key}: {key} is already in use")
+            if key in g.config and NEW_VOLUME.match(value) and volid_of(str(g.config[key])):
+                # PVE does not refuse a new volume in a slot in use: the disk there is kept as unusedN
+                # (hot-unplugged from a running VM), and the new one takes its place
+                g.config[_unused_slot(g.config)] = volid_of(str(g.config[key]))
             value = allocate(cl, g, key, value)
             if g.type == "qemu" and (ci := NEW_CLOUDINIT.match(value)):
                 # PVE allocates the cloud-init drive and records it as a CD-ROM: vm-N-cloudinit,media=cdrom

@@ -121,6 +121,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
     _check_strict(params, where)
     target = {"cluster": "cluster", **dict(raw.get("target", {}))}
     destination = dict(target.pop("destination", None) or {})
+    slot = dict(target.pop("slot", None) or {})
     tool = Tool(
         name=name,
         title=raw.get("title", name),
@@ -137,6 +138,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         secret_output=tuple(raw.get("secret_output", [])),
         allocates=dict(raw.get("allocates") or {}),
         destination=destination,
+        slot=slot,
         pve_versions={k: str(v) for k, v in (raw.get("pve_versions") or {}).items()},
         spec=dict(raw[connector]),
         output=dict(raw.get("output", {})),
@@ -166,6 +168,8 @@ def _check_placeholders(tool: Tool, where: str) -> None:
     for field_name, param in tool.target.items():
         if param not in props:
             raise CatalogError(f"{where}: target {field_name} names undeclared parameter {param}")
+    if tool.slot and tool.slot["index"] not in props:
+        raise CatalogError(f"{where}: target.slot index names undeclared parameter {tool.slot['index']}")
     for field_name, named in tool.destination.items():
         if named is not None and named not in props:  # null: a node the HA manager picks
             raise CatalogError(f"{where}: target.destination {field_name} names undeclared parameter {named}")

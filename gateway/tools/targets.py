@@ -410,7 +410,33 @@ class TargetResolver:
         prune_param = tool.target.get("prune")
         if prune_param:
             target["prune_removes"] = await self._prune_removes(tool, arguments, cluster, prune_param)
+        if tool.slot:
+            target["slot"] = await self._slot(tool.slot, arguments, cluster, target)
         return target
+
+    async def _slot(
+        self, slot: dict[str, str], arguments: dict[str, Any], cluster: str, target: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The config key a new disk or mount point would take (scsi3, mp0) and whether the guest's
+        config holds it now, current or pending (GET .../pending lists both): Proxmox does not refuse
+        a key in use, it replaces the disk there (the old one is kept as unusedN, unplugged from a
+        running VM), which is a detach. `in_use` null when it could not be read."""
+        out: dict[str, Any] = {"name": f"{slot['key']}{arguments.get(slot['index'])}", "in_use": None}
+        node, kind, vmid = target.get("node"), target.get("type"), target.get("vmid")
+        if not node or kind not in ("qemu", "lxc") or vmid is None or cluster not in self.clients:
+            return out
+        try:
+            rows = await self.clients[cluster].request(
+                "GET", f"/nodes/{quote(str(node), safe='')}/{kind}/{int(vmid)}/pending"
+            )
+        except Exception:  # unknown: the policy refuses what it cannot check
+            return out
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return out
+        out["in_use"] = any(
+            r.get("key") == out["name"] and (r.get("value") is not None or r.get("pending") is not None) for r in rows
+        )
+        return out
 
     async def _prune_removes(
         self, tool: Tool, arguments: dict[str, Any], cluster: str, keep_param: str

@@ -53,6 +53,8 @@ class Tool:
     allocates: dict[str, Any] = field(default_factory=dict)  # requested resources (create, attach, grow)
     # where the call puts a guest (clone, migration): destination field -> parameter name
     destination: dict[str, str | None] = field(default_factory=dict)
+    # the config key the call writes (a new disk's scsiN, mpN): {key: "scsi", index: parameter}; target.slot
+    slot: dict[str, str] = field(default_factory=dict)
     pve_versions: dict[str, str] = field(default_factory=dict)  # {min, max}: the PVE releases it works on
     secret_output: tuple[str, ...] = ()  # output fields shown once (a token secret): only if policy reveals them
     _validator: Any = field(default=None, compare=False, repr=False)
