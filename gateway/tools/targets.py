@@ -4,6 +4,7 @@ a short-lived cache of the cluster's /cluster/resources."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -404,6 +405,9 @@ class TargetResolver:
         archive_param = tool.target.get("backup_of")
         if archive_param:
             target["backup_of"] = await self._backed_up(arguments.get(archive_param), cluster)
+            if tool.target.get("vmid") and target.get("type") == "lxc" and target.get("known"):
+                # a restore over a container: Proxmox takes its privilege from the backup
+                await self._privileges(target, arguments.get(archive_param), cluster)
         volume_param = tool.target.get("volume_of")
         if volume_param:
             target["volume_of"] = await self._volume_owner(arguments.get(volume_param), cluster)
@@ -481,6 +485,25 @@ class TargetResolver:
             out["guests"].append(guest)
         out["known"] = True
         return out
+
+    async def _privileges(self, target: dict[str, Any], archive: Any, cluster: str) -> None:
+        """Whether the container a restore replaces is privileged now (target.privileged) and whether
+        the backup's is (target.backup_of.privileged): Proxmox restores a container with the backup's
+        `unprivileged` unless the call sets it, so another container's privileged backup restored over
+        an unprivileged one makes it privileged (root in it is root on the node). A container's config
+        without `unprivileged: 1` is privileged. Each null when it could not be read."""
+        target["privileged"], target["backup_of"]["privileged"] = None, None
+        node, vmid = target.get("node"), target.get("vmid")
+        if not node or vmid is None or cluster not in self.clients:
+            return
+        client, at = self.clients[cluster], f"/nodes/{quote(str(node), safe='')}"
+        with contextlib.suppress(Exception):  # unknown: the policy refuses what it cannot check
+            current = await client.request("GET", f"{at}/lxc/{int(vmid)}/config")
+            if isinstance(current, dict):
+                target["privileged"] = str(current.get("unprivileged", "0")) not in ("1", "true")
+        with contextlib.suppress(Exception):
+            text = await client.request("GET", f"{at}/vzdump/extractconfig", params={"volume": str(archive)})
+            target["backup_of"]["privileged"] = config_text(text).get("unprivileged", "0") not in ("1", "true")
 
     async def _volume_owner(self, volume: Any, cluster: str) -> dict[str, Any]:
         """The guest a volume belongs to, as its name says (volume_owner) and the cluster knows
