@@ -35,6 +35,7 @@ from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar
 from gateway.store.approvals import build_approvals
 from gateway.store.audit import AuditLog, known_secrets
 from gateway.store.backend import refuse_unshared
+from gateway.store.db import one_pool
 from gateway.store.handoffs import MIGRATIONS as HANDOFF_MIGRATIONS
 from gateway.store.handoffs import SharedStates
 from gateway.store.holds import MemoryHolds, build_holds
@@ -183,7 +184,9 @@ async def _build_on(config: Config, catalog: Catalog, url: str, sidecar: OPASide
     audit = AuditLog(audit_location(config), secrets=known_secrets(config), head_key=config.audit_key_path)
     await audit.open()
     try:
-        return await _build_with(config, catalog, url, sidecar, audit)
+        # the quota, hold and approval stores share one PostgreSQL pool: storage.pool_max_size connections in all
+        async with one_pool():
+            return await _build_with(config, catalog, url, sidecar, audit)
     except BaseException:  # its writer task and connection thread would keep the process from exiting
         await audit.close()
         raise

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import html
 import json
 import logging
 import math
+import re
 import secrets
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jwt
@@ -54,6 +57,7 @@ from gateway.store.approvals import (
     decode_cursor,
 )
 from gateway.store.audit import AuditRecord
+from gateway.store.db import invalid_value
 from gateway.store.outcomes import RETRY_AFTER_SECONDS, STORE_ERRORS
 from gateway.store.principal_limits import Limited
 
@@ -199,10 +203,53 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
         return _err(400, "invalid_request", "body must be a JSON object")
     if may_hold_unencodable(raw) and (where := unencodable_path(doc)) is not None:
         return _err(400, "invalid_request", f"{describe(where)} is not valid Unicode text")
-    note = doc.get("note")
-    if note is not None and (not isinstance(note, str) or len(note) > 1000):
-        return _err(400, "invalid_request", "note must be a string of at most 1000 characters")
+    if (problem := note_problem(doc.get("note"))) is not None:
+        return _err(400, "invalid_request", problem)
     return doc
+
+
+NOTE_MAX_CHARS = 1000
+# controls but tab, line feed and carriage return (a browser's textarea sends CRLF line breaks), and DEL: a note
+# is text for people; NUL cannot even be stored on PostgreSQL (its text type holds none)
+_NOTE_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def note_problem(note: Any) -> str | None:
+    """Why a vote's or withdrawal's note is refused (the admin API and the console ask the same), or None."""
+    if note is None:
+        return None
+    if not isinstance(note, str) or len(note) > NOTE_MAX_CHARS:
+        return f"note must be a string of at most {NOTE_MAX_CHARS} characters"
+    if _NOTE_CONTROLS.search(note):
+        return "note must not contain control characters (tab and line breaks excepted)"
+    return None
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def refusing_invalid_values(endpoint: Endpoint, refuse: Callable[[Request, str], Response]) -> Endpoint:
+    """`endpoint`, with a value the database refuses (PostgreSQL's SQLSTATE class 22: a NUL character in an id
+    from the path, a number out of range) answered by `refuse` (a 400 naming it), not as an internal error:
+    the request's own mistake, the statement did not run."""
+
+    @functools.wraps(endpoint)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as exc:
+            why = invalid_value(exc)
+            if why is None:
+                raise
+            log.info("%s %s refused: %s", request.method, request.url.path, why)
+            return refuse(request, why)
+
+    return wrapped
+
+
+def invalid_request(request: Request, why: str) -> Response:
+    """The admin API's 400 for a refused value."""
+    return _err(400, "invalid_request", why)
 
 
 def _approvals(request: Request) -> Approvals:
@@ -464,16 +511,20 @@ def admin_routes(enabled: bool) -> list[Route]:
     """The /admin routes; none unless the admin API is enabled (admin.token configured)."""
     if not enabled:
         return []
+    routes = [
+        ("/admin/health", health, "GET"),
+        ("/admin/metrics", metrics, "GET"),
+        ("/admin/audit/verify", audit_verify, "GET"),
+        ("/admin/audit/records", audit_records, "GET"),
+        ("/admin/approvals", approvals_list, "GET"),
+        ("/admin/approvals/{id}", approval_get, "GET"),
+        ("/admin/approvals/{id}/approve", approval_approve, "POST"),
+        ("/admin/approvals/{id}/deny", approval_deny, "POST"),
+        ("/admin/approvals/{id}/withdraw", approval_withdraw, "POST"),
+    ]
     return [
-        Route("/admin/health", health, methods=["GET"]),
-        Route("/admin/metrics", metrics, methods=["GET"]),
-        Route("/admin/audit/verify", audit_verify, methods=["GET"]),
-        Route("/admin/audit/records", audit_records, methods=["GET"]),
-        Route("/admin/approvals", approvals_list, methods=["GET"]),
-        Route("/admin/approvals/{id}", approval_get, methods=["GET"]),
-        Route("/admin/approvals/{id}/approve", approval_approve, methods=["POST"]),
-        Route("/admin/approvals/{id}/deny", approval_deny, methods=["POST"]),
-        Route("/admin/approvals/{id}/withdraw", approval_withdraw, methods=["POST"]),
+        Route(path, refusing_invalid_values(endpoint, invalid_request), methods=[method])
+        for path, endpoint, method in routes
     ]
 
 

@@ -147,14 +147,18 @@ async def handle_mcp(request: Request) -> Response:
 
 def audit_unavailable_message(c: Components, exc: Exception) -> str:
     """The AUDIT_UNAVAILABLE error message for an audit failure (shared with the stdio transport);
-    a raw store error is remembered for the health signal first."""
+    a raw store error is remembered for the health signal first (and logged).
+
+    The store's own words stay with the operator (the log, /admin/health): they name the database's host,
+    port, role and database, or the audit directory, and any client gets this answer, an unauthenticated
+    one included (its auth_failure row could not be written)."""
     if not isinstance(exc, AuditUnavailable):
         c.outcomes.store_failed(exc)
-    if isinstance(exc, ClaimLost):
+    if isinstance(exc, ClaimLost):  # this replica's lease, in the gateway's words: nothing of the store's
         return f"{exc}; nothing was sent to Proxmox. Retry (on any replica)"
     return (
         "the audit store cannot take writes, so no call is run; nothing was sent to Proxmox. "
-        f"Retry later ({exc if isinstance(exc, AuditUnavailable) else c.outcomes.last_store_error})"
+        "Retry later (the reason is in the gateway's log and /admin/health)"
     )
 
 

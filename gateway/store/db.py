@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import re
@@ -63,7 +64,21 @@ IDLE_IN_TRANSACTION_SECONDS = 10
 # TCP keepalives from the server on every session: a client that vanished (a frozen VM, a cut network)
 # is found within idle + interval * count = 25 s and its backend ended (ignored on Unix-domain sockets)
 KEEPALIVES = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"}
-REPLICA_SETTINGS = {"idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_SECONDS}s"}
+# A lock held elsewhere (another replica's transaction, an operator's `LOCK TABLE`, a `pvegate db upgrade`'s DDL
+# while replicas serve) refuses a replica's statement after this many seconds ("a lock stayed held past
+# lock_timeout"), instead of holding the call, and its pool connection, for the whole command timeout
+LOCK_TIMEOUT_SECONDS = 5
+REPLICA_SETTINGS = {
+    "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_SECONDS}s",
+    "lock_timeout": f"{LOCK_TIMEOUT_SECONDS}s",
+}
+# Seconds a store's transaction (or read) waits for a connection of its pool: when every connection is busy
+# (statements waiting for a lock, a slow server) a call is refused after this, never queued for minutes;
+# as long as the audit's wait (audit.ACQUIRE_TIMEOUT)
+ACQUIRE_TIMEOUT_SECONDS = 10.0
+# Seconds the gateway waits for the answer to one statement (asyncpg's command_timeout): a server that stopped
+# answering mid-statement (overloaded, frozen, the network cut without a reset) is a refusal after this
+COMMAND_TIMEOUT_SECONDS = 30.0
 
 
 def _sqlstate(exc: BaseException) -> str:
@@ -111,7 +126,10 @@ def refusal(exc: BaseException) -> str | None:
     if state.startswith("53"):
         return f"PostgreSQL is out of resources (disk space, memory or connections): {why}"
     if state == "55P03":
-        return f"a lock stayed held past lock_timeout (another replica holds it: paused, slow or cut off): {why}"
+        return (
+            "a lock stayed held past lock_timeout (held by another replica that is paused, slow or cut off, by an "
+            f"operator's session, or by a schema upgrade): {why}"
+        )
     if state.startswith("40"):
         return f"PostgreSQL aborted the transaction (a serialization failure or a deadlock); a retry may succeed: {why}"
     if state.startswith(("58", "XX")):
@@ -119,6 +137,16 @@ def refusal(exc: BaseException) -> str | None:
     if state == "42501":
         return f"PostgreSQL denies the gateway's role what it needs (permission denied): {why}"
     return None
+
+
+def invalid_value(exc: BaseException) -> str | None:
+    """Why PostgreSQL refused a value the caller sent (SQLSTATE class 22, "data exception": a NUL character in a
+    text, an invalid number or date, a value out of range), as a sentence for that caller; None for any other
+    error. Not the store's failure: the statement did not run, this request is refused, the others go on."""
+    state = _sqlstate(exc)
+    if not state.startswith("22"):
+        return None
+    return f"the database refuses a value of this request: {_why(exc)}"
 
 
 @contextlib.contextmanager
@@ -359,7 +387,11 @@ class _PostgresTx:
 
 
 class PostgresDatabase:
-    """An asyncpg pool; each transaction on a connection of its own."""
+    """An asyncpg pool; each transaction on a connection of its own.
+
+    Bounded waits: a connection of the pool within `acquire_timeout` (else DatabaseUnavailable: all are busy,
+    or the server gives none), each statement's answer within `command_timeout`, and (REPLICA_SETTINGS) a lock
+    within lock_timeout: a lock held elsewhere refuses a call in seconds, it does not queue every call."""
 
     kind = "postgresql"
 
@@ -370,6 +402,9 @@ class PostgresDatabase:
         max_size: int = 10,
         read_only: bool = False,
         settings: Mapping[str, str] | None = None,
+        *,
+        acquire_timeout: float = ACQUIRE_TIMEOUT_SECONDS,
+        command_timeout: float = COMMAND_TIMEOUT_SECONDS,
     ) -> None:
         self.dsn = dsn
         self.password = password
@@ -377,6 +412,8 @@ class PostgresDatabase:
         self.read_only = read_only  # the server refuses any write on these connections
         # server settings of every session, on top of KEEPALIVES (a replica's: REPLICA_SETTINGS)
         self.settings = dict(settings or {})
+        self.acquire_timeout = acquire_timeout
+        self.command_timeout = command_timeout
         self._pool: Any = None
 
     async def open(self) -> None:
@@ -392,7 +429,7 @@ class PostgresDatabase:
                 password=password,
                 min_size=1,
                 max_size=self.max_size,
-                command_timeout=30,
+                command_timeout=self.command_timeout,
                 timeout=10,  # connecting: an unreachable server is a refusal in seconds, not a minute
                 server_settings=settings,
             )
@@ -408,15 +445,45 @@ class PostgresDatabase:
             raise RuntimeError("the PostgreSQL pool is not open")
         return self._pool
 
+    async def _acquire(self) -> Any:
+        """A connection of the pool, waited for at most acquire_timeout (DatabaseUnavailable after it)."""
+        pool = self.pool
+        try:
+            with refusals():
+                return await pool.acquire(timeout=self.acquire_timeout)
+        except DatabaseUnavailable as exc:
+            if not isinstance(exc.__cause__, TimeoutError):
+                raise
+            # a timeout: which wait it was (busy connections, or none to be had) is known here
+            if pool.get_size() >= self.max_size and pool.get_idle_size() == 0:
+                why = (
+                    f"all {self.max_size} connections of this process's pool (storage.pool_max_size) stayed busy "
+                    f"for {self.acquire_timeout:g} s: PostgreSQL did not answer in time (statements waiting for "
+                    "a lock held elsewhere, or a slow server)"
+                )
+            else:
+                why = f"PostgreSQL cannot be reached: no new connection within {self.acquire_timeout:g} s"
+            raise DatabaseUnavailable(why) from exc.__cause__
+
+    def _slow(self) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"PostgreSQL did not answer a statement within {self.command_timeout:g} s (it waits for a lock held "
+            "elsewhere, the server is overloaded, or the connection was cut without notice); it was cancelled"
+        )
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         pool = self.pool
-        with refusals():
-            conn = await pool.acquire()
+        conn = await self._acquire()
         try:
-            with refusals():
-                async with conn.transaction():
-                    yield _PostgresTx(conn)
+            try:
+                with refusals():
+                    async with conn.transaction():
+                        yield _PostgresTx(conn)
+            except DatabaseUnavailable as exc:
+                if isinstance(exc.__cause__, TimeoutError):
+                    raise self._slow() from exc.__cause__
+                raise
         except BaseException:
             with contextlib.suppress(Exception):  # the error that ended the transaction is the one to tell
                 await pool.release(conn)
@@ -424,9 +491,110 @@ class PostgresDatabase:
         await release_committed(pool, conn)
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        with refusals():
-            async with self.pool.acquire() as conn:
+        pool = self.pool
+        conn = await self._acquire()
+        try:
+            with refusals():
                 return await _PostgresTx(conn).fetch(sql, *args)
+        except DatabaseUnavailable as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                raise self._slow() from exc.__cause__
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await pool.release(conn)
+
+
+class SharedDatabase:
+    """One Database several stores use through handles (`handle()`): the gateway's quota, hold and approval
+    stores share one PostgreSQL pool of storage.pool_max_size connections, not one pool each. The first handle
+    opened opens it, the last one closed closes it; a handle closed twice (or never opened) counts once (or
+    not at all), so no store closes it under another. Their transactions are short and never nest (none
+    waits for a second connection while it holds one), so one pool serves them all."""
+
+    def __init__(self, base: Database) -> None:
+        self.base = base
+        self.kind = base.kind
+        self.users = 0
+        self._lock = asyncio.Lock()
+
+    def handle(self) -> SharedHandle:
+        return SharedHandle(self)
+
+    async def _open(self) -> None:
+        async with self._lock:
+            if self.users == 0:
+                await self.base.open()
+            self.users += 1
+
+    async def _close(self) -> None:
+        async with self._lock:
+            self.users -= 1
+            if self.users == 0:
+                await self.base.close()
+
+    async def close_all(self) -> None:
+        """Close it whoever still holds a handle (a start-up that failed half-way)."""
+        async with self._lock:
+            self.users = 0
+            await self.base.close()
+
+
+class SharedHandle:
+    """A store's Database: a handle on a SharedDatabase (see there)."""
+
+    def __init__(self, shared: SharedDatabase) -> None:
+        self.shared = shared
+        self.kind = shared.kind
+        self._opened = False
+
+    async def open(self) -> None:
+        if not self._opened:
+            await self.shared._open()
+            self._opened = True
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self.shared._close()
+
+    @property
+    def pool(self) -> Any:
+        """The shared asyncpg pool (PostgreSQL)."""
+        base = self.shared.base
+        if not isinstance(base, PostgresDatabase):
+            raise AttributeError("a SQLite database has no pool")
+        return base.pool
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]:
+        return self.shared.base.transaction()
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        return await self.shared.base.fetch(sql, *args)
+
+
+# while set (`one_pool()`): the databases database() hands out, one per storage setting, shared
+_SHARED: contextvars.ContextVar[dict[tuple[Any, ...], SharedDatabase] | None] = contextvars.ContextVar(
+    "pvegate_shared_databases", default=None
+)
+
+
+@contextlib.asynccontextmanager
+async def one_pool() -> AsyncIterator[None]:
+    """Within it, `database(config)` on PostgreSQL gives handles on one shared pool (SharedDatabase) instead of
+    a pool each: what a gateway process builds its stores in, so that it holds storage.pool_max_size
+    connections for them all. Leaving it on an error closes the pool, whichever store had opened it."""
+    shared: dict[tuple[Any, ...], SharedDatabase] = {}
+    token = _SHARED.set(shared)
+    try:
+        yield
+    except BaseException:
+        for one in shared.values():
+            with contextlib.suppress(Exception):
+                await one.close_all()
+        raise
+    finally:
+        _SHARED.reset(token)
 
 
 def _why(exc: BaseException) -> str:
@@ -435,15 +603,26 @@ def _why(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
+def _postgres(config: Config, read_only: bool) -> PostgresDatabase:
+    assert config.storage.url is not None
+    return PostgresDatabase(
+        config.storage.url,
+        config.storage.password,
+        config.storage.pool_max_size,
+        read_only=read_only,
+        settings=REPLICA_SETTINGS,
+    )
+
+
 def database(config: Config, sqlite_path: Path | None = None, read_only: bool = False) -> Database:
     """The backend storage.url selects (not yet open); SQLite in the audit database file by default."""
     if config.storage.postgresql:
         assert config.storage.url is not None
-        return PostgresDatabase(
-            config.storage.url,
-            config.storage.password,
-            config.storage.pool_max_size,
-            read_only=read_only,
-            settings=REPLICA_SETTINGS,
-        )
+        shared = _SHARED.get()
+        key = (config.storage.url, config.storage.password, config.storage.pool_max_size, read_only)
+        if shared is not None:  # one_pool(): the stores of one process share one pool
+            if key not in shared:
+                shared[key] = SharedDatabase(_postgres(config, read_only))
+            return shared[key].handle()
+        return _postgres(config, read_only)
     return SqliteDatabase(sqlite_path or config.audit_path, read_only=read_only)

@@ -40,7 +40,7 @@ async def test_a_replicas_sessions_end_idle_transactions_and_wait_for_the_head_b
     stores = database(load(write(tmp_path, raw)))  # what the approvals and quota stores of a replica use
     await stores.open()
     try:
-        for pool, lock in ((a._pgdb.pool, "5s"), (stores.pool, "0")):  # type: ignore[attr-defined]
+        for pool, lock in ((a._pgdb.pool, "5s"), (stores.pool, "5s")):  # type: ignore[attr-defined]
             async with pool.acquire() as conn:
                 assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "10s"
                 assert await conn.fetchval("SHOW lock_timeout") == lock

@@ -622,15 +622,17 @@ async def approval_vote(request: Request) -> Response:
         return await _csrf_refused(request, session, "vote")
     verdict = form.get("verdict")
     note = form.get("note") or None
-    if verdict not in ("approve", "deny") or (note is not None and (not isinstance(note, str) or len(note) > 1000)):
-        return render(request, "message.html", 400, title="Vote", message="verdict approve|deny, note ≤ 1000 chars")
+    if verdict not in ("approve", "deny"):
+        return render(request, "message.html", 400, title="Vote", message="verdict approve|deny")
+    if (problem := adminapi.note_problem(note)) is not None:
+        return render(request, "message.html", 400, title="Vote", message=f"Not recorded: the {problem}.")
     c = _console(request).c
     try:
         out = await c.approvals.decide(
             aid,
             session.principal,
             str(verdict),
-            note,
+            note if isinstance(note, str) else None,  # a string (note_problem), or none
             auth_time=session.auth_time,
             via="console",
             source_ip=adminapi.source_ip(request),
@@ -1115,7 +1117,7 @@ def _not_found() -> Response:
 def console_routes() -> list[Route]:
     """The console's routes; app.py puts them before the JSON admin API's (they share two URLs,
     told apart by Accept and Authorization: a browser gets the page, an API client the JSON)."""
-    return [
+    routes = [
         Route("/admin/", home, methods=["GET"]),
         Route("/admin/login", login, methods=["GET"]),
         Route("/admin/callback", callback, methods=["GET"]),
@@ -1131,3 +1133,13 @@ def console_routes() -> list[Route]:
         Route("/admin/tools", tools_page, methods=["GET"]),
         Route("/admin/whatif", whatif_page, methods=["GET", "POST"]),
     ]
+    # a value the database refuses (a NUL character in an id from the path): a 400 naming it, not an internal error
+    return [
+        Route(r.path, adminapi.refusing_invalid_values(r.endpoint, _invalid_value), methods=r.methods) for r in routes
+    ]
+
+
+def _invalid_value(request: Request, why: str) -> Response:
+    if _wants_page(request):
+        return render(request, "message.html", 400, title="Refused", message=f"Not done: {why}.")
+    return adminapi.invalid_request(request, why)
