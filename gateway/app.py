@@ -216,7 +216,7 @@ async def _build_with(
         "pve_api": PveApiRuntime(clients, targets),
         "ssh": SshRuntime(config.clusters, targets, AllowList(catalog)),
     }
-    runtimes["composite"] = CompositeRuntime(catalog, dict(runtimes))
+    runtimes["composite"] = CompositeRuntime(catalog, dict(runtimes), config.clusters)
     metrics = Metrics()
     components = Components(
         config=config,

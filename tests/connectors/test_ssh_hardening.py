@@ -81,7 +81,7 @@ async def test_compose_stack_inspects_each_container_once_and_at_most_the_cap(tm
     ids = [f"{i:012x}" for i in range(120)]
     lines = [ps_row(i, f"svc{n:03d}") for n, i in enumerate(ids)] + [ps_row(i, "dup") for i in ids[:80]]
     async with hostile_node(tmp_path, guest(lines, inspect_ok)) as node:
-        composite = CompositeRuntime(CATALOG, {"ssh": node.runtime, "pve_api": GuestList()})
+        composite = CompositeRuntime(CATALOG, {"ssh": node.runtime, "pve_api": GuestList()}, {"default": node.cluster})
         out = await composite.call(CATALOG.tools["inspect_compose_stack"], {"vmid": 200, "project": "app"},
                                    CallContext("default"))  # fmt: skip
     inspects = [c for c in node.commands if " inspect " in c]
@@ -109,7 +109,7 @@ async def test_compose_stack_ends_at_its_deadline_when_inspects_hang(tmp_path: P
         dispatched.append(info)
 
     async with hostile_node(tmp_path, guest(lines, inspect_hangs), command_timeout=0.5, api_timeout=0.5) as node:
-        composite = CompositeRuntime(CATALOG, {"ssh": node.runtime, "pve_api": GuestList()})
+        composite = CompositeRuntime(CATALOG, {"ssh": node.runtime, "pve_api": GuestList()}, {"default": node.cluster})
         deadline = 3.0
         started = time.monotonic()
         async with asyncio.timeout(deadline + 2 * MARGIN):  # before: no deadline, the call ran on

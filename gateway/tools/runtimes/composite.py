@@ -21,7 +21,6 @@ from gateway.core.config import ClusterConfig, SSHConfig
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import CallContext, Runtime, ToolError, ToolOutput
 from gateway.tools.runtimes.reducers import COMPOSITES
-from gateway.tools.runtimes.ssh import SshRuntime
 from gateway.tools.tool import ArgumentError, Tool
 
 log = logging.getLogger("pvegate.composite")
@@ -31,12 +30,12 @@ DEADLINE_FACTOR = 6
 
 
 class CompositeRuntime:
-    def __init__(self, catalog: Catalog, runtimes: dict[str, Runtime]) -> None:
+    def __init__(
+        self, catalog: Catalog, runtimes: dict[str, Runtime], clusters: dict[str, ClusterConfig] | None = None
+    ) -> None:
         self.catalog = catalog
         self.runtimes = runtimes  # the leaf runtimes; composites never nest
-        ssh = runtimes.get("ssh")
-        # every cluster's config (its Proxmox and SSH timeouts), as the SSH runtime was given it
-        self.clusters: dict[str, ClusterConfig] = ssh.pool.clusters if isinstance(ssh, SshRuntime) else {}
+        self.clusters = clusters or {}  # each cluster's Proxmox and SSH timeouts: its calls' deadline
 
     def deadline(self, cluster: str) -> float:
         """Seconds a composite call on this cluster may take in all."""
