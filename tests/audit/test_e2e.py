@@ -414,7 +414,7 @@ async def test_a_password_chosen_to_match_the_record_never_rewrites_it(
     and an invalid call's refusal stays JSON (export reads it)."""
     mcp = Mcp(xenv)
     who = "ci-probe-" + secrets.token_hex(4)
-    token = xenv.token(who, ["operator"])
+    token = xenv.token(who, ["operator"], kind="human")  # an agent setting credentials needs an approval
     calls = {}
     for password in (who, '{"approval":null,', '{"allow":true,', "ci-" + secrets.token_hex(6)):
         status, doc = await mcp.call(token, "vm_cloudinit_set", {"vmid": 102, "cipassword": password})

@@ -20,7 +20,7 @@ from tests.support import GatewayThread
 BACKUP_TOOLS = {
     "vm_restore", "lxc_restore", "vm_restore_in_place", "lxc_restore_in_place", "backup_prune_preview",
     "backup_prune", "backup_job_get", "backup_job_included", "backup_schedule_preview", "backup_job_create",
-    "backup_job_update", "backup_job_delete",
+    "backup_job_update", "backup_job_retention_set", "backup_job_delete",
 }  # fmt: skip
 
 
@@ -114,13 +114,19 @@ async def test_backup_jobs_and_schedules(gateway: GatewayThread, env: DevEnv, si
     assert bad.is_error and "unable to parse calendar event" in text(bad)
 
     job = {"id": "backup_sandbox", "schedule": "mon..fri 22:30", "storage": "pbs", "pool": "sandbox",
-           "keep": "keep-daily=7,keep-weekly=4", "comment": "sandbox nightly"}  # fmt: skip
+           "keep_all": True, "comment": "sandbox nightly"}  # fmt: skip
     await run(
         gateway, env, sim, "backup_job_create", job,
         ("POST", "/api2/json/cluster/backup", {"id": "backup_sandbox", "schedule": "mon..fri 22:30", "storage": "pbs",
-                                               "pool": "sandbox", "prune-backups": "keep-daily=7,keep-weekly=4",
+                                               "pool": "sandbox", "prune-backups": "keep-all=1",
                                                "comment": "sandbox nightly", "compress": "zstd"}),
     )  # fmt: skip
+    # a retention that deletes backups is destroy-class (every run prunes by it): its own tool
+    verdict = await run(
+        gateway, env, sim, "backup_job_retention_set", {"id": "backup_sandbox", "keep": "keep-daily=7,keep-weekly=4"},
+        ("PUT", "/api2/json/cluster/backup/backup_sandbox", {"prune-backups": "keep-daily=7,keep-weekly=4"}),
+    )  # fmt: skip
+    assert verdict in ("held", "denied")
     got = await read(env, "backup_job_get", {"id": "backup_sandbox"})
     first = (await read(env, "backup_schedule_preview", {"schedule": "mon..fri 22:30", "iterations": 1}))["items"][0]
     assert got["next-run"] == first["timestamp"] and got["pool"] == "sandbox"

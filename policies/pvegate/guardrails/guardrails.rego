@@ -2,7 +2,8 @@
 # title: Guard rails
 # description: |
 #   Deny rules that hold whatever the roles say:
-#   - guests carrying a protected tag are never destroyed, nor are their volumes
+#   - guests carrying a protected tag are never destroyed (nor changed by a tool tagged
+#     irreversible, e.g. turned into a template), nor are their volumes
 #     (a disk or backup deleted by its volume id), nor are their backups unprotected;
 #   - the disk of a guest that exists is not deleted as a bare storage volume
 #     (Proxmox would delete it while the guest uses it): the guest's config removes it;
@@ -28,14 +29,15 @@ import data.pvegate.rbac
 # deny: the sentences of the denials below
 deny contains r.message if some r in denials
 
-# protected guests are never destroyed
+# protected guests are never destroyed, nor changed for good (a tool tagged irreversible: a
+# template never starts again)
 denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
-	input.tool.effect == "destroy"
+	some done in protected_risks
 	some tag in lib.tags_of(input.target)
 	tag in config.protected_tags
 	msg := sprintf(
-		"guest %v is tagged %q: protected guests are never destroyed (remove the tag through change management first)",
-		[input.target.vmid, tag],
+		"guest %v is tagged %q: protected guests are never %s (remove the tag through change management first)",
+		[input.target.vmid, tag, done],
 	)
 }
 
@@ -213,6 +215,15 @@ deny_rule_index[effect][kind][name] contains i if {
 deny_rule_exact[i] := lib.exact_selector(sel) if some i, sel in config.deny_rules
 
 mutation if input.tool.effect in lib.mutating_effects
+
+# what a call does to its target guest that the protected tag forbids: destroys it, or changes
+# it for good (a mutation of a tool tagged irreversible, whatever its effect)
+protected_risks contains "destroyed" if input.tool.effect == "destroy"
+
+protected_risks contains "changed irreversibly" if {
+	mutation
+	"irreversible" in input.tool.tags
+}
 
 # what a call naming a volume (target.volume_of) does to it that a guard rail may refuse:
 # destroys it, or takes a backup's protection away

@@ -14,6 +14,27 @@ test_protected_tag_does_not_block_other_effects if {
 	count(guardrails.deny) == 0 with input as fx.call(fx.agent, fx.vm_stop, fx.protected_guest)
 }
 
+# a tool tagged irreversible (a template never starts again) changes a guest for good: the
+# protected tag refuses it as it refuses a destroy, whoever asks
+to_template := fx.tool("guest_convert_to_template", "guest", "write", "guest", ["provision", "irreversible"])
+
+test_protected_guest_never_changed_irreversibly if {
+	inp := fx.call_at(fx.admin, to_template, fx.protected_guest, fx.sat_1000)
+	reasons := guardrails.deny with input as fx.with_approval(inp, ["alice"], ["sre-leads"])
+	fx.has_reason(reasons, "guest 102 is tagged \"protected\": protected guests are never changed irreversibly")
+	codes := {r.code | some r in guardrails.denials} with input as inp
+	codes == {"guardrail.protected_tag"}
+}
+
+test_irreversible_tool_on_unprotected_guest_not_refused if {
+	count(guardrails.deny) == 0 with input as fx.call(fx.admin, to_template, fx.lab_guest)
+}
+
+test_irreversible_tag_of_a_read_tool_is_not_a_change if {
+	peek := fx.tool("template_preview", "guest", "read", "guest", ["irreversible"])
+	count(guardrails.deny) == 0 with input as fx.call(fx.admin, peek, fx.protected_guest)
+}
+
 test_destroy_outside_window_denied if {
 	reasons := guardrails.deny with input as fx.call(fx.admin, fx.guest_delete, fx.lab_guest)
 	fx.has_reason(reasons, "destroy tools may only run inside a maintenance window (weekend Sat,Sun 00:00-24:00;")
