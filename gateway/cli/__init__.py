@@ -13,6 +13,19 @@ from gateway.core.config import ConfigError, load
 
 Handler = Callable[[argparse.Namespace], int]
 
+MAX_TOKEN_TTL = 30 * 86400  # `token mint --ttl`: a service token for longer than this is a credential to rotate
+
+EXIT_STATUS = (
+    "Exit status, every command: 0 done; 2 a usage error (an unknown option, a value out of range) or a "
+    "configuration that cannot be loaded (one `error: FILE: problem` line per problem; `serve` and `stdio` say "
+    "`pvegate: cannot start: ...`; `config check` exits 1, its finding); 141 the reader of the output went away "
+    "(`| head`), quietly; 130 interrupted. Otherwise each command's own, on its page: most exit 1 on an error "
+    "said in one `error: ...` line (a database that cannot be read, a file that cannot be written); "
+    "`audit verify` exits 1 when the audit does not verify and 2 when it cannot be checked at all "
+    "(the PostgreSQL database cannot be connected to); `policy replay` exits 1 only for its gate and 2 "
+    "when it could not run; `approvals` exits 2 for a credential error and 4 for no such request."
+)
+
 
 def config_problems(exc: ConfigError) -> list[str]:
     """One line per problem, each saying which file it is in."""
@@ -49,9 +62,13 @@ def _token_mint(args: argparse.Namespace) -> int:
     if cfg.auth.hs256_secret is None:
         print("error: auth.hs256_secret is not configured", file=sys.stderr)
         return 2
+    secret = cfg.auth.hs256_secret.read()  # a secret that cannot be read: a ConfigError, said by main()
+    if not secret:
+        print(f"error: {cfg.auth.hs256_secret.setting}: the secret is empty", file=sys.stderr)
+        return 2
     print(
         mint_hs256(
-            cfg.auth.hs256_secret.read(),
+            secret,
             issuer=cfg.auth.issuer,
             audience=cfg.auth.audience,
             sub=args.sub,
@@ -77,8 +94,26 @@ def _sim(argv: list[str]) -> int:
     return int(sim_main(argv))
 
 
+def int_range(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high` (a usage error otherwise, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"{what} must be from {low} to {high}: {n}")
+        return n
+
+    parse.__name__ = what
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pvegate", description="Policy-as-code MCP gateway for Proxmox VE")
+    p = argparse.ArgumentParser(
+        prog="pvegate", description="Policy-as-code MCP gateway for Proxmox VE", epilog=EXIT_STATUS
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -94,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="simulator + OPA sidecar + gateway, with a scripted agent session")
     d.add_argument("--oneshot", action="store_true", help="exit after the scripted session")
-    d.add_argument("--port", type=int, default=8443, help="the gateway's HTTPS port on 127.0.0.1 (make demo PORT=...)")
+    d.add_argument(
+        "--port",
+        type=int_range(1, 65535, "a port"),
+        default=8443,
+        help="the gateway's HTTPS port on 127.0.0.1, 1 to 65535 (make demo PORT=...)",
+    )
     d.add_argument(
         "--idp",
         action="store_true",
@@ -124,7 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--kind", default="agent", choices=["agent", "human", "service"], help="principal kind; only humans may approve"
     )
-    m.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
+    m.add_argument(
+        "--ttl",
+        type=int_range(1, MAX_TOKEN_TTL, "a lifetime"),
+        default=3600,
+        help=f"lifetime in seconds, 1 to {MAX_TOKEN_TTL} (30 days)",
+    )
     m.set_defaults(func=_token_mint)
 
     from gateway.cli.commands import register_all

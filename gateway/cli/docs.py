@@ -108,6 +108,8 @@ def cli_markdown() -> str:
     ]
     _fixed_width(top)
     out += [*_usage(top), *_options(top)]
+    if top.epilog:  # what every command's exit status means
+        out += [top.epilog, ""]
     for name, help_, sub in _subcommands(top):
         if name == "sim":  # the simulator parses its own arguments
             sub = sim_parser()

@@ -625,8 +625,16 @@ def load(path: Path) -> Config:
     """Read and check a configuration file; ConfigError (with `source` set) lists what is wrong."""
     try:
         raw = read_yaml(path.read_text())
+    except yaml.MarkedYAMLError as exc:
+        # one line, FILE:LINE:COL: what is wrong; never PyYAML's excerpt of the line (it may be a secret
+        # typed in the wrong place), nor its "<unicode string>" for the file
+        mark = exc.problem_mark or exc.context_mark
+        where = Path(f"{path}:{mark.line + 1}:{mark.column + 1}") if mark is not None else path
+        what = "; ".join(str(x) for x in (exc.problem, exc.context) if x) or type(exc).__name__
+        raise ConfigError(f"cannot read the configuration: {what}", source=where) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        text = (str(exc).splitlines() or [type(exc).__name__])[0]  # PyYAML's next lines quote the file
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else text
         raise ConfigError(f"cannot read the configuration: {reason}", source=path) from exc
     except ConfigError as exc:
         raise ConfigError(*exc.problems, source=path) from None

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import stat
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -151,6 +153,18 @@ class StdioSession:
         await self.c.audit.append(AuditRecord(uuid.uuid4().hex, "refusal", sub, None, None, "protocol_error", body))
 
 
+def _pollable(stream: BinaryIO) -> bool:
+    """Whether the event loop can wait on `stream`: a pipe, a socket or a terminal. Anything else (a regular
+    file, /dev/null or another character device) epoll refuses, and asyncio would only log that from a
+    callback and never see the end of input: those are read in a thread."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError):  # no descriptor (io.UnsupportedOperation is both)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+
+
 class _Lines:
     """Newline-delimited messages from a binary stream, each at most `limit` bytes."""
 
@@ -160,12 +174,15 @@ class _Lines:
         self.reader: asyncio.StreamReader | None = None
 
     async def open(self) -> None:
+        if not _pollable(self.stream):  # a regular file (`pvegate stdio < requests.jsonl`), /dev/null: a thread
+            self.reader = None
+            return
         reader = asyncio.StreamReader(limit=self.limit + 1)
         loop = asyncio.get_running_loop()
         try:
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self.stream)
             self.reader = reader
-        except (ValueError, OSError):  # a regular file (`pvegate stdio < requests.jsonl`): read it in a thread
+        except (ValueError, OSError):
             self.reader = None
 
     async def next(self) -> bytes | None:

@@ -540,12 +540,16 @@ class Approvals:
         decisions: DecisionClient | None = None,
         page_base: str | None = None,
         config_path: str | None = None,
+        opa_note: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.audit = audit
         self.decisions = decisions
         self.page_base = page_base.rstrip("/") if page_base else None
         self.config_path = config_path
+        # which OPA decides votes when it is not the gateway's configured one (the CLI's --opa-url): on each
+        # vote's record, so a policy picked by hand is on record
+        self.opa_note = opa_note
 
     # --- the agent side --------------------------------------------------------------
 
@@ -759,6 +763,8 @@ class Approvals:
         }
         if out.ok:
             body.update(state=out.state, approvals=out.approvals, needed=out.needed, token_minted=out.token is not None)
+        if self.opa_note is not None:
+            body["opa"] = self.opa_note
         outcome = {"approve": "approved", "deny": "denied"}[verdict] if out.ok else f"{verdict}_refused"
         await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target)
         return out

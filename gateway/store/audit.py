@@ -36,7 +36,7 @@ import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gateway.core.config import Config, ConfigError, service_secret_refs
 from gateway.core.redaction import REDACTED, redact_keys, redact_path
@@ -1629,6 +1629,7 @@ class VerifyResult:
     checkpoint: int | None = None  # the checkpoint's record, found unchanged
     high_water: int | None = None  # the high-water mark of this chain next to the key, found at or below the head
     high_water_file: str | None = None
+    unreachable: bool = False  # nothing was checked: the database could not be reached (not a finding)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -1732,6 +1733,11 @@ class _Bad(Exception):
         self.problem, self.seq = problem, seq
 
 
+class _Unreachable(Exception):
+    """The PostgreSQL audit could not be connected to (down, refused login, no such database, its password
+    unreadable): nothing was read, so nothing can be said of the chain."""
+
+
 def _key_for(path: Path | PgLocation, key: Path | None) -> Path:
     """The head key file: given, or audit-head.key next to a SQLite file (PostgreSQL has no "next to")."""
     if key is not None:
@@ -1752,6 +1758,8 @@ def verify(
         return _verify(path, list(archives), _key_for(path, key), checkpoint, state)
     except (_Bad, AuditIntegrityError) as exc:
         problem, seq = exc.problem, exc.seq
+    except _Unreachable as exc:
+        return VerifyResult(False, 0, problem=str(exc), unreachable=True)
     except AuditKeyError as exc:
         problem, seq = f"{exc}: the chain head cannot be authenticated without it (give the right one with --key)", None
     except sqlite3.Error as exc:
@@ -1761,6 +1769,11 @@ def verify(
     except Exception as exc:  # anything else in a garbled file is still a sentence, not a traceback
         problem, seq = f"the audit data is garbled ({type(exc).__name__}: {exc})", None
     return VerifyResult(False, state["checked"], state["first"], bad_seq=seq, problem=problem)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 # SQLite's own statistics tables (ANALYZE, PRAGMA optimize): they steer the query planner, never a result
@@ -1954,7 +1967,13 @@ def _verify(
     # only after its head moved, so a mark read first never names a record past the head read next
     hwm_file = mark_path(key_path)
     hwm_text = mark_text(hwm_file)
-    con = connect(path, readonly=True)
+    if isinstance(path, PgLocation):
+        try:
+            con = connect(path, readonly=True)
+        except Exception as exc:
+            raise _Unreachable(f"could not connect to {path} ({_first_line(exc)})") from exc
+    else:
+        con = connect(path, readonly=True)
     try:
         # one snapshot for the head and the records: a live gateway commits between two separate
         # reads, and its new records would look added outside the gateway
@@ -2332,7 +2351,7 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             if not checker.feed(r):  # never archive (and so launder) a broken chain
                 raise ValueError(f"refusing to archive: {checker.problem}")
         last = {"seq": rows[-1]["seq"], "hash": rows[-1]["hash"]}
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing directory keeps its mode
         name = f"audit-{rows[0]['seq']:012d}-{last['seq']:012d}.jsonl"
         final = out_dir / name
         tmp = out_dir / (name + ".tmp")
@@ -2350,7 +2369,8 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             },
         )
         digest = hashlib.sha256()
-        with tmp.open("w") as fh:
+        tmp.unlink(missing_ok=True)  # left by an archive that crashed: its records are all still in the database
+        with private_file(tmp) as fh:  # 0600 whatever the umask, as the database the records come from
             for text in [json.dumps(header, separators=(",", ":"))] + [_archive_line(r) for r in rows]:
                 fh.write(text + "\n")
                 digest.update((text + "\n").encode())
@@ -2381,6 +2401,17 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
         return ArchiveResult(final, len(rows), rows[0]["seq"], last["seq"], last["hash"])
     finally:
         con.close()
+
+
+def private_file(path: Path) -> TextIO:
+    """A new file for writing text, mode 0600 whatever the umask (an archive, an export: they hold what the
+    database holds); one already there is refused (FileExistsError), never followed if a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        return os.fdopen(fd, "w", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def archives(path: Path | PgLocation) -> list[dict[str, Any]]:

@@ -34,41 +34,82 @@ from gateway.store.pgsync import audit_location
 TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 
 
+def _opa_note(args: argparse.Namespace, cfg: Config) -> dict[str, Any] | None:
+    """What the vote's record says of an --opa-url that is not the configured OPA (None: the configured one)."""
+    url = getattr(args, "opa_url", None)
+    if url is None:
+        return None
+    configured = cfg.opa.url if cfg.opa.mode == "external" else None
+    if configured is not None and url.rstrip("/") == configured.rstrip("/"):
+        return None
+    return {"url": url, "chosen_by": "--opa-url", "configured": configured or "managed sidecar"}
+
+
+class _Unusable(Exception):
+    """The database (or the audit in it) cannot be used: one line for the operator."""
+
+
+def _refuse_missing(cfg: Config) -> None:
+    """A SQLite database that is not there is not made here (a typo in --config would make a new, empty one
+    with a new audit head key): said, as `pvegate audit tail` says it."""
+    if not cfg.storage.postgresql and not cfg.audit_path.exists():
+        raise _Unusable(
+            f"no database at {cfg.audit_path} (the gateway makes it at its first start; is --config the "
+            "gateway's configuration?)"
+        )
+
+
 async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callable[[Approvals], Awaitable[int]]) -> int:
     from gateway.policy.decisions import DecisionClient
 
     refuse_unshared(cfg)  # the gateway would not run on this storage.url: neither do its tools
+    _refuse_missing(cfg)
     audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
     store = ApprovalStore(database(cfg))
     sidecar = None
     decisions = None
+    # each store is closed whatever fails once it is open (the other's opening too): aiosqlite's thread,
+    # left open, keeps the process from exiting after its error was said
     await audit.open()
-    await store.open()
     try:
-        if need_opa:
-            url, token = args.opa_url, client_token(None)
-            if url is None:
-                from gateway.app import opa_api_token, start_opa
+        await store.open()
+        try:
+            if need_opa:
+                url, token = args.opa_url, client_token(None)
+                if url is None:
+                    from gateway.app import opa_api_token, start_opa
 
-                url, sidecar = await asyncio.to_thread(lambda: start_opa(cfg, gateway=False))
-                token = opa_api_token(cfg, sidecar)
-            decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=token)
-        base = cfg.public_url if cfg.admin.token is not None else None
-        approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config))
-        await store.expire_due()
-        return await fn(approvals)
+                    url, sidecar = await asyncio.to_thread(lambda: start_opa(cfg, gateway=False))
+                    token = opa_api_token(cfg, sidecar)
+                decisions = DecisionClient(url, max(cfg.opa.timeout_ms, 2000), token=token)
+            base = cfg.public_url if cfg.admin.token is not None else None
+            note = _opa_note(args, cfg) if need_opa else None
+            approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config), opa_note=note)
+            await store.expire_due()
+            return await fn(approvals)
+        finally:
+            if decisions is not None:
+                await decisions.close()
+            await store.close()
     finally:
-        if decisions is not None:
-            await decisions.close()
-        await store.close()
         await audit.close()
         if sidecar is not None:
             sidecar.stop()
 
 
+class _TokenFile(Exception):
+    """--token-file cannot be read: a credential error (exit 2)."""
+
+
 def _approver_token(args: argparse.Namespace) -> str | None:
     if args.token_file:
-        return Path(args.token_file).read_text().strip()
+        try:
+            return Path(args.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if isinstance(exc, UnicodeDecodeError):
+                why = "it is not UTF-8 text (a JWT is ASCII)"
+            raise _TokenFile(f"cannot read --token-file {args.token_file}: {why}") from None
     if args.token:
         return str(args.token).strip()
     return os.environ.get(TOKEN_ENV, "").strip() or None
@@ -147,7 +188,7 @@ def _list(args: argparse.Namespace) -> int:
             print(f"no {args.state} approval requests", file=sys.stderr)
         return 0
 
-    return asyncio.run(_run(args, cfg, False, go))
+    return _guard(cfg, lambda: asyncio.run(_run(args, cfg, False, go)))
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -162,7 +203,7 @@ def _show(args: argparse.Namespace) -> int:
             _print_request(view)
         return 0
 
-    return _guard(lambda: asyncio.run(_run(args, cfg, False, go)))
+    return _guard(cfg, lambda: asyncio.run(_run(args, cfg, False, go)))
 
 
 def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
@@ -170,7 +211,11 @@ def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
         from gateway.auth.tokens import Authenticator, AuthError
 
         cfg = load(args.config)
-        token = _approver_token(args)
+        try:
+            token = _approver_token(args)
+        except _TokenFile as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if not token:
             print(
                 f"error: {verdict} needs your own approver token: --token-file, --token or ${TOKEN_ENV}",
@@ -189,7 +234,7 @@ def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
             out = await a.decide(args.id, who, verdict, args.note, auth_time=bearer_auth_time(token))
             return _outcome(out, verdict)
 
-        return _guard(lambda: asyncio.run(_run(args, cfg, True, go)))
+        return _guard(cfg, lambda: asyncio.run(_run(args, cfg, True, go)))
 
     return handler
 
@@ -201,15 +246,32 @@ def _withdraw(args: argparse.Namespace) -> int:
         who = f"operator:{os.environ.get('USER', 'local')}"
         return _outcome(await a.withdraw(args.id, who, args.note), "withdraw")
 
-    return _guard(lambda: asyncio.run(_run(args, cfg, False, go)))
+    return _guard(cfg, lambda: asyncio.run(_run(args, cfg, False, go)))
 
 
-def _guard(fn: Callable[[], int]) -> int:
+def _guard(cfg: Config, fn: Callable[[], int]) -> int:
+    """Run a command; a request that is not there is exit 4, a database (or audit) that cannot be used one
+    line and exit 1 (the traceback only for what is a bug)."""
+    from gateway.policy.errors import OPAUnavailable
+    from gateway.store.audit import AuditIntegrityError, AuditStoreError
+    from gateway.store.migrate import describe
+
     try:
         return fn()
     except NotFound as exc:
         print(f"error: no approval request {exc}", file=sys.stderr)
         return 4
+    except BrokenPipeError:
+        raise  # the reader went away: main() ends quietly
+    except (_Unusable, AuditStoreError, AuditIntegrityError, OPAUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the database's (or the audit's) own refusal, as one line
+        why = describe(exc, local=not cfg.storage.postgresql)
+        if why is None:
+            raise
+        print(f"error: cannot use the database: {why}", file=sys.stderr)
+        return 1
 
 
 def register(sub: Any) -> None:

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import ConfigError
 from gateway.store import audit as auditlib
 from gateway.store.audit_seal import AuditKeyError
 from gateway.store.pgsync import PgLocation, audit_location
@@ -38,6 +37,27 @@ def parse_time(text: str, now: float | None = None) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a usage error otherwise, exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    return n
+
+
+def text_arg(text: str) -> str:
+    """An argparse type: text a query can carry (an argument that is not UTF-8 in this locale arrives with
+    lone surrogates, which no record holds and no database takes): a usage error otherwise, exit 2."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"not UTF-8 text: {text!a}") from None
+    return text
 
 
 def parse_age(text: str) -> float:
@@ -138,13 +158,18 @@ def _line(row: dict[str, Any]) -> str:
     return "  ".join(cols).rstrip()
 
 
+# `pvegate audit verify`: 0 verified, 1 it does not verify (FAILED ...), 2 it could not be checked at all
+VERIFY_CANNOT_CHECK = 2
+
+
 def _verify(args: argparse.Namespace) -> int:
-    try:
-        db, key = db_path(args), key_path(args)
-    except ConfigError as exc:
-        print(f"FAILED: {exc}", file=sys.stderr)
-        return 1
+    db, key = db_path(args), key_path(args)  # a configuration that cannot be loaded: main() says it, exit 2
     result = auditlib.verify(db, [Path(a) for a in args.archive or []], key=key, checkpoint=args.checkpoint)
+    if result.unreachable:  # nothing was checked: not a finding about the audit (PostgreSQL down, ...)
+        if args.json:
+            print(json.dumps(result.as_dict(), indent=1))
+        print(f"error: cannot verify: {result.problem}", file=sys.stderr)
+        return VERIFY_CANNOT_CHECK
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     elif result.ok:
@@ -170,14 +195,20 @@ def _verify(args: argparse.Namespace) -> int:
 def _checkpoint(args: argparse.Namespace) -> int:
     try:
         doc = auditlib.checkpoint(db_path(args), key=key_path(args))
-    except (ConfigError, AuditKeyError, auditlib.AuditIntegrityError, OSError, sqlite3.Error) as exc:
+    except BrokenPipeError:
+        raise
+    except (AuditKeyError, auditlib.AuditIntegrityError, OSError, sqlite3.Error) as exc:
         print(f"error: no checkpoint: {exc}", file=sys.stderr)
         return 1
     text = json.dumps(doc, indent=1) + "\n"
     if args.out is None:
         sys.stdout.write(text)
     else:
-        args.out.write_text(text)
+        try:
+            args.out.write_text(text)
+        except OSError as exc:
+            print(f"error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"checkpoint of record {doc['seq']} written to {args.out}", file=sys.stderr)
     return 0
 
@@ -188,7 +219,9 @@ def _readable(fn: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             result: int = fn(args)
-        except (ConfigError, sqlite3.Error, OSError) as exc:
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): main() ends quietly, as for every command
+        except (sqlite3.Error, OSError) as exc:  # (a configuration that cannot be loaded: main() says it)
             print(f"error: cannot read the audit: {exc}", file=sys.stderr)
             return 1
         except auditlib.AuditDataError as exc:
@@ -240,8 +273,9 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     # a file: written aside and put in place whole, so an export that stops leaves no partial file behind
     tmp = args.out.with_name(f".{args.out.name}.partial")
+    tmp.unlink(missing_ok=True)  # left by an export that was killed
     try:
-        with tmp.open("w") as out:
+        with auditlib.private_file(tmp) as out:  # 0600 whatever the umask: it holds what the database holds
             n = 0
             for row in auditlib.iter_rows(db_path(args), _query(args)):
                 out.write(auditlib.export_line(row) + "\n")
@@ -278,6 +312,15 @@ def _archive(args: argparse.Namespace) -> int:
     print(f"the database now continues from anchor record {res.last_seq} (hash {res.last_hash})")
     print(f"verify across the cut with: pvegate audit verify --archive {res.file}")
     return 0
+
+
+def _store_failure(exc: BaseException, *, local: bool) -> str | None:
+    """Why the audit or the database cannot be used, as one sentence; None for an error that is a bug."""
+    from gateway.store.migrate import describe
+
+    if isinstance(exc, auditlib.AuditStoreError | auditlib.AuditIntegrityError):
+        return str(exc)
+    return describe(exc, local=local)
 
 
 def _reconcile(args: argparse.Namespace) -> int:
@@ -326,7 +369,16 @@ def _reconcile(args: argparse.Namespace) -> int:
                 await c.close()
             await audit.close()
 
-    settled = asyncio.run(run())
+    try:
+        settled = asyncio.run(run())
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # the audit or the database cannot be used: one line (a bug keeps its traceback)
+        why = _store_failure(exc, local=not cfg.storage.postgresql)
+        if why is None:
+            raise
+        print(f"error: nothing was reconciled: {why}", file=sys.stderr)
+        return 1
     if settled is None:
         print(
             f"error: another gateway replica is reconciling (it holds the {RECONCILE_LOCK} lock) and did not "
@@ -362,12 +414,12 @@ def _key(p: argparse.ArgumentParser) -> None:
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--principal", help="exact subject, or a glob with *")
-    p.add_argument("--tool", help="exact tool name")
-    p.add_argument("--target", help="e.g. default/qemu/101, or a glob: 'default/*'")
-    p.add_argument("--outcome", help="allow, deny, pending, ok, failed, invalid, approval_refused, ...")
-    p.add_argument("--kind", help="received, decision, result, refusal, auth_failure, approval")
-    p.add_argument("--request-id", dest="request_id", help="all records of one request")
+    p.add_argument("--principal", type=text_arg, help="exact subject, or a glob with *")
+    p.add_argument("--tool", type=text_arg, help="exact tool name")
+    p.add_argument("--target", type=text_arg, help="e.g. default/qemu/101, or a glob: 'default/*'")
+    p.add_argument("--outcome", type=text_arg, help="allow, deny, pending, ok, failed, invalid, approval_refused, ...")
+    p.add_argument("--kind", type=text_arg, help="received, decision, result, refusal, auth_failure, approval")
+    p.add_argument("--request-id", dest="request_id", type=text_arg, help="all records of one request")
     p.add_argument("--since", type=parse_time, help="e.g. 2h, 7d, or 2026-01-31T12:00")
     p.add_argument("--until", type=parse_time, help="end of the time range, same forms as --since")
 
@@ -376,7 +428,11 @@ def register(sub: Any) -> None:
     a = sub.add_parser("audit", help="verify, read and archive the audit log")
     asub = a.add_subparsers(dest="audit_command", required=True)
 
-    v = asub.add_parser("verify", help="check the hash chain; exits 1 naming the first bad record")
+    v = asub.add_parser(
+        "verify",
+        help="check the hash chain; exits 1 naming the first bad record, 2 when it cannot be checked at all "
+        "(a configuration that cannot be loaded, a PostgreSQL database that cannot be connected to)",
+    )
     _common(v)
     v.add_argument("--archive", action="append", help="archive files (oldest first) to verify across the cut")
     v.add_argument(
@@ -395,7 +451,7 @@ def register(sub: Any) -> None:
     t = asub.add_parser("tail", help="the latest records")
     _common(t)
     _filters(t)
-    t.add_argument("-n", type=int, default=20, help="how many records")
+    t.add_argument("-n", type=positive_int, default=20, help="how many records (at least 1)")
     t.add_argument("--follow", "-f", action="store_true", help="keep printing new records as they are written")
     t.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     t.set_defaults(func=_tail)
@@ -403,7 +459,7 @@ def register(sub: Any) -> None:
     s = asub.add_parser("search", help="records by principal, tool, target, outcome, time range")
     _common(s)
     _filters(s)
-    s.add_argument("--limit", type=int, default=1000, help="at most this many records")
+    s.add_argument("--limit", type=positive_int, default=1000, help="at most this many records (at least 1)")
     s.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     s.set_defaults(func=_search)
 

@@ -11,11 +11,13 @@ from gateway.core.config import ConfigError, load
 
 
 def _check(args: argparse.Namespace) -> int:
+    from gateway.cli import config_problems
+
     try:
         load(args.file)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"{args.file}: {problem}", file=sys.stderr)
+    except ConfigError as exc:  # the file's problems are this command's finding: exit 1 (not 2, "cannot run")
+        for line in config_problems(exc):
+            print(line, file=sys.stderr)
         return 1
     print(f"{args.file}: OK")
     return 0
@@ -28,14 +30,21 @@ def _reference(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text)
+        try:
+            args.output.write_text(text)
+        except OSError as exc:
+            print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     return 0
 
 
 def register(sub: Any) -> None:
     c = sub.add_parser("config", help="check a configuration file; print the settings reference")
     csub = c.add_subparsers(dest="config_command", required=True)
-    k = csub.add_parser("check", help="check FILE against the configuration schema (starts nothing)")
+    k = csub.add_parser(
+        "check",
+        help="check FILE against the configuration schema (starts nothing); exit 1 naming each problem, one line each",
+    )
     k.add_argument("file", type=Path, metavar="FILE", help="the pvegate.yaml to check")
     k.set_defaults(func=_check)
     r = csub.add_parser("reference", help="print the settings reference (docs/configuration.md) in Markdown")

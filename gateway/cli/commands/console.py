@@ -28,8 +28,9 @@ from typing import Any
 
 from gateway.core.config import Config, load
 from gateway.store.audit import AuditLog, AuditRecord, known_secrets
+from gateway.store.audit_seal import AuditKeyError
 from gateway.store.backend import refuse_unshared
-from gateway.store.db import database
+from gateway.store.db import Database, database
 from gateway.store.handoffs import MIGRATIONS, SharedStates
 from gateway.store.migrations import SchemaError, check
 from gateway.store.outcomes import STORE_ERRORS
@@ -67,29 +68,37 @@ async def _sign_out(cfg: Config, sub: str, force: bool) -> float:
     by = operator_name()  # before anything is changed: nothing after the sign-out may fail but its record
     db = database(cfg)
     audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
+    # each store is closed whatever fails once it is open (the audit's opening too): aiosqlite's thread,
+    # left open, keeps the process from exiting after its error was said
     await db.open()
-    await audit.open()
     try:
-        await check(db, "handoffs", MIGRATIONS)
-        if not force:
-            since = time.time() - cfg.console.max_session_seconds - CLOCK_MARGIN_SECONDS
-            try:
-                known = bool(await audit.console_sign_ins(since, sub))
-            except (*STORE_ERRORS, OSError):
-                known = True  # cannot tell: take the access away anyway (its record will say if it failed)
-            if not known:
-                everyone = await audit.console_sign_ins(since)
-                raise NoSession(difflib.get_close_matches(sub, sorted(everyone), n=3, cutoff=0.6))
-        before = await SharedStates(db).sign_out_person(sub, cfg.console.max_session_seconds)
-        body = {"action": "sign_out_everywhere", "surface": "cli", "by": by, "before": before}
+        await audit.open()
         try:
-            await audit.append(AuditRecord(uuid.uuid4().hex, "console", sub, None, None, "ok", body))
-        except (*STORE_ERRORS, OSError) as exc:
-            raise Unaudited(before, exc) from exc
-        return before
+            return await _signed_out(cfg, db, audit, sub, force, by)
+        finally:
+            await audit.close()
     finally:
-        await audit.close()
         await db.close()
+
+
+async def _signed_out(cfg: Config, db: Database, audit: AuditLog, sub: str, force: bool, by: str) -> float:
+    await check(db, "handoffs", MIGRATIONS)
+    if not force:
+        since = time.time() - cfg.console.max_session_seconds - CLOCK_MARGIN_SECONDS
+        try:
+            known = bool(await audit.console_sign_ins(since, sub))
+        except (*STORE_ERRORS, OSError):
+            known = True  # cannot tell: take the access away anyway (its record will say if it failed)
+        if not known:
+            everyone = await audit.console_sign_ins(since)
+            raise NoSession(difflib.get_close_matches(sub, sorted(everyone), n=3, cutoff=0.6))
+    before = await SharedStates(db).sign_out_person(sub, cfg.console.max_session_seconds)
+    body = {"action": "sign_out_everywhere", "surface": "cli", "by": by, "before": before}
+    try:
+        await audit.append(AuditRecord(uuid.uuid4().hex, "console", sub, None, None, "ok", body))
+    except (*STORE_ERRORS, OSError) as exc:
+        raise Unaudited(before, exc) from exc
+    return before
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -101,8 +110,8 @@ def _run(args: argparse.Namespace) -> int:
     refuse_unshared(cfg)
     try:
         before = asyncio.run(_sign_out(cfg, sub, args.force))
-    except SchemaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (SchemaError, AuditKeyError) as exc:
+        print(f"error: nothing was signed out: {exc}", file=sys.stderr)
         return 1
     except NoSession as exc:
         hours = cfg.console.max_session_seconds / 3600

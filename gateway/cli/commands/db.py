@@ -234,6 +234,8 @@ def _run(args: argparse.Namespace) -> int:
     except (_Failed, SchemaError, AuditKeyError, AuditIntegrityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # the reader went away (`db status | head -1`): main() ends quietly
     except Exception as exc:  # anything else the backend says, as one line
         why = _failure(exc, db.kind)
         if why is None:
@@ -261,6 +263,8 @@ def _migrate(args: argparse.Namespace) -> int:
     except (MigrateError, AuditKeyError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # before the PostgreSQL commit (after it, migrate_from_sqlite says so itself)
         why = describe(exc)
         if why is None:

@@ -43,9 +43,16 @@ async def _ask(url: str, entrypoint: str, doc: dict[str, Any], token: str | None
 
 
 def _read_input(path: Path) -> Any:
-    """An input document; golden-case files and OPA request bodies are taken as they are."""
+    """An input document; golden-case files and OPA request bodies are taken as they are. ValueError when
+    it is no JSON object (a policy input always is one), or nested past what can be read."""
     raw = sys.stdin.read() if str(path) == "-" else path.read_text()
-    doc = json.loads(raw)
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise ValueError("it is nested too deeply to be read") from None
+    if not isinstance(doc, dict):
+        kind = "an array" if isinstance(doc, list) else "null" if doc is None else f"a {type(doc).__name__}"
+        raise ValueError(f"it is {kind}, not a JSON object (a policy input is one)")
     if isinstance(doc, dict) and len(doc) == 1 and "contract_version" not in doc:
         (only,) = doc.values()  # a golden case file: {"<name>": {"input": ...}}
         if isinstance(only, dict) and "input" in only:

@@ -7,12 +7,15 @@ replayed input with redacted arguments, 2 the replay could not run
 (among others: the audit does not verify, the candidate calls a network builtin, a candidate path
 that is not there or holds no policy, --bundle with --policies/--data, a candidate that answers
 nothing at all, no recorded decision selected without --allow-empty, a malformed export line, no
-opa binary, an opa command that does not finish).
+opa binary, an opa command that does not finish, a configuration that cannot be loaded, an --out that
+cannot be written: checked before the replay runs). A configuration problem is never exit 1: that
+would pass for a gate the candidate failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import subprocess
 import sys
@@ -20,8 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.commands.audit import db_path, key_path, parse_time
-from gateway.core.config import ConfigError
+from gateway.cli.commands.audit import db_path, key_path, parse_time, text_arg
 from gateway.policy.errors import OPAUnavailable
 from gateway.store.audit import verify
 from gateway.store.replay import (
@@ -54,6 +56,36 @@ def key_needs_bundle(
     return checked
 
 
+def _export_alone(
+    parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]
+) -> Callable[[argparse.Namespace], int]:
+    """`handler`, refusing --export with an option only a database has (--db, --key, --archive,
+    --checkpoint) as a usage error (exit 2): it would be ignored, and the report would not say so."""
+
+    def checked(args: argparse.Namespace) -> int:
+        if args.export is not None:
+            given = [opt for opt, value in (("--db", args.db), ("--key", args.key), ("--archive", args.archive),
+                                             ("--checkpoint", args.checkpoint)) if value]  # fmt: skip
+            if given:
+                parser.error(f"--export is not a database: {', '.join(given)} cannot be used with it")
+        return handler(args)
+
+    return checked
+
+
+def writable(path: Path) -> str | None:
+    """Why `path` cannot be written (None: it can be, as far as can be told without making it): asked
+    before a long run, so that its result is not lost to a mistyped --out."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        return "it is a directory"
+    if not parent.is_dir():
+        return f"there is no directory {parent}"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "permission denied"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"the directory {parent} cannot be written to"
+
+
 def _count(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least `minimum` (a usage error otherwise, exit 2)."""
 
@@ -84,6 +116,9 @@ def _nothing_replayed(report: Report) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.out is not None and (why := writable(args.out)) is not None:
+        print(f"error: cannot write the report to {args.out}: {why}", file=sys.stderr)
+        return 2
     filters = Filters(
         since=args.since, until=args.until, tool=args.tool, principal=args.principal, outcome=args.outcome
     )
@@ -112,6 +147,8 @@ def _run(args: argparse.Namespace) -> int:
                 result = verify(
                     db, [Path(a) for a in args.archive or ()], key=key_path(args), checkpoint=args.checkpoint
                 )
+                if result.unreachable:
+                    raise ReplayError(f"cannot read the audit: {result.problem}")
                 if not result.ok:
                     where = f" at record {result.bad_seq}" if result.bad_seq is not None else ""
                     raise ReplayError(
@@ -134,7 +171,9 @@ def _run(args: argparse.Namespace) -> int:
                 replay(records, engine, report)
         if report.replayed == 0 and not args.allow_empty:  # a mistyped filter must not pass a gate
             raise ReplayError(_nothing_replayed(report))
-    except (ReplayError, ConfigError, OSError, OPAUnavailable) as exc:  # (OPAUnavailable: no opa binary)
+    except BrokenPipeError:
+        raise
+    except (ReplayError, OSError, OPAUnavailable) as exc:  # (OPAUnavailable: no opa binary; a ConfigError: main)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except subprocess.TimeoutExpired as exc:
@@ -152,7 +191,11 @@ def _run(args: argparse.Namespace) -> int:
         else report.as_text()
     )
     if args.out is not None:
-        args.out.write_text(text)
+        try:
+            args.out.write_text(text)
+        except OSError as exc:
+            print(f"error: cannot write the report to {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print("\n".join(report.summary()))  # the summary on the console as well
     else:
         sys.stdout.write(text)
@@ -176,7 +219,8 @@ def register_replay(psub: Any) -> None:
         "says), or with --fail-on-redacted any replayed input had redacted arguments; 2: the replay could not run "
         "(the audit does not verify; a candidate path missing or without "
         "policy; --bundle with --policies/--data; a candidate answering nothing at all; no decision replayed "
-        "without --allow-empty; an unreadable database or export; no opa binary, or an opa that does not finish).",
+        "without --allow-empty; an unreadable database or export; no opa binary, or an opa that does not finish; "
+        "a configuration that cannot be loaded; an --out that cannot be written, checked before the replay runs).",
     )
     src = r.add_argument_group("recorded decisions")
     src.add_argument(
@@ -202,8 +246,8 @@ def register_replay(psub: Any) -> None:
     )
     src.add_argument("--since", type=parse_time, help="e.g. 7d, 2h, or 2026-01-31T12:00")
     src.add_argument("--until", type=parse_time, help="only decisions before this time")
-    src.add_argument("--tool", help="a tool name, or a glob with *")
-    src.add_argument("--principal", help="a subject, or a glob with *")
+    src.add_argument("--tool", type=text_arg, help="a tool name, or a glob with *")
+    src.add_argument("--principal", type=text_arg, help="a subject, or a glob with *")
     src.add_argument(
         "--outcome", choices=("allow", "pending", "deny"), help="only decisions recorded with this outcome"
     )
@@ -250,4 +294,4 @@ def register_replay(psub: Any) -> None:
         help="ask a loopback `opa run --server`, or run `opa eval` per batch",
     )
     eng.add_argument("--concurrency", type=_count(1), default=4, help="batches in flight (server engine; at least 1)")
-    r.set_defaults(func=key_needs_bundle(r, _run))
+    r.set_defaults(func=key_needs_bundle(r, _export_alone(r, _run)))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -138,6 +140,11 @@ def _show(args: argparse.Namespace) -> int:
     if tool is None:
         print(f"error: no tool named {args.name}", file=sys.stderr)
         return 1
+    given: list[PveSchema] | None = None
+    if args.pve_schema:  # a schema asked for by name that cannot be read fails the command (said first)
+        given = _schemas(args.pve_schema)
+        if given is None:
+            return 1
     print(f"{tool.name}: {tool.title}\n  {tool.description}")
     print(f"effect {tool.effect}, domain {tool.domain}, scope {tool.scope}, connector {tool.connector}")
     if tool.pve_versions:
@@ -148,7 +155,7 @@ def _show(args: argparse.Namespace) -> int:
         print("  " + line)
     if tool.dry_run:
         print(f"dry run: {tool.dry_run}")
-    schemas = _schemas(args.pve_schema) or []
+    schemas = given if given is not None else _schemas(None) or []
     fitting = [s for s in schemas if applies(tool, s)]
     if tool.connector == "pve_api" and fitting:
         s = fitting[-1]
@@ -171,14 +178,38 @@ def _least(args: argparse.Namespace) -> int:
         print("error: need the catalog and a PVE schema (--pve-schema)", file=sys.stderr)
         return 1
     effects = tuple(e.strip() for e in args.effects.split(",") if e.strip())
+    known = sorted({t.effect for t in catalog})
+    unknown = [e for e in effects if e not in known]
+    if unknown or not effects:
+        what = f"unknown effect(s) {', '.join(unknown)}" if unknown else "no effect given"
+        print(f"error: --effects: {what}; the catalog's effects are {', '.join(known)}", file=sys.stderr)
+        return 2
     need = least_privilege(catalog, schemas, effects)
     for priv, tools in need.items():
         print(f"# {priv}: {', '.join(sorted(tools))}")
     privs = " ".join(need)
-    print(f'pveum role add {args.role} -privs "{privs}"')
-    print(f"pveum acl modify / -token '{args.token_id}' -role {args.role}")
+    # quoted for the shell they are pasted into (the arguments' syntax is checked too: _role_id, _token_id)
+    print(f"pveum role add {shlex.quote(args.role)} -privs {shlex.quote(privs)}")
+    print(f"pveum acl modify / -token {shlex.quote(args.token_id)} -role {shlex.quote(args.role)}")
     print("# SSH tools (node_*, lxc_docker_*, list_guest_containers, ...) use the SSH key, not this token.")
     return 0
+
+
+# Proxmox VE's own syntax (PVE::AccessControl: pve-roleid; a user is name@realm, a token user!tokenid)
+_ROLE_ID = re.compile(r"[A-Za-z0-9._-]+")
+_TOKEN_ID = re.compile(r"[^\s:/]+@[A-Za-z][A-Za-z0-9._-]+![A-Za-z][A-Za-z0-9._-]+")
+
+
+def _role_id(text: str) -> str:
+    if not _ROLE_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a Proxmox role id (letters, digits, . - _): {text!r}")
+    return text
+
+
+def _token_id(text: str) -> str:
+    if not _TOKEN_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a Proxmox API token id (USER@REALM!TOKENID): {text!r}")
+    return text
 
 
 def register(sub: Any) -> None:
@@ -218,8 +249,11 @@ def register(sub: Any) -> None:
         help="apidata JSON or apidoc.js (each tool uses the last one describing a release it works on)",
     )
     lp.add_argument("--effects", default="read,write,destroy", help="comma list of effects to cover")
-    lp.add_argument("--role", default="PVEGate", help="the Proxmox role name to create")
+    lp.add_argument("--role", type=_role_id, default="PVEGate", help="the Proxmox role name to create")
     lp.add_argument(
-        "--token-id", default="pvegate@pve!gateway", help="the API token (USER@REALM!TOKENID) to grant it to"
+        "--token-id",
+        type=_token_id,
+        default="pvegate@pve!gateway",
+        help="the API token (USER@REALM!TOKENID) to grant it to",
     )
     lp.set_defaults(func=_least)
