@@ -21,6 +21,9 @@ from tests.support import GatewayThread
 
 PAST_HEAD = "exists past the authenticated head"
 
+# what a client is told (the store's own words are in /readyz, /admin/health and the log)
+STORE_REFUSES = "the audit store cannot take writes"
+
 
 def _red_for_the_head(r: Any) -> bool:
     return bool(r.status_code == 503 and PAST_HEAD in (r.json()["checks"]["audit"]["detail"] or ""))
@@ -47,7 +50,7 @@ async def test_readiness_stays_red_while_a_row_past_the_head_refuses_every_call(
             # idle (no call): the probe alone finds it
             await wait_for(http, base + "/readyz", _red_for_the_head, timeout=5)
             refused = await call(http, base + "/mcp", tok, "list_nodes", {})
-            assert refused.status_code == 503 and PAST_HEAD in refused.text, refused.text[:300]
+            assert refused.status_code == 503 and STORE_REFUSES in refused.text, refused.text[:300]
             # and it stays red, idle, for many probe intervals (0.5 s), while calls are still refused
             token = env.config.admin.token.read()  # type: ignore[union-attr]
             deadline = time.monotonic() + 4
@@ -58,7 +61,7 @@ async def test_readiness_stays_red_while_a_row_past_the_head_refuses_every_call(
             m = await http.get(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
             assert "pvegate_ready 0.0" in m.text
             refused = await call(http, base + "/mcp", tok, "list_nodes", {})
-            assert refused.status_code == 503 and PAST_HEAD in refused.text, refused.text[:300]
+            assert refused.status_code == 503 and STORE_REFUSES in refused.text, refused.text[:300]
         c = gw.components
         assert c.health is not None and c.health.outcomes is c.outcomes  # readiness asks what refuses calls
     finally:
