@@ -23,6 +23,7 @@ from gateway.core.config import Config
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa, free_port
 from gateway.server import uvicorn_config
+from gateway.store.audit import AuditLog, AuditRecord
 
 __all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "database_bytes", "free_port"]
 
@@ -227,3 +228,14 @@ class ExternalOPA:
     def stop(self) -> None:
         p, self.process = self.process, None
         processes.stop(p, grace=10)
+
+
+async def filled_audit(path: Path, n: int = 5) -> None:
+    """An audit database at `path` with `n` decision records, written by the gateway's own AuditLog."""
+    log = AuditLog(path)
+    await log.open()
+    try:
+        for i in range(n):
+            await log.append(AuditRecord(f"req-{i}", "decision", "agent", "vm_stop", "default/qemu/101", "deny", {}))
+    finally:
+        await log.close()

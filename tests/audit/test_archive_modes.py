@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gateway.store import audit as auditlib
-from gateway.store.audit import AuditLog, AuditRecord
 from tests.config.conftest import minimal, run_pvegate, write
+from tests.support import filled_audit
 
 
 @pytest.fixture(autouse=True)
@@ -32,19 +32,9 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-async def _filled(path: Path, n: int = 5) -> None:
-    log = AuditLog(path)
-    await log.open()
-    try:
-        for i in range(n):
-            await log.append(AuditRecord(f"req-{i}", "decision", "agent", "vm_stop", "default/qemu/101", "deny", {}))
-    finally:
-        await log.close()
-
-
 def test_an_archive_is_0600_in_a_0700_directory(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    asyncio.run(_filled(db))
+    asyncio.run(filled_audit(db))
     out = tmp_path / "new" / "audit-archive"
     res = auditlib.archive(db, time.time() + 1, out)
     assert res.file is not None and res.count == 5
@@ -55,7 +45,7 @@ def test_an_archive_is_0600_in_a_0700_directory(tmp_path: Path) -> None:
 
 def test_a_crashed_archive_s_leftover_is_replaced(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    asyncio.run(_filled(db))
+    asyncio.run(filled_audit(db))
     out = tmp_path / "arch"
     out.mkdir()
     (out / "audit-000000000001-000000000005.jsonl.tmp").write_text("half an archive")
@@ -67,7 +57,7 @@ def test_a_crashed_archive_s_leftover_is_replaced(tmp_path: Path) -> None:
 
 def _config(tmp_path: Path) -> Path:
     cfg = write(tmp_path, minimal(tmp_path))
-    asyncio.run(_filled(tmp_path / "state" / "audit.db"))
+    asyncio.run(filled_audit(tmp_path / "state" / "audit.db"))
     return cfg
 
 

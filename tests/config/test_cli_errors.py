@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gateway.policy.opa_sidecar import REPO_ROOT
-from gateway.store.audit import AuditLog, AuditRecord
 from tests.config.conftest import PVEGATE, minimal, run_pvegate, write
+from tests.support import filled_audit
 
 UNREACHABLE_PG = "postgresql://pvegate@127.0.0.1:1/postgres"  # nothing listens on port 1
 
@@ -36,21 +36,11 @@ def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-async def _fill(path: Path, n: int = 5) -> None:
-    log = AuditLog(path)
-    await log.open()
-    try:
-        for i in range(n):
-            await log.append(AuditRecord(f"req-{i}", "decision", "agent", "vm_stop", "default/qemu/101", "deny", {}))
-    finally:
-        await log.close()
-
-
 @pytest.fixture
 def cfg(tmp_path: Path) -> Path:
     """A configuration whose audit database exists (sealed, with its head key), as after a first start."""
     path = write(tmp_path, minimal(tmp_path))
-    asyncio.run(_fill(tmp_path / "state" / "audit.db"))
+    asyncio.run(filled_audit(tmp_path / "state" / "audit.db"))
     return path
 
 

@@ -18,7 +18,7 @@ from gateway.dev.devenv import DevEnv, make_env
 from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
 from tests.connectors.test_provision_e2e import admin, call, text
-from tests.support import GatewayThread, audit_rows, free_port
+from tests.support import GatewayThread, audit_rows, free_port, mutations
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +40,6 @@ def sgw(senv: DevEnv) -> Iterator[GatewayThread]:
     gw = GatewayThread(senv.config).start()
     yield gw
     gw.stop()
-
-
-def mutations(sim: Any) -> list[tuple[str, str]]:
-    return [(e["method"], e["path"]) for e in sim.requests_log() if e["method"] != "GET"]
 
 
 def slot_fact(env: DevEnv, res: Any) -> Any:

@@ -23,7 +23,7 @@ from gateway.admin.console.session import SESSION_COOKIE, Session, Sessions
 from gateway.core.principal import Principal
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT
-from tests.approvals.conftest import write_policy_data
+from tests.approvals.conftest import Api, write_policy_data
 from tests.support import GatewayThread, free_port
 
 STEP_UP_SECONDS = 300
@@ -158,3 +158,18 @@ def cookie_value(env: DevEnv, session: Session) -> str:
 
 def human(sub: str, roles: list[str], groups: list[str]) -> Principal:
     return Principal(sub, "https://issuer.test", tuple(roles), tuple(groups), (), "pvegate-console", "human")
+
+
+CAROL = human("carol", ["approver"], ["sre-leads"])  # an approver in the approval rules' group
+
+
+@pytest.fixture(scope="module")
+def api(cgw: GatewayThread, cenv: DevEnv) -> Api:
+    return Api(cenv)
+
+
+@pytest.fixture
+def carol(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
+    b = Browser(cenv, CAROL)
+    yield b
+    b.close()

@@ -21,10 +21,9 @@ import pytest
 from gateway.admin.console import views
 from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api, outcome
-from tests.console.conftest import Browser, console_env, console_policy, human
+from tests.console.conftest import CAROL, Browser, console_env, console_policy, human
 from tests.support import GatewayThread, sqlite_exec
 
-CAROL = human("carol", ["approver"], ["sre-leads"])
 ERIN = human("erin", ["auditor"], [])
 
 # a right-to-left override and isolate, zero-width space, no-break, RLM, byte order mark, a C1 control (CSI),

@@ -6,29 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import html
-from collections.abc import Iterator
 
-import pytest
-
-from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api
-from tests.console.conftest import Browser, human
+from tests.console.conftest import Browser
 from tests.console.test_pages import pending
-from tests.support import GatewayThread
-
-CAROL = human("carol", ["approver"], ["sre-leads"])
-
-
-@pytest.fixture(scope="module")
-def api(cgw: GatewayThread, cenv: DevEnv) -> Api:
-    return Api(cenv)
-
-
-@pytest.fixture
-def carol(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, CAROL)
-    yield b
-    b.close()
 
 
 def test_a_vote_whose_note_holds_control_characters_is_refused(api: Api, carol: Browser) -> None:

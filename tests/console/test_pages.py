@@ -18,26 +18,13 @@ from gateway.dev.devenv import DevEnv
 from gateway.store.audit import AuditLog, AuditRecord
 from gateway.store.pgsync import audit_location
 from tests.approvals.conftest import Api, outcome
-from tests.console.conftest import STEP_UP_SECONDS, Browser, cookie_value, human
+from tests.console.conftest import CAROL, STEP_UP_SECONDS, Browser, cookie_value, human
 from tests.support import GatewayThread, audit_rows
 
-CAROL = human("carol", ["approver"], ["sre-leads"])  # an approver in the rule's group
 DAVE = human("dave", ["viewer"], [])  # sees the approvals, may not vote
 ERIN = human("erin", ["auditor"], [])  # every section, votes on nothing
 
 _timeouts = iter(range(200, 10_000))
-
-
-@pytest.fixture(scope="module")
-def api(cgw: GatewayThread, cenv: DevEnv) -> Api:
-    return Api(cenv)
-
-
-@pytest.fixture
-def carol(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, CAROL)
-    yield b
-    b.close()
 
 
 @pytest.fixture
