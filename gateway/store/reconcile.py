@@ -16,7 +16,11 @@ For each open call, oldest first:
   that guest, from the decision time on, minus the UPIDs other records already claim.
   Found: as above (`found_by: task_list`). Nothing: `reconciled` with `proxmox:
   not_found` (the request never reached Proxmox, or Proxmox refused it before starting
-  a task; a tool without a task leaves nothing to find: `synchronous: true`).
+  a task).
+- a mutation of a tool Proxmox answers at once, without a task (`synchronous: true`), with
+  no task found: `reconciled` with `proxmox: unverifiable` and the reason. Finding no task
+  says nothing about whether it was applied, so it is not called `not_found`. (SSH tools
+  only read: the catalog refuses others.)
 - a mutation on a cluster the configuration no longer names: `reconciled` with `proxmox:
   unverifiable` and the reason (nobody here can ask that Proxmox; see Reconciler.settle).
 If Proxmox cannot be asked, the call stays open and is tried again later.
@@ -140,7 +144,7 @@ class Settled:
     # reconciled | interrupted | open | in_flight (a live replica's call: not touched) | already_settled
     # (a settling record was written meanwhile, by its replica or another pass: nothing written)
     action: str
-    proxmox: str | None = None  # ok | failed | not_found | running | unreachable
+    proxmox: str | None = None  # ok | failed | not_found | unverifiable | running | unreachable
     task_id: str | None = None
     detail: str | None = None
     owner: str | None = None
@@ -485,7 +489,23 @@ class Reconciler:
                 task_id = await self._search(client, cluster, call, claimed, before)
             if task_id is None:
                 tool = self.catalog.get(call.tool or "")
-                body: dict[str, Any] = {
+                if tool is not None and not tool.spec.get("task"):
+                    # answered at once, without a task: no task says nothing of whether it was applied
+                    why = (
+                        "Proxmox answers this tool at once, without a task: whether the request reached it "
+                        "and was applied cannot be looked up; check the target"
+                    )
+                    body: dict[str, Any] = {
+                        "proxmox": "unverifiable",
+                        "reason": why,
+                        "synchronous": True,
+                        "task_id": None,
+                        "found_by": None,
+                        "decided_at": call.ts,
+                    }
+                    await self._write(call, "reconciled", body, turn)
+                    return Settled(call.request_id, call.tool, "reconciled", "unverifiable", None, why)
+                body = {
                     "proxmox": "not_found",
                     "task_id": None,
                     "found_by": None,
@@ -493,8 +513,6 @@ class Reconciler:
                     "note": "no task of the gateway's token for this target after the decision: the request "
                     "did not reach Proxmox, or Proxmox refused it before starting a task",
                 }
-                if tool is not None and not tool.spec.get("task"):
-                    body["synchronous"] = True  # such a call leaves no task: its outcome cannot be looked up
                 await self._write(call, "reconciled", body, turn)
                 return Settled(call.request_id, call.tool, "reconciled", "not_found")
             claimed.add(task_id)
