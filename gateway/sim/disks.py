@@ -1,6 +1,6 @@
 """Guest configuration semantics shared by create and config updates: new disks
 ("storage:SIZE" allocates a volume), detaching (a disk becomes unusedN), deleting an
-unusedN (its volume is destroyed), NICs (a MAC is generated or kept), ISO media and
+unusedN (its volume is destroyed), NICs (a line without a MAC gets a new one), ISO media and
 pending changes (a running guest's non-hotpluggable settings wait for its next start).
 """
 
@@ -27,9 +27,22 @@ def is_disk(kind: str, key: str) -> bool:
     return bool((QEMU_DISK if kind == "qemu" else LXC_DISK).match(key))
 
 
-def mac(vmid: int, idx: int) -> str:
-    h = hashlib.sha256(f"{vmid}/{idx}/sim".encode()).digest()
+def mac(vmid: int, idx: int, n: int = 0) -> str:
+    h = hashlib.sha256((f"{vmid}/{idx}/sim" + (f"/{n}" if n else "")).encode()).digest()
     return "BC:24:11:" + ":".join(f"{b:02X}" for b in h[:3])
+
+
+MAC = re.compile(r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}")
+
+
+def fresh_mac(g: Guest, idx: int) -> str:
+    """A MAC none of the guest's interfaces has (Proxmox draws a random one; this is stable)."""
+    lines = [v for d in (g.config, g.pending) for k, v in d.items() if k.startswith("net") and k[3:].isdigit()]
+    used = {m.upper() for line in lines for m in MAC.findall(str(line))}
+    n = 0
+    while mac(g.vmid, idx, n) in used:
+        n += 1
+    return mac(g.vmid, idx, n)
 
 
 def _opts(line: str) -> dict[str, str]:
@@ -142,13 +155,18 @@ def set_key(cl: Cluster, g: Guest, key: str, value: Any) -> None:
 
 
 def with_mac(g: Guest, key: str, value: str) -> str:
-    """A VM NIC given as `virtio,bridge=...` gets a MAC: the interface's old one if any."""
+    """A NIC line that names no MAC gets a new one, as Proxmox gives it: setting netN replaces
+    the whole line, and the interface's old MAC is not kept (qemu-server's parse_net and
+    pve-container's parse_lxc_network draw a random MAC for a line without one)."""
     model, _, rest = value.partition(",")
-    if g.type == "lxc" or "=" in model:  # a container's name=eth0, or already model=MAC
+    options = value.split(",")
+    if g.type == "lxc":  # name=eth0,bridge=...: the MAC is hwaddr=
+        if any(o.startswith("hwaddr=") for o in options):
+            return value
+        return f"{value},hwaddr={fresh_mac(g, int(key[3:]))}"
+    if "=" in model or any(o.startswith("macaddr=") for o in options):  # model=MAC, or macaddr= given
         return value
-    old_first = str(g.config.get(key, "")).split(",", 1)[0]
-    old_mac = old_first.split("=", 1)[1] if "=" in old_first else None
-    return f"{model}={old_mac or mac(g.vmid, int(key[3:]))}" + (f",{rest}" if rest else "")
+    return f"{model}={fresh_mac(g, int(key[3:]))}" + (f",{rest}" if rest else "")
 
 
 def delete_key(cl: Cluster, g: Guest, key: str) -> None:

@@ -276,7 +276,9 @@ def test_validation_fills_in_the_counted_defaults(catalog: Catalog) -> None:
     assert tool is not None
     args = {"node": "pve1", "vmid": 190, "template_storage": "local", "template": "d.tar.zst", "disk_storage": "x1"}
     args["disk_gib"] = 8
-    assert tool.validate({**args, "cores": 2}) == {**args, "cores": 2, "memory": 512, "swap": 512}
+    # (and the NIC's firewall flag: on unless said off, tests/connectors/test_nic_firewall_e2e.py)
+    filled = {"cores": 2, "memory": 512, "swap": 512, "firewall": True}
+    assert tool.validate({**args, "cores": 2}) == {**args, **filled}
     assert tool.validate(args)["cores"] == 1
     assert tool.mcp_view["inputSchema"]["properties"]["cores"]["default"] == 1  # clients are told, too
 

@@ -175,7 +175,7 @@ async def test_create_and_configure_a_vm(gateway: GatewayThread, env: DevEnv, si
 
     await run(
         gateway, env, sim, "vm_nic_set", {"vmid": 180, "index": 1, "model": "virtio", "bridge": "vmbr0", "vlan": 30},
-        ("PUT", f"{API}/pve1/qemu/180/config", {"net1": "virtio,bridge=vmbr0,tag=30"}),
+        ("PUT", f"{API}/pve1/qemu/180/config", {"net1": "virtio,bridge=vmbr0,tag=30,firewall=1"}),
     )  # fmt: skip
     assert "tag=30" in (await config(env, 180))["net1"]
     await run(
@@ -253,8 +253,8 @@ async def test_create_and_configure_a_container(gateway: GatewayThread, env: Dev
     }  # fmt: skip
     body = {
         "vmid": "181", "hostname": "ct-ci", "ostemplate": f"local:vztmpl/{TEMPLATE}", "rootfs": "local-lvm:8",
-        "cores": "1", "memory": "512", "swap": "512", "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "password": CT_PASSWORD,
-        "ssh-public-keys": SSH_KEY, "pool": "sandbox", "unprivileged": "1",
+        "cores": "1", "memory": "512", "swap": "512", "net0": "name=eth0,bridge=vmbr0,ip=dhcp,firewall=1",
+        "password": CT_PASSWORD, "ssh-public-keys": SSH_KEY, "pool": "sandbox", "unprivileged": "1",
     }  # fmt: skip
     await run(gateway, env, sim, "lxc_create", args, ("POST", f"{API}/pve1/lxc", body))
     assert (await guests(env))[181]["status"] == "stopped"
@@ -275,7 +275,8 @@ async def test_create_and_configure_a_container(gateway: GatewayThread, env: Dev
         gateway, env, sim, "lxc_nic_set",
         {"vmid": 181, "index": 1, "ifname": "eth1", "bridge": "vmbr0", "ip_cidr": "10.10.2.181/24",
          "gateway": "10.10.2.1"},
-        ("PUT", f"{API}/pve1/lxc/181/config", {"net1": "name=eth1,bridge=vmbr0,ip=10.10.2.181/24,gw=10.10.2.1"}),
+        ("PUT", f"{API}/pve1/lxc/181/config",
+         {"net1": "name=eth1,bridge=vmbr0,ip=10.10.2.181/24,gw=10.10.2.1,firewall=1"}),
     )  # fmt: skip
     assert (await config(env, 181))["net1"].startswith("name=eth1")
     res = await call(env, admin(env), "lxc_start", {"vmid": 181})
