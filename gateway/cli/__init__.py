@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.core.config import ConfigError, load
+from gateway.tools.catalog import CatalogError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -196,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         for line in config_problems(exc):
             print(f"error: {line}", file=sys.stderr)
+        return 2
+    except CatalogError as exc:  # a connector file the configuration points at is wrong: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -137,6 +137,17 @@ def test_approvals_list_refuses_a_missing_database_and_makes_none(tmp_path: Path
     assert not (tmp_path / "state").exists()  # no database, no head key, no high-water mark made
 
 
+def test_audit_reconcile_refuses_a_missing_database_and_makes_none(tmp_path: Path) -> None:
+    """As `approvals list`: a --config naming a SQLite file that is not there (a typo, another host's
+    configuration) is said, exit 1, and no new database, head key or high-water mark is made there."""
+    path = write(tmp_path, minimal(tmp_path))
+    r = run_pvegate("audit", "reconcile", "-c", str(path), "--min-age", "0s", timeout=60)
+    assert r.returncode == 1, r.stderr
+    line = one_error_line(r)
+    assert line.startswith(f"error: nothing was reconciled: no database at {tmp_path / 'state' / 'audit.db'} "), line
+    assert not (tmp_path / "state").exists()
+
+
 def test_approvals_on_a_file_that_is_no_database_or_without_its_key(cfg: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     (state / "audit-head.key").unlink()
@@ -332,3 +343,23 @@ def test_a_yaml_syntax_error_is_one_line_without_the_source(tmp_path: Path) -> N
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip(reason="pipes and modes as on Linux")
+
+
+def test_a_broken_connector_file_is_one_line_exit_2(cfg: Path, tmp_path: Path) -> None:
+    """`audit reconcile` loads the catalog the configuration names: a tool file with a mistake is said
+    in one line naming the file and the tool, not a traceback."""
+    connectors = tmp_path / "connectors"
+    connectors.mkdir()
+    (connectors / "mine.yaml").write_text(
+        "tools:\n  - name: node_cache_drop\n    title: Drop a node's page cache\n"
+        "    description: Ask the kernel of one node to drop its clean page cache.\n    domain: node\n"
+        "    effect: write\n    scope: node\n    params: {node: required}\n    target: {node: node}\n"
+        "    ssh: {node: node, argv: [sync], parse: exit_status}\n"
+    )
+    raw = minimal(tmp_path)
+    raw["connectors_dir"] = str(connectors)
+    path = write(tmp_path, raw, "broken-connectors.yaml")
+    r = run_pvegate("audit", "reconcile", "-c", str(path), "--min-age", "0s", timeout=60)
+    assert r.returncode == 2, r.stderr
+    line = one_error_line(r)
+    assert line.startswith(f"error: {connectors / 'mine.yaml'}: tool node_cache_drop: "), line
