@@ -272,8 +272,10 @@ async def livez(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """May a load balancer send agents here? 503 with the reasons when not (gateway/health.py)."""
-    ready, doc = _health_monitor(request).readiness()
+    """May a load balancer send agents here? 503 with the reasons when not (observability/health.py). No
+    credential is asked: the public view, in the gateway's own words (the store's or OPA's text of an error
+    is for GET /admin/health)."""
+    ready, doc = _health_monitor(request).readiness()  # the public view (the default)
     return JSONResponse(doc, status_code=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 

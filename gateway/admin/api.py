@@ -260,12 +260,13 @@ def _approvals(request: Request) -> Approvals:
 
 
 async def health(request: Request) -> Response:
-    """/readyz's verdict (same checks, same status code) with what only an operator should see."""
+    """/readyz's verdict (same checks, same status code) with what only an operator should see: the checks'
+    private view (the store's, OPA's, an exception's own text of each failure), and more below."""
     if (denied := await operator(request)) is not None:
         return denied
     c = _components(request)
     assert c.health is not None
-    ready, doc = c.health.readiness()
+    ready, doc = c.health.readiness(private=True)
     # one COUNT, bounded: a slow or down approvals database is shown here, never a 500 or a hang
     counts, approvals_error = await metricslib.approval_counts(c) if c.approvals.store else (None, None)
     doc["audit"] = {
@@ -329,10 +330,19 @@ async def scrape(request: Request) -> Response:
 
 
 async def audit_verify(request: Request) -> Response:
+    """200: the chain verifies; 409: it does not (the finding in `problem`, `bad_seq`); 503 with Retry-After:
+    nothing could be checked, the audit database cannot be reached (`unreachable`: not a finding, as
+    `pvegate audit verify` exits 2 for it, not 1)."""
     if (denied := await operator(request)) is not None:
         return denied
     path = _components(request).audit.path
     result = await asyncio.to_thread(auditlib.verify, path, key=_components(request).audit.key_path)
+    if result.unreachable:
+        return JSONResponse(
+            result.as_dict(),
+            status_code=503,
+            headers={"Cache-Control": "no-store", "Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
     return JSONResponse(result.as_dict(), status_code=200 if result.ok else 409)
 
 

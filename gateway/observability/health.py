@@ -28,6 +28,12 @@ gateway away from agents working on the others, and a deny is still an answer.
 
 The endpoints read cached state: a load balancer polling them costs nothing, and
 no probe is ever triggered by an unauthenticated request.
+
+Two views of the same checks. /readyz takes no credential, so it shows the gateway's own words
+only (`checks()`, `readiness()`): the text of an exception or of OPA (a database's host, port, role
+or file path, a bundle server's URL) is left out, its type named at most, with "details in
+/admin/health". GET /admin/health (admin token) asks for the private view (`private=True`), with
+that text. The verdict, the status code and the check names are the same in both.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,7 +58,7 @@ from gateway.tools.targets import unknown_target
 
 if TYPE_CHECKING:
     from gateway.observability.metrics import Metrics
-    from gateway.policy.bundle_status import PolicyStatus
+    from gateway.policy.bundle_status import BundleState, PolicyStatus
     from gateway.policy.decisions import DecisionClient
     from gateway.policy.opa_sidecar import OPASidecar
     from gateway.store.audit import AuditLog
@@ -65,6 +72,10 @@ PROBE_SUB = "pvegate-readiness-probe"
 PROBE_TOOL = "pvegate_readiness_probe"
 _FAIL_PREFIX = "denied: policy decision unavailable ("
 STOP_WAIT_SECONDS = 2.0  # per round of cancelling the probe loops at shutdown
+DETAILS = "details in /admin/health"  # where /readyz sends its reader for the text it leaves out
+# the refusal of an external OPA that answers without a token names its address (opa_guard): not on /readyz
+_OPEN_OPA = re.compile(r"\S*".join(re.escape(part) for part in open_access_message("\x00").split("\x00")))
+_OPEN_OPA_PUBLIC = open_access_message(f"(its address: {DETAILS})")
 
 
 def probe_input(now_ns: int | None = None) -> dict[str, Any]:
@@ -126,6 +137,7 @@ def _age(mono: float | None, now: float) -> float | None:
 class ClusterState:
     state: str = "unknown"  # unknown | ok | unreachable | unauthorized | error
     detail: str | None = None
+    public_detail: str | None = None  # the same for /readyz: no exception text (a host and port, a file path)
     checked_at: float | None = None  # monotonic
     ok_at: float | None = None
     latency_ms: float | None = None
@@ -165,6 +177,7 @@ class HealthMonitor:
     data_check_error: str | None = None  # the last data check got no usable answer
     # audit probe
     audit_probe_error: str | None = None
+    audit_probe_public: str | None = None  # the same for /readyz: the exception's type, not its text
     audit_free_bytes: int | None = None
     audit_stat_error: str | None = None
     cluster_states: dict[str, ClusterState] = field(default_factory=dict)
@@ -287,18 +300,20 @@ class HealthMonitor:
             and time.monotonic() - last < self.config.audit_probe_interval
             and not self.audit.last_error
         ):
-            self.audit_probe_error = None
+            self.audit_probe_error = self.audit_probe_public = None
             return  # real traffic committed recently: that is the proof
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the task's cancellation
             # when the probe finishes at that moment, and stop() then waited for this loop forever
             async with asyncio.timeout(self.config.audit_probe_timeout):
                 await self.audit.probe()
-            self.audit_probe_error = None
+            self.audit_probe_error = self.audit_probe_public = None
         except TimeoutError:
             self.audit_probe_error = f"audit store did not commit within {self.config.audit_probe_timeout:g} s"
+            self.audit_probe_public = self.audit_probe_error
         except Exception as exc:
             self.audit_probe_error = f"audit store refuses writes ({_describe(exc)})"
+            self.audit_probe_public = f"audit store refuses writes ({type(exc).__name__}; {DETAILS})"
         if self.audit_probe_error:
             log.error("readiness: %s", self.audit_probe_error)
 
@@ -309,6 +324,7 @@ class HealthMonitor:
         st = self.cluster_states.setdefault(name, ClusterState())
         started = time.perf_counter()
         detail: str | None
+        public: str | None = None  # the same as detail, unless that carries an exception's text
         try:
             async with asyncio.timeout(client.cluster.timeout + 1):  # not wait_for: see probe_audit
                 status = await client.ping()
@@ -316,6 +332,9 @@ class HealthMonitor:
             state, detail = "unreachable", "no answer in time"
         except Exception as exc:  # connection refused, TLS or pin mismatch, DNS
             state, detail = "unreachable", _describe(exc)
+            # an UpstreamError names the API's host and port, and why: its cause only (unreachable, tls)
+            cause = getattr(exc, "cause", None)
+            public = f"{cause if isinstance(cause, str) else type(exc).__name__} ({DETAILS})"
         else:
             if 200 <= status < 300:
                 state, detail = "ok", None
@@ -328,7 +347,7 @@ class HealthMonitor:
         now = time.monotonic()
         if state != st.state and st.state != "unknown":
             log.warning("cluster %s: %s -> %s%s", name, st.state, state, f" ({detail})" if detail else "")
-        st.state, st.detail, st.checked_at = state, detail, now
+        st.state, st.detail, st.public_detail, st.checked_at = state, detail, public or detail, now
         st.latency_ms = round((time.perf_counter() - started) * 1000, 3)
         if state == "ok":
             st.ok_at = now
@@ -336,13 +355,16 @@ class HealthMonitor:
 
     # --- verdict -----------------------------------------------------------------------
 
-    def checks(self) -> dict[str, dict[str, Any]]:
+    def checks(self, private: bool = False) -> dict[str, dict[str, Any]]:
+        """Each check: `ok`, `detail` (why not, None when ok) and its figures. The public view (/readyz, the
+        default) says why in the gateway's own words only; `private` (/admin/health) adds the text of the
+        exception or of OPA behind it. `ok` is the same in both."""
         now = time.monotonic()
         cfg = self.config
         opa_age = _age(self.opa_ok_at, now)
         opa_fresh = opa_age is not None and opa_age <= cfg.opa_max_age
         if self.opa_error is not None:
-            opa_detail: str | None = self.opa_error
+            opa_detail: str | None = self.opa_error if private else _OPEN_OPA.sub(_OPEN_OPA_PUBLIC, self.opa_error)
         elif not opa_fresh:
             opa_detail = f"no decision from OPA for {opa_age:.1f} s (probe stalled)" if opa_age else "not probed yet"
         else:
@@ -363,8 +385,9 @@ class HealthMonitor:
             else:
                 policy_detail = "OPA reports no bundle revision (an external OPA must serve a bundle)"
         elif self.data_check_error is not None:
-            policy_detail = self.data_check_error
+            policy_detail = self.data_check_error if private else f"policy data check unavailable ({DETAILS})"
         elif data is not None and not data.valid:
+            # the policy's own data check names the keys at fault: no exception text
             policy_detail = "policy data invalid, every call is refused: " + "; ".join(data.problems)
         else:
             policy_detail = None
@@ -381,18 +404,29 @@ class HealthMonitor:
         if self.policy_status is not None and self.policy_status.bundles:
             # a refused bundle leaves the previous revision deciding: still ready, but it shows here
             st = self.policy_status
-            policy["bundle_error"] = st.bundle_error
-            policy["bundles"] = [b.as_dict() for _, b in sorted(st.bundles.items())]
+            if private:
+                policy["bundle_error"] = st.bundle_error
+                policy["bundles"] = [b.as_dict() for _, b in sorted(st.bundles.items())]
+            else:  # OPA's error text may name the bundle server's URL: that there is one, and which bundle
+                policy["bundle_error"] = _public_bundle_error(st)
+                policy["bundles"] = [_public_bundle(b) for _, b in sorted(st.bundles.items())]
         commit_age = _age(self.audit.last_commit_at, now)
         refused = None if self.outcomes is None else self.outcomes.store_problem(check_space=False)
         if self.audit.last_error:
-            audit_detail: str | None = f"audit store refuses writes ({self.audit.last_error})"
+            # "Type: text" (AuditLog._commit): the text of a database's error may name its host, role or file
+            shown = self.audit.last_error if private else _with_details(_type_of(self.audit.last_error))
+            audit_detail: str | None = f"audit store refuses writes ({shown})"
         elif self.audit_probe_error:
             audit_detail = self.audit_probe_error
+            if not private:
+                audit_detail = self.audit_probe_public or f"audit store refuses writes ({DETAILS})"
         elif refused is not None:
-            audit_detail = f"calls are refused: {refused}"
+            if private or (self.outcomes is not None and self.outcomes.outbox):  # records waiting: a count
+                audit_detail = f"calls are refused: {refused}"
+            else:  # the store's error text (Outcomes.store_failed)
+                audit_detail = f"calls are refused: the last audit write failed ({DETAILS})"
         elif self.audit_stat_error:
-            audit_detail = self.audit_stat_error
+            audit_detail = self.audit_stat_error  # the OS's error string, never the path
         elif commit_age is None or commit_age > cfg.audit_max_age:
             audit_detail = "no audit commit recently (probe stalled)" if commit_age else "not probed yet"
         elif self.audit_free_bytes is not None and self.audit_free_bytes < self.audit_min_free_bytes:
@@ -415,33 +449,34 @@ class HealthMonitor:
             dead = r.task_error()
             checks["reconcile"] = {
                 "ok": dead is None,
-                "detail": dead,
+                "detail": dead if private or dead is None else _public_task_error(r, dead),
                 "last_pass_age_seconds": None if r.last_pass_at is None else round(time.time() - r.last_pass_at, 3),
                 "open_calls": r.open_calls(),
             }
         return checks
 
-    def clusters_view(self) -> dict[str, dict[str, Any]]:
+    def clusters_view(self, private: bool = False) -> dict[str, dict[str, Any]]:
         now = time.monotonic()
         return {
             name: {
                 "state": st.state,
-                "detail": st.detail,
+                "detail": st.detail if private else st.public_detail,
                 "checked_age_seconds": _age(st.checked_at, now),
                 "latency_ms": st.latency_ms,
             }
             for name, st in self.cluster_states.items()
         }
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        checks = self.checks()
+    def readiness(self, private: bool = False) -> tuple[bool, dict[str, Any]]:
+        """The verdict and its document: /readyz's (public) or, with `private`, /admin/health's."""
+        checks = self.checks(private)
         reasons = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["ok"]]
         ready = not reasons
         doc = {
             "status": "ready" if ready else "unready",
             "reasons": reasons,
             "checks": checks,
-            "clusters": self.clusters_view(),
+            "clusters": self.clusters_view(private),
         }
         return ready, doc
 
@@ -533,3 +568,45 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text and len(text) < 200 else type(exc).__name__
+
+
+def _type_of(text: str) -> str | None:
+    """The exception type that leads an error text ("OperationalError: unable to open ...", as
+    AuditLog.last_error keeps it), or None when no type name leads it."""
+    head, sep, _ = text.partition(":")
+    return head if sep and head.isidentifier() else None
+
+
+def _with_details(kind: str | None) -> str:
+    return f"{kind}; {DETAILS}" if kind else DETAILS
+
+
+def _public_task_error(reconciler: Reconciler, dead: str) -> str:
+    """Reconciler.task_error() for /readyz: the exception that ended the task by its type, not its text."""
+    task = reconciler.task
+    if task is None or not task.done() or task.cancelled() or task.exception() is None:
+        return dead  # cancelled, ended: the gateway's own words
+    return f"the reconciler task died ({_with_details(type(task.exception()).__name__)})"
+
+
+def _public_bundle_error(status: PolicyStatus) -> str | None:
+    """PolicyStatus.bundle_error without OPA's text (it may name the bundle server's URL): each bundle
+    whose latest download or activation OPA refused, or that is older than one active before."""
+    errs = [
+        f"{name}: {what}"
+        for name, b in sorted(status.bundles.items())
+        for what in (
+            "OPA refused the latest bundle" if b.error else None,
+            "an older bundle is active again (rollback)" if b.rollback else None,
+        )
+        if what
+    ]
+    return f"{'; '.join(errs)} ({DETAILS})" if errs else None
+
+
+def _public_bundle(b: BundleState) -> dict[str, Any]:
+    """BundleState.as_dict() for /readyz: whether there is an error or a rollback, not OPA's text of it."""
+    doc = b.as_dict()
+    doc["error"], doc["rollback"] = bool(b.error), bool(b.rollback)
+    del doc["last_error"]
+    return doc

@@ -237,6 +237,13 @@ def test_new_revision_activates_and_a_tampered_one_is_refused(
     # readiness: still ready (revision 2 decides), the refusal shown beside it
     ready = httpx.get(f"https://127.0.0.1:{gw.config.port}/readyz", verify=_ctx(gw)).json()
     assert ready["checks"]["policy"]["bundle_error"] and ready["checks"]["policy"]["ok"]
+    # /readyz takes no credential: the refusal in the gateway's words, OPA's text (it may name the bundle
+    # server) only in /admin/health
+    public = ready["checks"]["policy"]
+    assert public["bundle_error"] == "pvegate: OPA refused the latest bundle (details in /admin/health)"
+    assert public["bundles"][0]["error"] is True and "last_error" not in public["bundles"][0]
+    opa_text = health["policy"]["bundles"][0]["error"]
+    assert opa_text and opa_text not in json.dumps(ready, ensure_ascii=False).replace('\\"', '"')
     assert 'pvegate_opa_bundle_error{name="pvegate"} 1.0' in _admin(gw, "/metrics").text
 
     # the good file back: the error clears, the last one stays on record

@@ -21,12 +21,13 @@ from tests.support import GatewayThread
 
 PAST_HEAD = "exists past the authenticated head"
 
-# what a client is told (the store's own words are in /readyz, /admin/health and the log)
+# what a client is told (the store's own words are in /admin/health and the log; /readyz, which takes no
+# credential, names the error's type)
 STORE_REFUSES = "the audit store cannot take writes"
 
 
 def _red_for_the_head(r: Any) -> bool:
-    return bool(r.status_code == 503 and PAST_HEAD in (r.json()["checks"]["audit"]["detail"] or ""))
+    return bool(r.status_code == 503 and "AuditIntegrityError" in (r.json()["checks"]["audit"]["detail"] or ""))
 
 
 async def test_readiness_stays_red_while_a_row_past_the_head_refuses_every_call(hsim: Any, tmp_path: Path) -> None:
@@ -51,8 +52,10 @@ async def test_readiness_stays_red_while_a_row_past_the_head_refuses_every_call(
             await wait_for(http, base + "/readyz", _red_for_the_head, timeout=5)
             refused = await call(http, base + "/mcp", tok, "list_nodes", {})
             assert refused.status_code == 503 and STORE_REFUSES in refused.text, refused.text[:300]
-            # and it stays red, idle, for many probe intervals (0.5 s), while calls are still refused
             token = env.config.admin.token.read()  # type: ignore[union-attr]
+            admin = await http.get(base + "/admin/health", headers={"Authorization": f"Bearer {token}"})
+            assert admin.status_code == 503 and PAST_HEAD in admin.json()["checks"]["audit"]["detail"], admin.text
+            # and it stays red, idle, for many probe intervals (0.5 s), while calls are still refused
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline:
                 r = await http.get(base + "/readyz")
@@ -91,4 +94,8 @@ def test_the_audit_check_is_red_while_calls_are_refused_for_the_store() -> None:
     assert not ready and any("still waiting to be written" in r for r in doc["reasons"])
     outcomes.outbox.clear()
     outcomes.store_failed(RuntimeError("disk I/O error"))  # a write failed moments ago: calls refused too
-    assert "the last audit write failed (disk I/O error)" in monitor.checks()["audit"]["detail"]
+    assert "the last audit write failed (disk I/O error)" in monitor.checks(private=True)["audit"]["detail"]
+    # the store's text is for /admin/health: /readyz (no credential) says the same in the gateway's words
+    public = monitor.checks()["audit"]
+    assert not public["ok"] and "disk I/O error" not in public["detail"], public
+    assert public["detail"] == "calls are refused: the last audit write failed (details in /admin/health)"

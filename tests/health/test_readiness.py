@@ -215,9 +215,13 @@ async def test_full_audit_disk_is_red_and_recovers(hsim: Any, tmp_path: Path) ->
                 ballast = _fill(disk)
                 red, _ = await wait_for(http, base + "/readyz", _unready, timeout=10)
                 reasons = red.json()["reasons"]
-                assert any(r.startswith("audit: audit store refuses writes") for r in reasons), reasons
-                assert any("database or disk is full" in r for r in reasons), reasons
+                refuses = "audit: audit store refuses writes (OperationalError"
+                assert any(r.startswith(refuses) for r in reasons), reasons
                 assert red.json()["checks"]["opa"]["ok"]  # only the audit is at fault
+                # SQLite's own words: for the operator (/readyz takes no credential)
+                token = env.config.admin.token.read()  # type: ignore[union-attr]
+                admin = await http.get(base + "/admin/health", headers={"Authorization": f"Bearer {token}"})
+                assert any("database or disk is full" in r for r in admin.json()["reasons"]), admin.text
                 assert gw.components.audit.write_failures >= 1
                 ballast.unlink()
                 await wait_for(http, base + "/readyz", _ready, timeout=10)
@@ -304,7 +308,12 @@ async def test_proxmox_rejecting_the_token_keeps_readiness_green(hsim: Any, tmp_
             assert clusters["default"]["state"] == "unauthorized"
             assert clusters["default"]["detail"] == "Proxmox rejected the gateway's API token"
             assert clusters["gone"]["state"] == "unreachable"
+            # the connection error names the API's address: for the operator, not on /readyz (no credential)
+            where = gone["api_url"].split("/")[2]
+            assert where not in r.text and clusters["gone"]["detail"].endswith("(details in /admin/health)"), r.text
             token = cfg.admin.token.read()  # type: ignore[union-attr]
+            admin = await http.get(base + "/admin/health", headers={"Authorization": f"Bearer {token}"})
+            assert where in admin.json()["clusters"]["gone"]["detail"], admin.text
             m = await http.get(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
             assert 'pvegate_cluster_up{cluster="default"} 0.0' in m.text
             assert 'pvegate_cluster_state{cluster="default",state="unauthorized"} 1.0' in m.text

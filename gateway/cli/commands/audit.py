@@ -326,6 +326,7 @@ def _store_failure(exc: BaseException, *, local: bool) -> str | None:
 def _reconcile(args: argparse.Namespace) -> int:
     import asyncio
 
+    from gateway.cli.commands.approvals import _refuse_missing, _Unusable
     from gateway.components import default_grace
     from gateway.core.config import load
     from gateway.store.audit import AuditLog, known_secrets
@@ -336,6 +337,11 @@ def _reconcile(args: argparse.Namespace) -> int:
     from gateway.tools.runtimes.pve_api import PveApiClient
 
     cfg = load(args.config)
+    try:  # a SQLite file that is not there is not made (a new, empty chain with a new key): said, as `approvals list`
+        _refuse_missing(cfg)
+    except _Unusable as exc:
+        print(f"error: nothing was reconciled: {exc}", file=sys.stderr)
+        return 1
     catalog = Catalog.load(cfg.connectors_dir)
     grace = cfg.shutdown_grace_seconds if cfg.shutdown_grace_seconds is not None else default_grace(catalog)
     # calls younger than the grace period may still be in flight in a running gateway: not touched by default
