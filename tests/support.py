@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import sqlite3
@@ -23,6 +24,7 @@ from gateway.core.config import Config
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, find_opa, free_port
 from gateway.server import uvicorn_config
+from gateway.store import audit as auditlib
 from gateway.store.audit import AuditLog, AuditRecord
 
 __all__ = ["ALLOWING_DECISION", "GatewayThread", "audit_rows", "database_bytes", "free_port"]
@@ -119,6 +121,19 @@ def database_bytes(db: Path) -> bytes:
     """
     files = sorted(str(f) for f in db.parent.glob(db.name + "*"))
     return subprocess.run(["cat", *files], capture_output=True, check=True, timeout=60).stdout
+
+
+def kept_input(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The policy input an audit record keeps (a decision's, compressed), unpacked; None for the others."""
+    return auditlib.unpack_input(json.loads(row["body"])) if row["body"] else None
+
+
+def audit_bytes(db: Path) -> tuple[bytes, list[dict[str, Any]]]:
+    """Everywhere a secret could hide in the audit, as bytes: the database's files (database_bytes) and
+    the policy inputs its decision records keep compressed, unpacked; with the rows (audit_rows)."""
+    rows = audit_rows(db)
+    raw = database_bytes(db) + b"".join(json.dumps(kept_input(r)).encode() for r in rows)
+    return raw, rows
 
 
 def per_module(sub: str) -> str:

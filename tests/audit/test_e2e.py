@@ -24,7 +24,7 @@ from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.decisions import FAIL_CLOSED_CODE
 from gateway.store import audit as auditlib
 from gateway.store.usage import MemoryQuotas
-from tests.support import GatewayThread, audit_rows, database_bytes, free_port
+from tests.support import GatewayThread, audit_bytes, audit_rows, free_port, kept_input
 
 
 class Mcp:
@@ -156,15 +156,12 @@ async def test_planted_secrets_never_reach_the_database(xgw: GatewayThread, xenv
         **{f"Proxmox token secret {name}": value.rsplit("=", 1)[-1] for name, value in xsim.tokens.items()},
     }
     assert xenv.config.audit_path.with_name(xenv.config.audit_path.name + "-wal").exists()  # the WAL is searched too
-    raw = database_bytes(xenv.config.audit_path)
-    # decision records keep their policy input compressed (input_z): search it unpacked too
-    decision = next(r for r in audit_rows(xenv.config.audit_path, set_rid) if r["kind"] == "decision")
-    body = json.loads(decision["body"])
-    kept = auditlib.unpack_input(body)
+    # decision records keep their policy input compressed (input_z): searched unpacked too (audit_bytes)
+    raw, rows = audit_bytes(xenv.config.audit_path)
+    decision = next(r for r in rows if r["request_id"] == set_rid and r["kind"] == "decision")
+    kept = kept_input(decision)
     assert kept is not None and kept["arguments"]["cipassword"] == "[redacted]"
-    assert body["input_redacted"] == ["arguments.cipassword"]
-    rows = audit_rows(xenv.config.audit_path)
-    raw += b"".join(json.dumps(auditlib.unpack_input(json.loads(r["body"]))).encode() for r in rows)
+    assert json.loads(decision["body"])["input_redacted"] == ["arguments.cipassword"]
     leaked = [what for what, value in planted.items() if value.encode() in raw]
     assert leaked == []
     assert auditlib.verify(xenv.config.audit_path).ok

@@ -24,14 +24,13 @@ import pytest
 from gateway.dev.devenv import DevEnv
 from gateway.observability.logs import JsonFormatter
 from gateway.pve_schema import SHIPPED_DIR, schema_file
-from gateway.store import audit as auditlib
 from gateway.tools.catalog import Catalog
 from gateway.tools.pveschema import PveSchema, check_catalog, least_privilege, privileges
 from gateway.tools.shaping import WITHHELD, shape
 from tests.approvals.conftest import Api, outcome, text
 from tests.connectors.test_catalog import CONNECTORS
 from tests.connectors.test_provision_e2e import sent
-from tests.support import GatewayThread, audit_rows, database_bytes
+from tests.support import GatewayThread, audit_bytes, kept_input
 
 USER = "e2e-user@pve"
 USER_PASSWORD = "Initial-Secret-Pw-5c31e"
@@ -245,9 +244,7 @@ async def test_api_token_secret_once_to_the_caller(api: Api, sim: Any, logs: Cap
 
     # the secret is in no record, file or log line of the gateway
     env = api.env
-    raw = database_bytes(env.config.audit_path)
-    rows = audit_rows(env.config.audit_path)
-    raw += b"".join(json.dumps(auditlib.unpack_input(json.loads(r["body"]))).encode() for r in rows if r["body"])
+    raw, rows = audit_bytes(env.config.audit_path)
     assert secret.encode() not in raw
     for found in subprocess.run(["grep", "-rlaF", secret, str(env.workdir)], capture_output=True, text=True).stdout:
         pytest.fail(f"the token secret is in {found}")
@@ -259,12 +256,10 @@ async def test_api_token_secret_once_to_the_caller(api: Api, sim: Any, logs: Cap
 
 def test_user_password_never_reaches_audit(gateway: GatewayThread, env: DevEnv) -> None:
     """The initial password sent above: in the Proxmox request, never in the audit or approvals."""
-    raw = database_bytes(env.config.audit_path)
-    rows = audit_rows(env.config.audit_path)
-    raw += b"".join(json.dumps(auditlib.unpack_input(json.loads(r["body"]))).encode() for r in rows if r["body"])
+    raw, rows = audit_bytes(env.config.audit_path)
     assert USER_PASSWORD.encode() not in raw
     assert subprocess.run(["grep", "-rlaF", USER_PASSWORD, str(env.workdir)], capture_output=True).stdout == b""
-    kept = [auditlib.unpack_input(json.loads(r["body"])) for r in rows if r["tool"] == "user_create" and r["body"]]
+    kept = [kept_input(r) for r in rows if r["tool"] == "user_create"]
     assert any(k and k["arguments"].get("password") == "[redacted]" for k in kept)
 
 

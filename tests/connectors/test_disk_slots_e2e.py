@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from gateway.dev.devenv import DevEnv, make_env
-from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
 from tests.connectors.test_provision_e2e import admin, call, text
-from tests.support import GatewayThread, audit_rows, free_port, mutations
+from tests.support import GatewayThread, audit_rows, free_port, kept_input, mutations
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,7 @@ def sgw(senv: DevEnv) -> Iterator[GatewayThread]:
 def slot_fact(env: DevEnv, res: Any) -> Any:
     rows = audit_rows(env.config.audit_path, res.meta["pvegate/request_id"])
     decision = next(r for r in rows if r["kind"] == "decision")
-    return auditlib.unpack_input(json.loads(decision["body"]))["target"].get("slot")
+    return kept_input(decision)["target"].get("slot")
 
 
 ATTACH = {"vmid": 103, "storage": "local-lvm", "disk_gib": 1}

@@ -10,7 +10,6 @@ policy is the repository's library and example data, pool `sandbox` capped at on
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,11 @@ import yaml
 from gateway.core.config import load
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
-from gateway.store import audit as auditlib
 from gateway.store.db import DatabaseUnavailable
 from gateway.store.holds import MemoryHolds
 from tests.connectors.test_provision_e2e import answered, call, text
 from tests.outcomes.helpers import wait_for
-from tests.support import GatewayThread, audit_rows, example_env, mutations
+from tests.support import GatewayThread, audit_rows, example_env, kept_input, mutations
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +122,7 @@ async def test_what_another_call_holds_counts_and_is_shown(hgw: GatewayThread, h
     assert "1 of them for calls still in flight" in text(res), text(res)
     assert mutations(sim) == []
     rows = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "decision" and r["tool"] == "vm_create"]
-    facts = auditlib.unpack_input(json.loads(rows[-1]["body"]))["resources"]
+    facts = kept_input(rows[-1])["resources"]
     assert facts["pool_in_flight"] == {"guests": 1, "cores": 0, "memory_mib": 0, "disk_gib": 0}, facts
     assert facts["pool_usage"]["guests"] == 1, facts
 
@@ -274,7 +272,7 @@ async def test_guests_put_into_a_pool_count_against_its_quota(hsim: Any, tmp_pat
         assert not res.is_error, text(res)
         assert sim.state()["guests"]["102"]["pool"] == "sandbox"
         rows = [r for r in audit_rows(env.config.audit_path) if r["kind"] == "decision"]
-        facts = auditlib.unpack_input(json.loads(rows[-1]["body"]))["resources"]
+        facts = kept_input(rows[-1])["resources"]
         assert facts["requested"] == {"guests": 1, "cores": 4, "memory_mib": 8192, "disk_gib": 80}, facts
         # already in it: adds nothing, so the full pool takes it
         res = await answered(env, "pool_members_add", {"poolid": "sandbox", "vmids": "102"})

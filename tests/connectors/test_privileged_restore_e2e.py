@@ -7,7 +7,6 @@ Its own simulator: the small scenario plus a privileged container 210 with one P
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,8 @@ import pytest
 import yaml
 
 from gateway.dev.devenv import DevEnv, make_env
-from gateway.store import audit as auditlib
 from tests.connectors.test_provision_e2e import admin, call, text
-from tests.support import GatewayThread, audit_rows, free_port, mutations
+from tests.support import GatewayThread, audit_rows, free_port, kept_input, mutations
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "gateway" / "sim" / "scenarios"
 
@@ -67,5 +65,5 @@ async def test_a_privileged_backup_is_not_restored_over_an_unprivileged_containe
     assert "over unprivileged container 202 it would make it privileged" in text(res), text(res)
     assert mutations(psim) == []
     rows = audit_rows(penv.config.audit_path, res.meta["pvegate/request_id"])
-    target = auditlib.unpack_input(json.loads(next(r for r in rows if r["kind"] == "decision")["body"]))["target"]
+    target = kept_input(next(r for r in rows if r["kind"] == "decision"))["target"]
     assert (target["privileged"], target["backup_of"]["privileged"]) == (False, True), target

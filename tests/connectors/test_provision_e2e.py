@@ -18,11 +18,10 @@ from urllib.parse import quote
 from gateway.core.canonical import digest_json
 from gateway.dev.client import mcp_client
 from gateway.dev.devenv import DevEnv
-from gateway.store import audit as auditlib
 from gateway.tools.runtimes.base import CallContext
 from gateway.tools.tool import arguments_digest
 from tests.approvals.conftest import Api
-from tests.support import GatewayThread, audit_rows, database_bytes, per_module
+from tests.support import GatewayThread, audit_bytes, audit_rows, kept_input, per_module
 
 CI_PASSWORD = "Sup3r-Secret-CI-Pw-7d1c"
 CI_PASSWORD_2 = "Another-Secret-CI-Pw-e4a0"
@@ -357,15 +356,13 @@ async def test_provisioner_agent_quota(gateway: GatewayThread, env: DevEnv, sim:
 def test_cloudinit_secrets_never_reach_audit_or_results(gateway: GatewayThread, env: DevEnv) -> None:
     """The cloud-init and root passwords sent above: not in the audit database, its WAL, or
     the policy inputs the decision records keep (compressed: searched unpacked)."""
-    raw = database_bytes(env.config.audit_path)
-    rows = audit_rows(env.config.audit_path)
-    raw += b"".join(json.dumps(auditlib.unpack_input(json.loads(r["body"]))).encode() for r in rows if r["body"])
+    raw, rows = audit_bytes(env.config.audit_path)
     for secret in (CI_PASSWORD, CI_PASSWORD_2, CT_PASSWORD):
         assert secret.encode() not in raw
     creates = ("vm_create", "vm_cloudinit_set", "lxc_create")
     decisions = [r for r in rows if r["tool"] in creates and r["kind"] == "decision"]
     assert decisions, "the create calls were audited"
-    kept = [auditlib.unpack_input(json.loads(r["body"])) for r in decisions]
+    kept = [kept_input(r) for r in decisions]
     assert any(k and k["arguments"].get("cipassword") == "[redacted]" for k in kept)
     # nor as a digest: with the other arguments beside it, an unsalted hash over a password gives it
     # back to a word list. Put each password back where it was redacted: no recorded digest matches.
