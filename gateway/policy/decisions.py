@@ -328,15 +328,10 @@ class DecisionClient:
         if problem is not None:
             return Decision.fail_closed(problem)
         revision = self._provenance(envelope)
-        # the data behind this answer must have passed its check: once per revision, so a new
-        # bundle with broken data is caught at its first decision, not at the next probe
-        check = self.data_check
-        key = self.revision_key(revision)
-        if check is None or check.revision != key:
-            try:
-                check = await self.check_data(key)
-            except PolicyError as exc:
-                return Decision.fail_closed(f"policy data check unavailable: {exc}")
+        try:
+            check = await self.checked_data(revision)
+        except PolicyError as exc:
+            return Decision.fail_closed(str(exc))
         if not check.valid:
             assert check.refusal is not None
             return check.refusal
@@ -344,6 +339,30 @@ class DecisionClient:
         if revision is None and self._local_name is not None:
             decision = replace(decision, policy_revision=self._local_name())
         return decision
+
+    async def checked_data(self, revision: str | None) -> DataCheck:
+        """The data check of the policy revision an answer came from (its provenance): the data behind
+        every answer the gateway acts on must have passed it, once per revision, so a new bundle with
+        broken data is caught at its first answer, not at the next probe. Asked for calls, approver
+        votes, tools/list and the console's sections alike: while the data is invalid none is decided.
+
+        Raises PolicyError (`policy data check unavailable: ...`) when OPA gives no usable check."""
+        check = self.data_check
+        key = self.revision_key(revision)
+        if check is None or check.revision != key:
+            try:
+                check = await self.check_data(key)
+            except PolicyError as exc:
+                raise PolicyError(f"policy data check unavailable: {exc}") from exc
+        return check
+
+    async def _data_valid(self, envelope: dict[str, Any]) -> bool:
+        """For the answers that have no refusal to give (tools/list, the console's sections): is the
+        data behind this answer valid? False also when the check is unavailable (show nothing)."""
+        try:
+            return (await self.checked_data(self._provenance(envelope))).valid
+        except PolicyError:
+            return False
 
     async def check_data(self, key: str | None = None, force: bool = False) -> DataCheck:
         """Ask OPA whether the policy data is valid; kept until the revision changes (or `force`).
@@ -396,33 +415,48 @@ class DecisionClient:
         return f"decision does not match the contract at {where}: {errors[0].message}"
 
     async def visible_tools(self, input_doc: dict[str, Any]) -> frozenset[str] | None:
-        """Names the principal may see, or None when OPA gave no usable answer (show nothing)."""
+        """Names the principal may see, or None when OPA gave no usable answer or the policy data is
+        invalid (show nothing)."""
         try:
-            result, _ = await self.query(VISIBLE_TOOLS_PATH, input_doc)
+            result, envelope = await self.query(VISIBLE_TOOLS_PATH, input_doc)
         except PolicyError:
             return None
         if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
+            return None
+        if not await self._data_valid(envelope):
             return None
         return frozenset(result)
 
     async def console_sections(self, input_doc: dict[str, Any]) -> frozenset[str] | None:
-        """The admin console's sections the principal may open, or None when OPA gave no usable answer."""
+        """The admin console's sections the principal may open, or None when OPA gave no usable answer
+        or the policy data is invalid (the data says who may open what)."""
         try:
-            result, _ = await self.query(CONSOLE_PATH, input_doc)
+            result, envelope = await self.query(CONSOLE_PATH, input_doc)
         except PolicyError:
             return None
         if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
             return None
+        if not await self._data_valid(envelope):
+            return None
         return frozenset(result)
 
     async def may_approve(self, input_doc: dict[str, Any]) -> ApproverVerdict:
-        """May an approver act on a pending request, and through which of its groups."""
+        """May an approver act on a pending request, and through which of its groups.
+
+        Not while the policy data is invalid: the vote is refused with the words and codes
+        (`data.invalid`) every call gets then, as a vote decided on broken data would mint a token
+        the agent could redeem once the data is fixed."""
         try:
             result, envelope = await self.query(APPROVER_PATH, input_doc)
+            check = await self.checked_data(self._provenance(envelope))
         except PolicyError as exc:
             return ApproverVerdict(
                 False, [f"denied: policy decision unavailable ({exc})"], None, [], (FAIL_CLOSED_CODE,)
             )
+        if not check.valid:
+            assert check.refusal is not None
+            refusal = check.refusal
+            return ApproverVerdict(False, list(refusal.deny), None, [], tuple(refusal.deny_codes))
         if list(self._approver_validator.iter_errors(result)):
             return ApproverVerdict(
                 False, ["denied: approver decision does not match the contract"], None, [], (FAIL_CLOSED_CODE,)

@@ -4,7 +4,8 @@ Every decision record keeps the complete policy input it was made on (`input_z`,
 store/audit.py), so a candidate (a policy directory plus data, or a bundle) can be asked
 about the same inputs in a second, real OPA. The baseline is what the audit recorded; a
 change is an outcome that moves between allow, approval and deny, a risk level that
-moves, or obligations that differ.
+moves, obligations that differ, or, where both sides need an approval, its terms that
+move (how many approvers, which groups, how long it lasts).
 
 Two ways to ask OPA, chosen by measurement (docs/performance.md): `server`, a real
 `opa run --server` on loopback asked in batches through `POST /v1/query` (one compiled
@@ -45,15 +46,27 @@ from gateway.policy.opa_sidecar import OPASidecar, OPAUnavailable, find_opa
 from gateway.store.audit import _TS_RANGE, INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
 from gateway.store.pgsync import PgLocation
 
-# outcome transitions, plus the two kinds that leave the outcome alone
+# outcome transitions, plus the kinds that leave the outcome alone
 OUTCOMES = ("allow", "approval", "deny")
 TRANSITIONS = tuple(f"{a}-to-{b}" for a in OUTCOMES for b in OUTCOMES if a != b)
-KINDS = (*TRANSITIONS, "risk", "obligations")
+# the terms of an approval both sides need (approval.required, and no deny), in pairs: the first of
+# each pair weakens it (fewer approvers, a group that could not approve now can, a longer life)
+APPROVAL_KINDS = (
+    "approvers-fewer",
+    "approvers-more",
+    "approver-groups-added",
+    "approver-groups-removed",
+    "approval-ttl-longer",
+    "approval-ttl-shorter",
+)
+KINDS = (*TRANSITIONS, "risk", "obligations", *APPROVAL_KINDS)
 # names `--fail-on` accepts besides the kinds themselves
 ALIASES: dict[str, tuple[str, ...]] = {
     "any": KINDS,
     "approval-required": ("allow-to-approval", "deny-to-approval"),
     "approval-waived": ("approval-to-allow", "approval-to-deny"),
+    "approval-weakened": APPROVAL_KINDS[0::2],
+    "approval-changed": APPROVAL_KINDS,
 }
 # all candidate decisions of one batch in one query: keyed by position, so an undefined one shows as missing
 # the data check once per batch (it depends on data only); its refusal stands for every decision
@@ -104,6 +117,7 @@ class Recorded:
     obligations: dict[str, Any]
     input: dict[str, Any]
     redacted: tuple[str, ...] = ()
+    approval: dict[str, Any] = field(default_factory=dict)  # the decision's approval block, as recorded
 
 
 @dataclass
@@ -202,6 +216,7 @@ def _columns(row: dict[str, Any], body: dict[str, Any], doc: dict[str, Any]) -> 
     request_id, principal, tool = row.get("request_id"), row.get("principal"), row.get("tool")
     risk = body.get("risk") or {}
     obligations = body.get("obligations") or {}
+    approval = body.get("approval") or {}
     redacted = body.get("input_redacted") or []
     if not (
         _is_int(seq)
@@ -213,6 +228,7 @@ def _columns(row: dict[str, Any], body: dict[str, Any], doc: dict[str, Any]) -> 
         and all(v is None or isinstance(v, str) for v in (principal, tool, target))  # NULL-able columns
         and isinstance(risk, dict)
         and isinstance(obligations, dict)
+        and isinstance(approval, dict)
         and isinstance(redacted, list)
     ):
         return None
@@ -228,6 +244,7 @@ def _columns(row: dict[str, Any], body: dict[str, Any], doc: dict[str, Any]) -> 
         obligations=obligations,
         input=doc,
         redacted=tuple(str(r) for r in redacted),
+        approval=approval,
     )
 
 
@@ -653,6 +670,7 @@ class Verdict:
     obligations: dict[str, Any]
     deny_codes: tuple[str, ...] = ()
     problem: str | None = None  # why the candidate's answer stands for a deny (outside the contract)
+    approval: dict[str, Any] = field(default_factory=dict)  # the decision's approval block
 
 
 _contract: list[DecisionClient] = []  # only its schema validators are used; it never connects
@@ -676,7 +694,7 @@ def verdict(result: Any) -> Verdict:
         return Verdict("deny", None, {}, ("policy.unavailable",), problem)
     d = Decision.from_result(result, {})
     outcome = "allow" if d.allow else "approval" if d.approval_required else "deny"
-    return Verdict(outcome, d.risk.get("level"), d.obligations, tuple(d.deny_codes))
+    return Verdict(outcome, d.risk.get("level"), d.obligations, tuple(d.deny_codes), approval=d.approval)
 
 
 @dataclass(frozen=True)
@@ -695,16 +713,77 @@ class Change:
             "tool": r.tool,
             "target": r.target,
             "kinds": list(self.kinds),
-            "before": {"outcome": r.outcome, "risk": r.risk, "obligations": r.obligations},
+            "before": {
+                "outcome": r.outcome,
+                "risk": r.risk,
+                "obligations": r.obligations,
+                "approval": _approval_view(r.approval),
+            },
             "after": {
                 "outcome": self.after.outcome,
                 "risk": self.after.risk,
                 "obligations": self.after.obligations,
+                "approval": _approval_view(self.after.approval),
                 "deny_codes": list(self.after.deny_codes),
                 **({"problem": self.after.problem} if self.after.problem else {}),
             },
             "redacted_input": list(r.redacted),
         }
+
+
+_APPROVAL_TERMS = ("required", "min_approvals", "approver_groups", "ttl_seconds")
+
+
+def _approval_view(approval: dict[str, Any]) -> dict[str, Any]:
+    """The terms of an approval block a report shows (not its reasons, which follow the rules' wording)."""
+    return {k: approval[k] for k in _APPROVAL_TERMS if k in approval}
+
+
+@dataclass(frozen=True)
+class ApprovalTerms:
+    """What an approval a decision needs asks for; None for a term the record holds ill-typed."""
+
+    min_approvals: int | None
+    groups: frozenset[str] | None
+    ttl_seconds: int | None
+
+    @classmethod
+    def of(cls, outcome: str, approval: dict[str, Any]) -> ApprovalTerms | None:
+        """The terms, or None when the decision needs no approval: none required, or a deny (whatever
+        its approval block says, a denied call is not let through by approvers)."""
+        if outcome == "deny" or approval.get("required") is not True:
+            return None
+        n, groups, ttl = approval.get("min_approvals"), approval.get("approver_groups"), approval.get("ttl_seconds")
+        return cls(
+            n if _is_count(n) else None,
+            frozenset(groups) if isinstance(groups, list) and all(isinstance(g, str) for g in groups) else None,
+            ttl if _is_count(ttl) else None,
+        )
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def approval_kinds(before: ApprovalTerms, after: ApprovalTerms) -> list[str]:
+    """How the approval's terms moved between two decisions that both need one (APPROVAL_KINDS)."""
+    kinds: list[str] = []
+    if before.min_approvals is not None and after.min_approvals is not None:
+        if after.min_approvals < before.min_approvals:
+            kinds.append("approvers-fewer")
+        elif after.min_approvals > before.min_approvals:
+            kinds.append("approvers-more")
+    if before.groups is not None and after.groups is not None:
+        if after.groups - before.groups:  # someone who could not approve now can
+            kinds.append("approver-groups-added")
+        if before.groups - after.groups:
+            kinds.append("approver-groups-removed")
+    if before.ttl_seconds is not None and after.ttl_seconds is not None:
+        if after.ttl_seconds > before.ttl_seconds:
+            kinds.append("approval-ttl-longer")
+        elif after.ttl_seconds < before.ttl_seconds:
+            kinds.append("approval-ttl-shorter")
+    return kinds
 
 
 def compare(rec: Recorded, after: Verdict) -> Change | None:
@@ -715,7 +794,28 @@ def compare(rec: Recorded, after: Verdict) -> Change | None:
         kinds.append("risk")
     if after.obligations != rec.obligations:
         kinds.append("obligations")
+    before_terms, after_terms = (
+        ApprovalTerms.of(rec.outcome, rec.approval),
+        ApprovalTerms.of(after.outcome, after.approval),
+    )
+    if before_terms is not None and after_terms is not None:
+        kinds += approval_kinds(before_terms, after_terms)
     return Change(rec, after, tuple(kinds)) if kinds else None
+
+
+def _approval_delta(example: dict[str, Any]) -> str:
+    """For a reported change of an approval's terms, the terms that moved, e.g. ` (approvers 2 -> 1)`."""
+    if not set(example["kinds"]) & set(APPROVAL_KINDS):
+        return ""
+    b, a = example["before"].get("approval") or {}, example["after"].get("approval") or {}
+    parts = []
+    for key, label in (("min_approvals", "approvers"), ("approver_groups", "groups"), ("ttl_seconds", "ttl")):
+        was, now = b.get(key), a.get(key)
+        if key == "approver_groups":
+            was, now = (",".join(sorted(map(str, v))) or "-" if isinstance(v, list) else v for v in (was, now))
+        if was != now:
+            parts.append(f"{label} {was} -> {now}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -881,7 +981,7 @@ class Report:
                 codes = f" [{', '.join(a['deny_codes'])}]" if a["deny_codes"] else ""
                 lines.append(
                     f"  {ex['time']} {ex['request_id']} {ex['target'] or '-'}: {b['outcome']}/{b['risk']} -> "
-                    f"{a['outcome']}/{a['risk']}{codes}"
+                    f"{a['outcome']}/{a['risk']}{codes}{_approval_delta(ex)}"
                 )
         return "\n".join(lines) + "\n"
 
@@ -906,8 +1006,8 @@ class Report:
                 b, a = ex["before"], ex["after"]
                 out.append(
                     f"| {ex['time']} | `{ex['request_id']}` | `{ex['tool']}` | `{ex['principal']}` | "
-                    f"{ex['target'] or '-'} | {b['outcome']} / {b['risk']} | {a['outcome']} / {a['risk']} | "
-                    f"{', '.join(a['deny_codes']) or '-'} |"
+                    f"{ex['target'] or '-'} | {b['outcome']} / {b['risk']} | {a['outcome']} / {a['risk']}"
+                    f"{_approval_delta(ex)} | {', '.join(a['deny_codes']) or '-'} |"
                 )
         return "\n".join(out) + "\n"
 

@@ -214,7 +214,9 @@ def register_replay(psub: Any) -> None:
         help="replay recorded decisions against a candidate policy and report what would change",
         description="Evaluate the policy inputs the audit recorded against a candidate (policy directory plus "
         "data, or a bundle) in a second OPA, and report every decision that changes: allow/approval/deny "
-        "transitions, risk level and obligations. Exit 0: nothing past the gate; 1: changes of a --fail-on kind "
+        "transitions, risk level, obligations and, where both sides need an approval, its terms (fewer or more "
+        "approvers, approver groups added or removed, a longer or shorter approval ttl; approval-weakened names "
+        "the weakening ones). Exit 0: nothing past the gate; 1: changes of a --fail-on kind "
         "exceed --fail-above, or the candidate gave an undefined or contract-breaking answer (whatever --fail-on "
         "says), or with --fail-on-redacted any replayed input had redacted arguments; 2: the replay could not run "
         "(the audit does not verify; a candidate path missing or without "
