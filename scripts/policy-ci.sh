@@ -5,12 +5,12 @@
 #   1. every policy check (scripts/policy-checks.sh: opa check --strict, opa fmt, opa test with
 #      the coverage threshold, Regal, bundle build)
 #   2. a replay of recorded decisions against the candidate policy: the run fails when a decision
-#      would move between allow and deny (FAIL_ON), and leaves a Markdown report
+#      would move between allow and deny, or an approval would be waived or weakened (FAIL_ON), and leaves a Markdown report
 #
 # Usage: scripts/policy-ci.sh [POLICY_DIR]          (default: policies/)
 # Env:   AUDIT_EXPORT  a `pvegate audit export --jsonl` file of recent production decisions;
 #                      without it a small synthetic sample is generated with the real audit writer
-#        FAIL_ON       change kinds that fail the run (default: allow-to-deny,deny-to-allow)
+#        FAIL_ON       change kinds that fail the run (default: allow-to-deny,deny-to-allow,approval-waived,approval-weakened)
 #        OUT           where the report goes (default: .state/policy-ci/)
 set -euo pipefail
 
@@ -19,7 +19,7 @@ POLICIES="$(cd "${1:-${REPO_ROOT}/policies}" && pwd)"
 cd "${REPO_ROOT}"
 PY="${PY:-.venv/bin/python}"
 OUT="${OUT:-.state/policy-ci}"
-FAIL_ON="${FAIL_ON:-allow-to-deny,deny-to-allow}"
+FAIL_ON="${FAIL_ON:-allow-to-deny,deny-to-allow,approval-waived,approval-weakened}"
 mkdir -p "${OUT}"
 
 echo "== policy checks (${POLICIES})"
