@@ -500,9 +500,13 @@ def get_storage_config(ctx: Ctx) -> Any:
 # ---- tasks -------------------------------------------------------------------
 
 
-def _task_fields(t: Task) -> dict[str, Any]:
-    """The fields PVE's task list and task status share."""
-    return {
+def _task_fields(t: Task, split_token: bool = True) -> dict[str, Any]:
+    """The fields PVE's task list and task status share. An API token's task shows its user and its
+    `tokenid` apart (`root@pam` and `gw`, PVE/API2/Tasks.pm convert_token_task) in the task status and
+    in rows of finished tasks; only rows of running tasks (`source=active`) keep the token's full id.
+    The UPID keeps it either way."""
+    user, _, token = t.user.partition("!")
+    d: dict[str, Any] = {
         "upid": t.upid,
         "node": t.node,
         "pid": t.pid,
@@ -510,12 +514,15 @@ def _task_fields(t: Task) -> dict[str, Any]:
         "starttime": t.starttime,
         "type": t.type,
         "id": t.id,
-        "user": t.user,
+        "user": user if split_token else t.user,
     }
+    if split_token and token:
+        d["tokenid"] = token
+    return d
 
 
 def task_entry(t: Task) -> dict[str, Any]:
-    d = _task_fields(t)
+    d = _task_fields(t, split_token=t.status == "stopped")
     if t.status == "stopped":
         d["status"] = t.exitstatus
         d["endtime"] = t.endtime
@@ -545,7 +552,10 @@ def get_node_tasks(ctx: Ctx) -> Any:
             continue
         if p.get("typefilter") and t.type != p["typefilter"]:
             continue
-        if p.get("userfilter") and str(p["userfilter"]).lower() not in t.user.lower():  # PVE: m/\Q..\E/i
+        # PVE: m/\Q..\E/i on the user, after a finished task's token id was split off it (task_entry):
+        # `userfilter=root@pam!gw` finds a token's running tasks only, `userfilter=root@pam` all of them
+        shown = t.user if t.status == "running" else t.user.partition("!")[0]
+        if p.get("userfilter") and str(p["userfilter"]).lower() not in shown.lower():
             continue
         if p.get("errors") and t.exitstatus in (None, "OK"):
             continue

@@ -493,6 +493,11 @@ def post_vzdump(ctx: Ctx) -> Any:
         vmids = [int(x) for x in str(p["vmid"]).replace(";", ",").split(",") if x.strip()]
     else:
         raise ApiError(400, "Parameter verification failed.", {"vmid": "property is missing and it is not optional"})
+    # VZDump.pm: a guest on another node is that node's to back up; with none selected here (and no
+    # --all) it exits silently, before its storage and guest checks: "OK", no task. An unknown vmid
+    # stays in the selection (refused below; real PVE lets its task fail on it)
+    if not p.get("all") and all(v in cl.guests and cl.guests[v].node != node for v in vmids):
+        return "OK"
     storage = str(p.get("storage", "local"))
     st = cl.storages.get(storage)
     if st is None:

@@ -12,15 +12,18 @@ For each open call, oldest first:
   status on its node. Finished: a `reconciled` result with what Proxmox says (`ok`, or
   `failed` and its exit status). Still running: left open for the next pass.
 - a mutation without a UPID (the gateway died between Proxmox's answer and the dispatch
-  record, or before sending): the node's task list for the gateway's token user, for
-  that guest, from the decision time on, minus the UPIDs other records already claim.
-  Found: as above (`found_by: task_list`). Nothing: `reconciled` with `proxmox:
-  not_found` (the request never reached Proxmox, or Proxmox refused it before starting
-  a task).
-- a mutation of a tool Proxmox answers at once, without a task (`synchronous: true`), with
-  no task found: `reconciled` with `proxmox: unverifiable` and the reason. Finding no task
-  says nothing about whether it was applied, so it is not called `not_found`. (SSH tools
-  only read: the catalog refuses others.)
+  record, or before sending), of a tool that starts a task: the node's task list, one
+  `typefilter` per task type the tool declares (`task_type`), for the gateway's token, that
+  guest, around the decision time (Reconciler.task_window: CLOCK_SKEW_SECONDS either side),
+  minus the UPIDs other records already claim; each row's UPID checked again, whole (type,
+  user exactly the token id: `userfilter` is a substring match, vmid, start time). Found: as
+  above (`found_by: task_list`). Nothing: `reconciled` with `proxmox: not_found` (the request
+  never reached Proxmox, or Proxmox refused it before starting a task).
+- a mutation without a UPID of a tool Proxmox answers at once, without a task (`synchronous:
+  true`): never searched for (any task found would be another call's); `reconciled` with
+  `proxmox: unverifiable` and the reason: it cannot be looked up, so it is not called
+  `not_found`. A tool this catalog no longer has: the same, its task type being unknown. (SSH
+  tools only read: the catalog refuses others.)
 - a mutation on a cluster the configuration no longer names: `reconciled` with `proxmox:
   unverifiable` and the reason (nobody here can ask that Proxmox; see Reconciler.settle).
 If Proxmox cannot be asked, the call stays open and is tried again later.
@@ -77,7 +80,7 @@ from gateway.store.outcomes import AuditUnavailable, Outcomes
 from gateway.store.pgsync import PgLocation
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import ToolError
-from gateway.tools.runtimes.pve_api import PveApiClient, upid_node
+from gateway.tools.runtimes.pve_api import UPID_RE, PveApiClient, upid_node
 
 log = logging.getLogger("pvegate.reconcile")
 
@@ -86,6 +89,9 @@ PoolHold = tuple[str, str, dict[str, int]]
 
 LOOKBACK_SECONDS = 7 * 86400  # Proxmox keeps its task history about this long by default
 TASK_LIST_LIMIT = 500
+# How far the gateway's clock may be from a Proxmox node's when a call's task is looked for in the node's
+# task list (decision times are the gateway's clock, task start times the node's): Reconciler.task_window.
+CLOCK_SKEW_SECONDS = 120
 
 RECONCILE_LOCK = "pvegate-reconcile"  # one reconciler at a time among the replicas (AuditLog.exclusive)
 
@@ -483,35 +489,24 @@ class Reconciler:
             return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
         found_by = "upid"
         task_id = call.task_id
+        tool = self.catalog.get(call.tool or "")
+        types = tool.task_types if tool is not None else ()
+        if task_id is None and not types:
+            # nothing to search for: a tool answered at once, without a task (any task found would be another
+            # call's: never searched), or one this catalog no longer has (its task type is unknown)
+            return await self._unverifiable(call, tool is not None, turn)
         try:
             if task_id is None:
                 found_by = "task_list"
-                task_id = await self._search(client, cluster, call, claimed, before)
+                task_id = await self._search(client, cluster, call, types, claimed, before)
             if task_id is None:
-                tool = self.catalog.get(call.tool or "")
-                if tool is not None and not tool.spec.get("task"):
-                    # answered at once, without a task: no task says nothing of whether it was applied
-                    why = (
-                        "Proxmox answers this tool at once, without a task: whether the request reached it "
-                        "and was applied cannot be looked up; check the target"
-                    )
-                    body: dict[str, Any] = {
-                        "proxmox": "unverifiable",
-                        "reason": why,
-                        "synchronous": True,
-                        "task_id": None,
-                        "found_by": None,
-                        "decided_at": call.ts,
-                    }
-                    await self._write(call, "reconciled", body, turn)
-                    return Settled(call.request_id, call.tool, "reconciled", "unverifiable", None, why)
-                body = {
+                body: dict[str, Any] = {
                     "proxmox": "not_found",
                     "task_id": None,
                     "found_by": None,
                     "decided_at": call.ts,
-                    "note": "no task of the gateway's token for this target after the decision: the request "
-                    "did not reach Proxmox, or Proxmox refused it before starting a task",
+                    "note": "no task of this tool's type by the gateway's token for this target around the decision: "
+                    "the request did not reach Proxmox, or Proxmox refused it before starting a task",
                 }
                 await self._write(call, "reconciled", body, turn)
                 return Settled(call.request_id, call.tool, "reconciled", "not_found")
@@ -546,6 +541,27 @@ class Reconciler:
         )
         return Settled(call.request_id, call.tool, "reconciled", verdict, task_id, exit_status[:300])
 
+    async def _unverifiable(self, call: OpenCall, known: bool, turn: auditlib.Turn | None) -> Settled:
+        """A mutation without a recorded UPID whose task cannot be looked for: settled, saying why."""
+        if known:  # answered at once, without a task: no task says nothing of whether it was applied
+            why = (
+                "Proxmox answers this tool at once, without a task: whether the request reached it "
+                "and was applied cannot be looked up; check the target"
+            )
+        else:
+            why = f"tool {call.tool} is not in this catalog: the type of the task it would start is unknown"
+        body: dict[str, Any] = {
+            "proxmox": "unverifiable",
+            "reason": why,
+            "task_id": None,
+            "found_by": None,
+            "decided_at": call.ts,
+        }
+        if known:
+            body["synchronous"] = True
+        await self._write(call, "reconciled", body, turn)
+        return Settled(call.request_id, call.tool, "reconciled", "unverifiable", None, why)
+
     async def _status(self, client: PveApiClient, upid: str) -> dict[str, Any] | None:
         node = upid_node(upid)
         path = f"/nodes/{quote(node, safe='')}/tasks/{quote(upid, safe='')}/status"
@@ -558,10 +574,19 @@ class Reconciler:
         return st if isinstance(st, dict) else None
 
     async def _search(
-        self, client: PveApiClient, cluster: str, call: OpenCall, claimed: set[str], before: float | None
+        self,
+        client: PveApiClient,
+        cluster: str,
+        call: OpenCall,
+        types: tuple[str, ...],
+        claimed: set[str],
+        before: float | None,
     ) -> str | None:
-        """The gateway's task for this call in the nodes' task lists, as PVE filters them. Tasks
-        started at or after `before` (this gateway's start) belong to calls of this process."""
+        """The gateway's task for this call in the nodes' task lists: the earliest one not claimed by another
+        record, of one of the tool's task types, started by the gateway's token itself, on the call's guest,
+        in the call's time window (task_window). Proxmox's filters (`typefilter`, exact; `userfilter`, a
+        case-insensitive substring: `root@pam!gw` also returns `root@pam!gw-backup`'s tasks; `vmid`) only
+        narrow the list: every candidate's UPID is checked again, whole."""
         user = self.token_user(cluster)
         if user is None:
             raise ToolError(f"cannot read the token of cluster {cluster} to search its tasks")
@@ -571,24 +596,43 @@ class Reconciler:
         else:
             rows = await client.request("GET", "/nodes") or []
             nodes = sorted(str(r["node"]) for r in rows if isinstance(r, dict) and r.get("status") == "online")
-        window = int(2 * self.config.clusters[cluster].timeout) + 10  # locate + send, at most
-        params: dict[str, Any] = {
-            "source": "all",
-            "userfilter": user,
-            "since": int(call.ts) - 1,
-            "until": min(int(call.ts) + window, int(before) - 1 if before is not None else int(call.ts) + window),
-            "limit": TASK_LIST_LIMIT,
-        }
-        if call.target.get("vmid") is not None:
-            params["vmid"] = int(call.target["vmid"])
-        candidates: list[dict[str, Any]] = []
+        since, until = self.task_window(cluster, call.ts, before)
+        vmid = call.target.get("vmid")
+        # Proxmox filters a finished task's user with its token id split off (`root@pam`, tokenid `gw`), so
+        # `userfilter=root@pam!gw` would find running tasks only: the user part, the token checked in the UPID
+        owner = user.partition("!")[0]
+        base: dict[str, Any] = {"source": "all", "userfilter": owner, "since": since, "until": until}
+        if vmid is not None:
+            base["vmid"] = int(vmid)
+        candidates: list[tuple[int, str]] = []
         for n in nodes:
-            rows = await client.request("GET", f"/nodes/{quote(n, safe='')}/tasks", params=params) or []
-            candidates += [r for r in rows if isinstance(r, dict) and r.get("upid") and r["upid"] not in claimed]
-        if not candidates:
-            return None
-        first = min(candidates, key=lambda r: (int(r.get("starttime", 0)), str(r["upid"])))
-        return str(first["upid"])
+            for wtype in types:  # PVE's typefilter takes one type
+                params = {**base, "typefilter": wtype, "limit": TASK_LIST_LIMIT}
+                rows = await client.request("GET", f"/nodes/{quote(n, safe='')}/tasks", params=params) or []
+                for r in rows:
+                    upid = r.get("upid") if isinstance(r, dict) else None
+                    m = UPID_RE.fullmatch(upid) if isinstance(upid, str) else None
+                    if m is None or upid in claimed:
+                        continue
+                    start = int(m.group(5), 16)
+                    if m.group(6) not in types or m.group(8) != user or not since <= start <= until:
+                        continue
+                    if vmid is not None and m.group(7) != str(vmid):
+                        continue
+                    candidates.append((start, str(upid)))
+        return min(candidates)[1] if candidates else None
+
+    def task_window(self, cluster: str, decided: float, before: float | None) -> tuple[int, int]:
+        """The start times (the node's clock) a call's task may have: from CLOCK_SKEW_SECONDS before its
+        decision (the decision's time is the gateway's clock: a gateway ahead of the node would miss the
+        task otherwise) to the longest the call could take to be sent (locate + send) plus the same
+        tolerance, and, for a call of an earlier run, not past this run's start (`before`) plus it: a task
+        started by this run later than that belongs to one of its own calls."""
+        window = int(2 * self.config.clusters[cluster].timeout) + 10  # locate + send, at most
+        until = int(decided) + window
+        if before is not None:
+            until = min(until, int(before) - 1)
+        return int(decided) - CLOCK_SKEW_SECONDS, until + CLOCK_SKEW_SECONDS
 
     async def _write(
         self, call: OpenCall, outcome: str, body: dict[str, Any], turn: auditlib.Turn | None = None

@@ -180,6 +180,18 @@ def _check_placeholders(tool: Tool, where: str) -> None:
                 _check_field(where, pve_field, value, schemas)
         if tool.effect != "read" and not tool.dry_run:
             raise CatalogError(f"{where}: a mutation needs a dry_run description")
+        # the task type is what a call whose UPID was lost is found by (reconcile.py): a search that took a
+        # task of any type could record another call's task (a start for a stop) as this call's outcome
+        if tool.spec.get("task") and not tool.spec.get("task_type"):
+            raise CatalogError(
+                f"{where}: a tool with `task` must declare its task_type (the UPID's type, e.g. qmstart)"
+            )
+        if tool.spec.get("no_task_for") and not tool.spec.get("task"):
+            raise CatalogError(f"{where}: no_task_for is for a tool with `task`")
+        if tool.spec.get("task_type") and not tool.spec.get("task"):
+            raise CatalogError(
+                f"{where}: task_type is for a tool with `task` (Proxmox answers this one without a task)"
+            )
     _check_allocates(tool, where, props)
     if tool.connector == "ssh":
         if tool.effect != "read":

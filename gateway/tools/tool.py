@@ -60,6 +60,15 @@ class Tool:
     _validator: Any = field(default=None, compare=False, repr=False)
 
     @property
+    def task_types(self) -> tuple[str, ...]:
+        """The Proxmox task types this tool's UPID may carry (pve_api `task_type`); () for a tool without a
+        task. What reconciliation looks for in a node's task list when the call's UPID was never recorded."""
+        declared = self.spec.get("task_type") if self.spec.get("task") else None
+        if declared is None:
+            return ()
+        return (declared,) if isinstance(declared, str) else tuple(declared)
+
+    @property
     def annotations(self) -> dict[str, Any]:
         return {
             "title": self.title,

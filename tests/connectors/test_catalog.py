@@ -305,3 +305,43 @@ def test_a_mount_path_has_no_dot_segments(catalog: Catalog, path: str, ok: bool)
     else:
         with pytest.raises(ArgumentError):
             tool.validate(args)
+
+
+def _pop_task_type(d: dict[str, Any]) -> None:
+    _tool(d, "vm_start")["pve_api"].pop("task_type")
+
+
+def _task_type_without_task(d: dict[str, Any]) -> None:
+    _tool(d, "vm_start")["pve_api"].pop("task")
+
+
+def _task_type_not_a_type(d: dict[str, Any]) -> None:
+    _tool(d, "vm_start")["pve_api"]["task_type"] = "qm:start"
+
+
+TASK_TYPE_BAD = [
+    # a call whose UPID was lost is found by its task's type (reconcile): a task tool must say which
+    ("task without its type", _pop_task_type, "must declare its task_type"),
+    ("type without a task", _task_type_without_task, "task_type is for a tool with `task`"),
+    ("not a UPID type", _task_type_not_a_type, "task_type"),
+]
+
+
+@pytest.mark.parametrize(("label", "mutate", "message"), TASK_TYPE_BAD, ids=[b[0] for b in TASK_TYPE_BAD])
+def test_loader_refuses_a_task_tool_without_its_task_type(
+    tmp_path: Path, label: str, mutate: Any, message: str
+) -> None:
+    doc = yaml.safe_load((CONNECTORS / "power.yaml").read_text())
+    mutate(doc)
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    with pytest.raises(CatalogError) as exc:
+        Catalog.load(tmp_path)
+    assert message in str(exc.value)
+
+
+def test_every_task_tool_declares_its_task_types(catalog: Catalog) -> None:
+    for tool in catalog:
+        assert bool(tool.task_types) == bool(tool.connector == "pve_api" and tool.spec.get("task")), tool.name
+    assert catalog.get("vm_start").task_types == ("qmstart", "hastart")  # type: ignore[union-attr]
+    assert catalog.get("guest_tags_set").task_types == ()  # type: ignore[union-attr]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import re
@@ -127,6 +128,18 @@ class Scrub:
     def __call__(self, text: str, limit: int = UPSTREAM_TEXT_MAX) -> str:
         text = self._re.sub("[redacted]", text)
         return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _no_task(data: Any, values: dict[str, Any], clean: Callable[[str, int], str]) -> str:
+    """The error of a `task` tool Proxmox answered without a task id: what it said, where."""
+    shown = "null" if data is None else f"'{data}'" if isinstance(data, str) else json.dumps(data, default=str)
+    shown = clean(" ".join(shown.split()), 80)  # one short line, the token never in it
+    where = ""
+    if values.get("vmid") is not None and values.get("node"):
+        where = f" (guest {values['vmid']} may no longer be on node {values['node']})"
+    elif values.get("node"):
+        where = f" (node {values['node']})"
+    return f"Proxmox started no task: it answered {shown} instead of a task id{where}; nothing was done"
 
 
 def _cut(text: str) -> str:
@@ -490,6 +503,12 @@ class PveApiRuntime:
         if spec.get("per_row") and isinstance(data, list):
             data = await self._per_row(client, spec["per_row"], data, warnings)
         task_id = None
+        if spec.get("task") and not (isinstance(data, str) and data.startswith("UPID")):
+            # Proxmox's definite answer that it started nothing to follow (vzdump's "OK" for a guest
+            # no longer on the node): a failure, never a success. Only an answer the connector
+            # declares (`no_task_for`: null for these guest types) is the call's own result
+            if not (data is None and values.get("type") in (spec.get("no_task_for") or ())):
+                raise ToolError(_no_task(data, values, client.clean))
         if spec.get("task") and isinstance(data, str) and data.startswith("UPID"):
             if UPID_RE.fullmatch(data) is None:  # accepted, and what it started cannot be followed
                 raise AnswerLost(f"Proxmox answered with a malformed task id ({client.clean(data, 120)})")
