@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.sim.errors import ApiError
 from gateway.sim.state import Cluster, Guest, Volume
+from gateway.sim.tags import unique_tags
 
 GiB = 1 << 30
 QEMU_DISK = re.compile(r"^(scsi|virtio|sata|ide|efidisk|tpmstate)[0-9]+$")
@@ -134,6 +135,8 @@ def check_media(cl: Cluster, value: str) -> None:
 def set_key(cl: Cluster, g: Guest, key: str, value: Any) -> None:
     """Apply one config assignment as PVE does (allocation, MACs, media, pending)."""
     value = str(value) if not isinstance(value, int) else value
+    if key == "tags":  # GuestHelpers::get_unique_tags: lower-cased, each once, sorted, `;`-joined
+        value = unique_tags(value)
     if isinstance(value, str):
         if key.startswith("net") and key[3:].isdigit():
             value = with_mac(g, key, value)

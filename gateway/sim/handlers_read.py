@@ -29,7 +29,12 @@ def get_cluster_status(ctx: Ctx) -> Any:
 def visible_resource(ctx: Ctx, r: dict[str, Any]) -> dict[str, Any] | None:
     t = r["type"]
     if t in ("qemu", "lxc"):
-        return r if ctx.can(f"/vms/{r['vmid']}", "VM.Audit") else None
+        if not ctx.can(f"/vms/{r['vmid']}", "VM.Audit"):
+            return None
+        if "pool" in r and not ctx.can(f"/pool/{r['pool']}", "Pool.Audit"):
+            # PVE::API2::Cluster resources: `delete $entry->{pool}` without Pool.Audit on the pool
+            return {k: v for k, v in r.items() if k != "pool"}
+        return r
     if t == "node":
         if ctx.can(f"/nodes/{r['node']}", "Sys.Audit"):
             return r
@@ -162,8 +167,8 @@ def guest_list_entry(ctx: Ctx, g: Guest, now: float) -> dict[str, Any]:
     }
     if running:
         d["pid"] = g.pid
-    if g.tags:
-        d["tags"] = ";".join(g.tags)
+    if g.config.get("tags"):  # as the config holds them
+        d["tags"] = str(g.config["tags"])
     if g.lock:
         d["lock"] = g.lock
     if g.template:

@@ -16,6 +16,7 @@ from gateway.sim.errors import ApiError, perm_denied
 from gateway.sim.handlers_read import config_digest
 from gateway.sim.routes import Ctx, both, kind_of, route
 from gateway.sim.state import Guest, Snapshot, Volume
+from gateway.sim.tags import split_tags
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -238,8 +239,7 @@ def sync_from_config(g: Guest) -> None:
     """Keep derived fields (name, tags, sizes) in step with the config."""
     cfg = g.config
     g.name = str(cfg.get("name" if g.type == "qemu" else "hostname", g.name))
-    tags = str(cfg.get("tags", ""))
-    g.tags = [t for t in tags.replace(",", ";").replace(" ", ";").split(";") if t]
+    g.tags = split_tags(cfg.get("tags"))
     if "cores" in cfg:
         g.cpus = int(cfg["cores"]) * int(cfg.get("sockets", 1))
     if "memory" in cfg:

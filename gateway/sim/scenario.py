@@ -29,6 +29,7 @@ from gateway.sim.state import (
     User,
     Volume,
 )
+from gateway.sim.tags import split_tags
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -216,7 +217,10 @@ def _build_guest(g: dict[str, Any], now: float) -> Guest:
     cores = int(g.get("cores", 2))
     memory_mb = int(g.get("memory_mb", 2048))
     disk_gb = int(g.get("disk_gb", 32))
-    tags = list(g.get("tags", []))
+    raw_tags = g.get("tags") or []
+    # a list: `;`-joined; a string: the config's value as written (`prod Protected`, unnormalised)
+    tagstr = raw_tags if isinstance(raw_tags, str) else ";".join(str(t) for t in raw_tags)
+    tags = split_tags(tagstr)
     ip = g.get("ip")
     disk_store = g.get("disk_storage", "local-lvm")
     guest = Guest(
@@ -245,7 +249,6 @@ def _build_guest(g: dict[str, Any], now: float) -> Guest:
     if g.get("ha"):
         guest.ha = {"state": "started", "max_restart": 1, "max_relocate": 1, **g["ha"]}
     mac = _mac(vmid, 0)
-    tagstr = ";".join(tags)
     if kind == "qemu":
         cfg: dict[str, Any] = {
             "name": g["name"],

@@ -84,8 +84,8 @@ def guest_resource(cl: Cluster, g: Guest, now: float, off: list[str]) -> dict[st
         d.update(guest_stats(g, now))
         if g.type == "qemu":
             d["memhost"] = g.mem()
-    if g.tags:
-        d["tags"] = ";".join(g.tags)
+    if g.config.get("tags"):  # as the config holds them (an older or hand-written one: unnormalised)
+        d["tags"] = str(g.config["tags"])
     if g.pool:
         d["pool"] = g.pool
     if g.ha:

@@ -170,6 +170,27 @@ def _note_privileges(note: str) -> list[str]:
     return found
 
 
+# What the gateway reads itself to decide a call, whatever tools it serves (gateway/tools/targets.py):
+# privilege -> why. Every role `pvegate tools least-privilege` prints holds them: without them the
+# facts the policy decides on are missing (a guest's pool, a pool's usage) or the target unknown.
+GATEWAY_READS: dict[str, str] = {
+    "Pool.Audit": (
+        "the gateway itself: a guest's pool (/cluster/resources drops it without Pool.Audit on "
+        "/pool/<pool>) and a pool's members for its quotas (GET /pools?poolid=)"
+    ),
+    "VM.Audit": (
+        "the gateway itself: the guest a call names (/cluster/resources lists it only with VM.Audit) "
+        "and the configs a pool's usage and a resize are sized from"
+    ),
+}
+
+
+def role_privileges(need: dict[str, list[str]]) -> list[str]:
+    """The privileges of the role for `need` (least_privilege's answer): those the tools need and
+    those the gateway's own reads need (GATEWAY_READS), sorted."""
+    return sorted(set(need) | set(GATEWAY_READS))
+
+
 def least_privilege(
     catalog: Catalog, schema: PveSchema | list[PveSchema], effects: tuple[str, ...]
 ) -> dict[str, list[str]]:

@@ -248,8 +248,15 @@ def _summed(sizes: list[tuple[int, int, int]]) -> dict[str, int]:
 
 
 def tag_list(value: Any) -> list[str]:
-    """A guest's tags as a list: Proxmox writes them `;`-separated (older releases `,`)."""
-    return [t for t in str(value or "").replace(",", ";").split(";") if t]
+    """A guest's tags as a list, lower-cased, each once, in the order given.
+
+    Proxmox's tag list format (pve-tag-list) splits on `;`, `,` and whitespace alike: a
+    config written by an older release or by hand (`tags: prod protected`) reaches
+    /cluster/resources as written, and is two tags to Proxmox, so it must be two here (a
+    guardrail on `protected` must see it). Proxmox compares tags without case by default (the
+    datacenter tag-style `case-sensitive` is off; set through the API, tags are lower-cased,
+    deduplicated and sorted: GuestHelpers::get_unique_tags), so `Protected` is `protected`."""
+    return list(dict.fromkeys(t.lower() for t in re.split(r"[;,\s]+", str(value or "")) if t))
 
 
 def url_host(url: Any) -> str | None:
@@ -700,11 +707,24 @@ class TargetResolver:
         return {"requested": requested, **facts, "pool": pool, "pool_usage": usage}
 
     async def _pool_usage(self, pool: Any, cluster: str, configs: _Configs, fresh: bool = False) -> dict[str, int]:
-        """What the pool's guests hold: its members as /cluster/resources lists them, each sized
-        from its config (at most CONFIG_READS read at once). Raises when any member cannot be
-        read or sized: a pool summed without it would look emptier than it is."""
+        """What the pool's guests hold: its members as GET /pools?poolid= lists them, each sized
+        from its config (at most CONFIG_READS read at once). Raises when the members cannot be
+        read (Proxmox answers 403 without Pool.Audit on /pool/<pool>) or any member cannot be
+        read or sized: a pool summed without it would look emptier than it is.
+
+        Not /cluster/resources' `pool` field: Proxmox deletes it from a guest's row unless the
+        token has Pool.Audit on that pool, so a token without it would find the pool empty (a
+        usage of 0, every max_pool_total passed) where this read fails and the policy refuses.
+        The members' list also names guests the token cannot audit; their configs then cannot
+        be read, and the usage is unknown rather than short of them."""
+        answer = await self.clients[cluster].request("GET", "/pools", params={"poolid": str(pool)})
+        entry = next((p for p in answer or [] if isinstance(p, dict) and p.get("poolid") == pool), None)
+        if entry is None or not isinstance(entry.get("members"), list):
+            raise LookupError(f"pool {pool}: its members could not be read")
+        members = [m for m in entry["members"] if isinstance(m, dict) and m.get("type") in ("qemu", "lxc")]
+        if any("vmid" not in m for m in members):
+            raise LookupError(f"pool {pool}: a guest member without a vmid")
         index = await self._index(cluster, fresh=fresh)
-        members = [g for g in index["guests"].values() if g.get("pool") == pool]
         return _summed(await configs.sizes(members, index["nodes"]))
 
     async def _members_size(

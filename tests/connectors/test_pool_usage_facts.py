@@ -36,15 +36,22 @@ class Cluster:
         self.configs = configs
         self.delay = delay
         self.fail: set[int] = set()
+        self.no_pool_audit = False  # a token without Pool.Audit: /pools?poolid= is 403
         self.asked: list[str] = []
         self.in_flight = 0
         self.most = 0
 
-    async def request(self, method: str, path: str, **_: Any) -> Any:
+    async def request(self, method: str, path: str, params: dict[str, Any] | None = None, **_: Any) -> Any:
         assert method == "GET", path
         self.asked.append(path)
         if path == "/cluster/resources":
             return self.rows
+        if path == "/pools":  # GET /pools?poolid=: the pool's members (PVE lists them from its pool config)
+            if self.no_pool_audit:
+                raise RuntimeError("403 Permission check failed (/pool/sandbox, Pool.Audit)")
+            poolid = (params or {})["poolid"]
+            members = [r for r in self.rows if r.get("pool") == poolid]
+            return [{"poolid": poolid, "members": members}]
         parts = path.split("/")  # /nodes/{node}/{type}/{vmid}/config
         assert parts[1] == "nodes" and parts[-1] == "config", path
         vmid = int(parts[4])
@@ -127,6 +134,15 @@ async def test_a_member_that_cannot_be_sized_makes_the_usage_unknown(catalog: Ca
     assert (await facts(catalog, cluster, "vm_create", VM_CREATE))["pool_usage"] is None
     # an answer that is no config
     cluster = Cluster(fresh_rows(), {**CONFIGS, 503: None})
+    assert (await facts(catalog, cluster, "vm_create", VM_CREATE))["pool_usage"] is None
+
+
+async def test_a_pool_whose_members_cannot_be_read_is_unknown(catalog: Catalog) -> None:
+    """Without Pool.Audit, Proxmox drops `pool` from /cluster/resources' rows and answers 403 to
+    GET /pools?poolid=: the pool is not summed from the rows (empty: a usage of 0), it is unknown."""
+    rows = [{k: v for k, v in r.items() if k != "pool"} for r in fresh_rows()]
+    cluster = Cluster(rows, CONFIGS)
+    cluster.no_pool_audit = True
     assert (await facts(catalog, cluster, "vm_create", VM_CREATE))["pool_usage"] is None
 
 

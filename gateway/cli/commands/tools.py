@@ -22,12 +22,14 @@ from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.pve_schema import ENV_DIR, VERSIONS, SchemaNotFound, schema_file
 from gateway.tools.catalog import Catalog, CatalogError
 from gateway.tools.pveschema import (
+    GATEWAY_READS,
     PveSchema,
     applies,
     check_catalog,
     expansions,
     least_privilege,
     privileges,
+    role_privileges,
     unmatched_versions,
 )
 from gateway.tools.tool import Tool
@@ -185,9 +187,13 @@ def _least(args: argparse.Namespace) -> int:
         print(f"error: --effects: {what}; the catalog's effects are {', '.join(known)}", file=sys.stderr)
         return 2
     need = least_privilege(catalog, schemas, effects)
-    for priv, tools in need.items():
-        print(f"# {priv}: {', '.join(sorted(tools))}")
-    privs = " ".join(need)
+    privs_list = role_privileges(need)
+    for priv in privs_list:
+        why = [", ".join(sorted(need[priv]))] if priv in need else []
+        if priv in GATEWAY_READS:
+            why.append(GATEWAY_READS[priv])
+        print(f"# {priv}: {'; '.join(why)}")
+    privs = " ".join(privs_list)
     # quoted for the shell they are pasted into (the arguments' syntax is checked too: _role_id, _token_id)
     print(f"pveum role add {shlex.quote(args.role)} -privs {shlex.quote(privs)}")
     print(f"pveum acl modify / -token {shlex.quote(args.token_id)} -role {shlex.quote(args.role)}")
