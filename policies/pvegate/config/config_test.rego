@@ -89,6 +89,16 @@ test_unknown_top_level_key_and_role_key if {
 	"roles.viewer.alow: unknown key (not in the data schema; misspelled?)" in p
 }
 
+# a guest's tags reach the policy lower-cased (Proxmox compares them without case): a tag
+# written with a capital in the data would match no guest, and a guard rail on it none
+test_guest_tags_with_capitals_are_problems if {
+	count(config.problems) == 0 with data.data.guardrails.protected_tags as ["protected", "do-not-touch"]
+	p := config.problems with data.data.guardrails.protected_tags as ["Protected"]
+	p == {`guardrails.protected_tags.0: Does not match pattern '^[^A-Z]+$'`}
+	q := config.problems with data.data.risk.target_tag_points as {"Prod": 10}
+	`risk.target_tag_points: Property name of "Prod" does not match` in q
+}
+
 test_binding_to_an_undefined_role_is_a_problem if {
 	bindings := array.concat(data.data.bindings, [{"name": "typo", "role": "operater", "groups": ["x"]}])
 	p := config.problems with data.data.bindings as bindings

@@ -24,7 +24,7 @@ data_schema := {
 			"type": "object",
 			"additionalProperties": false,
 			"properties": {
-				"protected_tags": {"$ref": "#/definitions/strings"},
+				"protected_tags": {"$ref": "#/definitions/guest_tags"},
 				"maintenance_windows": {
 					"type": "array",
 					"items": {
@@ -61,7 +61,7 @@ data_schema := {
 							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 							"principal_groups": {"$ref": "#/definitions/strings"},
 							"principal_roles": {"$ref": "#/definitions/strings"},
-							"target_tags": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/guest_tags"},
 							"name": {"type": "string", "minLength": 1},
 							"reason": {"type": "string", "minLength": 1},
 						},
@@ -84,7 +84,11 @@ data_schema := {
 						"exec": {"type": "integer"},
 					},
 				},
-				"target_tag_points": {"type": "object", "additionalProperties": {"type": "integer"}},
+				"target_tag_points": {
+					"type": "object",
+					"propertyNames": {"pattern": "^[^A-Z]+$"},
+					"additionalProperties": {"type": "integer"},
+				},
 				"scope_points": {
 					"type": "object",
 					"additionalProperties": false,
@@ -130,7 +134,7 @@ data_schema := {
 							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 							"principal_groups": {"$ref": "#/definitions/strings"},
 							"principal_roles": {"$ref": "#/definitions/strings"},
-							"target_tags": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/guest_tags"},
 							"name": {"type": "string", "minLength": 1},
 							"reason": {"type": "string", "minLength": 1},
 							"arguments": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}},
@@ -192,7 +196,7 @@ data_schema := {
 							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 							"principal_groups": {"$ref": "#/definitions/strings"},
 							"principal_roles": {"$ref": "#/definitions/strings"},
-							"target_tags": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/guest_tags"},
 							"name": {"type": "string", "minLength": 1},
 							"reason": {"type": "string", "minLength": 1},
 							"approver_groups": {"$ref": "#/definitions/strings"},
@@ -217,7 +221,7 @@ data_schema := {
 							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 							"principal_groups": {"$ref": "#/definitions/strings"},
 							"principal_roles": {"$ref": "#/definitions/strings"},
-							"target_tags": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/guest_tags"},
 							"name": {"type": "string", "minLength": 1},
 							"reason": {"type": "string", "minLength": 1},
 							"active": {"type": "boolean"},
@@ -250,7 +254,7 @@ data_schema := {
 							"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 							"principal_groups": {"$ref": "#/definitions/strings"},
 							"principal_roles": {"$ref": "#/definitions/strings"},
-							"target_tags": {"$ref": "#/definitions/strings"},
+							"target_tags": {"$ref": "#/definitions/guest_tags"},
 							"name": {"type": "string", "minLength": 1},
 						},
 						"required": ["name"],
@@ -272,7 +276,7 @@ data_schema := {
 					"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 					"principal_groups": {"$ref": "#/definitions/strings"},
 					"principal_roles": {"$ref": "#/definitions/strings"},
-					"target_tags": {"$ref": "#/definitions/strings"},
+					"target_tags": {"$ref": "#/definitions/guest_tags"},
 					"name": {"type": "string", "minLength": 1},
 					"counter": {"enum": ["tool", "all"]},
 					"window": {"enum": ["1m", "1h", "24h"]},
@@ -327,7 +331,7 @@ data_schema := {
 					"principal_kinds": {"type": "array", "items": {"enum": ["agent", "human", "service"]}},
 					"principal_groups": {"$ref": "#/definitions/strings"},
 					"principal_roles": {"$ref": "#/definitions/strings"},
-					"target_tags": {"$ref": "#/definitions/strings"},
+					"target_tags": {"$ref": "#/definitions/guest_tags"},
 					"name": {"type": "string", "minLength": 1},
 					"roles": {"$ref": "#/definitions/strings"},
 					"pools": {"$ref": "#/definitions/strings"},
@@ -357,6 +361,7 @@ data_schema := {
 	},
 	"definitions": {
 		"strings": {"type": "array", "items": {"type": "string", "minLength": 1}},
+		"guest_tags": {"type": "array", "items": {"type": "string", "minLength": 1, "pattern": "^[^A-Z]+$"}},
 		"role": {
 			"type": "object",
 			"additionalProperties": false,
@@ -400,7 +405,7 @@ data_schema := {
 						"clusters": {"$ref": "#/definitions/strings"},
 						"nodes": {"$ref": "#/definitions/strings"},
 						"pools": {"$ref": "#/definitions/strings"},
-						"guest_tags": {"$ref": "#/definitions/strings"},
+						"guest_tags": {"$ref": "#/definitions/guest_tags"},
 						"vmids": {
 							"type": "array",
 							"items": {
