@@ -8,6 +8,7 @@ import asyncio
 import http.server
 import json
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +25,17 @@ from tests.config.conftest import minimal, run_pvegate, write
 
 
 class _AllowAll(http.server.BaseHTTPRequestHandler):
-    """An "OPA" that lets every approver vote."""
+    """An "OPA" that lets every approver vote (and calls its data valid: a vote is decided only on
+    data that passed the policy's data check, which this server answers as any OPA of the caller's
+    choosing can)."""
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps({"result": {"allow": True, "deny": [], "groups": ["sre-leads"]}, "decision_id": "d"})
+        if urllib.parse.urlsplit(self.path).path.rstrip("/").endswith("/pvegate/data_check"):
+            result: dict[str, object] = {"valid": True, "problems": []}
+        else:
+            result = {"allow": True, "deny": [], "groups": ["sre-leads"]}
+        body = json.dumps({"result": result, "decision_id": "d"})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
