@@ -614,10 +614,10 @@ class Reconciler:
                     m = UPID_RE.fullmatch(upid) if isinstance(upid, str) else None
                     if m is None or upid in claimed:
                         continue
-                    start = int(m.group(5), 16)
-                    if m.group(6) not in types or m.group(8) != user or not since <= start <= until:
+                    start = int(m["starttime"], 16)
+                    if m["type"] not in types or m["user"] != user or not since <= start <= until:
                         continue
-                    if vmid is not None and m.group(7) != str(vmid):
+                    if vmid is not None and m["id"] != str(vmid):
                         continue
                     candidates.append((start, str(upid)))
         return min(candidates)[1] if candidates else None

@@ -259,15 +259,20 @@ ALLOCATES_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("label", "mutate", "message"), ALLOCATES_BAD, ids=[b[0] for b in ALLOCATES_BAD])
-def test_loader_refuses_uncounted_sizes(tmp_path: Path, label: str, mutate: Any, message: str) -> None:
-    doc = yaml.safe_load((CONNECTORS / "provision.yaml").read_text())
+def _refusal(tmp_path: Path, source: str, mutate: Any) -> str:
+    """The loader's refusal of a shipped connector file changed by `mutate` (with the shared parameters)."""
+    doc = yaml.safe_load((CONNECTORS / source).read_text())
     mutate(doc)
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
     (tmp_path / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
     with pytest.raises(CatalogError) as exc:
         Catalog.load(tmp_path)
-    assert message in str(exc.value)
+    return str(exc.value)
+
+
+@pytest.mark.parametrize(("label", "mutate", "message"), ALLOCATES_BAD, ids=[b[0] for b in ALLOCATES_BAD])
+def test_loader_refuses_uncounted_sizes(tmp_path: Path, label: str, mutate: Any, message: str) -> None:
+    assert message in _refusal(tmp_path, "provision.yaml", mutate)
 
 
 def test_validation_fills_in_the_counted_defaults(catalog: Catalog) -> None:
@@ -331,13 +336,7 @@ TASK_TYPE_BAD = [
 def test_loader_refuses_a_task_tool_without_its_task_type(
     tmp_path: Path, label: str, mutate: Any, message: str
 ) -> None:
-    doc = yaml.safe_load((CONNECTORS / "power.yaml").read_text())
-    mutate(doc)
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
-    (tmp_path / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
-    with pytest.raises(CatalogError) as exc:
-        Catalog.load(tmp_path)
-    assert message in str(exc.value)
+    assert message in _refusal(tmp_path, "power.yaml", mutate)
 
 
 def test_every_task_tool_declares_its_task_types(catalog: Catalog) -> None:

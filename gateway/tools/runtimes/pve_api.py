@@ -49,8 +49,8 @@ READ_RETRIES = 2  # extra attempts, GET only: a retried mutation could run twice
 PERM_RE = re.compile(r"Permission check failed \(([^,]+), ([^)]+)\)")
 # pve-common PVE/UPID.pm's decoder, matched whole
 UPID_RE = re.compile(
-    r"UPID:([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):"
-    r"([0-9A-Fa-f]{8}):([^:\s/]+):([^:\s/]*):([^:\s/]+):"
+    r"UPID:(?P<node>[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?):(?P<pid>[0-9A-Fa-f]{8}):(?P<pstart>[0-9A-Fa-f]{8,9}):"
+    r"(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s/]+):(?P<id>[^:\s/]*):(?P<user>[^:\s/]+):"
 )
 UPSTREAM_TEXT_MAX = 400  # characters of any upstream text (message, reason, errors) in a client's error
 # AnyEvent::HTTP statuses pveproxy passes on when forwarding to the target node failed after the
@@ -397,7 +397,7 @@ def upid_node(upid: str) -> str:
     m = UPID_RE.fullmatch(upid)
     if m is None:
         raise ToolError("not a Proxmox task id (UPID)")
-    return m.group(1)
+    return m["node"]
 
 
 class PveApiRuntime:
@@ -503,12 +503,6 @@ class PveApiRuntime:
         if spec.get("per_row") and isinstance(data, list):
             data = await self._per_row(client, spec["per_row"], data, warnings)
         task_id = None
-        if spec.get("task") and not (isinstance(data, str) and data.startswith("UPID")):
-            # Proxmox's definite answer that it started nothing to follow (vzdump's "OK" for a guest
-            # no longer on the node): a failure, never a success. Only an answer the connector
-            # declares (`no_task_for`: null for these guest types) is the call's own result
-            if not (data is None and values.get("type") in (spec.get("no_task_for") or ())):
-                raise ToolError(_no_task(data, values, client.clean))
         if spec.get("task") and isinstance(data, str) and data.startswith("UPID"):
             if UPID_RE.fullmatch(data) is None:  # accepted, and what it started cannot be followed
                 raise AnswerLost(f"Proxmox answered with a malformed task id ({client.clean(data, 120)})")
@@ -519,6 +513,11 @@ class PveApiRuntime:
                 data = await self.wait_task(client, data, float(spec.get("task_timeout", 60)), warnings)
             else:
                 data = {"upid": data, "status": "running"}
+        elif spec.get("task") and not (data is None and values.get("type") in (spec.get("no_task_for") or ())):
+            # Proxmox's definite answer that it started nothing to follow (vzdump's "OK" for a guest
+            # no longer on the node): a failure, never a success. Only an answer the connector
+            # declares (`no_task_for`: null for these guest types) is the call's own result
+            raise ToolError(_no_task(data, values, client.clean))
         running = task_id is not None and isinstance(data, dict) and data.get("status") == "running"
         data = self.finish(tool, data, arguments)
         if extra:
