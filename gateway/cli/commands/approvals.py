@@ -45,15 +45,15 @@ def _opa_note(args: argparse.Namespace, cfg: Config) -> dict[str, Any] | None:
     return {"url": url, "chosen_by": "--opa-url", "configured": configured or "managed sidecar"}
 
 
-class _Unusable(Exception):
+class Unusable(Exception):
     """The database (or the audit in it) cannot be used: one line for the operator."""
 
 
-def _refuse_missing(cfg: Config) -> None:
+def refuse_missing(cfg: Config) -> None:
     """A SQLite database that is not there is not made here (a typo in --config would make a new, empty one
     with a new audit head key): said, as `pvegate audit tail` says it."""
     if not cfg.storage.postgresql and not cfg.audit_path.exists():
-        raise _Unusable(
+        raise Unusable(
             f"no database at {cfg.audit_path} (the gateway makes it at its first start; is --config the "
             "gateway's configuration?)"
         )
@@ -63,7 +63,7 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
     from gateway.policy.decisions import DecisionClient
 
     refuse_unshared(cfg)  # the gateway would not run on this storage.url: neither do its tools
-    _refuse_missing(cfg)
+    refuse_missing(cfg)
     audit = AuditLog(audit_location(cfg), secrets=known_secrets(cfg), head_key=cfg.audit_key_path)
     store = ApprovalStore(database(cfg))
     sidecar = None
@@ -263,7 +263,7 @@ def _guard(cfg: Config, fn: Callable[[], int]) -> int:
         return 4
     except BrokenPipeError:
         raise  # the reader went away: main() ends quietly
-    except (_Unusable, AuditStoreError, AuditIntegrityError, OPAUnavailable) as exc:
+    except (Unusable, AuditStoreError, AuditIntegrityError, OPAUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # the database's (or the audit's) own refusal, as one line

@@ -326,7 +326,7 @@ def _store_failure(exc: BaseException, *, local: bool) -> str | None:
 def _reconcile(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.cli.commands.approvals import _refuse_missing, _Unusable
+    from gateway.cli.commands.approvals import Unusable, refuse_missing
     from gateway.components import default_grace
     from gateway.core.config import load
     from gateway.store.audit import AuditLog, known_secrets
@@ -338,8 +338,8 @@ def _reconcile(args: argparse.Namespace) -> int:
 
     cfg = load(args.config)
     try:  # a SQLite file that is not there is not made (a new, empty chain with a new key): said, as `approvals list`
-        _refuse_missing(cfg)
-    except _Unusable as exc:
+        refuse_missing(cfg)
+    except Unusable as exc:
         print(f"error: nothing was reconciled: {exc}", file=sys.stderr)
         return 1
     catalog = Catalog.load(cfg.connectors_dir)
