@@ -51,6 +51,13 @@ def _load_schema(name: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Unanswered:
+    """Why the policy gave no usable answer to a question with nothing to refuse (nothing is opened)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Decision:
     """What OPA answered for one call (or the deny that stands in for no answer)."""
 
@@ -427,17 +434,22 @@ class DecisionClient:
             return None
         return frozenset(result)
 
-    async def console_sections(self, input_doc: dict[str, Any]) -> frozenset[str] | None:
-        """The admin console's sections the principal may open, or None when OPA gave no usable answer
-        or the policy data is invalid (the data says who may open what)."""
+    async def console_sections(self, input_doc: dict[str, Any]) -> frozenset[str] | Unanswered:
+        """The admin console's sections the principal may open, or why the policy gave no usable
+        answer (OPA unavailable, an answer off the contract, invalid policy data: the data says who
+        may open what), in words a signed-in person may read: OPA's own text stays in /admin/health."""
         try:
             result, envelope = await self.query(CONSOLE_PATH, input_doc)
         except PolicyError:
-            return None
+            return Unanswered("the policy decision is unavailable")
         if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
-            return None
-        if not await self._data_valid(envelope):
-            return None
+            return Unanswered("the policy's answer does not match the contract")
+        try:
+            check = await self.checked_data(self._provenance(envelope))
+        except PolicyError:
+            return Unanswered("the policy data could not be checked")
+        if not check.valid:
+            return Unanswered("the policy data is invalid (`pvegate policy check` and /admin/health say where)")
         return frozenset(result)
 
     async def may_approve(self, input_doc: dict[str, Any]) -> ApproverVerdict:

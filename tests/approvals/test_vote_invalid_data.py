@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gateway.dev.devenv import AUDIENCE, ISSUER
+from gateway.policy.decisions import Unanswered
 from tests.approvals.conftest import Api, approvals_env, outcome, write_policy_data
 from tests.support import GatewayThread
 
@@ -81,7 +82,7 @@ async def _tools_list(api: Api) -> list[str]:
     return [t["name"] for t in r.json()["result"]["tools"]]
 
 
-def _console_sections(gw: GatewayThread) -> frozenset[str] | None:
+def _console_sections(gw: GatewayThread) -> frozenset[str] | Unanswered:
     """The gateway's own decision client, on its loop, asked what the console opens to an auditor."""
     doc = {"contract_version": 1, "kind": "list", "principal": AUDITOR, "request": {}, "tools": []}
     assert gw.loop is not None
@@ -132,7 +133,10 @@ async def test_no_vote_is_decided_while_the_policy_data_is_invalid(tmp_path: Pat
                 assert "token" not in r.json()
             assert await _state(api, aid) == "pending"
             assert await _tools_list(api) == []  # nothing listed on broken data
-            assert _console_sections(gw) is None  # no console section either
+            # no console section either, and the console says why (not "the policy opens you nothing")
+            assert _console_sections(gw) == Unanswered(
+                "the policy data is invalid (`pvegate policy check` and /admin/health say where)"
+            )
         finally:
             gw.stop()
 

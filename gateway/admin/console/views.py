@@ -41,7 +41,7 @@ from gateway.core.principal import Principal
 from gateway.core.text import describe, encodable, unencodable_path, visible
 from gateway.observability import metrics as metricslib
 from gateway.pipeline import policy_input
-from gateway.policy.decisions import CONTRACT_VERSION, PolicyError
+from gateway.policy.decisions import CONTRACT_VERSION, PolicyError, Unanswered
 from gateway.store import audit as auditlib
 from gateway.store.approvals import (
     STATES,
@@ -257,11 +257,24 @@ def _listing_input(c: Components, principal: Principal, request: Request, tools:
     }
 
 
-async def sections_of(request: Request, principal: Principal) -> frozenset[str]:
-    """Which console sections the policy opens to this person (data.pvegate.console.sections); none on doubt."""
+async def sections_of(request: Request, principal: Principal) -> frozenset[str] | Unanswered:
+    """Which console sections the policy opens to this person (data.pvegate.console.sections), or why
+    the policy could not say (nothing is opened then)."""
     c = _console(request).c
-    found = await c.decisions.console_sections(_listing_input(c, principal, request))
-    return found or frozenset()
+    return await c.decisions.console_sections(_listing_input(c, principal, request))
+
+
+def _unanswered(request: Request, why: Unanswered) -> HTMLResponse:
+    """The console asked the policy and got no usable answer: a fault to wait out or fix, not a
+    refusal of this person (whose roles are not the matter)."""
+    return render(
+        request,
+        "message.html",
+        503,
+        title="The policy cannot answer",
+        message=f"The console cannot tell which sections are open to you: {why.reason}. "
+        "Nothing is opened until the policy answers again.",
+    )
 
 
 async def guard(request: Request, section: str) -> Session | Response:
@@ -270,6 +283,8 @@ async def guard(request: Request, section: str) -> Session | Response:
     if session is None:
         return _to_login(request)
     sections = await sections_of(request, session.principal)
+    if isinstance(sections, Unanswered):
+        return _unanswered(request, sections)
     request.state.console_sections = sections
     if section not in sections:
         return render(
@@ -326,7 +341,12 @@ async def callback(request: Request) -> Response:
             raise SignInError("the identity provider sent no code")
         identity = await console.provider.exchange(code, attempt, _redirect_uri(request))
         principal = await _principal(console, identity.id_claims, identity.access_token)
-        if not await sections_of(request, principal):
+        sections = await sections_of(request, principal)
+        if isinstance(sections, Unanswered):  # the gateway's fault to mend, not this person's sign-in: 503
+            unanswered = _unanswered(request, sections)
+            console.sessions.clear_login(unanswered)
+            return unanswered
+        if not sections:
             raise SignInError(
                 f"the policy opens no console section to you (roles: {', '.join(principal.roles) or 'none'}; "
                 f"groups: {', '.join(principal.groups) or 'none'})"
@@ -1101,6 +1121,8 @@ async def home(request: Request) -> Response:
     if session is None:
         return render(request, "welcome.html", title="pvegate console")
     sections = await sections_of(request, session.principal)
+    if isinstance(sections, Unanswered):
+        return _unanswered(request, sections)
     first = next((s for s in SECTIONS if s in sections), "approvals")
     target = {"approvals": "/admin/approvals", "audit": "/admin/audit", "policy": "/admin/status"}[first]
     return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
