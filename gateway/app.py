@@ -312,10 +312,12 @@ def create_app(
             if built.health is not None:
                 await built.health.start()  # readiness is known before the first request
             built.outcomes.start()
-            # what earlier runs left open (killed, cut off): settled from Proxmox's answers, in the background
+            # what earlier runs left open (killed, cut off): read now, before the first call (every call open now
+            # is theirs, whatever the time on it), settled from Proxmox's answers in the background
             reconciler = Reconciler(config, built.catalog, built.outcomes, built.clients)
-            if isinstance(built.holds, MemoryHolds):  # this process's holds: what earlier runs held, again
-                await reconciler.restore_holds(built.holds, started_at)
+            # SQLite: this process's holds, so what earlier runs held is taken again
+            own_holds = built.holds if isinstance(built.holds, MemoryHolds) else None
+            await reconciler.read_earlier(started_at, own_holds)
             tasks.append(reconciler.start(started_at))
             if built.health is not None:  # its task, last pass and open calls: /readyz, /admin/health, /metrics
                 built.health.reconciler = reconciler

@@ -19,7 +19,7 @@ together, the later one is refused (an earlier call later denied may cost a late
 it would not have had: the error is on the safe side).
 
 On SQLite the holds are this process's (one gateway process owns the file); at start it takes
-again those of the calls its audit shows still open (Reconciler.restore_holds). On PostgreSQL
+again those of the calls its audit shows still open (Reconciler.read_earlier). On PostgreSQL
 they are rows every replica counts, taken under an advisory lock on the pool, on the database's
 clock. A replica that dies holding one (a crash, SIGKILL) leaves it to lapse, or to the
 reconciliation that settles its calls.

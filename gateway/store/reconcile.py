@@ -18,7 +18,15 @@ For each open call, oldest first:
   minus the UPIDs other records already claim; each row's UPID checked again, whole (type,
   user exactly the token id: `userfilter` is a substring match, vmid, start time). Found: as
   above (`found_by: task_list`). Nothing: `reconciled` with `proxmox: not_found` (the request
-  never reached Proxmox, or Proxmox refused it before starting a task).
+  never reached Proxmox, or Proxmox refused it before starting a task). A call that names no
+  node is looked for on every node the cluster lists; while one of them is not online (its
+  task list cannot be read, and the task may be there) the call is left open, never
+  `not_found`.
+- a mutation decided before the look-back (LOOKBACK_SECONDS, 7 days: about as long as
+  Proxmox keeps its task history): its recorded UPID's status as above if Proxmox still
+  answers for it; else (no UPID, or one Proxmox no longer knows) `reconciled` with `proxmox:
+  unverifiable`, `past_lookback: true` and the reason. Never searched for (nothing found would
+  read as "it did not happen"), never left open to drop out of sight.
 - a mutation without a UPID of a tool Proxmox answers at once, without a task (`synchronous:
   true`): never searched for (any task found would be another call's); `reconciled` with
   `proxmox: unverifiable` and the reason: it cannot be looked up, so it is not called
@@ -28,12 +36,21 @@ For each open call, oldest first:
   unverifiable` and the reason (nobody here can ask that Proxmox; see Reconciler.settle).
 If Proxmox cannot be asked, the call stays open and is tried again later.
 
-The gateway runs this at start-up for calls decided before it started (then again,
-with back-off, while some are left open); `pvegate audit reconcile` runs it by hand.
-Calls of earlier runs still open never hold up the rest: the same loop settles this
-process's own interrupted calls and (PostgreSQL) those of replicas that are gone every
-`interval` meanwhile. Its last pass, the calls it left open and whether its task still runs
-are what health (/readyz, /admin/health) and /metrics report (Reconciler.status).
+The gateway runs this at start-up for the calls earlier runs left open (then again, with
+back-off, while some are left open); `pvegate audit reconcile` runs it by hand (the calls
+decided in its look-back, `--since`, and before `--min-age`). Which calls are earlier runs'
+is never judged by the time on their records: before it serves its first call the gateway
+reads every call the audit holds open (Reconciler.read_earlier), all of them earlier runs'
+(this process has decided nothing yet; on PostgreSQL a live replica's stay its own, below),
+and its passes settle those, by request id, whatever their time (a clock stepped back between
+a crash and the restart stamps the crashed run's calls after the restart). That read covers
+the look-back (by the time index); the first pass adds, once, the calls decided before it (a
+scan of the audit's whole past, off the start-up path). Only if that read fails does the
+first pass take, instead, the calls decided before this process's start by the time on them.
+Calls of earlier runs still open never hold up the rest: the same loop settles this process's
+own interrupted calls (by id too) and (PostgreSQL) those of replicas that are gone every
+`interval` meanwhile. Its last pass, the calls it left open and whether its task still runs are
+what health (/readyz, /admin/health) and /metrics report (Reconciler.status).
 
 Several replicas on PostgreSQL share one audit, so a call open in the audit may be one another
 replica is still running. Every decision (and dispatch) record names its replica, and every
@@ -46,8 +63,11 @@ renewed meanwhile, even by a heartbeat not yet committed, is not taken; a row al
 taken again only by the lock's holder), settles its calls, then forgets the row once none of its
 calls is left open. Its calls are selected whatever the time on their records: each record carries
 its writer's clock, and a replica whose clock ran ahead must not be forgotten with its last calls
-open. A replica that was only paused refuses what it decided before (AuditLog.hold). Calls with no
-replica named (written on SQLite, or moved from it) follow the single-host rule.
+open. (Since the look-back, though: a call of a gone replica still open past it, its task running
+or its Proxmox away for days, is left to the next start of any replica, whose pass over the
+audit's whole past finds it.) A replica that was only paused refuses what it decided before
+(AuditLog.hold). Calls with no replica named (written on SQLite, or moved from it) follow the
+single-host rule.
 
 Every pass runs under that lock: the replicas' and `pvegate audit reconcile`'s (which waits for
 its turn). The lock is a session lock on one pooled connection, which a cut connection (a network
@@ -105,12 +125,19 @@ def _settles(request_id: str, seq: str) -> str:
             OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%'))))"""
 
 
-# Allowed calls without a settling record (the decision's seq orders them).
+# Allowed calls without a settling record decided in a time range (the decision's seq orders them): read by the
+# `audit_ts` index, each call's records by `audit_request`.
 OPEN_CALLS_SQL = f"""
 SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
 WHERE d.kind = 'decision' AND d.outcome = 'allow' AND d.ts >= ? AND d.ts < ?
 AND NOT EXISTS (SELECT 1 FROM audit r WHERE {_settles("d.request_id", "d.seq")})
 ORDER BY d.seq
+"""  # noqa: S608 - fixed text
+# The same for one request id, whatever its time (`audit_request`): a pass over calls known by id reads no range.
+OPEN_CALL_SQL = f"""
+SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
+WHERE d.request_id = ? AND d.kind = 'decision' AND d.outcome = 'allow'
+AND NOT EXISTS (SELECT 1 FROM audit r WHERE {_settles("d.request_id", "d.seq")})
 """  # noqa: S608 - fixed text
 # Whether the call decided in record ? (its request id ?) has a settling record by now: asked right before a
 # settling result is written, in the same statement as the check that the reconcile lock is still held.
@@ -160,18 +187,22 @@ class Settled:
 
 
 def open_calls(
-    path: Path | PgLocation, since: float, before: float | None, only: set[str] | None = None
+    path: Path | PgLocation, since: float | None, before: float | None, only: set[str] | None = None
 ) -> list[OpenCall]:
-    """The open calls decided in [since, before) (before None: no upper bound), oldest first, read on a
-    connection of their own (never the writer's: a long look-back must not hold up the calls being
-    audited meanwhile)."""
+    """The open calls decided in [since, before) (None: no bound on that side), or, given `only`, those of
+    these request ids whatever their time (each read by its index); oldest first, read on a connection of
+    their own (never the writer's: a long look-back must not hold up the calls being audited meanwhile)."""
     con = auditlib.connect(path, readonly=True)
     sql = PG_OPEN_CALLS_SQL if isinstance(path, PgLocation) else OPEN_CALLS_SQL
     try:
+        if only is not None:
+            rows = [d for rid in sorted(only) for d in con.execute(OPEN_CALL_SQL, (rid,)).fetchall()]
+            rows.sort(key=lambda d: int(d["seq"]))
+        else:
+            bounds = (-math.inf if since is None else since, math.inf if before is None else before)
+            rows = con.execute(sql, bounds).fetchall()
         calls: list[OpenCall] = []
-        for d in con.execute(sql, (since, math.inf if before is None else before)).fetchall():
-            if only is not None and d["request_id"] not in only:
-                continue
+        for d in rows:
             call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
             call.seq = int(d["seq"])
             related = con.execute(
@@ -246,7 +277,10 @@ class Reconciler:
         self.earlier_open: int | None = 0  # earlier runs' calls left open by the last pass; None: it failed
         self.earlier_done = False  # none of those is left: only the periodic passes remain
         self.stale_open = 0  # gone replicas' calls left open by the last pass over them (PostgreSQL)
-        self.restored: set[str] = set()  # earlier runs' calls whose pool holds restore_holds took again
+        self.restored: set[str] = set()  # earlier runs' calls whose pool holds read_earlier took again
+        # the earlier runs' calls the pass over them is left to settle, by id (read_earlier); None: not read yet
+        self.earlier: set[str] | None = None
+        self.past_read = False  # those decided before the look-back were looked for (once: _earlier_pass)
 
     def open_calls(self) -> int | None:
         """Calls this process knows to be open: earlier runs', its own interrupted ones, gone replicas';
@@ -292,17 +326,32 @@ class Reconciler:
         self.task.add_done_callback(_log_end)
         return self.task
 
-    async def restore_holds(self, holds: PoolHolds, before: float) -> int:
-        """The pool holds of earlier runs' calls still open, taken again before the first call is
-        served: the SQLite holds live in the process, and a restart (a crash, a drain that cut calls
-        whose tasks still run) forgot them, so a pool would look emptier than what its running
-        creates will make it. Each is kept as a call's own (renewed while its task runs, given back
-        when reconciliation settles the call, here or by hand: forget_restored) and lapses like any
-        other. How many were taken. An audit that cannot be read here is logged, not fatal: the
-        reconciliation passes meet it too and say so in health, and a gateway that does not start
-        serves no one; the pools then count only what Proxmox lists until those calls settle."""
+    async def read_earlier(self, before: float, holds: PoolHolds | None = None) -> int:
+        """Before the first call is served (`before`: this run's start): the calls the audit holds open, for
+        the pass over earlier runs to settle by id (`earlier`). This process has decided nothing yet, so every
+        one of them is an earlier run's (or, PostgreSQL, a replica's: the owner rules of run_once apply),
+        whatever the time on its records: a clock stepped back between a crash and this start stamps the
+        crashed run's calls after this start, and a bound by time would leave them open for ever. Read from
+        the look-back on (the audit_ts index); those decided before it are looked for once by the first pass,
+        off the start-up path (_earlier_pass: a scan of the audit's whole past).
+
+        With `holds` (SQLite: they live in the process, and a restart, a crash or a drain that cut calls
+        whose tasks still run, forgot them) the pool holds of those calls are taken again, so a pool does
+        not look emptier than what its running creates will make it. Each is kept as a call's own (renewed
+        while its task runs, given back when reconciliation settles the call, here or by hand:
+        forget_restored) and lapses like any other. How many were taken. An audit that cannot be read here is
+        logged, not fatal: the pass over earlier runs then reads their calls itself, by time (decided before
+        `before`), the passes say so in health if they fail too, and a gateway that does not start serves no
+        one; the pools then count only what Proxmox lists until those calls settle."""
         try:
-            calls = await asyncio.to_thread(open_calls, self.outcomes.audit.path, before - LOOKBACK_SECONDS, before)
+            calls = await asyncio.to_thread(open_calls, self.outcomes.audit.path, before - LOOKBACK_SECONDS, None)
+        except Exception as exc:
+            log.error("reconcile: the open calls of earlier runs could not be read at start-up (%s)", exc)
+            return 0
+        self.earlier = {c.request_id for c in calls}
+        if holds is None:
+            return 0
+        try:
             for call in calls:
                 if call.hold is not None and not call.dry_run and call.effect != "read":
                     cluster, pool, amounts = call.hold
@@ -339,15 +388,17 @@ class Reconciler:
         only: set[str] | None = None,
         owners: set[str] | None = None,
         turn: auditlib.Turn | None = None,
+        own: bool = False,
     ) -> list[Settled]:
-        """Settle the open calls decided in [since, before): only those ids (`only`: this replica's own),
-        or those of these (stale) replicas (`owners`: decided since `since`, whatever their time: each record
-        carries its writer's clock, which may run ahead of this one's); never a call a live replica is running.
+        """Settle the open calls decided in [since, before); or those of these ids (`only`, whatever their time:
+        the earlier runs' calls read at start-up, or, with `own`, this replica's own); or those of these (stale)
+        replicas (`owners`: decided since `since`, whatever their time: each record carries its writer's clock,
+        which may run ahead of this one's); never a call a live replica is running (not asked for `own` calls).
         Under the pvegate-reconcile lock, always: `turn` when the caller holds it, else taken here (held by
         another process: every open call is reported `open`, left for it)."""
         if turn is None:
             async with self.outcomes.audit.exclusive(RECONCILE_LOCK) as mine:
-                return await self.run_once(before, since, only, owners, mine)
+                return await self.run_once(before, since, only, owners, mine, own)
         since = before - LOOKBACK_SECONDS if since is None else since
         audit = self.outcomes.audit
         calls = await asyncio.to_thread(open_calls, audit.path, since, None if owners is not None else before, only)
@@ -358,7 +409,7 @@ class Reconciler:
         down: str | None = None  # why the store stopped taking results (or the lock was lost) during this pass
         if not turn:
             down = f"another process holds the {RECONCILE_LOCK} lock (it is reconciling): left to it"
-        live = await audit.live_replicas() if only is None and down is None else None
+        live = await audit.live_replicas() if not own and down is None else None
         gone: set[str] = set()
         if live is not None:  # PostgreSQL: a replica not seen lately is claimed before its calls are settled
             try:
@@ -408,7 +459,7 @@ class Reconciler:
         async with outcomes.audit.exclusive(RECONCILE_LOCK) as turn:
             if not turn:
                 return None
-            settled = await self.run_once(time.time(), since=since, only=mine, turn=turn)
+            settled = await self.run_once(time.time(), since=since, only=mine, turn=turn, own=True)
         outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
         # ids no longer open (settled elsewhere: another replica, by hand) leave the set too, and their holds
         gone = mine - {s.request_id for s in settled} | {s.request_id for s in settled if s.action == "already_settled"}
@@ -495,6 +546,12 @@ class Reconciler:
             # nothing to search for: a tool answered at once, without a task (any task found would be another
             # call's: never searched), or one this catalog no longer has (its task type is unknown)
             return await self._unverifiable(call, tool is not None, turn)
+        # decided before the look-back: Proxmox's task history no longer holds what it started then, so only a
+        # recorded UPID Proxmox still answers for says anything; a search, or a UPID it no longer knows, would
+        # read as "it did not happen" (not_found) when it cannot be known
+        past = time.time() - call.ts > LOOKBACK_SECONDS
+        if past and task_id is None:
+            return await self._past_lookback(call, turn)
         try:
             if task_id is None:
                 found_by = "task_list"
@@ -514,6 +571,8 @@ class Reconciler:
             status = await self._status(client, task_id)
         except ToolError as exc:
             return Settled(call.request_id, call.tool, "open", "unreachable", task_id, str(exc))
+        if status is None and past:
+            return await self._past_lookback(call, turn)
         if status is None:
             await self._write(
                 call,
@@ -562,6 +621,25 @@ class Reconciler:
         await self._write(call, "reconciled", body, turn)
         return Settled(call.request_id, call.tool, "reconciled", "unverifiable", None, why)
 
+    async def _past_lookback(self, call: OpenCall, turn: auditlib.Turn | None) -> Settled:
+        """A mutation decided before the look-back that no task status settles: settled once, saying why (left
+        open, it would drop out of every pass, log line and health figure for good)."""
+        days = LOOKBACK_SECONDS // 86400
+        why = (
+            f"decided before the {days}-day look-back ({(time.time() - call.ts) / 86400:.1f} days ago): Proxmox's "
+            "task history no longer holds its task, so whether it ran cannot be looked up; check the target"
+        )
+        body: dict[str, Any] = {
+            "proxmox": "unverifiable",
+            "reason": why,
+            "task_id": call.task_id,
+            "found_by": None,
+            "decided_at": call.ts,
+            "past_lookback": True,
+        }
+        await self._write(call, "reconciled", body, turn)
+        return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
+
     async def _status(self, client: PveApiClient, upid: str) -> dict[str, Any] | None:
         node = upid_node(upid)
         path = f"/nodes/{quote(node, safe='')}/tasks/{quote(upid, safe='')}/status"
@@ -586,7 +664,9 @@ class Reconciler:
         record, of one of the tool's task types, started by the gateway's token itself, on the call's guest,
         in the call's time window (task_window). Proxmox's filters (`typefilter`, exact; `userfilter`, a
         case-insensitive substring: `root@pam!gw` also returns `root@pam!gw-backup`'s tasks; `vmid`) only
-        narrow the list: every candidate's UPID is checked again, whole."""
+        narrow the list: every candidate's UPID is checked again, whole. A call that names no node is looked
+        for on every node the cluster lists; while one of them is not online its list cannot be read, and the
+        task may be there: ToolError (the call is left open for a later pass), never "not found"."""
         user = self.token_user(cluster)
         if user is None:
             raise ToolError(f"cannot read the token of cluster {cluster} to search its tasks")
@@ -595,7 +675,16 @@ class Reconciler:
             nodes = [str(node)]
         else:
             rows = await client.request("GET", "/nodes") or []
-            nodes = sorted(str(r["node"]) for r in rows if isinstance(r, dict) and r.get("status") == "online")
+            listed = {
+                str(r["node"]): str(r.get("status") or "unknown") for r in rows if isinstance(r, dict) and r.get("node")
+            }
+            down = [f"{n} ({st})" for n, st in sorted(listed.items()) if st != "online"]
+            if down:
+                raise ToolError(
+                    f"node {', '.join(down)} is not online: its task list, which may hold this call's task, "
+                    "cannot be searched (the call is left open until it can)"
+                )
+            nodes = sorted(listed)
         since, until = self.task_window(cluster, call.ts, before)
         vmid = call.target.get("vmid")
         # Proxmox filters a finished task's user with its token id split off (`root@pam`, tokenid `gw`), so
@@ -627,10 +716,12 @@ class Reconciler:
         decision (the decision's time is the gateway's clock: a gateway ahead of the node would miss the
         task otherwise) to the longest the call could take to be sent (locate + send) plus the same
         tolerance, and, for a call of an earlier run, not past this run's start (`before`) plus it: a task
-        started by this run later than that belongs to one of its own calls."""
+        started by this run later than that belongs to one of its own calls. A call stamped at or after this
+        run's start (the clock stepped back between its run and this one) is not cut by it: the two times
+        are not comparable then, and the cut would leave an empty window."""
         window = int(2 * self.config.clusters[cluster].timeout) + 10  # locate + send, at most
         until = int(decided) + window
-        if before is not None:
+        if before is not None and int(before) > int(decided):
             until = min(until, int(before) - 1)
         return int(decided) - CLOCK_SKEW_SECONDS, until + CLOCK_SKEW_SECONDS
 
@@ -680,18 +771,32 @@ def _log_end(task: asyncio.Task[None]) -> None:
 
 
 async def _earlier_pass(reconciler: Reconciler, before: float) -> list[Settled] | None:
-    """One pass over what earlier runs left open; None while another replica reconciles."""
+    """One pass over what earlier runs left open: the calls read at start-up (Reconciler.read_earlier), by
+    id; the first time, with those decided before the look-back added (a scan of the audit's whole past,
+    once per start, in the background). None while another replica reconciles."""
     # replicas starting together take turns (PostgreSQL), so no call is settled twice
     async with reconciler.outcomes.audit.exclusive(RECONCILE_LOCK) as turn:
-        settled = await reconciler.run_once(before, turn=turn) if turn else None
-    if settled is not None and reconciler.restored:
+        if not turn:
+            return None
+        path, lookback = reconciler.outcomes.audit.path, before - LOOKBACK_SECONDS
+        if reconciler.earlier is None:  # not read at start-up (that read failed): by time, as nothing else tells
+            found = await asyncio.to_thread(open_calls, path, lookback, before)
+            reconciler.earlier = {c.request_id for c in found}
+        if not reconciler.past_read:
+            found = await asyncio.to_thread(open_calls, path, None, lookback)
+            reconciler.earlier |= {c.request_id for c in found}
+            reconciler.past_read = True
+        settled = await reconciler.run_once(before, only=reconciler.earlier, turn=turn)
+        reconciler.earlier = {s.request_id for s in settled if s.action == "open"}
+    if reconciler.restored:
         await reconciler.forget_restored(settled)
     return settled
 
 
 async def reconcile_loop(reconciler: Reconciler, before: float, interval: float = 10.0) -> None:
-    """At start-up: settle what earlier runs left open (decided before `before`, this process's
-    start); retry, with back-off, what is still running or unreachable. Every `interval`, from the
+    """At start-up: settle what earlier runs left open (open when this process started at `before`:
+    Reconciler.read_earlier, _earlier_pass); retry, with back-off, what is still running or unreachable
+    (a node not online, for a call searched on every node). Every `interval`, from the
     start and whatever earlier runs left open: settle the calls this process itself left open
     (`interrupted`: contact with Proxmox lost while waiting), only those, by request id, never a
     call still in flight; on PostgreSQL, the calls of replicas that are gone. (A call decided and

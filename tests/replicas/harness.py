@@ -26,6 +26,8 @@ from gateway.core.config import load
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.store.audit_seal import HeadKey
+from gateway.store.pgsync import PgLocation
+from gateway.store.reconcile import open_calls
 from tests.outcomes.helpers import Gateway
 from tests.pgserver import PostgresServer
 from tests.support import free_port
@@ -88,6 +90,13 @@ def replica_env(base: DevEnv, n: int, dsn: str, policy: Path) -> DevEnv:
     path = base.workdir / f"replica-{n}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return dataclasses.replace(base, config_path=path, config=load(path), url=f"https://127.0.0.1:{port}/mcp")
+
+
+def unsettled(where: Path | PgLocation) -> list[str]:
+    """Allowed calls whose outcome the audit does not hold, by reconciliation's own rule and SQL
+    (reconcile.open_calls): a refusal after the decision settles a call; an `interrupted` or `running`
+    result still waiting on reconciliation (`pending_reconcile: true`) does not."""
+    return sorted(c.request_id for c in open_calls(where, None, None))
 
 
 def pvegate(env: DevEnv, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -220,6 +229,10 @@ class Cluster:
             and r["path"].endswith(suffix)
             and all(str((r.get("body") or {}).get(k)) == str(v) for k, v in body.items())
         ]
+
+    async def unsettled(self) -> list[str]:
+        """The calls the shared audit holds open (unsettled), read off the event loop."""
+        return await asyncio.to_thread(unsettled, PgLocation(self.dsn))
 
     def audit(self) -> list[dict[str, Any]]:
         """Every audit record, through `pvegate audit export` (whichever backend holds the chain)."""

@@ -136,7 +136,7 @@ async def test_renewal_on_postgresql(postgres: PostgresServer) -> None:
 
 
 def test_a_decision_record_shows_the_hold_its_call_took_and_no_other() -> None:
-    """What a restart takes again (Reconciler.restore_holds): the hold a decision's policy input shows,
+    """What a restart takes again (Reconciler.read_earlier): the hold a decision's policy input shows,
     only when its call took one (`pool_in_flight` is there only then)."""
     from gateway.store.reconcile import held_by
 
@@ -181,7 +181,7 @@ async def test_restored_holds_are_given_back_once_their_calls_are_no_longer_open
     outcomes = SimpleNamespace(on_settled=give_back, audit=SimpleNamespace(path=tmp_path / "no-audit.db"))
     r = Reconciler(None, None, outcomes, {})  # type: ignore[arg-type]
     # an audit that cannot be read restores nothing and does not stop the start (logged)
-    assert await r.restore_holds(MemoryHolds(), 1e9) == 0
+    assert await r.read_earlier(1e9, MemoryHolds()) == 0
     r.restored = {"still-running", "settled-by-hand", "settled-now"}
     await r.forget_restored([Settled("still-running", "vm_create", "open"), Settled("settled-now", None, "reconciled")])
     assert sorted(given) == ["settled-by-hand", "settled-now"] and r.restored == {"still-running"}
