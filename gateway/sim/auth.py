@@ -147,54 +147,78 @@ class Acl:
             self._roles_cache = roles
         return self._roles_cache
 
-    def _tree_privs(self, acls: list[AclEntry], path: str) -> set[str] | None:
-        """Privileges from a list of ACL entries for `path`; None if no entry applies."""
+    def _tree_flags(self, acls: list[AclEntry], path: str) -> dict[str, int] | None:
+        """Privileges from a list of ACL entries for `path`, each with its propagate flag (as
+        PVE's permissions() answers it: 1 when a role granting it on the deciding path
+        propagates; an inherited one always does); None if no entry applies."""
         roles = self._roles()
         parts = [p for p in path.split("/") if p]
-        result: set[str] | None = None
+        result: dict[str, int] | None = None
         for depth in range(len(parts) + 1):
             prefix = "/" + "/".join(parts[:depth])
             exact = depth == len(parts)
-            found: set[str] | None = None
+            found: dict[str, int] | None = None
             for a in acls:
                 if a.path.rstrip("/") == prefix.rstrip("/") or (a.path == "/" and prefix == "/"):
                     if not exact and not a.propagate:
                         continue
-                    privs: set[str] = set()
+                    privs: dict[str, int] = {}
                     for r in a.roles:
                         if r == "NoAccess":
-                            privs = set()
+                            privs = {}
                             break
-                        privs |= roles.get(r, set())
-                    found = privs if found is None else found | privs
+                        for priv in roles.get(r, set()):
+                            privs[priv] = privs.get(priv, 0) or int(a.propagate)
+                    if found is None:
+                        found = privs
+                    else:
+                        for priv, flag in privs.items():
+                            found[priv] = found.get(priv, 0) or flag
             if found is not None:
                 result = found  # deeper path overrides shallower
         return result
 
-    def _subject_privs(self, acls: list[AclEntry], path: str) -> set[str]:
-        privs = self._tree_privs(acls, path) or set()
+    def _tree_privs(self, acls: list[AclEntry], path: str) -> set[str] | None:
+        """Privileges from a list of ACL entries for `path`; None if no entry applies."""
+        flags = self._tree_flags(acls, path)
+        return None if flags is None else set(flags)
+
+    def _subject_flags(self, acls: list[AclEntry], path: str) -> dict[str, int]:
+        flags = dict(self._tree_flags(acls, path) or {})
+        pools: list[str] = []
         m = path.split("/")
         if len(m) == 3 and m[1] == "vms" and m[2].isdigit():
             pool = self.cluster.pool_of(int(m[2]))
             if pool:
-                privs |= self._tree_privs(acls, f"/pool/{pool}") or set()
+                pools.append(pool)
         if len(m) == 3 and m[1] == "storage":
-            for p in self.cluster.pools.values():
-                if m[2] in p.storages:
-                    privs |= self._tree_privs(acls, f"/pool/{p.id}") or set()
-        return privs
+            pools += [p.id for p in self.cluster.pools.values() if m[2] in p.storages]
+        for pool in pools:
+            for priv in self._tree_privs(acls, f"/pool/{pool}") or set():
+                flags.setdefault(priv, 0)  # a pool's ACL reaches its members, never propagated (PVE)
+        return flags
 
-    def user_privs(self, userid: str, path: str) -> set[str]:
-        if userid == "root@pam":
-            return set(all_privileges(self.cluster.major))
+    def _subject_privs(self, acls: list[AclEntry], path: str) -> set[str]:
+        return set(self._subject_flags(acls, path))
+
+    def _user_acls(self, userid: str) -> list[AclEntry] | None:
         user = self.cluster.users.get(userid)
         if user is None:
-            return set()
+            return None
         acls = list(user.acls)
         for g in user.groups:
             # user ACLs override group ACLs: put group entries first, tree merge keeps the union per level
             acls = list(self.cluster.groups.get(g, [])) + acls
-        return self._subject_privs(acls, path)
+        return acls
+
+    def user_flags(self, userid: str, path: str) -> dict[str, int]:
+        if userid == "root@pam":
+            return dict.fromkeys(all_privileges(self.cluster.major), 1)
+        acls = self._user_acls(userid)
+        return {} if acls is None else self._subject_flags(acls, path)
+
+    def user_privs(self, userid: str, path: str) -> set[str]:
+        return set(self.user_flags(userid, path))
 
     def privs(self, principal: Principal, path: str) -> frozenset[str]:
         if self._cache_version != self.cluster.version_counter:
@@ -220,22 +244,33 @@ class Acl:
         have = self.privs(principal, path)
         return any(p in have for p in privs)
 
+    def priv_flags(self, principal: Principal, path: str) -> dict[str, int]:
+        """The principal's privileges on `path` with their propagate flags (a privsep token's: the
+        privileges it shares with its user, propagated where both propagate, as PVE intersects them)."""
+        user = self.user_flags(principal.userid, path)
+        if not principal.token.privsep:
+            return user
+        token = self._subject_flags(principal.token.acls, path)
+        return {k: int(bool(user[k] and flag)) for k, flag in token.items() if k in user}
+
     def permissions_map(self, principal: Principal, path: str | None) -> dict[str, dict[str, int]]:
         """`GET /access/permissions` shape: path -> privilege -> propagate flag."""
-        paths = [path] if path else self._interesting_paths(principal)
+        paths = [path] if path else self._interesting_paths()
         out: dict[str, dict[str, int]] = {}
         for p in paths:
-            privs = self.privs(principal, p)
-            if privs:
-                out[p] = {k: 1 for k in sorted(privs)}
+            flags = self.priv_flags(principal, p)
+            if flags:
+                out[p] = dict(sorted(flags.items()))
         return out
 
-    def _interesting_paths(self, principal: Principal) -> list[str]:
-        paths = {"/", "/vms", "/nodes", "/storage", "/access", "/pool", "/sdn", "/mapping"}
-        user = self.cluster.users.get(principal.userid)
-        for a in principal.token.acls + (user.acls if user else []):
-            paths.add(a.path)
-        for pool in self.cluster.pools.values():
-            if f"/pool/{pool.id}" in paths:
-                paths.update(f"/vms/{g.vmid}" for g in self.cluster.guests.values() if g.pool == pool.id)
+    def _interesting_paths(self) -> list[str]:
+        """The paths PVE's get_effective_permissions answers for: the top-level ones, every ACL path
+        of the cluster (anyone's), and the guests and storages of every pool."""
+        paths = {"/", "/access", "/access/groups", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/mapping"}
+        entries = [a for u in self.cluster.users.values() for a in u.acls]
+        entries += [a for acls in self.cluster.groups.values() for a in acls]
+        entries += [a for t in self.cluster.tokens.values() for a in t.acls]
+        paths.update(a.path for a in entries)
+        paths.update(f"/vms/{g.vmid}" for g in self.cluster.guests.values() if g.pool)
+        paths.update(f"/storage/{sid}" for p in self.cluster.pools.values() for sid in p.storages)
         return sorted(paths)

@@ -35,7 +35,33 @@ def unknown_target(cluster: str | None) -> dict[str, Any]:
         "ha_state": None,
         "storage": None,
         "known": False,
+        "pool_known": True,  # nothing listed hides its pool: `known` says the guest is not known
     }
+
+
+def sees_every_pool(permissions: Any) -> bool:
+    """Whether a token whose effective privileges GET /access/permissions answered (path ->
+    privilege -> propagate flag) sees every pool. Proxmox's /cluster/resources deletes a guest's
+    `pool` unless the token has Pool.Audit on /pool/<pool>: a guest listed without one stands in
+    no pool only then; otherwise its pool is unknown.
+
+    Proxmox answers `/pool` whenever anything is held there, worked out as every check works it
+    out: an ACL on `/pool` overrides the one on `/`, and `/`'s reaches `/pool` only when it
+    propagates. Pool.Audit there with the propagate flag set reaches every pool, except one whose
+    own ACL overrides it: the answer lists every ACL path, so such a `/pool/<id>` without
+    Pool.Audit says not every pool is seen. (A pool ACL that leaves the token nothing there is
+    not listed: NoAccess, which also takes VM.Audit on the pool's guests, so they are not listed
+    either; or a custom role without privileges, which cannot be told apart from no ACL.)"""
+    if not isinstance(permissions, dict):
+        return False
+    root = permissions.get("/pool")
+    if not isinstance(root, dict) or root.get("Pool.Audit") not in (1, "1"):  # 1 == True
+        return False
+    return all(
+        isinstance(privs, dict) and "Pool.Audit" in privs
+        for path, privs in permissions.items()
+        if isinstance(path, str) and path.startswith("/pool/")
+    )
 
 
 # a vzdump archive (vzdump-qemu-101-2024_...) or a PBS snapshot (backup/vm/101/2024-...)
@@ -93,7 +119,8 @@ def volume_owner(volume: Any) -> tuple[str, int | None] | None:
 
 def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
     """The guest as the call leaves it: the target's facts, with what the call names instead. A
-    declared pool not given is no pool (Proxmox puts the new guest in none); a node not given is
+    declared pool not given is no pool (Proxmox puts the new guest in none); one not declared is the
+    target's, known as far as the target's is (pool_known: a migration); a node not given is
     the target's (a clone stays on its source's node); a node declared null is unknown (an HA
     group's: the HA manager picks it)."""
     names = tool.destination
@@ -102,11 +129,13 @@ def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -
     if "node" in names:
         node_param = names["node"]
         node = arguments.get(node_param, node) if node_param else None
+    pool_param = names.get("pool")
     return {
         "cluster": target.get("cluster"),
         "node": node,
         "vmid": int(vmid) if vmid is not None else None,
-        "pool": arguments.get(pool_param) if (pool_param := names.get("pool")) else target.get("pool"),
+        "pool": arguments.get(pool_param) if pool_param else target.get("pool"),
+        "pool_known": True if pool_param else target.get("pool_known", True),
         "tags": list(target.get("tags") or []),  # a clone copies its source's tags; a migration keeps them
     }
 
@@ -326,13 +355,23 @@ class _Configs:
 
 
 class TargetResolver:
-    def __init__(self, clients: dict[str, PveApiClient], ttl: float = 5.0, version_ttl: float = 300.0) -> None:
+    def __init__(
+        self,
+        clients: dict[str, PveApiClient],
+        ttl: float = 5.0,
+        version_ttl: float = 300.0,
+        pools_ttl: float = 60.0,
+    ) -> None:
         self.clients = clients
         self.ttl = ttl
         self.version_ttl = version_ttl  # a cluster changes release only by an upgrade
+        self.pools_ttl = pools_ttl  # the token's own ACLs: changed by an administrator, rarely
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._releases: dict[str, tuple[float, tuple[int, ...]]] = {}
+        # cluster -> (read at, the pools /cluster/resources listed then, whether every pool is seen)
+        self._pool_sight: dict[str, tuple[float, frozenset[str], bool]] = {}
+        self._pool_sight_locks: dict[str, asyncio.Lock] = {}
 
     async def pve_release(self, cluster: str) -> tuple[tuple[int, ...] | None, str]:
         """The cluster's PVE release (major, minor) from GET /version, cached for `version_ttl`;
@@ -383,13 +422,48 @@ class TargetResolver:
                 return hit[1]
             rows = await self.clients[cluster].request("GET", "/cluster/resources")
             index: dict[str, Any] = {"guests": {}, "nodes": {}}
+            pools: set[str] = set()  # the pools the token may see (Proxmox lists one only with Pool.Audit)
             for row in rows or []:
                 if row.get("type") in ("qemu", "lxc") and "vmid" in row:
                     index["guests"][int(row["vmid"])] = row
                 elif row.get("type") == "node":
                     index["nodes"][row.get("node")] = row
+                elif row.get("type") == "pool":
+                    pools.add(str(row.get("pool")))
+            index["pools"] = frozenset(pools)
             self._cache[cluster] = (time.monotonic(), index)
             return index
+
+    async def _sees_every_pool(self, cluster: str, index: dict[str, Any]) -> bool:
+        """Whether the cluster's token sees every pool (sees_every_pool), from its own effective
+        privileges (GET /access/permissions: any token may read its own). Cached for `pools_ttl`,
+        and while the pools /cluster/resources lists stay the ones it listed then: a Pool.Audit
+        granted or taken away shows a pool or hides it there, and is read afresh. A failed read is
+        not known: no pool is taken to be seen (not cached: the next call asks again)."""
+        listed: frozenset[str] = index.get("pools", frozenset())
+        hit = self._pool_sight.get(cluster)
+        if hit and hit[1] == listed and time.monotonic() - hit[0] < self.pools_ttl:
+            return hit[2]
+        client = self.clients.get(cluster)
+        if client is None:
+            return False
+        async with self._pool_sight_locks.setdefault(cluster, asyncio.Lock()):
+            hit = self._pool_sight.get(cluster)
+            if hit and hit[1] == listed and time.monotonic() - hit[0] < self.pools_ttl:
+                return hit[2]
+            try:
+                every = sees_every_pool(await client.request("GET", "/access/permissions"))
+            except Exception:  # not known: a guest listed without a pool may be in one it cannot see
+                return False
+            self._pool_sight[cluster] = (time.monotonic(), listed, every)
+            return every
+
+    async def _pool_known(self, cluster: str, index: dict[str, Any], row: dict[str, Any]) -> bool:
+        """Whether a listed guest's row tells its pool: it names one, or it names none and the token
+        sees every pool (Proxmox deletes the field from a row whose pool the token may not audit:
+        without Pool.Audit a guest in pool sandbox is listed as a guest in none). Only a row
+        without a pool asks, so a call on a guest whose pool is shown costs no read."""
+        return row.get("pool") is not None or await self._sees_every_pool(cluster, index)
 
     async def guest(self, cluster: str, vmid: int) -> dict[str, Any] | None:
         """The /cluster/resources row of a guest (node, type, ...), or None if not visible."""
@@ -471,7 +545,8 @@ class TargetResolver:
                 f"/nodes/{quote(str(node), safe='')}/storage/{quote(str(storage), safe='')}/prunebackups",
                 params=params,
             )
-            guests = (await self._index(cluster, fresh=True))["guests"]
+            index = await self._index(cluster, fresh=True)
+            guests = index["guests"]
             removed: set[int] = set()
             for row in marks if isinstance(marks, list) else [None]:
                 if not isinstance(row, dict):  # not the shape Proxmox answers: nothing can be checked
@@ -486,9 +561,17 @@ class TargetResolver:
             return out
         for vmid in sorted(removed):
             row = guests.get(vmid)
-            guest: dict[str, Any] = {"vmid": vmid, "node": None, "pool": None, "tags": [], "exists": row is not None}
+            guest: dict[str, Any] = {
+                "vmid": vmid,
+                "node": None,
+                "pool": None,
+                "pool_known": True,
+                "tags": [],
+                "exists": row is not None,
+            }
             if row is not None:
                 guest.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
+                guest["pool_known"] = await self._pool_known(cluster, index, row)
             out["guests"].append(guest)
         out["known"] = True
         return out
@@ -526,18 +609,21 @@ class TargetResolver:
             "vmid": owner[1] if owner else None,
             "node": None,
             "pool": None,
+            "pool_known": True,
             "tags": [],
             "exists": None,
         }
         if out["vmid"] is None or cluster not in self.clients:
             return out
         try:
-            row = (await self._index(cluster, fresh=True))["guests"].get(out["vmid"])
+            index = await self._index(cluster, fresh=True)
+            row = index["guests"].get(out["vmid"])
         except Exception:  # unknown facts: the policy refuses to destroy what it cannot check
             return out
         out["exists"] = row is not None
         if row is not None:
             out.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
+            out["pool_known"] = await self._pool_known(cluster, index, row)
         return out
 
     async def _backed_up(self, volume: Any, cluster: str) -> dict[str, Any]:
@@ -545,15 +631,24 @@ class TargetResolver:
         so a binding must cover it as it covers a clone's source. Gone (or unreadable): node, pool
         and tags unknown, which a scoped binding does not cover."""
         vmid = backup_vmid(volume)
-        out: dict[str, Any] = {"cluster": cluster, "node": None, "vmid": vmid, "pool": None, "tags": []}
+        out: dict[str, Any] = {
+            "cluster": cluster,
+            "node": None,
+            "vmid": vmid,
+            "pool": None,
+            "pool_known": True,
+            "tags": [],
+        }
         if vmid is None or cluster not in self.clients:
             return out
         try:
-            row = (await self._index(cluster, fresh=True))["guests"].get(vmid)
+            index = await self._index(cluster, fresh=True)
+            row = index["guests"].get(vmid)
         except Exception:  # unknown facts: the policy decides what that means (a scope does not cover it)
             return out
         if row is not None:
             out.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
+            out["pool_known"] = await self._pool_known(cluster, index, row)
         return out
 
     async def _resolve(self, tool: Tool, arguments: dict[str, Any], cluster: str) -> dict[str, Any]:
@@ -603,6 +698,7 @@ class TargetResolver:
                 name=row.get("name"),
                 tags=tag_list(row.get("tags")),
                 pool=row.get("pool"),
+                pool_known=await self._pool_known(cluster, index, row),
                 status=row.get("status"),
                 ha_state=(row.get("hastate") or None),
                 known=True,
@@ -640,6 +736,10 @@ class TargetResolver:
         its maxmem has no swap, and pvestatd fills maxcpu/maxmem/maxdisk seconds after a create
         or resize: none of them is counted.
 
+        `pool_known` is false when the pool is the target guest's and Proxmox hides it from the
+        token (no Pool.Audit on it: the guest is listed as in no pool): the policy refuses what a
+        quota on pools would check.
+
         `pool_usage` is null when the call names no pool or the pool could not be summed (a
         member's config unreadable or a size in it unknown): the policy refuses what it cannot
         check against a pool limit. A call that resizes an existing guest (`resize_of`) also
@@ -669,6 +769,8 @@ class TargetResolver:
         }
         pool_param = a.get("pool")
         pool = arguments.get(pool_param) if pool_param else target.get("pool")
+        # a pool the call names is known (none given: no pool); the target's, as far as its row tells it
+        pool_known = True if pool_param else bool(target.get("pool_known", True))
         facts: dict[str, Any] = {}
         configs = _Configs(self.clients.get(cluster))  # one read of each guest's config per call
         if "resize_of" in a:
@@ -704,7 +806,7 @@ class TargetResolver:
                 usage = None
         if usage is not None and "pool_in_flight" in facts:
             usage = {k: v + facts["pool_in_flight"].get(k, 0) for k, v in usage.items()}
-        return {"requested": requested, **facts, "pool": pool, "pool_usage": usage}
+        return {"requested": requested, **facts, "pool": pool, "pool_known": pool_known, "pool_usage": usage}
 
     async def _pool_usage(self, pool: Any, cluster: str, configs: _Configs, fresh: bool = False) -> dict[str, int]:
         """What the pool's guests hold: its members as GET /pools?poolid= lists them, each sized

@@ -145,7 +145,8 @@ def test_acl_filtering(simh: SimHandle) -> None:
     nodes = op.data("/nodes")
     assert all("cpu" not in n for n in nodes)  # no Sys.Audit on /nodes: stats hidden
     perms = op.data("/access/permissions", params={"path": "/vms/100"})
-    assert perms["/vms/100"].get("VM.PowerMgmt") == 1 and "VM.Allocate" not in perms["/vms/100"]
+    # held through the pool's ACL (/pool/prod): PVE never flags a pool-derived privilege as propagated
+    assert perms["/vms/100"].get("VM.PowerMgmt") == 0 and "VM.Allocate" not in perms["/vms/100"]
     assert op.data("/access/permissions", params={"path": "/vms/102"}) == {}
     assert {s["storage"] for s in op.data("/nodes/pve1/storage")} == {"pbs"}
 

@@ -103,6 +103,7 @@ def test_an_existing_guests_volume() -> None:
         "vmid": 101,
         "node": "pve1",
         "pool": "prod",
+        "pool_known": True,  # the row names it
         "tags": ["prod", "protected"],
         "exists": True,
     }

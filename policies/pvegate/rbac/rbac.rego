@@ -6,6 +6,8 @@
 #   clusters, nodes, pools, guest tags and vmid ranges. A call is permitted
 #   when a binding that applies to the principal and the target grants the
 #   tool, and no applicable binding's role denies it (deny overrides allow).
+#   A pool-scoped binding's deny also holds on a guest whose pool Proxmox
+#   hides from the gateway's token (pool_known false), where it may apply.
 # schemas:
 #   - input: schema["policy_input.schema"]
 package pvegate.rbac
@@ -223,6 +225,71 @@ roles_denying_tool contains name if {
 	role_denies(name, input.tool)
 }
 
+# the roles of bindings that would apply were the hidden pool theirs (nothing to do while no pool is hidden)
+roles_denying_tool contains b.role if {
+	some b in hidden_pool_bindings
+	role_denies(b.role, input.tool)
+}
+
+# --- a guest whose pool the gateway cannot see ---------------------------------
+# Proxmox hides a guest's pool from a token without Pool.Audit on it: the guest is listed
+# as in no pool, and the gateway says its pool is not known (pool_known false on the target,
+# its destination, the guest a backup was taken of, a volume's owner, a guest a prune
+# reaches). A pool-scoped binding's allow does not cover such a guest (its pool, null, is in
+# no list); its deny must not be escaped that way: a binding that would apply were the hidden
+# pool one of its pools counts for denial (deny overrides allow).
+
+pool_hidden if input.target.pool_known == false
+
+pool_hidden if input.target.destination.pool_known == false
+
+pool_hidden if input.target.backup_of.pool_known == false
+
+pool_hidden if input.target.volume_of.pool_known == false
+
+pool_hidden if {
+	some guest in input.target.prune_removes.guests
+	guest.pool_known == false
+}
+
+# bindings of the caller that apply to the call's target only if a hidden pool is theirs
+hidden_pool_bindings contains b if {
+	pool_hidden
+	some b in caller_bindings
+	not applies(b, input.target)
+	some pool in object.get(b, ["scope", "pools"], [])
+	applies(b, in_pool(input.target, pool))
+}
+
+# in_pool(target, pool): the target with every pool it does not know (pool_known false) as `pool`
+in_pool(target, pool) := object.union_n([
+	revealed(target, pool),
+	{k: revealed(target[k], pool) |
+		some k in ["destination", "backup_of", "volume_of"]
+		is_object(target[k])
+	},
+	revealed_prune(target, pool),
+])
+
+revealed(obj, pool) := object.union(obj, {"pool": pool}) if obj.pool_known == false
+
+else := obj
+
+revealed_prune(target, pool) := {"prune_removes": object.union(
+	target.prune_removes,
+	{"guests": [revealed(g, pool) | some g in target.prune_removes.guests]},
+)} if {
+	is_object(target.prune_removes)
+} else := {}
+
+# roles that would grant the call were a hidden pool their binding's: a resource quota for
+# such a role may apply (pvegate.resources)
+hidden_pool_granting_roles contains b.role if {
+	some b in hidden_pool_bindings
+	role_grants(b.role, input.tool)
+	not role_denies(b.role, input.tool)
+}
+
 # applicable bindings whose role grants the tool (and does not itself deny it)
 granting_bindings contains b if {
 	some b in applicable_bindings
@@ -254,6 +321,18 @@ denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b
 	some b in applicable_bindings
 	b.role == name
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
+}
+
+denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b.role]), msg) if {
+	some b in hidden_pool_bindings
+	b.role in roles_denying_tool
+	msg := sprintf(
+		concat("", [
+			"role %q (binding %q) forbids tool %q in pool %s, and Proxmox hides the guest's pool from ",
+			"the gateway's token (it needs Pool.Audit): the guest may be there",
+		]),
+		[b.role, object.get(b, "name", "unnamed"), input.tool.name, concat(" or ", b.scope.pools)],
+	)
 }
 
 # a composite tool reads through leaf tools: it is granted only where each leaf is

@@ -348,3 +348,85 @@ test_a_prune_of_unknown_reach_is_in_no_scoped_bindings_scope if {
 	unknown := object.union(fx.node_target, {"storage": "local", "prune_removes": {"known": false, "guests": []}})
 	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, prune_tool, unknown) with data.data as storage_org
 }
+
+# --- a guest whose pool Proxmox hides from the gateway's token (pool_known false) ----------
+
+# mallory operates everything, but a pool-scoped binding forbids her deleting and migrating in prod
+prod_fenced_org := {
+	"roles": {
+		"all": {"allow": [{"tools": ["*"]}]},
+		"prod-fence": {"deny": [{"tools": ["guest_delete", "guest_migrate", "vm_restore_in_place"]}]},
+	},
+	"bindings": [
+		{"name": "everything", "role": "all", "subjects": ["mallory"]},
+		{"name": "not-in-prod", "role": "prod-fence", "subjects": ["mallory"], "scope": {"pools": ["prod"], "nodes": ["pve1"]}},
+	],
+}
+
+# a guest listed without a pool: hidden (the token may not see every pool) or in none
+hidden_guest := object.union(fx.guest(101, [], null, null), {"pool_known": false})
+
+no_pool_guest := object.union(fx.guest(101, [], null, null), {"pool_known": true})
+
+fenced(target, tool) := reasons if {
+	reasons := rbac.deny with input as fx.call(fx.nobody, tool, target) with data.data as prod_fenced_org
+}
+
+test_a_pool_scoped_deny_holds_on_a_guest_whose_pool_is_hidden if {
+	in_prod := object.union(hidden_guest, {"pool": "prod", "pool_known": true})
+	fx.has_reason(fenced(in_prod, fx.guest_delete), "forbids tool \"guest_delete\"")
+	fx.has_reason(
+		fenced(hidden_guest, fx.guest_delete),
+		concat("", [
+			"role \"prod-fence\" (binding \"not-in-prod\") forbids tool \"guest_delete\" in pool prod, ",
+			"and Proxmox hides the guest's pool from the gateway's token",
+		]),
+	)
+	count(fenced(hidden_guest, fx.vm_stop)) == 0 # what the role does not forbid is still granted
+
+	# a guest in no pool, the token seeing every pool (or an input recorded before the field)
+	count(fenced(no_pool_guest, fx.guest_delete)) == 0
+	count(fenced(fx.guest(101, [], null, null), fx.guest_delete)) == 0
+
+	# the binding's other constraints still hold: off its nodes, it cannot apply
+	count(fenced(object.union(hidden_guest, {"node": "pve2"}), fx.guest_delete)) == 0
+}
+
+test_a_hidden_pool_grants_nothing_a_pool_scoped_binding_allows if {
+	hidden := object.union(fx.guest(189, [], null, null), {"pool_known": false})
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, clone_tool, hidden) with data.data as sandbox_org
+}
+
+test_a_pool_scoped_deny_holds_on_every_guest_the_call_reaches if {
+	# a migration keeps the guest's pool: its destination's is hidden too
+	migrates := into(hidden_guest, {"node": "pve1", "pool_known": false})
+	fx.has_reason(fenced(migrates, fx.guest_migrate), "forbids tool \"guest_migrate\" in pool prod")
+
+	# a restore in place from the guest's own backup: the backed-up guest's pool is hidden too
+	restore := fx.tool("vm_restore_in_place", "backup", "write", "guest", ["restore"])
+	own := object.union(hidden_guest, {"backup_of": {
+		"cluster": "default", "node": "pve1", "vmid": 101, "pool": null, "pool_known": false,
+		"tags": [],
+	}})
+	fx.has_reason(fenced(own, restore), "forbids tool \"vm_restore_in_place\" in pool prod")
+}
+
+test_every_hidden_pool_is_revealed_as_the_bindings if {
+	target := object.union(hidden_guest, {
+		"volume_of": {"pool": null, "pool_known": false},
+		"prune_removes": {"known": true, "guests": [{"vmid": 7, "pool": null, "pool_known": false}, {"vmid": 8, "pool": "lab"}]},
+	})
+	out := rbac.in_pool(target, "prod")
+	out.pool == "prod"
+	out.volume_of.pool == "prod"
+	[g.pool | some g in out.prune_removes.guests] == ["prod", "lab"]
+	rbac.in_pool(fx.lab_guest, "prod") == fx.lab_guest
+
+	with_prune := object.union(fx.node_target, {"prune_removes": {"known": true, "guests": [{"pool_known": false}]}})
+	rbac.pool_hidden with input as fx.call(fx.nobody, fx.vm_stop, with_prune)
+	rbac.pool_hidden with input as fx.call(fx.nobody, fx.vm_stop, object.union(fx.node_target, {"volume_of": {"pool_known": false}}))
+	not rbac.pool_hidden with input as fx.call(fx.nobody, fx.vm_stop, fx.node_target)
+	every key in ["destination", "backup_of"] {
+		rbac.pool_hidden with input as fx.call(fx.nobody, fx.vm_stop, object.union(fx.node_target, {key: {"pool_known": false}}))
+	}
+}

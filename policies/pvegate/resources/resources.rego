@@ -13,8 +13,9 @@
 #   The gateway computes the request from the arguments (a restore: from the
 #   size its backup records) and sums the pool's current usage
 #   (input.resources). Missing facts fail closed: an allocating call without
-#   them (or with a resize's or a restore's final size unknown), or a pool
-#   limit whose pool usage is unknown, is denied.
+#   them (or with a resize's or a restore's final size unknown), a pool
+#   limit whose pool usage is unknown, or a quota selected by `pools` on a
+#   guest whose pool Proxmox hides from the gateway's token, is denied.
 # schemas:
 #   - input: schema["decision_input.schema"]
 package pvegate.resources
@@ -79,6 +80,41 @@ pools_match(q) if not "pools" in object.keys(q)
 
 pools_match(q) if input.resources.pool in q.pools
 
+# Proxmox hides a guest's pool from a token without Pool.Audit on it (the guest is listed as in
+# no pool): the gateway then says the pool is not known (pool_known false; absent: known). A
+# quota selected by `pools` may apply to such a guest or not: it is checked as if it applied,
+# and what it would refuse (a size over its per-guest cap, a pool total the call adds to, which
+# cannot be read) is refused
+pool_hidden if input.resources.pool_known == false
+
+maybe_applicable contains q if {
+	allocates
+	pool_hidden
+	some q in config.resource_quotas
+	"pools" in object.keys(q)
+	lib.call_matches(q, input.principal, input.tool, input.target)
+	maybe_roles_match(q)
+}
+
+# a role may grant the call through a pool-scoped binding that would apply in the hidden pool
+maybe_roles_match(q) if roles_match(q)
+
+maybe_roles_match(q) if {
+	some r in q.roles
+	r in rbac.hidden_pool_granting_roles
+}
+
+# would_refuse(q): a quota that applied would refuse the call, or could not check it
+would_refuse(q) if {
+	some k, limit in object.get(q, "max_per_guest", {})
+	object.get(per_guest, k, 0) > limit
+}
+
+would_refuse(q) if {
+	some k, _ in object.get(q, "max_pool_total", {})
+	object.get(input.resources.requested, k, 0) > 0
+}
+
 # deny: the sentences of the denials below
 deny contains r.message if some r in denials
 
@@ -118,6 +154,20 @@ denials contains lib.reason("quota.resource_pool_unknown", sprintf("data.resourc
 	)
 }
 
+denials contains lib.reason("quota.resource_pool_unknown", sprintf("data.resource_quotas[%s]", [q.name]), msg) if {
+	facts_ok
+	some q in maybe_applicable
+	would_refuse(q)
+	msg := sprintf(
+		concat("", [
+			"resource quota %q limits guests in pool %s, but whether guest %v is in one cannot be told: ",
+			"Proxmox hides its pool from the gateway's token (grant the token Pool.Audit on the pools); ",
+			"refusing what cannot be checked",
+		]),
+		[q.name, concat(" or ", q.pools), input.target.vmid],
+	)
+}
+
 denials contains lib.reason("quota.resource_pool_total", sprintf("data.resource_quotas[%s]", [q.name]), msg) if {
 	facts_ok
 	usage_known
@@ -154,4 +204,9 @@ default pool_text := "the call names no pool"
 
 pool_text := sprintf("the usage of pool %v could not be read", [input.resources.pool]) if {
 	is_string(input.resources.pool)
+}
+
+pool_text := sprintf("Proxmox hides guest %v's pool from the gateway's token (it needs Pool.Audit)", [input.target.vmid]) if {
+	pool_hidden
+	not is_string(input.resources.pool)
 }

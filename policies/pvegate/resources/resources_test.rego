@@ -155,3 +155,101 @@ test_pool_usage_unknown_matters_only_for_what_the_call_adds if {
 	fx.has_reason(resources.deny, "the usage of pool lab could not be read") with input as grows
 		with data.data.resource_quotas as [q]
 }
+
+# --- a guest whose pool Proxmox hides from the gateway's token (pool_known false) ----------
+
+# hidden(growth, final): a resize of guest 102, listed without a pool by a token that may not see
+# every pool: in no pool, or in one it cannot see
+hidden(growth, final) := object.union(
+	resize(fx.admin, null, growth, final, null),
+	{"target": {"pool_known": false}, "resources": {"pool_known": false}},
+)
+
+lab_cap := {"name": "lab-cap", "pools": ["lab"], "max_per_guest": {"cores": 8}, "max_pool_total": {"cores": 10}}
+
+test_a_hidden_pool_is_refused_where_a_pool_quota_would_limit_the_call if {
+	grows := hidden(amounts(0, 2, 0, 0), {"cores": 4})
+	msg := concat("", [
+		"resource quota \"lab-cap\" limits guests in pool lab, but whether guest 102 is in one cannot be told: ",
+		"Proxmox hides its pool from the gateway's token",
+	])
+	fx.has_reason(resources.deny, msg) with input as grows with data.data.resource_quotas as [lab_cap]
+	codes := {r.code | some r in resources.denials} with input as grows with data.data.resource_quotas as [lab_cap]
+	codes == {"quota.resource_pool_unknown"}
+	not data.pvegate.decision.allow with input as grows with data.data.resource_quotas as [lab_cap]
+
+	# over the per-guest cap, adding nothing to the pool (a quota without a pool total)
+	per_guest_only := json.remove(lab_cap, ["max_pool_total"])
+	big := hidden(amounts(0, 0, 0, 0), {"cores": 12})
+	fx.has_reason(resources.deny, "whether guest 102 is in one cannot be told") with input as big
+		with data.data.resource_quotas as [per_guest_only]
+}
+
+test_a_hidden_pool_refuses_nothing_a_pool_quota_would_let_through if {
+	# a shrink within the per-guest cap adds nothing: whichever pool it is in, no quota refuses it
+	shrinks := hidden(amounts(0, 0, 0, 0), {"cores": 2})
+	count(resources.deny) == 0 with input as shrinks with data.data.resource_quotas as [lab_cap]
+	tags_only := hidden(amounts(0, 0, 0, 0), {})
+	count(resources.deny) == 0 with input as tags_only with data.data.resource_quotas as [lab_cap]
+
+	# a quota for another role: it applies in no pool to this caller
+	other_role := object.union(lab_cap, {"roles": ["provisioner"]})
+	grows := hidden(amounts(0, 2, 0, 0), {"cores": 4})
+	count(resources.deny) == 0 with input as grows with data.data.resource_quotas as [other_role]
+}
+
+test_a_guest_in_no_pool_is_not_in_a_pool_quota if {
+	# the token sees every pool (pool_known true, or absent: an input recorded before the field)
+	q := [lab_cap]
+	in_none := resize(fx.admin, null, amounts(0, 2, 0, 0), {"cores": 4}, null)
+	count(resources.deny) == 0 with input as in_none with data.data.resource_quotas as q
+	known := json.patch(in_none, [
+		{"op": "add", "path": "/target/pool_known", "value": true},
+		{"op": "add", "path": "/resources/pool_known", "value": true},
+	])
+	count(resources.deny) == 0 with input as known with data.data.resource_quotas as q
+	data.pvegate.decision.allow with input as known with data.data.resource_quotas as q
+}
+
+test_a_pool_total_without_pools_names_the_hidden_pool if {
+	# a quota on every pool's total: the pool cannot be read, because it cannot be seen
+	q := {"name": "any-pool", "max_pool_total": {"cores": 100}}
+	grows := hidden(amounts(0, 2, 0, 0), {"cores": 4})
+	fx.has_reason(
+		resources.deny,
+		"resource quota \"any-pool\" limits the pool's total, but Proxmox hides guest 102's pool from the gateway's token",
+	) with input as grows with data.data.resource_quotas as [q]
+}
+
+test_a_quota_for_a_role_granted_only_in_the_hidden_pool_applies if {
+	# an agent operating everywhere and provisioning in sandbox: in sandbox the provisioners'
+	# quota caps what it does, whichever role grants it there
+	both := fx.principal("ops-prov", "agent", ["operator", "provisioner"], [])
+	disk_resize := object.union(
+		fx.tool("guest_disk_resize", "guest", "write", "guest", ["provision"]),
+		{"allocates": true},
+	)
+	guest := object.union(fx.guest(170, [], null, null), {"pool_known": false})
+	grows := object.union(
+		fx.call(both, disk_resize, guest),
+		{"resources": {"requested": amounts(0, 0, 0, 100), "pool": null, "pool_known": false, "pool_usage": null}},
+	)
+	fx.has_reason(resources.deny, "resource quota \"provisioners-in-sandbox\" limits guests in pool sandbox") with input as grows
+
+	shown := json.patch(grows, [
+		{"op": "replace", "path": "/target/pool", "value": "sandbox"},
+		{"op": "replace", "path": "/target/pool_known", "value": true},
+		{"op": "replace", "path": "/resources/pool", "value": "sandbox"},
+		{"op": "replace", "path": "/resources/pool_known", "value": true},
+		{"op": "replace", "path": "/resources/pool_usage", "value": sandbox_usage},
+	])
+	per_guest := "resource quota \"provisioners-in-sandbox\": the call asks for 100 GiB of disk"
+	fx.has_reason(resources.deny, per_guest) with input as shown
+
+	# in no pool (the token sees every pool): the provisioners' binding does not apply, nor their quota
+	in_none := json.patch(grows, [
+		{"op": "replace", "path": "/target/pool_known", "value": true},
+		{"op": "replace", "path": "/resources/pool_known", "value": true},
+	])
+	count(resources.deny) == 0 with input as in_none
+}
