@@ -13,6 +13,7 @@ from urllib.parse import quote, urlsplit
 
 from gateway.tools.runtimes.base import ToolError, UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
+from gateway.tools.runtimes.reducers import tag_list
 from gateway.tools.tool import Tool, parse_release
 
 # an allocating call's hold on its pool: (cluster, pool, amounts) -> what earlier holds add (store/holds.py)
@@ -274,18 +275,6 @@ def _summed(sizes: list[tuple[int, int, int]]) -> dict[str, int]:
         "memory_mib": sum(m for _, m, _ in sizes),
         "disk_gib": -(-sum(d for _, _, d in sizes) // GiB),
     }
-
-
-def tag_list(value: Any) -> list[str]:
-    """A guest's tags as a list, lower-cased, each once, in the order given.
-
-    Proxmox's tag list format (pve-tag-list) splits on `;`, `,` and whitespace alike: a
-    config written by an older release or by hand (`tags: prod protected`) reaches
-    /cluster/resources as written, and is two tags to Proxmox, so it must be two here (a
-    guardrail on `protected` must see it). Proxmox compares tags without case by default (the
-    datacenter tag-style `case-sensitive` is off; set through the API, tags are lower-cased,
-    deduplicated and sorted: GuestHelpers::get_unique_tags), so `Protected` is `protected`."""
-    return list(dict.fromkeys(t.lower() for t in re.split(r"[;,\s]+", str(value or "")) if t))
 
 
 def url_host(url: Any) -> str | None:

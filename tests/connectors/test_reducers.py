@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.tools.runtimes.base import ToolError
-from gateway.tools.runtimes.reducers import check_ip_availability, storage
+from gateway.tools.runtimes.reducers import check_ip_availability, guests, storage, tag_list
 
 GUESTS = [{"vmid": 100, "type": "qemu", "status": "running", "name": "web"}]
 NODES = [{"node": "pve1", "status": "online"}, {"node": "pve2", "status": "online"}]
@@ -69,3 +69,16 @@ def test_storage_available_is_never_computed() -> None:
     )["items"]
     assert [r["available"] for r in rows] == [50, None, None]  # never 100 - 40
     assert rows[2]["total"] is None and rows[2]["content"] == ["backup"]
+
+
+def test_a_listing_shows_the_tags_the_policy_matches() -> None:
+    """A hand-written `tags: prod  Protected` is two tags to Proxmox, compared without case: the listing
+    shows them as the policy sees them (targets.tag_list), so an agent reads what a guard rail matches."""
+    rows = [
+        {"type": "qemu", "vmid": 101, "node": "pve1", "tags": "prod  Protected"},
+        {"type": "lxc", "vmid": 102, "node": "pve1", "tags": "web;db,Web"},
+        {"type": "qemu", "vmid": 103, "node": "pve1"},
+    ]
+    listed = {g["vmid"]: g["tags"] for g in guests(rows, {})}
+    assert listed == {101: ["prod", "protected"], 102: ["web", "db"], 103: []}
+    assert tag_list(["Prod", "web"]) == ["prod", "web"]  # an answer that is already a list

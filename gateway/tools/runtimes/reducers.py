@@ -159,10 +159,18 @@ def guest_config(data: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {"config": config, "networks": [_nic(k, v, config) for k, v in nets]}
 
 
-def _tags(raw: Any) -> list[str]:
-    if isinstance(raw, list):
-        return [str(t) for t in raw]
-    return [t for t in re.split(r"[;, ]", str(raw or "")) if t]
+def tag_list(value: Any) -> list[str]:
+    """A guest's tags as a list, lower-cased, each once, in the order given: as the policy sees
+    them (targets.py) and as a listing shows them, so an agent reads the tags a guard rail matches.
+
+    Proxmox's tag list format (pve-tag-list) splits on `;`, `,` and whitespace alike: a
+    config written by an older release or by hand (`tags: prod protected`) reaches
+    /cluster/resources as written, and is two tags to Proxmox, so it must be two here (a
+    guardrail on `protected` must see it). Proxmox compares tags without case by default (the
+    datacenter tag-style `case-sensitive` is off; set through the API, tags are lower-cased,
+    deduplicated and sorted: GuestHelpers::get_unique_tags), so `Protected` is `protected`."""
+    text = ";".join(str(t) for t in value) if isinstance(value, list) else str(value or "")
+    return list(dict.fromkeys(t.lower() for t in re.split(r"[;,\s]+", text) if t))
 
 
 def guests(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -174,7 +182,7 @@ def guests(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         if args.get("guest_type") and r.get("type") != args["guest_type"]:
             continue
-        out.append({**r, "tags": _tags(r.get("tags")), "template": bool(r.get("template"))})
+        out.append({**r, "tags": tag_list(r.get("tags")), "template": bool(r.get("template"))})
     return sorted(out, key=lambda r: int(r.get("vmid", 0)))
 
 
