@@ -129,6 +129,10 @@ usage_ok if is_object(input.usage)
 # call_input_ok: none of the call_problems above holds, tested in one rule body. A
 # well-formed call (every call the gateway sends) is decided without evaluating a
 # rule per problem; call_problems is computed only for the calls it refuses.
+# (A default, so that the decision tests `call_input_ok == false` for the fallback:
+# `not call_input_ok` is a support rule of its own once partially evaluated.)
+default call_input_ok := false
+
 call_input_ok if {
 	input.contract_version in known_contract_versions
 	input.kind == "call"
@@ -149,16 +153,9 @@ call_input_ok if {
 
 # --- the decision ------------------------------------------------------------------
 
-# denials: every reason to deny the call, each {code, rule, message}
-denials contains r if some r in rbac.denials
-
-denials contains r if some r in guardrails.denials
-
-denials contains r if some r in approval.denials
-
-denials contains r if some r in quotas.denials
-
-denials contains r if some r in resources.denials
+# denials: every reason to deny the call, each {code, rule, message} (one rule body
+# for the union, not a rule body per package)
+denials := (((rbac.denials | guardrails.denials) | approval.denials) | quotas.denials) | resources.denials
 
 # deny_reasons: their sentences (the decision's `deny`)
 deny_reasons contains r.message if some r in denials
@@ -271,7 +268,7 @@ default decision := {
 	"quota": null,
 }
 
-decision := fallback(input_denials) if not call_input_ok
+decision := fallback(input_denials) if call_input_ok == false
 
 decision := {
 	"contract_version": contract_version,

@@ -106,7 +106,9 @@ applies_to_this_run(rule) if rule.include_dry_run == true
 
 default required := false
 
-required if count(reasons) > 0
+# (the requirements, not their sentences: a call that needs no approval, most calls,
+# then does not build `reasons`)
+required if count(requirements) > 0
 
 # the risk levels at or above cfg.required_from_level (data only: a constant
 # once partially evaluated, so a decision tests its level in one step)

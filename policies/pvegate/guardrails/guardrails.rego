@@ -29,16 +29,11 @@ import data.pvegate.rbac
 # deny: the sentences of the denials below
 deny contains r.message if some r in denials
 
-# protected guests are never destroyed, nor changed for good (a tool tagged irreversible: a
-# template never starts again)
-denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
-	some done in protected_risks
-	some tag in lib.tags_of(input.target)
-	tag in config.protected_tags
-	msg := sprintf(
-		"guest %v is tagged %q: protected guests are never %s (remove the tag through change management first)",
-		[input.target.vmid, tag, done],
-	)
+# the denials of mutation_denials (below) hold for mutations only: one rule tests
+# that for all of them, so a read evaluates none of them
+denials contains r if {
+	mutation
+	some r in mutation_denials
 }
 
 # nor are a protected guest's volumes destroyed by their volume ids (storage_volume_delete),
@@ -117,19 +112,6 @@ denials contains lib.reason("guardrail.prune_unknown", "pvegate.guardrails.prune
 	])
 }
 
-# destroy and exec only inside a maintenance window (break-glass: see below)
-denials contains lib.reason("guardrail.maintenance_window", "data.guardrails.maintenance_windows", msg) if {
-	outside_window_risky
-	not rbac.break_glass
-	msg := sprintf(
-		concat("", [
-			"%s tools may only run inside a maintenance window (%s); now is %s %02d:00 UTC. ",
-			"Retry in a window, run it as a dry run, or use a break-glass role with an approval",
-		]),
-		[input.tool.effect, windows_text, lib.weekday, lib.hour_utc],
-	)
-}
-
 # agents never mutate node-level (configurable) resources
 denials contains lib.reason("guardrail.agent_scope", "data.guardrails.agent_no_mutation_scopes", msg) if {
 	input.principal.kind == "agent"
@@ -152,9 +134,47 @@ denials contains lib.reason("guardrail.download_host", "data.guardrails.download
 	)
 }
 
+# the organisation's deny rules, filed under the call's effect, principal kind and
+# tool name, or "*" (the lookups in the rule bodies, as in approval.matching_rules)
+denials contains deny_rule_reason(rule) if {
+	some i in deny_rule_index[input.tool.effect][input.principal.kind][input.tool.name]
+	rule := config.deny_rules[i]
+	lib.index_hit(deny_rule_exact[i], rule)
+}
+
+denials contains deny_rule_reason(rule) if {
+	some i in deny_rule_index[input.tool.effect][input.principal.kind]["*"]
+	rule := config.deny_rules[i]
+	lib.index_hit(deny_rule_exact[i], rule)
+}
+
+# protected guests are never destroyed, nor changed for good (a tool tagged irreversible: a
+# template never starts again)
+mutation_denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protected_tags", msg) if {
+	some done in protected_risks
+	some tag in lib.tags_of(input.target)
+	tag in config.protected_tags
+	msg := sprintf(
+		"guest %v is tagged %q: protected guests are never %s (remove the tag through change management first)",
+		[input.target.vmid, tag, done],
+	)
+}
+
+# destroy and exec only inside a maintenance window (break-glass: see below)
+mutation_denials contains lib.reason("guardrail.maintenance_window", "data.guardrails.maintenance_windows", msg) if {
+	outside_window_risky
+	not rbac.break_glass
+	msg := sprintf(
+		concat("", [
+			"%s tools may only run inside a maintenance window (%s); now is %s %02d:00 UTC. ",
+			"Retry in a window, run it as a dry run, or use a break-glass role with an approval",
+		]),
+		[input.tool.effect, windows_text, lib.weekday, lib.hour_utc],
+	)
+}
+
 # no mutation of a guest the gateway could not resolve
-denials contains lib.reason("guardrail.unresolved_target", "pvegate.guardrails.unresolved_target", msg) if {
-	mutation
+mutation_denials contains lib.reason("guardrail.unresolved_target", "pvegate.guardrails.unresolved_target", msg) if {
 	input.tool.scope == "guest"
 	not target_known
 	msg := sprintf(
@@ -168,8 +188,7 @@ denials contains lib.reason("guardrail.unresolved_target", "pvegate.guardrails.u
 
 # The tags that guard rails and risk read are not taken off through the gateway:
 # otherwise the agent they constrain could disarm them (untag, then delete).
-denials contains lib.reason("guardrail.guarded_tag_removal", "pvegate.guardrails.guarded_tags", msg) if {
-	mutation
+mutation_denials contains lib.reason("guardrail.guarded_tag_removal", "pvegate.guardrails.guarded_tags", msg) if {
 	"tags" in object.keys(input.arguments)
 	some tag in lib.tags_of(input.target)
 	tag in guarded_tags
@@ -181,20 +200,6 @@ denials contains lib.reason("guardrail.guarded_tag_removal", "pvegate.guardrails
 		]),
 		[tag, input.target.vmid],
 	)
-}
-
-# the organisation's deny rules, filed under the call's effect, principal kind and
-# tool name, or "*" (the lookups in the rule bodies, as in approval.matching_rules)
-denials contains deny_rule_reason(rule) if {
-	some i in deny_rule_index[input.tool.effect][input.principal.kind][input.tool.name]
-	rule := config.deny_rules[i]
-	lib.index_hit(deny_rule_exact[i], rule)
-}
-
-denials contains deny_rule_reason(rule) if {
-	some i in deny_rule_index[input.tool.effect][input.principal.kind]["*"]
-	rule := config.deny_rules[i]
-	lib.index_hit(deny_rule_exact[i], rule)
 }
 
 deny_rule_reason(rule) := lib.reason("guardrail.deny_rule", sprintf("data.guardrails.deny_rules[%s]", [name]), msg) if {

@@ -202,7 +202,13 @@ index_hit(exact, sel) if {
 # values), so an exact selector admitted by the indexes matches without testing it
 default call_parts_defined := false
 
-call_parts_defined if is_array([input.principal, input.tool.domain, input.tool.scope, input.tool.name, input.target])
+call_parts_defined if {
+	_ = input.principal
+	_ = input.tool.domain
+	_ = input.tool.scope
+	_ = input.tool.name
+	_ = input.target
+}
 
 # call_matches(sel, principal, tool, target) also tests the principal (kind,
 # token groups and roles) and the target's tags.

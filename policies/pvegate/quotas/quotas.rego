@@ -20,35 +20,34 @@ import data.pvegate.config
 import data.pvegate.lib
 
 # the quotas by the effects, principal kinds and tool names they can match
-# (lib.index_names; a constant once the policy is partially evaluated with its data)
-index[effect][kind][name] contains i if {
-	some i, sel in config.quotas
+# (lib.index_names), each with lib.exact_selector (a constant once the policy is
+# partially evaluated with its data: the optimised rules below then hold the
+# quotas themselves as constants, without reading config.quotas)
+index[effect][kind][name] contains [q, lib.exact_selector(q)] if {
+	some q in config.quotas
 	some effect in lib.effects
 	some kind in lib.principal_kinds
-	lib.admits_call_kind(sel, effect, kind)
-	some name in lib.index_names(sel)
+	lib.admits_call_kind(q, effect, kind)
+	some name in lib.index_names(q)
 }
-
-exact[i] := lib.exact_selector(sel) if some i, sel in config.quotas
 
 # matching: the quotas filed under the call's effect, principal kind and tool name,
 # or "*", that match it (the lookups in the rule bodies: partially evaluated, each
 # clause tests the call's effect, kind and name, and OPA's rule index picks the
 # few that hold)
-matching contains i if {
-	some i in index[input.tool.effect][input.principal.kind][input.tool.name]
-	lib.index_hit(exact[i], config.quotas[i])
+matching contains q if {
+	some [q, exact] in index[input.tool.effect][input.principal.kind][input.tool.name]
+	lib.index_hit(exact, q)
 }
 
-matching contains i if {
-	some i in index[input.tool.effect][input.principal.kind]["*"]
-	lib.index_hit(exact[i], config.quotas[i])
+matching contains q if {
+	some [q, exact] in index[input.tool.effect][input.principal.kind]["*"]
+	lib.index_hit(exact, q)
 }
 
 # matching quotas and their state (`pvegate policy explain`; the decision reads exceeded only)
 states contains state if {
-	some i in matching
-	q := config.quotas[i]
+	some q in matching
 	counter := object.get(q, "counter", "tool")
 	state := {
 		"quota": q,
@@ -71,14 +70,41 @@ resets_in_seconds(window) := w - (floor(lib.now_ns / 1000000000) % w) if {
 }
 
 # the states of the matching quotas used up; the same as states filtered by used >= limit,
-# written apart so a decision computes resets_in_seconds only for the quotas it reports
-exceeded contains state if {
-	some i in matching
-	q := config.quotas[i]
+# written apart so a decision computes resets_in_seconds only for the quotas it reports.
+# The quotas are looked up in the index itself, as matching does, in a clause for the
+# exact ones (lib.index_hit's first branch: the call has the parts call_matches reads) and
+# one for the others: partially evaluated, each clause holds its quota as a constant and
+# an exact one is tested without a function call.
+exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)} if {
+	lib.call_parts_defined
+	some [q, true] in index[input.tool.effect][input.principal.kind][input.tool.name]
 	counter := object.get(q, "counter", "tool")
 	n := used(counter, q.window)
 	n >= q.limit
-	state := {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)}
+}
+
+exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)} if {
+	some [q, false] in index[input.tool.effect][input.principal.kind][input.tool.name]
+	lib.call_matches(q, input.principal, input.tool, input.target)
+	counter := object.get(q, "counter", "tool")
+	n := used(counter, q.window)
+	n >= q.limit
+}
+
+exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)} if {
+	lib.call_parts_defined
+	some [q, true] in index[input.tool.effect][input.principal.kind]["*"]
+	counter := object.get(q, "counter", "tool")
+	n := used(counter, q.window)
+	n >= q.limit
+}
+
+exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)} if {
+	some [q, false] in index[input.tool.effect][input.principal.kind]["*"]
+	lib.call_matches(q, input.principal, input.tool, input.target)
+	counter := object.get(q, "counter", "tool")
+	n := used(counter, q.window)
+	n >= q.limit
 }
 
 # deny: the sentences of the denials below

@@ -68,3 +68,40 @@ test_states_list_the_matching_quotas if {
 	names := {s.quota.name | some s in quotas.states} with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
 	names == {"agent-writes-per-minute", "calls-per-minute", "agent-calls-per-day"}
 }
+
+# a quota with keys the index does not settle (a domain, target tags) is tested with
+# lib.call_matches, filed under the tools it names or under "*"
+test_quota_beyond_the_index if {
+	qs := [
+		{"name": "guest-writes", "domains": ["guest"], "effects": ["write"], "counter": "tool", "window": "1m", "limit": 2},
+		{"name": "prod-stops", "tools": ["vm_stop"], "target_tags": ["prod"], "counter": "tool", "window": "1h", "limit": 2},
+	]
+	used_up := {"tool": {"1m": 2, "1h": 2}}
+	prod := with_usage(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), used_up)
+	{s.quota.name | some s in quotas.exceeded} == {"guest-writes", "prod-stops"} with input as prod with data.data.quotas as qs
+	{s.quota.name | some s in quotas.states} == {"guest-writes", "prod-stops"} with input as prod with data.data.quotas as qs
+	lab := with_usage(fx.call(fx.agent, fx.vm_stop, fx.lab_guest), used_up)
+	{s.quota.name | some s in quotas.exceeded} == {"guest-writes"} with input as lab with data.data.quotas as qs
+	read := with_usage(fx.call(fx.agent, fx.guest_config_tool, fx.prod_guest), used_up)
+	count(quotas.exceeded) == 0 with input as read with data.data.quotas as qs
+}
+
+# exceeded (what a decision reads) is states (what `pvegate policy explain` shows) used up,
+# whichever way the index files a quota, and for a call missing a part call_matches reads
+test_exceeded_is_states_used_up if {
+	qs := array.concat(data.data.quotas, [
+		{"name": "named", "tools": ["vm_stop", "get_guest_config"], "counter": "all", "window": "1m", "limit": 3},
+		{"name": "tagged", "target_tags": ["prod"], "counter": "tool", "window": "24h", "limit": 0},
+	])
+	no_domain := json.remove(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), ["tool/domain"])
+	every inp in [
+		with_usage(fx.call(fx.agent, fx.vm_stop, fx.prod_guest), {"tool": {"1m": 10, "1h": 1}, "all": {"1m": 3}}),
+		with_usage(fx.call(fx.viewer, fx.guest_config_tool, fx.lab_guest), {"all": {"1m": 200}}),
+		with_usage(no_domain, {"tool": {"1m": 10}, "all": {"1m": 3}}),
+		fx.call(fx.admin, fx.guest_delete, fx.prod_guest),
+	] {
+		states := {s | some s in quotas.states} with input as inp with data.data.quotas as qs
+		exceeded := {s | some s in quotas.exceeded} with input as inp with data.data.quotas as qs
+		exceeded == {s | some s in states; s.used >= s.quota.limit}
+	}
+}

@@ -20,53 +20,50 @@ import data.pvegate.lib
 # bindings_for(principal) is the set of bindings that name the principal by
 # subject, group or token role claim (and allow its kind).
 bindings_for(principal) := {b |
-	some i in binding_ids(principal)
-	b := config.bindings[i]
+	some b in ((by_sub | by_groups) | by_roles)
 	lib.in_list(b, "principal_kinds", principal.kind)
-	is_object(config.roles[b.role])
+} if {
+	by_sub := {b | some b in binding_index.subjects[principal.sub]}
+	by_groups := {b | some g in object.get(principal, "groups", []); some b in binding_index.groups[g]}
+	by_roles := {b | some r in object.get(principal, "roles", []); some b in binding_index.token_roles[r]}
 }
 
-# binding_index: subject, group and token role -> the positions of the bindings
-# naming it. It depends on data only: a constant once the policy is partially
-# evaluated with its data (lib's selector indexes say more), so a call looks
-# its principal's bindings up instead of testing every binding.
-binding_index[key][name] contains i if {
-	some i, b in config.bindings
+# binding_index: subject, group and token role -> the bindings naming it (those
+# of a defined role: a binding of an unknown role gives nothing). It depends on
+# data only: a constant once the policy is partially evaluated with its data
+# (lib's selector indexes say more), so a call looks its principal's bindings up
+# instead of testing every binding.
+binding_index[key][name] contains b if {
+	some b in config.bindings
+	is_object(config.roles[b.role])
 	some key in ["subjects", "groups", "token_roles"]
 	some name in object.get(b, key, [])
 }
 
 # caller_bindings: bindings_for(input.principal), as rules (not a function
-# call) so that partial evaluation turns binding_index into a constant here
-caller_bindings contains b if {
-	some i in caller_binding_ids
-	b := config.bindings[i]
-	lib.in_list(b, "principal_kinds", input.principal.kind)
-	is_object(config.roles[b.role])
-}
-
+# call) so that partial evaluation turns binding_index into a constant here.
 # (object.get on the whole index, not a path into it: partial evaluation then
 # writes the index as one constant looked up per call, instead of one clause per
-# subject, group and token role tested one after the other)
-caller_binding_ids contains i if {
-	some i in object.get(binding_index, ["subjects", input.principal.sub], [])
+# subject, group and token role tested one after the other; the principal kind
+# tested as lib.in_list does, without a function call)
+caller_bindings contains b if {
+	some b in object.get(binding_index, ["subjects", input.principal.sub], [])
+	kind := input.principal.kind
+	kind in object.get(b, "principal_kinds", [kind])
 }
 
-caller_binding_ids contains i if {
+caller_bindings contains b if {
 	some g in input.principal.groups
-	some i in object.get(binding_index, ["groups", g], [])
+	some b in object.get(binding_index, ["groups", g], [])
+	kind := input.principal.kind
+	kind in object.get(b, "principal_kinds", [kind])
 }
 
-caller_binding_ids contains i if {
+caller_bindings contains b if {
 	some r in input.principal.roles
-	some i in object.get(binding_index, ["token_roles", r], [])
-}
-
-# binding_ids(principal): positions of the bindings naming the principal
-binding_ids(principal) := (by_sub | by_groups) | by_roles if {
-	by_sub := {i | some i in binding_index.subjects[principal.sub]}
-	by_groups := {i | some g in object.get(principal, "groups", []); some i in binding_index.groups[g]}
-	by_roles := {i | some r in object.get(principal, "roles", []); some i in binding_index.token_roles[r]}
+	some b in object.get(binding_index, ["token_roles", r], [])
+	kind := input.principal.kind
+	kind in object.get(b, "principal_kinds", [kind])
 }
 
 # --- does a binding's scope cover the target ---------------------------------
@@ -153,49 +150,49 @@ prune_covered(scope, target) if {
 
 # --- role permissions ----------------------------------------------------------
 
-# selector_index: role -> "allow"|"deny" -> effect -> [position, domain_only]
-# of the role's selectors admitting the effect (data only: a constant once
-# partially evaluated, as binding_index)
-selector_index[name][kind][e] contains [i, domain_only(sel)] if {
+# selector_index: role -> "allow"|"deny" -> effect -> [selector, domain_only] of
+# the role's selectors admitting the effect (data only: a constant once partially
+# evaluated, as binding_index; the selector itself, not its position, so that the
+# optimised rules below hold it as a constant instead of reading config.roles)
+selector_index[name][kind][e] contains [sel, domain_only(sel)] if {
 	some name, role in config.roles
 	is_object(role)
 	some kind in ["allow", "deny"]
-	some i, sel in object.get(role, kind, [])
+	some sel in object.get(role, kind, [])
 	some e in lib.effects
 	lib.admits(sel, "effects", e)
 }
 
 # role_grants(name, tool): some allow selector of the role matches the tool.
+# A selector with effects and domains only (domain_only: most role grants) is
+# lib.tool_matches(sel, tool) by its domains alone: found through selector_index
+# by the tool's effect, its effect is admitted already, so no effect, scope, tag
+# and name tests, just a tool that has those parts (tested in the rule body, not
+# by a function). The index files each selector with domain_only(sel), a
+# constant once partially evaluated, so a call meets the clause for its kind only.
 role_grants(name, tool) if {
-	some [i, false] in selector_index[name].allow[tool.effect]
-	lib.tool_matches(config.roles[name].allow[i], tool)
+	some [sel, false] in selector_index[name].allow[tool.effect]
+	lib.tool_matches(sel, tool)
 }
 
 role_grants(name, tool) if {
-	some [i, true] in selector_index[name].allow[tool.effect]
-	domain_selector_matches(config.roles[name].allow[i], tool)
-}
-
-# role_denies(name, tool): some deny selector of the role matches the tool.
-role_denies(name, tool) if {
-	some [i, false] in selector_index[name].deny[tool.effect]
-	lib.tool_matches(config.roles[name].deny[i], tool)
-}
-
-role_denies(name, tool) if {
-	some [i, true] in selector_index[name].deny[tool.effect]
-	domain_selector_matches(config.roles[name].deny[i], tool)
-}
-
-# domain_selector_matches(sel, tool): lib.tool_matches(sel, tool) for a selector
-# with effects and domains only (domain_only: most role grants), found through
-# selector_index by the tool's effect: the effect is admitted already, so no
-# effect, scope, tag and name tests, just a tool that has those parts. The index
-# files each selector with domain_only(sel), a constant once partially
-# evaluated, so a call meets the role_grants/role_denies clause for its kind only.
-domain_selector_matches(sel, tool) if {
+	some [sel, true] in selector_index[name].allow[tool.effect]
 	lib.admits(sel, "domains", tool.domain)
-	is_array([tool.scope, tool.name])
+	_ = tool.scope # present, whatever its value
+	_ = tool.name
+}
+
+# role_denies(name, tool): some deny selector of the role matches the tool (as role_grants).
+role_denies(name, tool) if {
+	some [sel, false] in selector_index[name].deny[tool.effect]
+	lib.tool_matches(sel, tool)
+}
+
+role_denies(name, tool) if {
+	some [sel, true] in selector_index[name].deny[tool.effect]
+	lib.admits(sel, "domains", tool.domain)
+	_ = tool.scope
+	_ = tool.name
 }
 
 default domain_only(_) := false

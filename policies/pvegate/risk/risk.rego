@@ -60,17 +60,22 @@ mutation_factors contains factor if {
 }
 
 # a call the data names critical (selector plus argument values, e.g. enable: false) is
-# worth the critical threshold on its own; a dry run changes nothing and is scored as usual
-mutation_factors contains factor if {
+# worth the critical threshold on its own; a dry run changes nothing and is scored as usual.
+# Only the critical calls that name the call's tool, or name none (index_names "*"), are
+# tested (looked up in the rule bodies: partially evaluated, OPA's rule index picks them
+# by the call's tool name)
+mutation_factors contains critical_factor(rule) if {
 	not obligations.dry_run
-	some rule in cfg.critical_calls
+	some rule in critical_index[input.tool.name]
 	lib.call_matches(rule, input.principal, input.tool, input.target)
 	arguments_match(rule)
-	factor := {
-		"name": sprintf("critical_call:%s", [rule.name]),
-		"points": cfg.level_thresholds.critical,
-		"why": rule.reason,
-	}
+}
+
+mutation_factors contains critical_factor(rule) if {
+	not obligations.dry_run
+	some rule in critical_index["*"]
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+	arguments_match(rule)
 }
 
 mutation_factors contains factor if {
@@ -123,11 +128,22 @@ mutation_factors contains factor if {
 	}
 }
 
+critical_factor(rule) := {
+	"name": sprintf("critical_call:%s", [rule.name]),
+	"points": cfg.level_thresholds.critical,
+	"why": rule.reason,
+}
+
+# the critical calls by the tool names they can match (lib.index_names)
+critical_index[name] contains rule if {
+	some rule in cfg.critical_calls
+	some name in lib.index_names(rule)
+}
+
 business_hours if lib.in_window(cfg.business_hours, lib.weekday, lib.hour_utc)
 
-raw_score := sum([f.points | some f in factors])
-
-score := min([100, max([0, raw_score])])
+# the factors' points, clamped to 0-100
+score := min([100, max([0, sum([f.points | some f in factor_list])])])
 
 # the lowest level whose next threshold the score stays under (the data's
 # thresholds rise: the data check refuses them otherwise, see config.problems);

@@ -76,3 +76,26 @@ test_level_boundaries if {
 		risk.level == level with risk.score as s
 	}
 }
+
+# critical calls are looked up by the tools they name (risk.critical_index): one naming a tool,
+# one naming tools by a glob, one naming none, one with argument values, one for agents on
+# prod guests all match as their selectors say
+critical_names(inp) := {n | some n in names; startswith(n, "critical_call:")} if {
+	names := factor_names(inp) with data.data.risk.critical_calls as [
+		{"name": "named", "tools": ["vm_stop"], "reason": "r"},
+		{"name": "glob", "tools": ["lxc_*"], "reason": "r"},
+		{"name": "domain", "domains": ["guest"], "effects": ["write"], "reason": "r"},
+		{"name": "forced", "tools": ["vm_stop"], "arguments": {"force": [true]}, "reason": "r"},
+		{"name": "agents", "principal_kinds": ["agent"], "target_tags": ["prod"], "reason": "r"},
+	]
+}
+
+test_critical_calls_by_selector if {
+	stop := fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
+	critical_names(stop) == {"critical_call:named", "critical_call:domain", "critical_call:agents"}
+	forced := object.union(stop, {"arguments": {"force": true}})
+	critical_names(forced) == {"critical_call:named", "critical_call:domain", "critical_call:agents", "critical_call:forced"}
+	critical_names(fx.call(fx.agent, fx.lxc_start, fx.lab_guest)) == {"critical_call:glob"}
+	critical_names(fx.call(fx.admin, fx.vm_stop, fx.lab_guest)) == {"critical_call:named", "critical_call:domain"}
+	critical_names(fx.call(fx.agent, fx.guest_config_tool, fx.prod_guest)) == set()
+}
