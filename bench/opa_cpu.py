@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def measure(
     finally:
         repo.stop()
         triv.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the trivial policy; a bench run leaves nothing in /tmp
 
 
 def main() -> int:
