@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,23 @@ def load_tree(path: Path) -> list[dict[str, Any]]:
     if not isinstance(tree, list):
         raise ValueError(f"{path}: the schema is not a JSON array")
     return tree
+
+
+@cache
+def field_names() -> frozenset[str]:
+    """Every parameter and returned property name in the shipped schemas, all versions: what a
+    connector's `sensitive` list may name besides its own parameters and output fields (a name
+    Proxmox never uses is a typo, and a typo would let the secret through). The shipped files, not
+    $PVEGATE_PVE_SCHEMA_DIR: the catalog's check must not depend on where a user points. ~70 ms."""
+    names: set[str] = set()
+    for version in VERSIONS:
+        stack = list(load_tree(schema_file(version, SHIPPED_DIR)))
+        while stack:
+            node = stack.pop()
+            for info in (node.get("info") or {}).values():
+                names.update((info.get("parameters") or {}).get("properties") or {})
+                returns = info.get("returns") or {}
+                names.update(returns.get("properties") or {})
+                names.update((returns.get("items") or {}).get("properties") or {})
+            stack.extend(node.get("children") or [])
+    return frozenset(names)

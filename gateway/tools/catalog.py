@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import replace
-from functools import cache, cached_property
+from functools import cache, cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from gateway import pve_schema
 from gateway.core import yamlread
 from gateway.core.jsonenc import Encoded, dumps
 from gateway.tools.runtimes.reducers import COMPOSITES, TRANSFORMS
@@ -41,9 +42,54 @@ class CatalogError(Exception):
     """A connector file is invalid; the gateway refuses to start with it."""
 
 
+# connector file texts that passed file_validator in this process (a process that loads the catalog
+# again, a test's next gateway, reads the same files)
+_VALID_FILES: set[str] = set()
+
+
 @cache
 def file_validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+
+
+def _parameters_problem(params: dict[str, Any]) -> str | None:
+    """What the JSON Schema metaschema finds wrong with a tool's parameters schema, or None.
+
+    Checked part by part: the object's own keywords, then each parameter's schema (the metaschema
+    checks every `properties` member on its own, so the verdict is the same). Tools share most
+    parameters (node, vmid, ...), so 1,046 parameter schemas are 286 distinct ones, each checked once
+    per process: the catalog's start-up cost was mostly this check, repeated."""
+    props = params.get("properties")
+    if not isinstance(props, dict):
+        return _schema_problem(params)
+    own = {k: v for k, v in params.items() if k != "properties"}
+    if (problem := _schema_problem(own)) is not None:
+        return problem
+    for name, sub in props.items():
+        if (problem := _schema_problem({"properties": {name: sub}})) is not None:
+            return f"{name}: {problem}"
+    return None
+
+
+def _schema_problem(schema: dict[str, Any]) -> str | None:
+    try:
+        key = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # not JSON (a YAML date, a non-string key): checked as it is, uncached
+        return _check_schema(schema)
+    return _cached_schema_problem(key)
+
+
+@lru_cache(maxsize=4096)
+def _cached_schema_problem(key: str) -> str | None:
+    return _check_schema(json.loads(key))
+
+
+def _check_schema(schema: dict[str, Any]) -> str | None:
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return str(exc.message)
+    return None
 
 
 def _build_parameters(raw: dict[str, Any], shared: dict[str, Any], where: str) -> dict[str, Any]:
@@ -114,10 +160,8 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
     where = f"{source}: tool {name}"
     connector = next(k for k in CONNECTORS if k in raw)
     params = _build_parameters(raw, shared, where)
-    try:
-        jsonschema.Draft202012Validator.check_schema(params)
-    except jsonschema.SchemaError as exc:
-        raise CatalogError(f"{where}: bad parameters schema: {exc.message}") from exc
+    if (problem := _parameters_problem(params)) is not None:
+        raise CatalogError(f"{where}: bad parameters schema: {problem}")
     _check_strict(params, where)
     target = {"cluster": "cluster", **dict(raw.get("target", {}))}
     destination = dict(target.pop("destination", None) or {})
@@ -148,7 +192,32 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
     )
     _check_placeholders(tool, where)
     _check_versions(tool, where)
+    _check_secret_names(tool, where)
     return tool
+
+
+def _check_secret_names(tool: Tool, where: str) -> None:
+    """The names that keep a secret out of results and the audit must name something: a typo in
+    them is accepted by the file schema and lets the secret through (`sensitive: [pasword]`)."""
+    params = set(tool.parameters.get("properties") or {})
+    fields = set(tool.output.get("fields") or [])
+    for key in tool.secret_output:
+        if key not in fields:
+            raise CatalogError(f"{where}: secret_output {key!r} is not one of its output fields")
+    if tool.connector == "ssh":  # its output is the command's own JSON (Docker's): no schema here describes it
+        return
+    known = params | fields | pve_schema.field_names()
+    for key in tool.sensitive:
+        if key not in known:
+            raise CatalogError(
+                f"{where}: sensitive {key!r} is neither one of its parameters or output fields nor a field "
+                "Proxmox's API has (a typo would let the secret through)"
+            )
+    if tool.connector == "pve_api":  # type_only names a field it sends (a typo: the field goes to both types)
+        sent = {*(tool.spec.get("body") or {}), *(tool.spec.get("query") or {}), *(tool.spec.get("fixed") or {})}
+        for key in tool.spec.get("type_only") or {}:
+            if key not in sent:
+                raise CatalogError(f"{where}: type_only {key!r} is not a field it sends (body, query or fixed)")
 
 
 def _check_versions(tool: Tool, where: str) -> None:
@@ -339,17 +408,20 @@ class Catalog:
         docs: list[tuple[Path, dict[str, Any]]] = []
         shared: dict[str, Any] = {}
         for path in files:
+            text = path.read_text()
             try:
-                doc = yamlread.load(path.read_text()) or {}  # a key given twice is refused, not dropped
+                doc = yamlread.load(text) or {}  # a key given twice is refused, not dropped
             except yamlread.YamlProblems as exc:
                 raise CatalogError(f"{path}: {'; '.join(exc.problems)}") from None
             except yaml.YAMLError as exc:
                 raise CatalogError(f"{path}: {exc}") from exc
-            errors = sorted(file_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
-            if errors:
-                e = errors[0]
-                at = "/".join(str(p) for p in e.absolute_path) or "(top)"
-                raise CatalogError(f"{path}: {at}: {_short(e.message)}")
+            if text not in _VALID_FILES:  # the same text reads as the same document: checked once per process
+                errors = sorted(file_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+                if errors:
+                    e = errors[0]
+                    at = "/".join(str(p) for p in e.absolute_path) or "(top)"
+                    raise CatalogError(f"{path}: {at}: {_short(e.message)}")
+                _VALID_FILES.add(text)
             for pname, schema in (doc.get("parameters") or {}).items():
                 if pname in shared:
                     raise CatalogError(f"{path}: shared parameter {pname} defined twice")
