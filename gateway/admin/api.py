@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fnmatch
 import functools
 import hmac
 import html
@@ -31,7 +32,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import jwt
@@ -66,6 +67,27 @@ VOTE_SLOTS = "vote:"  # a voter's vote slots are counted apart from its calls' (
 
 MAX_BODY = 16_384
 DEFAULT_PAGE = 200  # GET /admin/approvals: requests per page unless `limit` says otherwise
+
+# GET /admin/audit/records: the kinds and outcomes the gateway writes (docs/audit.md, "What is recorded"),
+# so that a mistyped filter is a 400, not an empty page that reads as "nothing happened". A value that is
+# in the audit all the same (written by another release) is accepted: the lists only speed up the answer.
+AUDIT_KINDS = ("received", "decision", "dispatch", "result", "refusal", "auth_failure", "approval", "console")
+AUDIT_OUTCOMES = frozenset(
+    {
+        *("allow", "deny", "pending"),  # decision
+        *("accepted", "started"),  # dispatch
+        *("ok", "failed", "upstream_error", "interrupted", "running", "reconciled"),  # result (ok: console too)
+        *("invalid", "unknown_tool", "approval_refused", "approval_pending", "request_state_refused"),  # refusal
+        *("protocol_error", "unsupported_version", "version_unknown", "holds_unavailable", "refused"),
+        *("refusal_budget", "inflight", "host_refused", "origin_refused", "body_too_large"),
+        *("body_incomplete", "body_timeout", "too_many_requests"),
+        *("invalid_token", "invalid_request", "insufficient_scope"),  # auth_failure: RFC 6750 codes
+        *("requested", "pending_reused", "approved", "denied", "approve_refused", "deny_refused"),  # approval
+        *("withdrawn", "consumed", "released", "superseded"),
+        *("not_recorded", "failed_closed", "audit_unavailable"),  # console, refusals
+        "suppressed",  # a summary row
+    }
+)
 
 
 def _err(status: int, error: str, detail: str) -> JSONResponse:
@@ -358,17 +380,42 @@ async def audit_records(request: Request) -> Response:
             outcome=p.get("outcome"),
             kind=p.get("kind"),
             request_id=p.get("request_id"),
-            since=float(p["since"]) if p.get("since") else None,
-            until=float(p["until"]) if p.get("until") else None,
+            since=_unix_time(p["since"]) if p.get("since") else None,
+            until=_unix_time(p["until"]) if p.get("until") else None,
             limit=min(int(p.get("limit", "100")), 5000),
             newest_first=True,
         )
         if q.limit is not None and q.limit < 1:  # SQLite reads a negative LIMIT as none: around the cap
             raise ValueError("limit")
     except ValueError:
-        return _err(400, "invalid_request", "since/until are Unix times, limit a positive integer")
-    rows = await asyncio.to_thread(auditlib.search, _components(request).audit.path, q)
+        return _err(400, "invalid_request", "since/until are Unix times (finite numbers), limit a positive integer")
+    path = _components(request).audit.path
+    rows = await asyncio.to_thread(auditlib.search, path, q)
+    if not rows:  # an empty page: say so if a kind or outcome filter can match nothing the audit writes
+        for column, known, where in (
+            ("kind", AUDIT_KINDS, f"one of {', '.join(AUDIT_KINDS)}"),
+            ("outcome", AUDIT_OUTCOMES, "an outcome the audit writes (docs/audit.md)"),
+        ):
+            value = getattr(q, column)
+            if value is not None and not await _in_audit(path, column, value, known):
+                return _err(400, "bad_filter", f"{column} must be {where} (* globs), not {value!r}")
     return JSONResponse({"records": [_record(r) for r in rows]})
+
+
+def _unix_time(text: str) -> float:
+    """A Unix time from a query parameter; ValueError for one that is no finite number (nan, inf, 1e400)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+async def _in_audit(path: Any, column: str, value: str, known: Collection[str]) -> bool:
+    """Whether a kind or outcome filter names a value the gateway writes, or one in the audit all the same."""
+    if any(fnmatch.fnmatchcase(k, value) if "*" in value else k == value for k in known):
+        return True
+    probe = auditlib.Query(kind=value, limit=1) if column == "kind" else auditlib.Query(outcome=value, limit=1)
+    return bool(await asyncio.to_thread(auditlib.search, path, probe))
 
 
 def _record(row: dict[str, Any]) -> dict[str, Any]:

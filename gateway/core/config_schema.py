@@ -310,6 +310,59 @@ def _trusted_proxy(i: int, entry: str) -> list[str]:
     return []
 
 
+# a DNS name or an IPv4 address (letters, digits, '-', '.', '_'), or an IPv6 address in brackets,
+# then an optional port: the forms a Host header or an origin's host takes
+_HOST = r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?|\[[0-9A-Fa-f:.]+\])"
+_HOST_PORT = re.compile(rf"{_HOST}(?::(?P<port>[0-9]{{1,5}}))?")
+_ORIGIN = re.compile(rf"(?P<scheme>[A-Za-z]+)://(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?/?")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _bad_port(port: str | None) -> bool:
+    return port is not None and not 1 <= int(port) <= 65535
+
+
+def _allowed_host(i: int, entry: str) -> list[str]:
+    """An entry is compared with the whole Host header (lowercased): anything but host[:port] never matches."""
+    m = _HOST_PORT.fullmatch(entry)
+    if m is None or _bad_port(m.group("port")):
+        return [
+            f"allowed_hosts[{i}]: {_show(entry)} never matches a Host header: give host or host:port "
+            "(e.g. gw.example.net, gw.example.net:8443, [::1]:8443), with no scheme, path or '*'"
+        ]
+    if entry.startswith("[") and not _is_ipv6(entry[1:].split("]", 1)[0]):
+        return [f"allowed_hosts[{i}]: {_show(entry)} holds no IPv6 address between its brackets"]
+    return []
+
+
+def _allowed_origin(i: int, entry: str) -> list[str]:
+    """An entry is compared with the whole Origin header (lowercased, a trailing '/' aside): a browser sends
+    scheme://host[:port], without a path and without the scheme's default port."""
+    if entry.lower() == "null":
+        return [f"allowed_origins[{i}]: 'null' is the origin of every sandboxed or file:// page; it is not allowed"]
+    m = _ORIGIN.fullmatch(entry)
+    scheme = m.group("scheme").lower() if m else ""
+    if m is None or scheme not in _DEFAULT_PORTS or _bad_port(m.group("port")):
+        return [
+            f"allowed_origins[{i}]: {_show(entry)} never matches an Origin header: give scheme://host[:port] "
+            "(e.g. https://app.example.net), http or https, with no path or '*'"
+        ]
+    port = m.group("port")
+    if port is not None and int(port) == _DEFAULT_PORTS[scheme]:
+        return [
+            f"allowed_origins[{i}]: {_show(entry)} never matches: browsers send no default port; "
+            f"drop ':{port}' ({entry[: m.start('port') - 1]})"
+        ]
+    return []
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
 def _url_credentials(raw: dict[str, Any]) -> list[str]:
     """A user name or password inside a URL setting: it would be shown wherever the URL is (logs,
     /admin/health, errors); credentials belong in the secret settings made for them."""
@@ -368,6 +421,8 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out.append(f"{at}.ca_file: not used when {at}.fingerprint pins the certificate; give one of them")
         if c.get("fingerprint") and c.get("verify_tls") is False:
             out.append(f"{at}.fingerprint: not used when {at}.verify_tls is false; give one of them")
+        if c.get("ca_file") and c.get("verify_tls") is False:
+            out.append(f"{at}.ca_file: not used when {at}.verify_tls is false; give one of them")
 
     opa = raw.get("opa") or {}
     if opa.get("mode") == "external":
@@ -442,6 +497,10 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
 
     for i, entry in enumerate(raw.get("trusted_proxies") or []):
         out += _trusted_proxy(i, entry)
+    for i, entry in enumerate(raw.get("allowed_hosts") or []):
+        out += _allowed_host(i, entry)
+    for i, entry in enumerate(raw.get("allowed_origins") or []):
+        out += _allowed_origin(i, entry)
 
     auth = raw["auth"]
     if auth.get("jwks_url") and auth.get("jwks_file"):
@@ -449,6 +508,12 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
     algorithms = auth.get("algorithms", ["HS256"])
     if "HS256" in algorithms and not auth.get("hs256_secret"):
         out.append("auth.algorithms: HS256 is accepted but auth.hs256_secret is not set")
+    if auth.get("hs256_secret") and "HS256" not in algorithms:
+        # `pvegate token mint` would sign with it tokens that every request then refuses
+        out.append(
+            "auth.hs256_secret: not used when auth.algorithms does not list HS256 (tokens signed with it "
+            "would be refused); add HS256 to auth.algorithms or remove the secret"
+        )
     asymmetric = [a for a in algorithms if a != "HS256"]
     if asymmetric and not (auth.get("jwks_url") or auth.get("jwks_file")):
         out.append(f"auth.algorithms: {', '.join(asymmetric)} need auth.jwks_url or auth.jwks_file")
@@ -561,10 +626,15 @@ def reference() -> str:
         "without `opa.bundle`, no `tls.cert`/`tls.key` without `tls.insecure_http`, plain HTTP on a",
         "non-loopback address, a cluster's `api_url` over plain `http://` to a non-loopback host (the",
         "API token would cross the network in the clear), both `auth.jwks_url` and `auth.jwks_file`,",
-        "HS256 accepted without `auth.hs256_secret`, an asymmetric algorithm without a JWKS, and a",
-        "cluster's `fingerprint`",
-        "together with its `ca_file` or with `verify_tls: false`. A `trusted_proxies` entry must be an IP",
-        "address or CIDR network: `*` (believe every client's `X-Forwarded-For`) and names are refused.",
+        "HS256 accepted without `auth.hs256_secret` (or `auth.hs256_secret` without HS256 in",
+        "`auth.algorithms`: `pvegate token mint` would sign tokens the gateway refuses), an asymmetric",
+        "algorithm without a JWKS, a cluster's `fingerprint` together with its `ca_file` or with",
+        "`verify_tls: false`, and a cluster's `ca_file` with `verify_tls: false`. A `trusted_proxies` entry",
+        "must be an IP address or CIDR network: `*` (believe every client's `X-Forwarded-For`) and names are",
+        "refused. An `allowed_hosts` entry must be `host` or `host:port` and an `allowed_origins` entry",
+        "`http(s)://host[:port]` without the scheme's default port (`:443`, `:80`): each is compared with",
+        "the whole header, so `*`, a URL as a host, a path or a bare name as an origin would never match.",
+        "Every number that feeds a timeout, a sleep, a size or a count has a maximum (shown above).",
         "A key given twice in one mapping (YAML would keep the last silently), a merge (`<<: *x`) of a",
         "mapping that itself merges and overrides a key (PyYAML would take the merged value, not the",
         "override) and a number that is `.nan`, `.inf` or `-.inf` are refused too. A problem never",

@@ -55,13 +55,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def find_opa(explicit: Path | None = None) -> Path:
     """The pinned opa binary: explicit path, $PVEGATE_OPA, the repo's .tools/bin, then PATH. An
-    explicit one (opa.binary) that is not there is an error, never a quiet fall back to another opa."""
+    explicit one (opa.binary, or $PVEGATE_OPA when set) that is not there is an error, never a quiet
+    fall back to another opa."""
     if explicit is not None:
         if explicit.is_file() and os.access(explicit, os.X_OK):
             return explicit
         raise OPAUnavailable(f"opa.binary {explicit} is not an executable file")
+    if os.environ.get("PVEGATE_OPA"):  # set but empty: as if unset
+        named = Path(os.environ["PVEGATE_OPA"])
+        if named.is_file() and os.access(named, os.X_OK):
+            return named
+        raise OPAUnavailable(f"PVEGATE_OPA {named} is not an executable file")
     candidates = [
-        Path(os.environ["PVEGATE_OPA"]) if os.environ.get("PVEGATE_OPA") else None,
         REPO_ROOT / ".tools" / "bin" / "opa",
         Path(p) if (p := shutil.which("opa")) else None,
     ]
