@@ -167,6 +167,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
             input_doc["resources"] = await c.targets.resources(tool, args, cluster, target, hold.take)
         except HoldsUnavailable as exc:  # nothing decided on, nothing sent: this call is refused
             await c.usage.release(req.principal.sub, tool.name, slot)
+            await _unspent(c, req, tool.name, target, approval, f"holds unavailable: {exc}")
             await _refuse(c, req, tool.name, target, "holds_unavailable", str(exc))
             return CallResult("failed", f"{tool.name} refused: {exc}", is_error=True)
         decision = await c.decisions.decide(input_doc)
@@ -176,10 +177,12 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
     m.observe("audit", t)
 
     if decision.approval_required:  # a held call counts toward quotas: no flooding the approvers
+        await _unspent(c, req, tool.name, target, approval, "the decision asks for an approval again")
         return await c.approvals.pending_result(req, tool, args, digest, target, decision)
     if not decision.allow:
         await c.usage.release(req.principal.sub, tool.name, slot)
         reasons = list(decision.deny)
+        await _unspent(c, req, tool.name, target, approval, "denied by policy: " + "; ".join(reasons))
         # the sentences for the model and humans; the codes and rules for clients that key on them
         denial = {
             "allowed": False,
@@ -200,8 +203,9 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
             c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
         except AuditUnavailable as exc:
             await _refused_unsent(c, req, tool.name, target, exc)
+            await _unspent(c, req, tool.name, target, approval, str(exc))
             raise
-    return await dispatch(c, req, tool, args, target, ctx, decision, started, flight)
+    return await dispatch(c, req, tool, args, target, ctx, decision, started, flight, approval)
 
 
 def _into_a_pool(input_doc: dict[str, Any]) -> bool:
@@ -266,8 +270,10 @@ async def dispatch(
     decision: Decision,
     started: float,
     flight: Flight | None = None,
+    approval: dict[str, Any] | None = None,
 ) -> CallResult:
-    """Run an allowed call through its connector, shape the output, audit the result.
+    """Run an allowed call through its connector, shape the output, audit the result (and give back
+    the call's `approval` if the runtime refused it before anything was sent).
 
     After the connector ran, Proxmox may have acted: result records go through
     `outcomes.settle`, which keeps them for a later write if the store is full, and
@@ -280,11 +286,13 @@ async def dispatch(
     except Refused as exc:  # nothing was sent: a refusal, not a failure
         m.observe("dispatch", t)
         await _refuse(c, req, tool.name, target, "refused", str(exc))
+        await _unspent(c, req, tool.name, target, approval, f"refused by the runtime: {exc}")
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except Interrupted as exc:
         return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
     except AuditUnavailable as exc:  # from before_send (ClaimLost too): nothing was sent, the call is refused
         await _refused_unsent(c, req, tool.name, target, exc)
+        await _unspent(c, req, tool.name, target, approval, str(exc))
         raise
     except ToolError as exc:
         t = m.observe("dispatch", t)
@@ -377,6 +385,16 @@ async def _interrupted(
     else:
         text = f"{tool.name} interrupted: {reason}. A read: nothing changed."
     return CallResult("interrupted", text, structured={"interrupted": True, "task_id": flight.task_id}, is_error=True)
+
+
+async def _unspent(
+    c: Components, req: CallRequest, tool: str, target: dict[str, Any], approval: dict[str, Any] | None, why: str
+) -> None:
+    """The call was refused before anything was sent: the approval it consumed (redeem) is given back, so
+    the retry the refusal asks for can present it again. Once anything may have reached Proxmox (or an
+    allowed dry run ran) it stays used; a crash before this leaves it used too (docs/approvals.md)."""
+    if approval is not None:
+        await c.approvals.release(approval["id"], req.principal, tool, target, req.request_id, why)
 
 
 async def _refuse(

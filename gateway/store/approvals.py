@@ -9,7 +9,8 @@ one-time token (256 random bits) is minted, shown once and stored only as its
 SHA-256. The agent retries the same call with the token in
 params._meta["pvegate/approval"]; `redeem` consumes it with one conditional
 UPDATE bound to requester, tool, arguments digest, target and expiry, and hands
-the approval's facts to OPA, which makes the final decision.
+the approval's facts to OPA, which makes the final decision; a call refused before
+anything was sent gives it back (`release`), so only a sent call spends it.
 
 The store lives in the audit database file (tables approval_requests and
 approval_votes), so one file holds the whole record, or in PostgreSQL when
@@ -54,6 +55,9 @@ APPROVAL_ID_META = "pvegate/approval_id"  # on a pending result: what the hand-o
 APPROVAL_URL_META = "pvegate/approval_url"
 TOKEN_BYTES = 32  # 256 bits
 STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
+# decided_by of a pending request ended because the policy now asks other approvers, more of them or
+# a shorter lifetime for its call (state 'expired'; the note names the request that replaces it)
+POLICY_CHANGE = "policy change"
 
 
 def rfc3339(ts: float) -> str:
@@ -211,6 +215,21 @@ def decode_cursor(cursor: str) -> tuple[int, float, str]:
         raise BadCursor("not a cursor of this queue (pass next_cursor as it was given)") from exc
 
 
+def _terms(row: ApprovalRequest | dict[str, Any]) -> tuple[tuple[str, ...], int, int]:
+    """What a pending request asks of its approvers: groups, minimum approvals, lifetime (seconds)."""
+    if isinstance(row, ApprovalRequest):
+        return tuple(sorted(row.approver_groups)), row.min_approvals, row.ttl_seconds
+    groups = json.loads(str(row["approver_groups"]))
+    return tuple(sorted(str(g) for g in groups)), int(row["min_approvals"]), int(row["ttl_seconds"])
+
+
+def _terms_change(old: tuple[tuple[str, ...], int, int], new: tuple[tuple[str, ...], int, int]) -> str:
+    def said(t: tuple[tuple[str, ...], int, int]) -> str:
+        return f"{t[1]} approval(s) from {list(t[0])} within {t[2]} s"
+
+    return f"what the call needs: {said(new)}, not {said(old)}"
+
+
 def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
     groups: set[str] = set()
     for v in votes:
@@ -329,21 +348,49 @@ class ApprovalStore:
         return items
 
     async def find_or_create(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
-        """The identical live pending request if there is one, else `req` inserted. (request, created).
-        Its created_at and expires_at are set on the database's clock, as every expiry check is."""
+        """`find_or_replace` without the superseded requests: (request, created)."""
+        found, created, _ = await self.find_or_replace(req)
+        return found, created
+
+    async def find_or_replace(self, req: ApprovalRequest) -> tuple[ApprovalRequest, bool, Sequence[tuple[str, str]]]:
+        """The identical live pending request if there is one, else `req` inserted: (request, created,
+        superseded). Identical is the same call (requester, tool, digest, target) on the same terms
+        (approver groups, minimum approvals, lifetime): a live pending request of the same call on other
+        terms was created under another policy, so its approvers are not the ones asked for now; it
+        is ended (expired, decided_by POLICY_CHANGE, the note saying why: `superseded`, (id, note)
+        each) and can no longer be voted on or redeemed. Its created_at and expires_at are set on the
+        database's clock, as every expiry check is."""
+        superseded: list[tuple[str, str]] = []
         async with self.database.transaction() as tx:
             await tx.lock(f"approval:{req.requester}|{req.tool}|{req.arguments_digest}|{req.target_key}")
             now = await tx.now()
             req.created_at, req.expires_at = now, now + req.ttl_seconds
-            rows = await tx.fetch(
-                "SELECT id FROM approval_requests WHERE requester = ? AND tool = ? AND arguments_digest = ? "
-                "AND target_key = ? AND state = 'pending' AND expires_at > ? ORDER BY created_at LIMIT 1",
+            live = await tx.fetch(
+                "SELECT id, approver_groups, min_approvals, ttl_seconds FROM approval_requests "
+                "WHERE requester = ? AND tool = ? AND arguments_digest = ? "
+                "AND target_key = ? AND state = 'pending' AND expires_at > ? ORDER BY created_at",
                 req.requester,
                 req.tool,
                 req.arguments_digest,
                 req.target_key,
                 now,
             )
+            rows = [r for r in live if _terms(r) == _terms(req)][:1]
+            for r in live:
+                if _terms(r) == _terms(req):
+                    continue
+                note = f"superseded by {rows[0]['id'] if rows else req.id}: the policy changed " + _terms_change(
+                    _terms(r), _terms(req)
+                )
+                await tx.execute(
+                    "UPDATE approval_requests SET state = 'expired', decided_at = ?, decided_by = ?, note = ? "
+                    "WHERE id = ? AND state = 'pending'",
+                    now,
+                    POLICY_CHANGE,
+                    note,
+                    str(r["id"]),
+                )
+                superseded.append((str(r["id"]), note))
             if not rows:
                 await tx.execute(
                     "INSERT INTO approval_requests (id, created_at, request_id, requester, requester_facts, tool, "
@@ -369,8 +416,8 @@ class ApprovalStore:
                     "pending",
                 )
         if not rows:
-            return await self.get(req.id), True
-        return await self.get(str(rows[0]["id"])), False
+            return await self.get(req.id), True, superseded
+        return await self.get(str(rows[0]["id"])), False, superseded
 
     async def vote(
         self,
@@ -487,6 +534,19 @@ class ApprovalStore:
             return req, None
         return None, _why_not(req, principal, tool, digest, tkey, now)
 
+    async def release(self, approval_id: str, used_by: str) -> bool:
+        """Give back an approval that request `used_by` consumed and then sent nothing with (refused by
+        the policy, a quota, the store, the runtime): 'approved' again, as it was. Only the request that
+        holds it can, and only while it holds it, so a token still runs at most once. True if given back."""
+        async with self.database.transaction() as tx:
+            changed = await tx.execute(
+                "UPDATE approval_requests SET state = 'approved', used_at = NULL, used_by_request = NULL "
+                "WHERE id = ? AND state = 'used' AND used_by_request = ?",
+                approval_id,
+                used_by,
+            )
+        return changed == 1
+
 
 def _audit_target(target: dict[str, Any] | None) -> str | None:
     """The audit's target key, as the pipeline writes it (cluster/type/vmid, cluster/node/name, cluster)."""
@@ -513,6 +573,8 @@ def _why_not(req: ApprovalRequest, principal: str, tool: str, digest: str, tkey:
         return f"approval request {rid} was denied by {req.decided_by}"
     if req.state == "withdrawn":
         return f"approval {rid} was withdrawn by {req.decided_by}"
+    if req.state == "expired" and req.decided_by == POLICY_CHANGE:
+        return f"approval request {rid} was {req.note}; retry without it to request a new approval"
     if req.state == "expired" or (req.token_expires_at is not None and req.token_expires_at <= now):
         return f"approval {rid} expired at {rfc3339(req.token_expires_at or req.expires_at)}"
     if req.requester != principal:
@@ -571,7 +633,10 @@ class Approvals:
             return None, "approval tokens are not accepted by this gateway (approvals are not enabled)"
         if token is not None:
             if not isinstance(token, str) or not 16 <= len(token) <= 256:
-                return None, f'the approval token in _meta["{APPROVAL_META_KEY}"] is malformed (expected a string)'
+                return None, (
+                    f'the approval token in _meta["{APPROVAL_META_KEY}"] is malformed (expected the token string '
+                    "the approval gave, 16 to 256 characters)"
+                )
             key, column = token_hash(token), "token_hash"
         else:
             key, column = str(by_id), "id"
@@ -582,6 +647,18 @@ class Approvals:
             request_id or req.id, "approval", principal.sub, req.tool, "consumed", {"approval_id": req.id}, req.target
         )
         return self.facts(req), None
+
+    async def release(
+        self, approval_id: str, principal: Principal, tool: str, target: dict[str, Any], request_id: str, why: str
+    ) -> bool:
+        """Give back the approval request `request_id` consumed, when the call was refused before
+        anything was sent: the retry the refusal asks for may present it again. Audited as `released`
+        (the `consumed` record's counterpart). A crash before this leaves it used: refused, never run twice."""
+        if self.store is None or not await self.store.release(approval_id, request_id):
+            return False
+        body = {"approval_id": approval_id, "why": why}
+        await self._audit(request_id, "approval", principal.sub, tool, "released", body, target)
+        return True
 
     async def waiting(
         self, meta: dict[str, Any], principal: Principal, tool: str, digest: str, target: dict[str, Any]
@@ -656,7 +733,17 @@ class Approvals:
             expires_at=now + ttl,
             state="pending",
         )
-        pending, created = await self.store.find_or_create(candidate)
+        pending, created, superseded = await self.store.find_or_replace(candidate)
+        for old_id, note in superseded:  # held under an older policy: its approvers are not the ones asked now
+            await self._audit(
+                req.request_id,
+                "approval",
+                req.principal.sub,
+                tool.name,
+                "superseded",
+                {"approval_id": old_id, "superseded_by": pending.id, "note": note},
+                target,
+            )
         await self._audit(
             req.request_id,
             "approval",

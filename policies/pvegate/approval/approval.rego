@@ -171,6 +171,25 @@ problems contains "it was granted for another target" if {
 
 problems contains "it has expired" if time.parse_rfc3339_ns(presented.expires_at) <= lib.now_ns
 
+# an approval lasts what the policy asks now for this call, from when it was granted: a lifetime
+# shortened since (a rollout) applies to approvals granted before it too. (`presented` and
+# `required` first: only a call that presents an approval and needs one computes it)
+problems contains msg if {
+	presented
+	required
+	time.parse_rfc3339_ns(presented.approved_at) + (ttl_seconds * 1000000000) <= lib.now_ns
+	msg := sprintf(
+		"it was approved at %s, longer ago than the %d s an approval of this call lasts now",
+		[presented.approved_at, ttl_seconds],
+	)
+}
+
+problems contains "its approval time is unreadable" if {
+	presented
+	required
+	not granted_time_readable
+}
+
 problems contains "its expiry time is unreadable" if {
 	presented
 	not expiry_readable
@@ -184,6 +203,8 @@ problems contains "it is malformed" if {
 }
 
 expiry_readable if time.parse_rfc3339_ns(presented.expires_at)
+
+granted_time_readable if time.parse_rfc3339_ns(presented.approved_at)
 
 well_formed if {
 	is_string(presented.tool)

@@ -141,3 +141,34 @@ test_levels_needing_approval_follow_the_threshold if {
 	# not a level (the data check refuses it): no level needs approval through this rule
 	count(approval.levels_needing_approval) == 0 with data.data.approval.required_from_level as "extreme"
 }
+
+# the fixture's approval: granted 15:35, presented 15:40 (300 s later), token valid until 16:00
+test_a_lifetime_shortened_since_the_approval_applies_to_it if {
+	inp := fx.with_approval(prod_stop, ["alice"], ["sre-leads"])
+	short := [{"name": "short", "tools": ["vm_stop"], "target_tags": ["prod"], "ttl_seconds": 300}]
+	not approval.satisfied with input as inp with data.data.approval.rules as short
+	fx.has_reason(
+		approval.deny,
+		"it was approved at 2026-11-25T15:35:00Z, longer ago than the 300 s an approval of this call lasts now",
+	) with input as inp
+		with data.data.approval.rules as short
+	"approval.not_for_this_call" in {r.code | some r in approval.denials} with input as inp
+		with data.data.approval.rules as short
+}
+
+test_an_approval_within_the_lifetime_asked_now_counts if {
+	inp := fx.with_approval(prod_stop, ["alice"], ["sre-leads"])
+	longer := [{"name": "longer", "tools": ["vm_stop"], "target_tags": ["prod"], "ttl_seconds": 301}]
+	approval.satisfied with input as inp with data.data.approval.rules as longer
+	count(approval.problems) == 0 with input as inp with data.data.approval.rules as longer
+}
+
+test_an_unreadable_approval_time_is_a_problem if {
+	rejected({"approved_at": "a while ago"}, "its approval time is unreadable")
+}
+
+test_the_lifetime_is_not_checked_when_no_approval_is_required if {
+	inp := fx.with_approval(fx.call(fx.agent, fx.vm_stop, fx.web_guest), ["alice"], ["sre-leads"])
+	not approval.required with input as inp
+	count(approval.problems) == 0 with input as inp with data.data.approval.default_ttl_seconds as 1
+}
