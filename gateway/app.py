@@ -243,6 +243,7 @@ async def _build_with(
             audit_min_free_bytes=int(config.audit_min_free_mb * 1024 * 1024),
             external_opa_url=config.opa.url if config.opa.mode == "external" else None,
             bundle_signed=bundle_signed(config),
+            catalog=catalog,
         ),
         clients=clients,
     )

@@ -52,6 +52,7 @@ import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.config import HealthConfig
+from gateway.policy.catalog_refs import catalog_problems
 from gateway.policy.decisions import PolicyError
 from gateway.policy.opa_guard import opa_is_open_async, open_access_message
 from gateway.tools.targets import unknown_target
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from gateway.store.audit import AuditLog
     from gateway.store.outcomes import Outcomes
     from gateway.store.reconcile import Reconciler
+    from gateway.tools.catalog import Catalog
     from gateway.tools.runtimes.pve_api import PveApiClient
 
 log = logging.getLogger("pvegate.health")
@@ -175,6 +177,11 @@ class HealthMonitor:
     revision_source: str | None = None  # bundle | files
     revision_since: float | None = None  # wall time this gateway first saw the current revision
     data_check_error: str | None = None  # the last data check got no usable answer
+    # the served tool catalog: the policy data's references to it are checked once per revision
+    # (policy/catalog_refs.py); what they name that it lacks is reported, and refuses no call
+    catalog: Catalog | None = None
+    catalog_problems: tuple[str, ...] | None = None
+    catalog_check_error: str | None = None
     # audit probe
     audit_probe_error: str | None = None
     audit_probe_public: str | None = None  # the same for /readyz: the exception's type, not its text
@@ -263,10 +270,29 @@ class HealthMonitor:
             self.data_check_error = None
         except PolicyError as exc:
             self.data_check_error = f"policy data check unavailable: {exc}"
+        if revision != self.revision or self.catalog_check_error is not None:
+            await self._check_catalog_references()
         if revision != self.revision:
             if self.revision is not None:
                 log.warning("policy revision changed: %s -> %s", self.revision, revision)
             self.revision, self.revision_source, self.revision_since = revision, source, time.time()
+
+    async def _check_catalog_references(self) -> None:
+        """The policy data's tool names, tags and arguments the served catalog lacks (a misspelled
+        `node_rebot` silently drops its control): asked of the policy once per revision, logged and
+        shown in /admin/health and /readyz. Not a refusal: a bundle may serve other catalogs too."""
+        if self.catalog is None:
+            return
+        try:
+            found = await catalog_problems(self.decisions, self.catalog)
+        except PolicyError as exc:
+            self.catalog_check_error = f"catalog check unavailable: {exc}"
+            return
+        self.catalog_check_error = None
+        if found and found != self.catalog_problems:
+            for problem in found:
+                log.warning("policy data names what the tool catalog lacks: %s", problem)
+        self.catalog_problems = found
 
     async def guard_external_opa(self, url: str) -> None:
         """Refuse every decision while the external OPA answers without a token (checked at start too)."""
@@ -398,6 +424,8 @@ class HealthMonitor:
             "source": self.revision_source,
             "since": _iso(self.revision_since),
             "data_valid": None if data is None else data.valid,
+            # None: not checked (no catalog, an older policy without the check, or OPA gave no answer)
+            "catalog_problems": None if self.catalog_problems is None else list(self.catalog_problems),
         }
         if self.bundle_signed is not None:
             policy["signature_checked"] = self.bundle_signed

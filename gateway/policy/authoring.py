@@ -2,7 +2,10 @@
 
 `check_data` validates a policy data file (policies/data/data.yaml) twice: against its JSON
 Schema here (jsonschema), and through a real `opa eval` of `data.pvegate.config.problems`, which
-is what the running policy denies every call for. `explain` evaluates the decision and the
+is what the running policy denies every call for. Given the gateway's connector directory, the
+same evaluation asks `data.pvegate.config.catalog_problems` with the tool catalog as its input:
+a tool, tool tag or argument the data names that the catalog does not know (gateway/policy/
+catalog_refs.py). `explain` evaluates the decision and the
 rules that produce its reasons for one input. Both run the real OPA binary on a private copy
 of the policy tree, so the data under test never touches the directory OPA serves.
 """
@@ -13,7 +16,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,7 @@ import jsonschema
 import yaml
 
 from gateway.core import yamlread
+from gateway.policy.catalog_refs import CatalogTool, catalog_input
 from gateway.policy.opa_sidecar import find_opa
 
 # the JSON Schema of the policy data (the policy holds the same schema as the constant
@@ -41,10 +45,12 @@ class DataReport:
     data_file: Path
     schema_problems: list[str] = field(default_factory=list)  # jsonschema, by path
     policy_problems: list[str] = field(default_factory=list)  # data.pvegate.config.problems
+    connectors: Path | None = None  # the catalog the references were checked against (None: not checked)
+    catalog_problems: list[str] = field(default_factory=list)  # data.pvegate.config.catalog_problems
 
     @property
     def ok(self) -> bool:
-        return not self.schema_problems and not self.policy_problems
+        return not self.schema_problems and not self.policy_problems and not self.catalog_problems
 
 
 def _path_text(path: Any) -> str:
@@ -102,10 +108,26 @@ def _opa_eval(root: Path, query: str, input_doc: Any = None, extra: list[str] | 
     return json.loads(done.stdout)
 
 
-def check_data(policies: Path, data_file: Path | None = None) -> DataReport:
-    """Validate a policy data file (default: the policy tree's own data/data.yaml)."""
+# The data's problems, and (with a catalog in the input) its references the catalog does not know.
+# `catalog_checked` is false for a policy tree without the catalog check (older than it).
+CHECK_QUERY = """{
+  "problems": [p | some p in data.pvegate.config.problems],
+  "catalog_problems": [p | some p in data.pvegate.config.catalog_problems],
+  "catalog_checked": [x | x := data.pvegate.config.catalog_problems] != []
+}"""
+
+
+def check_data(
+    policies: Path,
+    data_file: Path | None = None,
+    connectors: Path | None = None,
+    catalog: Iterable[CatalogTool] | None = None,
+) -> DataReport:
+    """Validate a policy data file (default: the policy tree's own data/data.yaml); with `catalog`
+    (the tools of the connector directory `connectors`, loaded by the caller: the tools layer is above
+    this one), also its references to tools, tool tags and arguments against that catalog."""
     path = data_file or policies / DATA_FILE
-    report = DataReport(path)
+    report = DataReport(path, connectors=connectors)
     try:
         # strictly: OPA keeps the last of a key given twice without a word, so a second `roles:`
         # or a binding's second `scope:` would quietly replace the first in the running policy
@@ -122,8 +144,16 @@ def check_data(policies: Path, data_file: Path | None = None) -> DataReport:
         raise AuthoringError(f"cannot read the data schema {policies / DATA_SCHEMA}: {exc}") from exc
     report.schema_problems = schema_problems(doc, schema)
     with _policy_copy(policies, path) as root:
-        out = _opa_eval(root, "data.pvegate.config.problems")
-    report.policy_problems = sorted(out["result"][0]["expressions"][0]["value"])
+        out = _opa_eval(root, CHECK_QUERY, catalog_input(catalog) if catalog is not None else {})
+    value = out["result"][0]["expressions"][0]["value"]
+    report.policy_problems = sorted(value["problems"])
+    if catalog is not None:
+        report.catalog_problems = sorted(value["catalog_problems"])
+        if not value["catalog_checked"]:
+            report.catalog_problems.append(
+                "the policy has no data.pvegate.config.catalog_problems (older than this gateway): "
+                "the data's tool and argument names could not be checked against the catalog"
+            )
     return report
 
 

@@ -1,7 +1,9 @@
 """Signed OPA bundles built from policies/: checks, staging, manifest, `opa build`, keys.
 
 A tree is only built after it passes every policy check (`scripts/policy-checks.sh`:
-opa check --strict, opa fmt, opa test with the coverage threshold, Regal), and only
+opa check --strict, opa fmt, opa test with the coverage threshold, Regal, and `pvegate policy
+check`: the data against its schema and against the tool catalog of the gateway's connector
+directory, which the checks get as $PVEGATE_CONNECTORS), and only
 signed, unless the caller says `unsigned` out loud. Test files and golden cases stay
 out of production bundles. The revision is the git commit plus a digest of the
 bundle's content, so two builds of the same policies carry the same revision and any
@@ -42,6 +44,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.core import yamlread
+from gateway.policy.catalog_refs import CONNECTORS_ENV
 from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, OPAUnavailable, find_opa
 from gateway.policy.optimized import ENTRYPOINTS
 from gateway.policy.revision import DATA_SUFFIXES, content_digest, not_in_bundle, policy_files
@@ -152,9 +155,13 @@ def git_source(policies: Path) -> dict[str, object] | None:
     return {"commit": commit, "dirty": bool(dirty)}
 
 
-def run_checks(policies: Path) -> tuple[bool, str]:
-    """All policy checks on the tree (the one implementation: scripts/policy-checks.sh)."""
+def run_checks(policies: Path, connectors: Path | None = None) -> tuple[bool, str]:
+    """All policy checks on the tree (the one implementation: scripts/policy-checks.sh); the data's
+    tool, tool tag and argument names against the tool catalog of `connectors` (default: the one
+    `pvegate policy check` takes by default)."""
     env = dict(os.environ, OPA=str(find_opa()))
+    if connectors is not None:
+        env[CONNECTORS_ENV] = str(connectors.resolve())
     try:
         done = subprocess.run(
             ["bash", str(CHECKS_SCRIPT), str(policies.resolve())],
@@ -252,13 +259,15 @@ def build(
     unsigned: bool = False,
     checks: bool = True,
     optimize: bool = True,
+    connectors: Path | None = None,
 ) -> str:
     """Check, build and sign a bundle from a policy directory; returns the revision.
 
     Refuses (BundleError) without a signing key unless `unsigned`, and when any policy
     check fails. `checks=False` is for tests that build many variants of an already
     checked tree; the CLI always checks. `optimize` builds it partially evaluated (the module
-    docstring), falling back to a plain build when OPA cannot.
+    docstring), falling back to a plain build when OPA cannot. `connectors`: the connector
+    directory whose tool catalog the checks hold the data's tool and argument names against.
     """
     if signing_key is None and not unsigned:
         raise BundleError("no --signing-key given: a bundle is signed unless --unsigned is given explicitly")
@@ -280,7 +289,9 @@ def build(
             "files puts every data file at its directory's path); nothing was built"
         )
     if checks:
-        ok, report = run_checks(policies)
+        if connectors is not None and not connectors.is_dir():  # said before minutes of checks
+            raise BundleError(f"no connector directory {connectors}; nothing was built")
+        ok, report = run_checks(policies, connectors)
         if not ok:
             summary = [ln for ln in report.splitlines() if ln.startswith("policy checks FAILED")]
             head = summary[-1].removeprefix("policy checks ") if summary else "FAILED"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy.bundles import BundleError, SignatureRefused, build, built_optimized, keygen, verify_signature
+from gateway.policy.catalog_refs import CONNECTORS_ENV
 from gateway.policy.opa_sidecar import REPO_ROOT, OPAUnavailable
 
 
@@ -26,7 +27,13 @@ def _keygen(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     try:
         rev = build(
-            args.policies, args.output, args.signing_key, args.revision, unsigned=args.unsigned, optimize=not args.plain
+            args.policies,
+            args.output,
+            args.signing_key,
+            args.revision,
+            unsigned=args.unsigned,
+            optimize=not args.plain,
+            connectors=args.connectors,
         )
     except (BundleError, OPAUnavailable, subprocess.TimeoutExpired) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -88,6 +95,12 @@ def register(sub: Any) -> None:
     p.add_argument("--signing-key", type=Path, help="RS256 private key (pvegate bundle keygen); required")
     p.add_argument("--unsigned", action="store_true", help="build without a signature (development only)")
     p.add_argument("--revision", help="the bundle revision OPA reports and the audit records (default: derived)")
+    p.add_argument(
+        "--connectors",
+        type=Path,
+        help="the gateway's connector directory: every tool, tool tag and argument the policy data names must be "
+        f"in its tool catalog (default: ${CONNECTORS_ENV}, else this installation's connectors/)",
+    )
     p.add_argument(
         "--plain",
         action="store_true",

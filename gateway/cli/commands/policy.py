@@ -5,8 +5,9 @@ directory or bundle, or an already running OPA given by --opa-url. Exit 0 with a
 without a policy answer (OPA did not start or answer, or the decision failed closed: the
 gateway would deny with policy.unavailable), 2 for an unreadable input or a usage error (a
 --verification-key that is missing, unreadable, no PEM public key or a private key among them).
-check: the policy data against its JSON Schema and the policy's own data problems, before a
-bundle is built (non-zero exit on any problem).
+check: the policy data against its JSON Schema, the policy's own data problems and the tool catalog
+the gateway serves (every tool, tool tag and argument the data names must exist), before a bundle
+is built (non-zero exit on any problem).
 explain: the decision for an input and which rules fired (reasons with codes, bindings, roles,
 matching deny/approval rules and quotas), optionally with OPA's own --explain trace.
 """
@@ -23,9 +24,11 @@ from typing import Any
 from gateway.cli.commands.replay import key_needs_bundle, register_replay
 from gateway.policy.authoring import AuthoringError, check_data, explain
 from gateway.policy.bundles import verification_key_problem
+from gateway.policy.catalog_refs import CONNECTORS_ENV, default_connectors
 from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
 from gateway.store.replay import start_short_lived
+from gateway.tools.catalog import Catalog, CatalogError
 
 ENTRYPOINTS = {"decision": DECISION_PATH, "visible_tools": VISIBLE_TOOLS_PATH, "approver": APPROVER_PATH}
 
@@ -95,20 +98,34 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
+def _load_catalog(connectors: Path) -> Catalog:
+    """The tool catalog a gateway with this connector directory serves. AuthoringError when it cannot
+    be loaded (the gateway would not start with it either)."""
+    if not connectors.is_dir():
+        raise AuthoringError(f"no connector directory {connectors}: give the gateway's with --connectors")
     try:
-        report = check_data(args.policies, args.data)
+        return Catalog.load(connectors)
+    except (CatalogError, OSError, UnicodeDecodeError) as exc:
+        raise AuthoringError(f"cannot load the tool catalog from {connectors}: {exc}") from exc
+
+
+def _check(args: argparse.Namespace) -> int:
+    connectors = args.connectors or default_connectors()
+    try:
+        report = check_data(args.policies, args.data, connectors, _load_catalog(connectors))
     except (AuthoringError, OPAUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"data": str(report.data_file), "ok": report.ok, "schema_problems": report.schema_problems,
-                          "policy_problems": report.policy_problems}, indent=2))  # fmt: skip
+                          "policy_problems": report.policy_problems, "connectors": str(report.connectors),
+                          "catalog_problems": report.catalog_problems}, indent=2))  # fmt: skip
         return 0 if report.ok else 1
     print(f"policy data: {report.data_file}")
     for title, problems in (
         ("JSON Schema (policies/pvegate/config/schema/data.json)", report.schema_problems),
         ("policy (data.pvegate.config.problems: every call is denied until fixed)", report.policy_problems),
+        (f"tool catalog ({report.connectors}: tools, tool tags and arguments the data names)", report.catalog_problems),
     ):
         print(f"{title}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
         for problem in problems:
@@ -188,10 +205,18 @@ def register(sub: Any) -> None:
     )
     e.add_argument("--opa-url", help="ask this running OPA (its API token, if any, in $PVEGATE_OPA_TOKEN)")
     e.set_defaults(func=key_needs_bundle(e, _eval))
-    c = psub.add_parser("check", help="check policy data against its schema and the policy's own checks")
+    c = psub.add_parser(
+        "check", help="check policy data against its schema, the policy's own checks and the gateway's tool catalog"
+    )
     c.add_argument("--data", type=Path, help="the data file to check (default: <policies>/data/data.yaml)")
     c.add_argument(
         "--policies", type=Path, default=REPO_ROOT / "policies", help="policy directory (its schema and checks)"
+    )
+    c.add_argument(
+        "--connectors",
+        type=Path,
+        help="the gateway's connector directory, whose tool catalog the data's tool, tool tag and argument names "
+        f"are checked against (default: ${CONNECTORS_ENV}, else this installation's connectors/)",
     )
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=_check)
