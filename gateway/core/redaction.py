@@ -36,8 +36,18 @@ def redact_keys(doc: Any, names: frozenset[str] | set[str]) -> Any:
     return root
 
 
+# A key/value row's own fields: the key names the setting, `delete` is a flag (PVE's pending rows)
+ROW_KEEP = frozenset({"key", "delete"})
+
+
 def redact_path(doc: Any, parts: list[str]) -> None:
     """Replace the value at a dot path (with `*` for any list element or key) in place.
+
+    A name segment applied to a list addresses its key/value rows (PVE's pending configuration,
+    `[{"key": "sshkeys", "value": ..., "pending": ...}]`) as the object they stand for: the rows
+    whose `key` is that name. At the end of the path every field of such a row but `key` and
+    `delete` is replaced, so `items.sshkeys` hides a pending change of `sshkeys` as
+    `config.sshkeys` hides the stored one, and the change itself stays visible.
 
     Without recursion (a work list of (node, the path left)): as deep as the path, never more."""
     work: list[tuple[Any, list[str]]] = [(doc, parts)]
@@ -62,8 +72,18 @@ def redact_path(doc: Any, parts: list[str]) -> None:
                 work.append((node[head], rest))
             else:
                 node[head] = REDACTED
-        elif isinstance(node, list) and head.isdigit() and int(head) < len(node):
-            if rest:
-                work.append((node[int(head)], rest))
-            else:
-                node[int(head)] = REDACTED
+        elif isinstance(node, list) and head.isdigit():
+            if int(head) < len(node):
+                if rest:
+                    work.append((node[int(head)], rest))
+                else:
+                    node[int(head)] = REDACTED
+        elif isinstance(node, list):  # key/value rows: the rows whose key is `head`
+            for row in node:
+                if not isinstance(row, dict) or row.get("key") != head:
+                    continue
+                for field in [f for f in row if f not in ROW_KEEP]:
+                    if rest:
+                        work.append((row[field], rest))
+                    else:
+                        row[field] = REDACTED

@@ -110,13 +110,16 @@ def get_apt_changelog(ctx: Ctx) -> Any:
     )
 
 
+VENDOR_REPO_PASSWORD = "Vendor-S3cret-42"  # noqa: S105 - planted: the gateway must never show it
+
+
 @route("GET", "/nodes/{node}/apt/repositories")
 def get_apt_repositories(ctx: Ctx) -> Any:
     suite = "trixie" if ctx.rt.cluster.major >= 9 else "bookworm"
 
-    def repo(uri: str, suites: str, comps: list[str], enabled: bool) -> dict[str, Any]:
+    def repo(uri: str, suites: str, comps: list[str], enabled: bool, comment: str = "") -> dict[str, Any]:
         return {"Types": ["deb"], "URIs": [uri], "Suites": [suites], "Components": comps, "Options": [],
-                "Comment": "", "FileType": "list", "Enabled": enabled}  # fmt: skip
+                "Comment": comment, "FileType": "list", "Enabled": enabled}  # fmt: skip
 
     files = [
         {
@@ -126,6 +129,15 @@ def get_apt_repositories(ctx: Ctx) -> Any:
                 repo("http://deb.debian.org/debian", suite, ["main", "contrib"], True),
                 repo("http://deb.debian.org/debian", f"{suite}-updates", ["main", "contrib"], True),
                 repo("http://download.proxmox.com/debian/pve", suite, ["pve-no-subscription"], True),
+                # a vendor's repository with its credentials in the URI, as apt allows (instead of
+                # auth.conf): what node_apt_repositories must never hand on (VENDOR_REPO_PASSWORD)
+                repo(
+                    f"https://pve-mirror:{VENDOR_REPO_PASSWORD}@repo.vendor.example/debian",
+                    suite,
+                    ["main"],
+                    False,
+                    comment=f" vendor agent (from https://pve-mirror:{VENDOR_REPO_PASSWORD}@repo.vendor.example)",
+                ),
             ],
             "digest": list(hashlib.sha256(b"sources.list").digest()),
         },

@@ -3,10 +3,13 @@ has an offline node, so "free" can only be shown here)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import ToolError
-from gateway.tools.runtimes.reducers import check_ip_availability, guests, storage, tag_list
+from gateway.tools.runtimes.reducers import TRANSFORMS, check_ip_availability, guests, storage, tag_list
 
 GUESTS = [{"vmid": 100, "type": "qemu", "status": "running", "name": "web"}]
 NODES = [{"node": "pve1", "status": "online"}, {"node": "pve2", "status": "online"}]
@@ -82,3 +85,33 @@ def test_a_listing_shows_the_tags_the_policy_matches() -> None:
     listed = {g["vmid"]: g["tags"] for g in guests(rows, {})}
     assert listed == {101: ["prod", "protected"], 102: ["web", "db"], 103: []}
     assert tag_list(["Prod", "web"]) == ["prod", "web"]  # an answer that is already a list
+
+
+def test_apt_repository_uris_lose_their_credentials() -> None:
+    """A source line `deb https://user:S3cret@repo.vendor.example/debian ...` came back with its
+    password (found in review): node_apt_repositories declares the reducer that strips every
+    URI's user name and password, wherever the answer quotes one."""
+    tool = Catalog.load(REPO_ROOT / "connectors").tools["node_apt_repositories"]
+    reduce = TRANSFORMS[str(tool.output.get("reducer"))]
+    vendor = {"Types": ["deb"], "URIs": ["https://user:S3cret@repo.vendor.example/debian", "http://deb.debian.org/d"],
+              "Suites": ["trixie"], "Components": ["main"], "Enabled": True, "FileType": "list",
+              "Options": [{"Key": "signed-by", "Values": ["/usr/share/keyrings/vendor.gpg"]}],
+              "Comment": " mirror: ftp://mirror:p/a#ss@ftp.vendor.example/debian"}  # fmt: skip
+    answer = {
+        "files": [{"path": "/etc/apt/sources.list.d/vendor.list", "repositories": [vendor], "digest": [1, 2]}],
+        "errors": [{"path": "/etc/apt/sources.list.d/x.list", "error": "malformed entry 'deb http://u:pw@h/ x'"}],
+        "infos": [],
+        "digest": "abc",
+    }
+    before = copy.deepcopy(answer)
+    out = reduce(answer, {})
+    assert answer == before  # a new copy
+    repo = out["files"][0]["repositories"][0]
+    assert repo["URIs"] == ["https://***@repo.vendor.example/debian", "http://deb.debian.org/d"]
+    assert repo["Comment"] == " mirror: ftp://***@ftp.vendor.example/debian"  # a '/' or '#' in a password too
+    assert out["errors"][0]["error"] == "malformed entry 'deb http://***@h/ x'"
+    assert {k: v for k, v in repo.items() if k not in ("URIs", "Comment")} == {
+        k: v for k, v in vendor.items() if k not in ("URIs", "Comment")
+    }
+    assert out["files"][0]["digest"] == [1, 2] and out["digest"] == "abc"
+    assert "S3cret" not in str(out) and "pw@" not in str(out) and "p/a#ss" not in str(out)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.core.redaction import REDACTED
+from gateway.core.redaction import REDACTED, redact_path
 from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.tools.catalog import Catalog, Tool
 from gateway.tools.shaping import shape
@@ -71,3 +71,52 @@ def test_redact_in_a_single_document_and_a_wildcard_over_object_values(catalog: 
     assert "cipassword" not in doc["config"]  # the connector's sensitive field is dropped outright
     doc, _ = shape(tool, {"config": dict(config)}, obligations(redact=["config.*"]))
     assert set(doc["config"].values()) == {REDACTED}
+
+
+def pending_rows() -> list[dict[str, Any]]:
+    """GET /nodes/{node}/{type}/{vmid}/pending as Proxmox answers it: one row per key."""
+    return [
+        {"key": "cores", "value": 2, "pending": 4},
+        {"key": "sshkeys", "value": "ssh-ed25519%20AAAAold", "pending": "ssh-ed25519%20AAAAnew"},
+        {"key": "cipassword", "value": "hunter2"},
+        {"key": "ciuser", "value": "ops", "delete": 1},
+    ]
+
+
+def test_a_name_segment_redacts_the_key_value_row_of_that_key(catalog: Catalog) -> None:
+    """The example policy redacts config.sshkeys in the config tools; get_guest_pending's rows
+    carried the same setting out (found in review). `items.sshkeys` names the row by its key:
+    its values are replaced, the key and the fact of a change stay."""
+    tool = catalog.tools["get_guest_pending"]
+    doc, _ = shape(tool, pending_rows(), obligations(redact=["items.sshkeys", "items.ciuser", "items.absent"]))
+    assert doc["items"] == [
+        {"key": "cores", "value": 2, "pending": 4},
+        {"key": "sshkeys", "value": REDACTED, "pending": REDACTED},
+        {"key": "ciuser", "value": REDACTED, "delete": 1},  # cipassword: the connector drops its row
+    ]
+
+
+def test_row_paths_leave_other_lists_alone() -> None:
+    doc: dict[str, Any] = {
+        "items": [{"key": "a", "value": {"inner": 1, "other": 2}}, {"name": "a", "value": 3}, "a"],
+        "plain": ["a", "b"],
+    }
+    for path in ("items.a.inner", "plain.a", "items.0.key"):
+        redact_path(doc, path.split("."))
+    assert doc == {
+        "items": [{"key": REDACTED, "value": {"inner": REDACTED, "other": 2}}, {"name": "a", "value": 3}, "a"],
+        "plain": ["a", "b"],
+    }
+
+
+@pytest.mark.parametrize("name", ["get_guest_config", "get_guest_stored_config", "get_guest_pending"])
+def test_a_containers_entrypoint_and_env_are_never_returned(catalog: Catalog, name: str) -> None:
+    """PVE 9.1's OCI containers: `entrypoint` is a command line (secrets in its arguments, as Docker's
+    Command), `env` the runtime environment; both are dropped, as a stored key and as a pending row."""
+    tool = catalog.tools[name]
+    config = {"hostname": "app", "entrypoint": "/app/run --token=S3cret", "env": "API_TOKEN=S3cret"}
+    data: Any = (
+        [{"key": k, "value": v} for k, v in config.items()] if name == "get_guest_pending" else {"config": config}
+    )
+    doc, _ = shape(tool, data, obligations())
+    assert "S3cret" not in str(doc) and "app" in str(doc)
