@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,8 @@ from gateway.tools.runtimes.base import (
 )
 from gateway.tools.shaping import shape
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
+
+log = logging.getLogger("pvegate.pipeline")
 
 
 class UnknownTool(Exception):
@@ -203,7 +206,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
             c.outcomes.check_store()  # room for the dispatch and result records, or nothing is sent
         except AuditUnavailable as exc:
             await _refused_unsent(c, req, tool.name, target, exc)
-            await _unspent(c, req, tool.name, target, approval, str(exc))
+            await _unspent(c, req, tool.name, target, approval, str(exc), store_failing=True)
             raise
     return await dispatch(c, req, tool, args, target, ctx, decision, started, flight, approval)
 
@@ -292,7 +295,7 @@ async def dispatch(
         return await _interrupted(c, req, tool, target, ctx, started, flight, str(exc))
     except AuditUnavailable as exc:  # from before_send (ClaimLost too): nothing was sent, the call is refused
         await _refused_unsent(c, req, tool.name, target, exc)
-        await _unspent(c, req, tool.name, target, approval, str(exc))
+        await _unspent(c, req, tool.name, target, approval, str(exc), store_failing=not isinstance(exc, ClaimLost))
         raise
     except ToolError as exc:
         t = m.observe("dispatch", t)
@@ -388,13 +391,25 @@ async def _interrupted(
 
 
 async def _unspent(
-    c: Components, req: CallRequest, tool: str, target: dict[str, Any], approval: dict[str, Any] | None, why: str
+    c: Components,
+    req: CallRequest,
+    tool: str,
+    target: dict[str, Any],
+    approval: dict[str, Any] | None,
+    why: str,
+    store_failing: bool = False,
 ) -> None:
     """The call was refused before anything was sent: the approval it consumed (redeem) is given back, so
     the retry the refusal asks for can present it again. Once anything may have reached Proxmox (or an
-    allowed dry run ran) it stays used; a crash before this leaves it used too (docs/approvals.md)."""
-    if approval is not None:
+    allowed dry run ran) it stays used; a crash before this leaves it used too (docs/approvals.md). So
+    does a store that is failing (it would not take the give-back, and the client's 503 must not wait on
+    it): used is the safe side, a retry is refused, never run twice."""
+    if approval is None or store_failing:
+        return
+    try:
         await c.approvals.release(approval["id"], req.principal, tool, target, req.request_id, why)
+    except STORE_ERRORS as exc:  # the refusal stands as it was; the approval stays used
+        log.warning("approval %s not given back after request %s was refused: %r", approval["id"], req.request_id, exc)
 
 
 async def _refuse(
