@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from gateway.core.redaction import strip_userinfo
+
 SCHEMA_NAME = "config.schema.json"
 
 _TYPE_WORDS = {
@@ -85,14 +87,9 @@ def settings() -> Iterator[tuple[str, dict[str, Any]]]:
 # -- problems -------------------------------------------------------------------------------
 
 
-# scheme://user:password@ up to the last '@' before a space or quote (a password may hold '/', '?' or '#');
-# not the USER@HOST placeholder of a hint
-_USERINFO = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)(?!USER@)[^\s'"]*@""")
-
-
 def redact(text: str) -> str:
     """`text` with the user name and password of every URL in it replaced by `***`: never shown."""
-    return _USERINFO.sub(r"\1***@", text)
+    return strip_userinfo(text)
 
 
 def _show(value: Any) -> str:

@@ -3,19 +3,36 @@ keeps), the approval digest (arguments it binds) and output shaping (the policy'
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 REDACTED = "[redacted]"
 
+# scheme://user:password@ up to the last '@' before a space or a quote: a password may hold '/',
+# '?' or '#' as written (apt takes such a source line), so the host is not where the userinfo is
+# sure to end. Not the USER@HOST placeholder of a hint: a word, never a credential.
+_USERINFO = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)(?!USER@)[^\s'"]*@""")
 
-def redact_keys(doc: Any, names: frozenset[str] | set[str]) -> Any:
-    """`doc` with the values of keys in `names`, at any depth, replaced by REDACTED. Every dict
-    and list is a new one, so the result may be changed without touching `doc`.
+
+def strip_userinfo(text: str) -> str:
+    """`text` with the user name and password of every URL in it replaced by `***`
+    ('https://u:pw@repo.example/debian' -> 'https://***@repo.example/debian'): the settings'
+    error messages and Proxmox's APT sources alike."""
+    return _USERINFO.sub(r"\1***@", text) if "://" in text else text
+
+
+def copy_document(
+    doc: Any, names: frozenset[str] | set[str] = frozenset(), leaf: Callable[[Any], Any] | None = None
+) -> Any:
+    """A copy of a JSON document: the values of keys in `names`, at any depth, replaced by
+    REDACTED, and every other scalar passed through `leaf` when one is given. Every dict and list
+    is a new one, so the result may be changed without touching `doc`.
 
     Without recursion (an explicit stack): a document nested as deep as the JSON parser takes
     is copied like any other, never a RecursionError."""
     if not isinstance(doc, (dict, list)):
-        return doc
+        return doc if leaf is None else leaf(doc)
     root: dict[Any, Any] | list[Any] = {} if isinstance(doc, dict) else []
     stack: list[tuple[Any, Any]] = [(doc, root)]
     while stack:
@@ -28,12 +45,18 @@ def redact_keys(doc: Any, names: frozenset[str] | set[str]) -> Any:
                 new = {} if isinstance(value, dict) else []
                 stack.append((value, new))
             else:
-                new = value
+                new = value if leaf is None else leaf(value)
             if isinstance(dst, dict):
                 dst[key] = new
             else:
                 dst.append(new)
     return root
+
+
+def redact_keys(doc: Any, names: frozenset[str] | set[str]) -> Any:
+    """`doc` with the values of keys in `names`, at any depth, replaced by REDACTED: a new copy
+    (`copy_document`)."""
+    return copy_document(doc, names)
 
 
 # A key/value row's own fields: the key names the setting, `delete` is a flag (PVE's pending rows)

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.core.redaction import copy_document, strip_userinfo
 from gateway.tools.runtimes.base import CommandFailed, ToolError
 
 Sub = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -242,39 +243,16 @@ def snapshots(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-# scheme://user:password@ up to the last '@' before a space or a quote: apt takes a password with
-# '/' or '#' in a source line as written, so the host is not where the userinfo is sure to end
-_URI_USERINFO = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)[^\s'"]*@""")
-
-
-def strip_userinfo(text: str) -> str:
-    """`text` with the user name and password of every URL in it replaced by `***`
-    ('https://u:pw@repo.example/debian' -> 'https://***@repo.example/debian')."""
-    return _URI_USERINFO.sub(r"\1***@", text) if "://" in text else text
-
-
 def apt_repositories(data: Any, args: dict[str, Any]) -> Any:
     """The node's APT repositories without the credentials a source line may carry in its URI
     (`deb https://user:secret@repo.vendor.example/debian ...`, the way apt's own auth.conf is
     often skipped): every string of the answer, so URIs, options, comments and the parser's
-    error and info messages quoting a line lose them alike. A new copy; `data` is not changed.
-    Without recursion (an explicit stack), as redaction.redact_keys: any depth Proxmox sends."""
-    if not isinstance(data, (dict, list)):
-        return strip_userinfo(data) if isinstance(data, str) else data
-    root: dict[Any, Any] | list[Any] = {} if isinstance(data, dict) else []
-    stack: list[tuple[Any, Any]] = [(data, root)]
-    while stack:
-        src, dst = stack.pop()
-        for key, value in src.items() if isinstance(src, dict) else enumerate(src):
-            new: Any = strip_userinfo(value) if isinstance(value, str) else value
-            if isinstance(value, (dict, list)):
-                new = {} if isinstance(value, dict) else []
-                stack.append((value, new))
-            if isinstance(dst, dict):
-                dst[key] = new
-            else:
-                dst.append(new)
-    return root
+    error and info messages quoting a line lose them alike. A new copy; `data` is not changed."""
+    return copy_document(data, leaf=_strip_userinfo_of_text)
+
+
+def _strip_userinfo_of_text(value: Any) -> Any:
+    return strip_userinfo(value) if isinstance(value, str) else value
 
 
 TRANSFORMS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
