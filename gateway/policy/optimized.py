@@ -27,13 +27,13 @@ import hashlib
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import tarfile
 import tempfile
 import threading
 from pathlib import Path
 
+from gateway.core import usercache
 from gateway.policy.revision import content_digest, policy_files
 
 log = logging.getLogger("pvegate.opa")
@@ -114,21 +114,11 @@ def _key(opa: Path, policies: tuple[Path, ...]) -> str:
     return h.hexdigest()
 
 
-def _private(d: Path) -> bool:
-    st = d.stat()
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 def _cache_root() -> Path:
     """The user's cache directory for builds, or this process's own temporary one."""
     global _tmp_root
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pvegate" / "opa-optimized"
-    try:
-        base.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if _private(base) and _private(base.parent):
-            return base
-    except OSError:
-        pass
+    if (base := usercache.private_dir("opa-optimized")) is not None:
+        return base
     if _tmp_root is None:
         _tmp_root = Path(tempfile.mkdtemp(prefix="pvegate-optimized-"))
         atexit.register(shutil.rmtree, _tmp_root, True)

@@ -9,12 +9,15 @@ validates connectors against them and the simulator validates requests with them
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from gateway.core import usercache
 
 ENV_DIR = "PVEGATE_PVE_SCHEMA_DIR"
 SHIPPED_DIR = Path(__file__).resolve().parent
@@ -64,10 +67,29 @@ def field_names() -> frozenset[str]:
     """Every parameter and returned property name in the shipped schemas, all versions: what a
     connector's `sensitive` list may name besides its own parameters and output fields (a name
     Proxmox never uses is a typo, and a typo would let the secret through). The shipped files, not
-    $PVEGATE_PVE_SCHEMA_DIR: the catalog's check must not depend on where a user points. ~70 ms."""
+    $PVEGATE_PVE_SCHEMA_DIR: the catalog's check must not depend on where a user points.
+
+    Reading the schemas takes ~100 ms of every start, so the names are kept in the user's private
+    cache directory (core.usercache) under the digest of the files they come from."""
+    files = [schema_file(version, SHIPPED_DIR) for version in VERSIONS]
+    raw = [f.read_bytes() for f in files]
+    kept = usercache.private_dir("pve-schema")
+    cached = None if kept is None else kept / f"field-names-{usercache.digest(*raw)[:32]}.json"
+    if cached is not None:
+        with contextlib.suppress(OSError, ValueError):
+            got = json.loads(cached.read_text())
+            if isinstance(got, list) and all(isinstance(n, str) for n in got):
+                return frozenset(got)
+    names = _field_names(files)
+    if cached is not None:
+        usercache.write_atomically(cached, json.dumps(sorted(names)))
+    return names
+
+
+def _field_names(files: list[Path]) -> frozenset[str]:
     names: set[str] = set()
-    for version in VERSIONS:
-        stack = list(load_tree(schema_file(version, SHIPPED_DIR)))
+    for file in files:
+        stack = list(load_tree(file))
         while stack:
             node = stack.pop()
             for info in (node.get("info") or {}).values():

@@ -1,0 +1,101 @@
+"""The user's cache directory for pvegate's derived files (OPA builds, checked connector files).
+
+Used only when this user owns it and nobody else may write to it: a file there is trusted as
+the result of work done before (a policy built, a schema found valid), so a directory others
+could write would be a way to plant one."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import tempfile
+import threading
+from pathlib import Path
+
+
+def _private(d: Path) -> bool:
+    st = d.stat()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def private_dir(name: str) -> Path | None:
+    """$XDG_CACHE_HOME/pvegate/<name> (~/.cache when unset), created mode 0700, or None when it
+    cannot be made or is not this user's alone (it and pvegate/ above it)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pvegate" / name
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _private(base) and _private(base.parent):
+            return base
+    except OSError:
+        pass
+    return None
+
+
+class KeptDigests:
+    """SHA-256 digests of inputs a deterministic check found valid, kept in one file of the private
+    cache directory so that the next process skips the check (only valid verdicts: an input found
+    wrong is checked, and refused, every time). Not a directory of this user's alone: nothing is
+    read or written, every input is checked."""
+
+    def __init__(self, dirname: str, filename: str, keep: int = 20_000) -> None:
+        self.dirname, self.filename, self.keep = dirname, filename, keep
+        self._lock = threading.Lock()
+        self._known: frozenset[str] | None = None
+        self._new: set[str] = set()
+
+    def _file(self) -> Path | None:
+        d = private_dir(self.dirname)
+        return None if d is None else d / self.filename
+
+    def _read(self) -> frozenset[str]:
+        if self._known is None:
+            got: frozenset[str] = frozenset()
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                if (f := self._file()) is not None:
+                    got = frozenset(line for line in f.read_text().split() if len(line) == 64)
+            self._known = got
+        return self._known
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._new or digest in self._read()
+
+    def add(self, digest: str) -> None:
+        self._new.add(digest)
+
+    def save(self) -> None:
+        """Write the digests added beside those read (write_atomically); past `keep` the file starts
+        afresh."""
+        with self._lock:
+            if not self._new or (f := self._file()) is None:
+                return
+            known = self._read()
+            keep = known | self._new if len(known) + len(self._new) <= self.keep else frozenset(self._new)
+            self._known, self._new = frozenset(keep), set()
+            write_atomically(f, "\n".join(sorted(keep)) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` as the file's whole content (mode 0600), or the file unchanged: a reader sees the
+    old file or the new one. A cache that cannot be written costs the work it would have saved."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def digest(*parts: str | bytes) -> str:
+    """SHA-256 of the parts, each length-prefixed (no two lists of parts share a digest)."""
+    h = hashlib.sha256()
+    for p in parts:
+        b = p.encode() if isinstance(p, str) else p
+        h.update(len(b).to_bytes(8, "big") + b)
+    return h.hexdigest()
