@@ -62,6 +62,17 @@ def _start(connectors: Path, cache: Path) -> dict[str, Any]:
     return doc
 
 
+def _with_wrong_schema(conn: Path) -> Path:
+    """A connectors directory whose user_create has the WRONG password schema."""
+    conn.mkdir()
+    doc = yaml.safe_load((CONNECTORS / "access.yaml").read_text())
+    (raw,) = [t for t in doc["tools"] if t["name"] == "user_create"]
+    raw["params"]["password"] = WRONG
+    (conn / "access.yaml").write_text(yaml.safe_dump(doc))
+    (conn / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    return conn
+
+
 def _kept(cache: Path) -> list[Path]:
     return sorted((cache / "pvegate" / "catalog").glob("valid-jsonschema-*.txt"))
 
@@ -85,13 +96,7 @@ def test_a_second_start_checks_no_schema_again(tmp_path: Path) -> None:
 
 def test_a_wrong_schema_is_refused_at_every_start_and_never_kept(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    conn = tmp_path / "connectors"
-    conn.mkdir()
-    doc = yaml.safe_load((CONNECTORS / "access.yaml").read_text())
-    (raw,) = [t for t in doc["tools"] if t["name"] == "user_create"]
-    raw["params"]["password"] = WRONG
-    (conn / "access.yaml").write_text(yaml.safe_dump(doc))
-    (conn / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    conn = _with_wrong_schema(tmp_path / "connectors")
     for _ in range(2):
         got = _start(conn, cache)
         assert "bad parameters schema: password: -1 is less than" in got["error"], got
@@ -105,13 +110,7 @@ def test_a_cache_others_may_write_to_is_not_trusted(tmp_path: Path) -> None:
     _start(CONNECTORS, cache)
     (kept,) = _kept(cache)
     # a digest planted for the wrong schema would make it pass, were the file read
-    conn = tmp_path / "connectors"
-    conn.mkdir()
-    doc = yaml.safe_load((CONNECTORS / "access.yaml").read_text())
-    (raw,) = [t for t in doc["tools"] if t["name"] == "user_create"]
-    raw["params"]["password"] = WRONG
-    (conn / "access.yaml").write_text(yaml.safe_dump(doc))
-    (conn / "params.yaml").write_text((CONNECTORS / "params.yaml").read_text())
+    conn = _with_wrong_schema(tmp_path / "connectors")
     planted = usercache.digest("parameters", json.dumps({"properties": {"password": WRONG}}, sort_keys=True))
     kept.write_text(kept.read_text() + planted + "\n")
     assert "error" not in _start(conn, cache)  # the planted verdict is used: the directory is private
