@@ -22,8 +22,14 @@ def _private(d: Path) -> bool:
 
 def private_dir(name: str) -> Path | None:
     """$XDG_CACHE_HOME/pvegate/<name> (~/.cache when unset), created mode 0700, or None when it
-    cannot be made or is not this user's alone (it and pvegate/ above it)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pvegate" / name
+    cannot be made or is not this user's alone (it and pvegate/ above it). A relative
+    $XDG_CACHE_HOME is ignored, as the XDG spec says, and without a home directory (a service
+    user with none: `~` stays `~`) there is no cache: never a folder relative to the working one."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"
+    if not root.is_absolute():
+        return None
+    base = root / "pvegate" / name
     try:
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         if _private(base) and _private(base.parent):
