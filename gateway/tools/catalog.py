@@ -94,8 +94,12 @@ def _cached_schema_problem(key: str) -> str | None:
 # Connector files and parameter schemas found valid by an earlier process, by digest: the checks
 # cost ~0.3 s (files against connector.schema.json) and ~0.4 s (schemas against the metaschema) of
 # every start, and each verdict depends only on the text checked, the schema it was checked
-# against and the jsonschema release that checked it (in the file's name and the digests).
-_checked = usercache.KeptDigests("catalog", f"valid-jsonschema-{metadata.version('jsonschema')}.txt")
+# against and the jsonschema that checked it: its release and the formats it can check (the
+# metaschema's `format`s depend on optional packages), named in the file's name.
+_CHECKER = usercache.digest(
+    metadata.version("jsonschema"), *sorted(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+)
+_checked = usercache.KeptDigests("catalog", f"valid-jsonschema-{metadata.version('jsonschema')}-{_CHECKER[:16]}.txt")
 
 
 def _check_schema(schema: dict[str, Any]) -> str | None:
@@ -220,7 +224,8 @@ def _check_secret_names(tool: Tool, where: str) -> None:
             raise CatalogError(f"{where}: secret_output {key!r} is not one of its output fields")
     if tool.connector == "ssh":  # its output is the command's own JSON (Docker's): no schema here describes it
         return
-    # the schemas (~70 ms to read) only for a name the tool itself does not declare
+    # Proxmox's names (the shipped schemas, or their names kept in the user cache) only for a name
+    # the tool itself does not declare
     for key in (k for k in tool.sensitive if k not in params and k not in fields):
         if key not in pve_schema.field_names():
             raise CatalogError(
