@@ -15,28 +15,75 @@ import threading
 from pathlib import Path
 
 
-def _private(d: Path) -> bool:
-    st = d.stat()
+def _trusted_chain(real: Path) -> bool:
+    """No other user can rename, replace or remove anything on the way to `real` (a path without
+    symlinks): every directory from / down is root's or this user's, and none is writable by
+    others unless sticky (/tmp: others may add entries there, not move ours). Otherwise another
+    user could swap pvegate/ for their own between the check and the read."""
+    uid = os.getuid()
+    for d in (real, *real.parents):
+        st = os.stat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, 0):
+            return False
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True
+
+
+def _own_dir(d: Path) -> bool:
+    """`d` made mode 0700 when missing (whatever the umask), and then a directory of this user's,
+    not a symlink, that nobody else may write to."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o700)
+    st = os.lstat(d)
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def private_dir(name: str) -> Path | None:
-    """$XDG_CACHE_HOME/pvegate/<name> (~/.cache when unset), created mode 0700, or None when it
-    cannot be made or is not this user's alone (it and pvegate/ above it). A relative
-    $XDG_CACHE_HOME is ignored, as the XDG spec says, and without a home directory (a service
-    user with none: `~` stays `~`) there is no cache: never a folder relative to the working one."""
+    """$XDG_CACHE_HOME/pvegate/<name> (~/.cache when unset), or None when it cannot be made or
+    is not this user's alone: pvegate/ and <name> are made 0700, are this user's and writable by
+    no one else, and no other user can move any directory above them (_trusted_chain). The path
+    returned has no symlinks in it. A relative $XDG_CACHE_HOME is ignored, as the XDG spec says,
+    and without a home directory (a service user with none: `~` stays `~`) there is no cache:
+    never a folder relative to the working one."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     root = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"
     if not root.is_absolute():
         return None
-    base = root / "pvegate" / name
     try:
-        base.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if _private(base) and _private(base.parent):
-            return base
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        real = Path(os.path.realpath(root))
+        if not _trusted_chain(real):
+            return None
+        base = real / "pvegate"
+        if not _own_dir(base) or not _own_dir(base / name):
+            return None
+        return base / name
     except OSError:
-        pass
-    return None
+        return None
+
+
+READ_LIMIT = 8 << 20  # a cache file larger than this is not read: none is near it
+
+
+def read_text(path: Path, limit: int = READ_LIMIT) -> str | None:
+    """The text of a regular file of this user's, at most `limit` bytes, or None: never follows a
+    symlink, never blocks on a FIFO or a device, never raises."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(limit + 1)
+        return raw.decode() if len(raw) <= limit else None
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
 
 
 class KeptDigests:
@@ -57,11 +104,9 @@ class KeptDigests:
 
     def _read(self) -> frozenset[str]:
         if self._known is None:
-            got: frozenset[str] = frozenset()
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                if (f := self._file()) is not None:
-                    got = frozenset(line for line in f.read_text().split() if len(line) == 64)
-            self._known = got
+            f = self._file()
+            text = read_text(f) if f is not None else None
+            self._known = frozenset(line for line in (text or "").split() if len(line) == 64)
         return self._known
 
     def __contains__(self, digest: str) -> bool:

@@ -74,16 +74,22 @@ def field_names() -> frozenset[str]:
     files = [schema_file(version, SHIPPED_DIR) for version in VERSIONS]
     raw = [f.read_bytes() for f in files]
     kept = usercache.private_dir("pve-schema")
-    cached = None if kept is None else kept / f"field-names-{usercache.digest(*raw)[:32]}.json"
-    if cached is not None:
-        with contextlib.suppress(OSError, ValueError):
-            got = json.loads(cached.read_text())
-            if isinstance(got, list) and all(isinstance(n, str) for n in got):
+    key = usercache.digest(_NAMES_CODE, *raw)[:32]  # the files read and the code that reads them
+    cached = None if kept is None else kept / f"field-names-{key}.json"
+    if cached is not None and (text := usercache.read_text(cached)) is not None:
+        with contextlib.suppress(ValueError, RecursionError):
+            got = json.loads(text)
+            if isinstance(got, list) and got and all(isinstance(n, str) for n in got):
                 return frozenset(got)
     names = _field_names(files)
     if cached is not None:
         usercache.write_atomically(cached, json.dumps(sorted(names)))
     return names
+
+
+# Part of the kept names' key: change it with _field_names, so that names another version of the
+# code read from the same files are not taken for this one's.
+_NAMES_CODE = "field-names 1: parameters, returns, returns.items"
 
 
 def _field_names(files: list[Path]) -> frozenset[str]:

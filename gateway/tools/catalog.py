@@ -9,6 +9,7 @@ described in docs/connectors.md.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import cache, cached_property, lru_cache
@@ -94,12 +95,17 @@ def _cached_schema_problem(key: str) -> str | None:
 # Connector files and parameter schemas found valid by an earlier process, by digest: the checks
 # cost ~0.3 s (files against connector.schema.json) and ~0.4 s (schemas against the metaschema) of
 # every start, and each verdict depends only on the text checked, the schema it was checked
-# against and the jsonschema that checked it: its release and the formats it can check (the
-# metaschema's `format`s depend on optional packages), named in the file's name.
+# against and what checked it, named in the file's name: this code (_VERDICTS: change it with the
+# checks), the jsonschema release, the formats it can check (optional packages) and the Python
+# release (the metaschema's `regex` format is Python's `re`, which differs between releases).
+_VERDICTS = "catalog checks 1: connector.schema.json per file, Draft 2020-12 metaschema per parameter"
 _CHECKER = usercache.digest(
-    metadata.version("jsonschema"), *sorted(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+    _VERDICTS,
+    sys.version,
+    metadata.version("jsonschema"),
+    *sorted(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers),
 )
-_checked = usercache.KeptDigests("catalog", f"valid-jsonschema-{metadata.version('jsonschema')}-{_CHECKER[:16]}.txt")
+_checked = usercache.KeptDigests("catalog", f"valid-{_CHECKER[:32]}.txt")
 
 
 def _check_schema(schema: dict[str, Any]) -> str | None:
