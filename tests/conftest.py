@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,16 @@ from gateway.dev.devenv import DevEnv, make_env
 from tests.kcserver import KeycloakServer, provision_realm, start_keycloak
 from tests.pgserver import PostgresServer, start_postgres
 from tests.support import GatewayThread, free_port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _serve_tmpdirs() -> Iterator[None]:
+    """After the last test: the $TMPDIRs of the `pvegate serve` processes tests started
+    (tests/outcomes/helpers.py), with what a gateway killed for good left in them."""
+    yield
+    helpers = sys.modules.get("tests.outcomes.helpers")
+    for d in getattr(helpers, "TMPDIRS", []):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import sqlite3
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -64,6 +65,12 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+# Each Gateway's $TMPDIR, where its OPA's socket and config directories land instead of /tmp: a
+# gateway SIGKILLed for good (no restart to reap them) leaves them there, and the session's end
+# removes them all (tests/conftest.py). Short: the socket's path must fit in 108 bytes.
+TMPDIRS: list[Path] = []
+
+
 @dataclass
 class Gateway:
     """One `pvegate serve` process (and the OPA sidecar it starts)."""
@@ -73,10 +80,15 @@ class Gateway:
     fault: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     opa_pids: list[int] = field(default_factory=list)
+    tmpdir: Path | None = None
 
     def start(self) -> Gateway:
         environ = dict(os.environ)
         environ.pop("PVEGATE_TEST_FAULT", None)
+        if self.tmpdir is None:
+            self.tmpdir = Path(tempfile.mkdtemp(prefix="pvgt-"))
+            TMPDIRS.append(self.tmpdir)
+        environ["TMPDIR"] = str(self.tmpdir)
         if self.fault:
             environ["PVEGATE_TEST_FAULT"] = self.fault
         with self.log.open("ab") as fh:
