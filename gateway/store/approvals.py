@@ -241,6 +241,12 @@ def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
     return sorted(groups)
 
 
+# A used approval whose withdrawal was asked for while a call held it: `withdraw` cuts its token's
+# expiry to the moment it was used, which no approval has otherwise (a token is consumed only
+# before its expiry), so no column is needed for the mark.
+WITHDRAWN_IN_USE = "(token_expires_at IS NOT NULL AND used_at IS NOT NULL AND token_expires_at <= used_at)"
+
+
 class ApprovalStore:
     """The approval tables, on SQLite (in the audit database file, as before) or PostgreSQL.
 
@@ -488,6 +494,10 @@ class ApprovalStore:
         )
 
     async def withdraw(self, request_id: str, by: str, note: str | None) -> VoteOutcome:
+        """Withdraw a pending request or an unused approval. An approval a call holds (`used`) is too
+        late to withdraw, since that call may already be running, but it must not come back either:
+        its token's expiry is cut to the moment it was used (WITHDRAWN_IN_USE), so if the call is refused
+        before anything is sent, `release` ends it as withdrawn instead of giving it back."""
         async with self.database.transaction() as tx:
             now = await tx.now()
             changed = await tx.execute(
@@ -498,10 +508,28 @@ class ApprovalStore:
                 note,
                 request_id,
             )
-        if changed != 1:
-            req = await self.get(request_id)
-            return VoteOutcome(False, req.state, reasons=[f"request {request_id} is {req.state}; nothing to withdraw"])
-        return VoteOutcome(True, "withdrawn")
+            held = 0
+            if changed != 1:
+                held = await tx.execute(
+                    f"UPDATE approval_requests SET token_expires_at = used_at WHERE id = ? AND state = 'used' "  # noqa: S608
+                    f"AND NOT {WITHDRAWN_IN_USE}",
+                    request_id,
+                )
+        if changed == 1:
+            return VoteOutcome(True, "withdrawn")
+        req = await self.get(request_id)
+        if req.state == "used":
+            already = "" if held else " (a withdrawal was already asked for)"
+            return VoteOutcome(
+                False,
+                req.state,
+                reasons=[
+                    f"request {request_id} is in use by request {req.used_by_request}, which may already be running: "
+                    "too late to stop it; if it is refused before anything is sent, the approval ends withdrawn "
+                    f"instead of being given back{already}"
+                ],
+            )
+        return VoteOutcome(False, req.state, reasons=[f"request {request_id} is {req.state}; nothing to withdraw"])
 
     async def consume(
         self, key: str, column: str, principal: str, tool: str, digest: str, tkey: str, used_by: str
@@ -534,18 +562,30 @@ class ApprovalStore:
             return req, None
         return None, _why_not(req, principal, tool, digest, tkey, now)
 
-    async def release(self, approval_id: str, used_by: str) -> bool:
+    async def release(self, approval_id: str, used_by: str) -> str | None:
         """Give back an approval that request `used_by` consumed and then sent nothing with (refused by
         the policy, a quota, the store, the runtime): 'approved' again, as it was. Only the request that
-        holds it can, and only while it holds it, so a token still runs at most once. True if given back."""
+        holds it can, and only while it holds it, so a token still runs at most once. An approval whose
+        withdrawal was asked for while the call held it ends 'withdrawn' instead. Returns the state it
+        left the approval in ('approved' or 'withdrawn'), or None when this request did not hold it."""
         async with self.database.transaction() as tx:
-            changed = await tx.execute(
-                "UPDATE approval_requests SET state = 'approved', used_at = NULL, used_by_request = NULL "
-                "WHERE id = ? AND state = 'used' AND used_by_request = ?",
+            now = await tx.now()
+            given = await tx.execute(
+                "UPDATE approval_requests SET state = 'approved', used_at = NULL, used_by_request = NULL "  # noqa: S608
+                f"WHERE id = ? AND state = 'used' AND used_by_request = ? AND NOT {WITHDRAWN_IN_USE}",
                 approval_id,
                 used_by,
             )
-        return changed == 1
+            if given:
+                return "approved"
+            ended = await tx.execute(
+                "UPDATE approval_requests SET state = 'withdrawn', decided_at = ? "  # noqa: S608
+                f"WHERE id = ? AND state = 'used' AND used_by_request = ? AND {WITHDRAWN_IN_USE}",
+                now,
+                approval_id,
+                used_by,
+            )
+        return "withdrawn" if ended else None
 
 
 def _audit_target(target: dict[str, Any] | None) -> str | None:
@@ -571,6 +611,8 @@ def _why_not(req: ApprovalRequest, principal: str, tool: str, digest: str, tkey:
         return f"approval request {rid} is still pending ({len(req.approvals)}/{req.min_approvals} approvals)"
     if req.state == "denied":
         return f"approval request {rid} was denied by {req.decided_by}"
+    if req.state == "withdrawn" and req.used_at is not None:  # asked for while a call held it (WITHDRAWN_IN_USE)
+        return f"approval {rid} was withdrawn while request {req.used_by_request} held it"
     if req.state == "withdrawn":
         return f"approval {rid} was withdrawn by {req.decided_by}"
     if req.state == "expired" and req.decided_by == POLICY_CHANGE:
@@ -654,11 +696,16 @@ class Approvals:
         """Give back the approval request `request_id` consumed, when the call was refused before
         anything was sent: the retry the refusal asks for may present it again. Audited as `released`
         (the `consumed` record's counterpart). A crash before this leaves it used: refused, never run twice."""
-        if self.store is None or not await self.store.release(approval_id, request_id):
+        state = None if self.store is None else await self.store.release(approval_id, request_id)
+        if state is None:
             return False
-        body = {"approval_id": approval_id, "why": why}
-        await self._audit(request_id, "approval", principal.sub, tool, "released", body, target)
-        return True
+        body: dict[str, Any] = {"approval_id": approval_id, "why": why}
+        if state == "withdrawn":  # its withdrawal was asked for while this call held it
+            body["withdrawn"] = "asked for while this call held the approval: ended, not given back"
+        await self._audit(
+            request_id, "approval", principal.sub, tool, "released" if state == "approved" else state, body, target
+        )
+        return state == "approved"
 
     async def waiting(
         self, meta: dict[str, Any], principal: Principal, tool: str, digest: str, target: dict[str, Any]

@@ -12,6 +12,7 @@ The real gateway, its managed OPA (killed for a moment in the second test) and a
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,35 @@ async def test_a_call_refused_while_opa_is_down_gives_its_approval_back(gateway:
     replay = await api.call(api.agent(agent), "vm_shutdown", args, approval=token)
     assert outcome(replay) == "denied" and "already used" in text(replay), replay
     assert len(sim_shutdowns(sim, args["timeout"])) == 1
+
+
+async def test_a_withdrawal_while_the_call_is_decided_is_not_undone_by_its_give_back(gateway: Any) -> None:
+    """The operator withdraws while the call holding the approval waits for its decision (OPA paused:
+    the call fails closed and gives the approval back). The withdrawal is too late for that call, but
+    the give-back must end the approval, not revive it: before the fix the retry ran the shutdown."""
+    sim, gw, api = gateway
+    agent = "late-withdrawal-agent"
+    args = {"vmid": 101, "timeout": 33}
+    aid, token = await _approved(api, agent, args)
+    opa = gw.components.sidecar.process
+    opa.send_signal(signal.SIGSTOP)
+    try:
+        call = asyncio.create_task(api.call(api.agent(agent), "vm_shutdown", args, approval=token))
+        deadline = time.monotonic() + 10
+        while (await _state(api, aid))["state"] != "used":  # redeemed: the call holds it
+            assert time.monotonic() < deadline and not call.done(), "the call never redeemed its approval"
+            await asyncio.sleep(0.02)
+        late = await api.admin("POST", f"/admin/approvals/{aid}/withdraw", api.admin_token, {"note": "stop"})
+        refused = await call
+    finally:
+        opa.send_signal(signal.SIGCONT)
+    assert late.status_code == 403 and "ends withdrawn" in late.text, late.text
+    assert outcome(refused) == "denied" and "policy.unavailable" in refused["structuredContent"]["codes"], refused
+    assert (await _state(api, aid))["state"] == "withdrawn"
+    rid = refused["_meta"]["pvegate/request_id"]
+    ended = [r for r in audit_rows(api.env.config.audit_path, rid) if r["kind"] == "approval"]
+    assert [r["outcome"] for r in ended] == ["consumed", "withdrawn"], ended
+
+    retry = await api.call(api.agent(agent), "vm_shutdown", args, approval=token)
+    assert outcome(retry) == "denied" and "withdrawn while request" in text(retry), retry
+    assert sim_shutdowns(sim, args["timeout"]) == []  # nothing ran

@@ -45,6 +45,36 @@ async def test_only_the_request_holding_an_approval_gives_it_back(store: Approva
     assert "already used by request req-3" in str(await _consume(store, token, "req-4"))
 
 
+async def test_a_withdrawal_while_a_call_holds_the_approval_is_not_undone_by_its_give_back(
+    store: ApprovalStore,
+) -> None:
+    """An operator withdraws an approval while a call holds it (between redeem and the decision):
+    too late to stop that call, but if the call is refused and gives the approval back, it must end
+    withdrawn, not be usable again (found by a review: the retry ran the shutdown)."""
+    aid, token = await approved(store)
+    assert await _consume(store, token, "req-1") is None
+    late = await store.withdraw(aid, "operator", "changed my mind")
+    assert not late.ok and late.state == "used"
+    assert "in use by request req-1" in late.reasons[0] and "ends withdrawn" in late.reasons[0]
+    again = await store.withdraw(aid, "operator", None)  # asked twice: still a refusal, said so
+    assert not again.ok and "already asked for" in again.reasons[0]
+    assert await store.release(aid, "req-1") == "withdrawn"
+    ended = await store.get(aid)
+    assert ended.state == "withdrawn"
+    assert "withdrawn while request req-1 held it" in str(await _consume(store, token, "req-2"))
+    assert await store.release(aid, "req-1") is None  # once
+    assert await store.expire_due() == []  # not expired over it either
+
+
+async def test_a_call_that_runs_keeps_the_approval_used_after_a_late_withdrawal(store: ApprovalStore) -> None:
+    aid, token = await approved(store)
+    assert await _consume(store, token, "req-1") is None
+    assert not (await store.withdraw(aid, "operator", None)).ok
+    assert (await store.get(aid)).state == "used"  # the call was sent: it used the approval
+    assert "already used by request req-1" in str(await _consume(store, token, "req-2"))
+    assert await store.release(aid, "req-2") is None
+
+
 async def test_a_pending_request_on_other_terms_is_superseded(store: ApprovalStore) -> None:
     old, created, gone = await store.find_or_replace(request(min_approvals=2))
     assert created and not gone
