@@ -64,3 +64,54 @@ def test_the_audit_scrubs_service_credentials_and_the_metrics_token(base: dict[s
     base["metrics"] = {"token": {"file": "secrets/metrics"}}
     config = load(write(tmp_path, _with_service(base, {"file": "secrets/siem"})))
     assert {TOKEN, "metrics-scrape-token-77aa01"} <= set(known_secrets(config))
+
+
+@pytest.mark.parametrize(
+    ("upload", "named"),
+    [
+        # OPA's own mask path, mistyped (`logs` for `log`): OPA would mask nothing and send the
+        # arguments, passwords included (found by a review); the gateway's mask is system.log.mask
+        ({"service": "siem", "mask_decision": "/system/logs/mask"}, "mask_decision"),
+        ({"service": "siem", "drop_decision": "/system/log/drop"}, "drop_decision"),
+        ({"service": "siem", "console": True}, "console"),
+        ({"service": "siem", "reportng": {"min_delay_seconds": 5}}, "reportng"),
+        ({"service": "siem", "reporting": {"min_delay_secs": 5}}, "min_delay_secs"),
+        ({"reporting": {"min_delay_seconds": 5}}, "service"),
+    ],
+)
+def test_decision_log_upload_settings_are_checked(
+    base: dict[str, Any], tmp_path: Path, upload: dict[str, Any], named: str
+) -> None:
+    from gateway.core.config import ConfigError
+
+    doc = _with_service(base, TOKEN)
+    doc["opa"]["decision_logs_upload"] = upload
+    with pytest.raises(ConfigError, match=named):
+        load(write(tmp_path, doc))
+
+
+def test_a_decision_log_upload_as_documented_loads(base: dict[str, Any], tmp_path: Path) -> None:
+    doc = _with_service(base, TOKEN)
+    upload = {"service": "siem", "reporting": {"min_delay_seconds": 5, "max_delay_seconds": 30, "trigger": "periodic"}}
+    doc["opa"]["decision_logs_upload"] = upload
+    config = load(write(tmp_path, doc))
+    assert OPASidecar(decision_logs_upload=config.opa.decision_logs_upload).opa_config()["decision_logs"] == upload
+
+
+@pytest.mark.parametrize(
+    ("service", "named"),
+    [
+        ({"ulr": "https://logs.example.internal"}, "ulr"),
+        ({"url": "logs.example.internal"}, "url"),
+        ({"url": "https://logs.example.internal", "credentials": {"barer": {"token": "x"}}}, "barer"),
+        ({"url": "https://logs.example.internal", "tls": {"ca_certs": "/etc/ca.pem"}}, "ca_certs"),
+    ],
+)
+def test_a_mistyped_service_setting_is_refused(
+    base: dict[str, Any], tmp_path: Path, service: dict[str, Any], named: str
+) -> None:
+    from gateway.core.config import ConfigError
+
+    base.setdefault("opa", {})["services"] = {"siem": service}
+    with pytest.raises(ConfigError, match=named):
+        load(write(tmp_path, base))
