@@ -228,6 +228,22 @@ problems contains msg if {
 	])
 }
 
+# (rbac.vmid_ok reads a range as from <= vmid <= to: a reversed range matches no
+# guest, so the binding would silently grant nothing there)
+problems contains msg if {
+	some i, b in bindings
+	is_array(b.scope.vmids)
+	some j, r in b.scope.vmids
+	reversed_range(r)
+	msg := sprintf(
+		concat("", [
+			"bindings.%d.scope.vmids.%d: binding %v has the range from %v to %v, ",
+			"which is reversed (from > to) and matches no guest",
+		]),
+		[i, j, object.get(b, "name", "(unnamed)"), r.from, r.to],
+	)
+}
+
 role_defined(name) if is_object(roles[name])
 
 default schema_errors := []
@@ -262,6 +278,12 @@ valid_thresholds if {
 	is_number(risk.level_thresholds.medium)
 	is_number(risk.level_thresholds.high)
 	is_number(risk.level_thresholds.critical)
+}
+
+reversed_range(r) if {
+	is_number(r.from)
+	is_number(r.to)
+	r.from > r.to
 }
 
 rising_thresholds(t) if {

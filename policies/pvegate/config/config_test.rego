@@ -105,6 +105,26 @@ test_binding_to_an_undefined_role_is_a_problem if {
 	p == {"bindings: binding typo names role operater, which roles does not define"}
 }
 
+# rbac matches a vmid range as from <= vmid <= to: a reversed one would match no guest
+test_reversed_vmid_range_is_a_problem if {
+	scoped := {"name": "ops-range", "role": "operator", "groups": ["x"], "scope": {"vmids": [
+		{"from": 100, "to": 199},
+		{"from": 999, "to": 100},
+	]}}
+	bindings := array.concat(data.data.bindings, [scoped])
+	p := config.problems with data.data.bindings as bindings
+	i := count(data.data.bindings)
+	p == {sprintf(
+		"bindings.%d.scope.vmids.1: binding ops-range has the range from 999 to 100, %s",
+		[i, "which is reversed (from > to) and matches no guest"],
+	)}
+}
+
+test_vmid_range_of_one_guest_is_no_problem if {
+	one := {"name": "one", "role": "operator", "groups": ["x"], "scope": {"vmids": [{"from": 150, "to": 150}]}}
+	count(config.problems) == 0 with data.data.bindings as array.concat(data.data.bindings, [one])
+}
+
 test_no_data_is_no_schema_problem if {
 	# no data at all denies every call anyway (no role is bound); it is not a data error
 	count(config.problems) == 0 with data.data as {}
