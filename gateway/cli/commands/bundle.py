@@ -14,6 +14,24 @@ from gateway.policy.catalog_refs import CONNECTORS_ENV
 from gateway.policy.opa_sidecar import REPO_ROOT, OPAUnavailable
 
 
+def _revision(text: str) -> str:
+    """An argparse type: a revision that is not blank (a usage error otherwise, exit 2): a blank one
+    would be recorded as it is, or an empty one silently replaced by the derived revision."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"a blank revision: {text!r} (omit --revision for the derived one)")
+    return text
+
+
+def _key_dir(text: str) -> Path:
+    """An argparse type: a directory path that is not blank (a usage error otherwise, exit 2): an empty
+    one is the current directory to Path, and the key pair would land there unasked."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"a blank directory: {text!r} (omit --out for the default, or give . for the current directory)"
+        )
+    return Path(text)
+
+
 def _keygen(args: argparse.Namespace) -> int:
     try:
         priv, pub = keygen(args.out, force=args.force)
@@ -78,7 +96,7 @@ def register(sub: Any) -> None:
     b = sub.add_parser("bundle", help="build and sign OPA bundles")
     bsub = b.add_subparsers(dest="bundle_command", required=True)
     k = bsub.add_parser("keygen", help="create an RS256 signing key pair")
-    k.add_argument("--out", type=Path, default=REPO_ROOT / "bundles" / "keys", help="directory for the key pair")
+    k.add_argument("--out", type=_key_dir, default=REPO_ROOT / "bundles" / "keys", help="directory for the key pair")
     k.add_argument(
         "--force",
         action="store_true",
@@ -94,7 +112,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--signing-key", type=Path, help="RS256 private key (pvegate bundle keygen); required")
     p.add_argument("--unsigned", action="store_true", help="build without a signature (development only)")
-    p.add_argument("--revision", help="the bundle revision OPA reports and the audit records (default: derived)")
+    p.add_argument(
+        "--revision", type=_revision, help="the bundle revision OPA reports and the audit records (default: derived)"
+    )
     p.add_argument(
         "--connectors",
         type=Path,

@@ -4,10 +4,11 @@ eval: the decision for an input file, from a temporary managed sidecar on the po
 directory or bundle, or an already running OPA given by --opa-url. Exit 0 with a decision, 1
 without a policy answer (OPA did not start or answer, or the decision failed closed: the
 gateway would deny with policy.unavailable), 2 for an unreadable input or a usage error (a
---verification-key that is missing, unreadable, no PEM public key or a private key among them).
+--verification-key that is missing, unreadable, no PEM public key or a private key among them; a
+--policies that is no policy directory, as explain and check answer it too).
 check: the policy data against its JSON Schema, the policy's own data problems and the tool catalog
 the gateway serves (every tool, tool tag and argument the data names must exist), before a bundle
-is built (non-zero exit on any problem).
+is built (non-zero exit on any problem; 2 when --policies is no policy directory).
 explain: the decision for an input and which rules fired (reasons with codes, bindings, roles,
 matching deny/approval rules and quotas), optionally with OPA's own --explain trace.
 """
@@ -65,11 +66,22 @@ def _read_input(path: Path) -> Any:
     return doc
 
 
+def _policy_dir_problem(policies: Path) -> str | None:
+    """Why `policies` is no policy directory (None: it is one), as `policy explain` says it: checked
+    before OPA is started on it, which would otherwise fail on the missing files half way."""
+    if not (policies / "pvegate").is_dir():
+        return f"{policies} is not a policy directory (no pvegate/)"
+    return None
+
+
 def _eval(args: argparse.Namespace) -> int:
     try:
         doc = _read_input(args.input)
     except (OSError, ValueError) as exc:
         print(f"error: cannot read input: {exc}", file=sys.stderr)
+        return 2
+    if args.opa_url is None and args.bundle is None and (problem := _policy_dir_problem(args.policies)) is not None:
+        print(f"error: {problem}", file=sys.stderr)  # a usage error, as `policy explain` answers it
         return 2
     if args.verification_key is not None and args.opa_url is None:  # said before OPA is asked
         problem = verification_key_problem(args.verification_key)
@@ -110,6 +122,9 @@ def _load_catalog(connectors: Path) -> Catalog:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if (problem := _policy_dir_problem(args.policies)) is not None:  # not a report of "problems" in its data
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     connectors = args.connectors or default_connectors()
     try:
         report = check_data(args.policies, args.data, connectors, _load_catalog(connectors))

@@ -102,6 +102,14 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _kinds(text: str) -> str:
+    """An argparse type: a --fail-on list naming at least one change kind (a usage error otherwise, exit
+    2): a blank one would gate on nothing and pass. The names themselves are checked by expand_kinds."""
+    if not any(name.strip() for name in text.split(",")):
+        raise argparse.ArgumentTypeError(f"no change kind given: {text!r}; known: {', '.join((*KINDS, *ALIASES))}")
+    return text
+
+
 def _nothing_replayed(report: Report) -> str:
     s = report.skipped
     skipped = s.no_input + s.garbled + s.unknown_outcome + s.failed_closed
@@ -276,6 +284,7 @@ def register_replay(psub: Any) -> None:
     out.add_argument(
         "--fail-on",
         metavar="KINDS",
+        type=_kinds,
         help=f"comma-separated change kinds that fail the run (exit 1): {', '.join((*KINDS, *ALIASES))}; "
         "an undefined or contract-breaking answer of the candidate fails it whatever this says",
     )

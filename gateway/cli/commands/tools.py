@@ -142,11 +142,11 @@ def _show(args: argparse.Namespace) -> int:
     if tool is None:
         print(f"error: no tool named {args.name}", file=sys.stderr)
         return 1
-    given: list[PveSchema] | None = None
-    if args.pve_schema:  # a schema asked for by name that cannot be read fails the command (said first)
-        given = _schemas(args.pve_schema)
-        if given is None:
-            return 1
+    # a schema that cannot be read fails the command, said first: one given by --pve-schema, or by
+    # $PVEGATE_PVE_SCHEMA / $PVEGATE_PVE_SCHEMA_DIR (else the shipped ones), as `pvegate check` has it
+    schemas = _schemas(args.pve_schema)
+    if schemas is None:
+        return 1
     print(f"{tool.name}: {tool.title}\n  {tool.description}")
     print(f"effect {tool.effect}, domain {tool.domain}, scope {tool.scope}, connector {tool.connector}")
     if tool.pve_versions:
@@ -157,7 +157,6 @@ def _show(args: argparse.Namespace) -> int:
         print("  " + line)
     if tool.dry_run:
         print(f"dry run: {tool.dry_run}")
-    schemas = given if given is not None else _schemas(None) or []
     fitting = [s for s in schemas if applies(tool, s)]
     if tool.connector == "pve_api" and fitting:
         s = fitting[-1]
