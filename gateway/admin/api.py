@@ -83,8 +83,9 @@ AUDIT_OUTCOMES = frozenset(
         *("body_incomplete", "body_timeout", "too_many_requests"),
         *("invalid_token", "invalid_request", "insufficient_scope"),  # auth_failure: RFC 6750 codes
         *("requested", "pending_reused", "approved", "denied", "approve_refused", "deny_refused"),  # approval
-        *("withdrawn", "consumed", "released", "superseded"),
+        *("withdrawn", "withdraw_refused", "consumed", "released", "superseded", "expired"),
         *("not_recorded", "failed_closed", "audit_unavailable"),  # console, refusals
+        *("csrf_refused", "approval required"),  # console: a form without its token; a what-if's answer
         "suppressed",  # a summary row
     }
 )
@@ -451,7 +452,7 @@ async def approvals_list(request: Request) -> Response:
             decode_cursor(cursor)  # refused before the sweep writes anything
         except BadCursor as exc:
             return _err(400, "bad_cursor", str(exc))
-    await store.expire_due()
+    await _approvals(request).expire_due()
     items, nxt = await store.page(None if state == "all" else [state], limit, cursor)
     # a page, not the whole queue: `more` says whether another exists, `next_cursor` opens it
     return JSONResponse({"approvals": [r.view() for r in items], "more": nxt is not None, "next_cursor": nxt})
@@ -475,7 +476,7 @@ async def approval_get(request: Request) -> Response:
         except NotFound:
             return _err(404, "not_found", "no such approval request")
         return _page(_as_shown(req), _approvals(request))  # read only: no sweep on an anonymous request
-    await store.expire_due()
+    await _approvals(request).expire_due()
     try:
         req = await store.get(request.path_params["id"])
     except NotFound:

@@ -757,7 +757,7 @@ class Approvals:
         reason = decision.approval.get("reason") or "policy requires a human approval"
         if self.store is None:
             return CallResult("denied", f"Denied: {reason}; approvals are not enabled on this gateway", is_error=True)
-        await self.store.expire_due()
+        await self.expire_due()
         ttl = int(decision.approval.get("ttl_seconds") or 900)
         now = time.time()
         candidate = ApprovalRequest(
@@ -870,7 +870,7 @@ class Approvals:
             return VoteOutcome(False, reasons=["approvals are not enabled on this gateway"])
         if verdict not in ("approve", "deny"):
             return VoteOutcome(False, reasons=[f"unknown verdict {verdict!r}"])
-        await self.store.expire_due()
+        await self.expire_due()
         req = await self.store.get(approval_id)  # NotFound propagates
         if req.state != "pending":
             out = VoteOutcome(False, req.state, reasons=[f"request {approval_id} is {req.state}"])
@@ -918,6 +918,20 @@ class Approvals:
             req.target,
         )
         return out
+
+    async def expire_due(self) -> list[str]:
+        """The store's sweep (pending requests and unused approvals past their expiry), each expiry an
+        `approval` record `expired` in the audit as every other transition is. Returns the ids."""
+        if self.store is None:
+            return []
+        ids = await self.store.expire_due()
+        for approval_id in ids:
+            req = await self.store.get(approval_id)
+            was = "approved" if req.token_expires_at is not None else "pending"
+            until = req.token_expires_at if req.token_expires_at is not None else req.expires_at
+            body = {"approval_id": approval_id, "was": was, "expired_at": rfc3339(until)}
+            await self._audit(approval_id, "approval", req.requester, req.tool, "expired", body, req.target)
+        return ids
 
     async def _audit(
         self,
@@ -971,10 +985,11 @@ async def build_approvals(config: Config, audit: AuditLog, decisions: DecisionCl
     the page under public_url."""
     store = ApprovalStore(database(config))
     await store.open()
+    base = config.public_url if config.admin.token is not None or config.console.enabled else None
+    approvals = Approvals(store, audit, decisions, page_base=base)
     try:
-        await store.expire_due()
+        await approvals.expire_due()
     except BaseException:
         await store.close()
         raise
-    base = config.public_url if config.admin.token is not None or config.console.enabled else None
-    return Approvals(store, audit, decisions, page_base=base)
+    return approvals

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import sqlite3
 from typing import Any
 
@@ -189,6 +190,11 @@ async def test_expiry_of_pending_requests_and_tokens(api: Api) -> None:
     assert outcome(used) == "denied" and "expired" in text(used)
     listed = (await api.admin("GET", "/admin/approvals?state=expired", api.admin_token)).json()["approvals"]
     assert {aid, aid2} <= {a["id"] for a in listed}  # kept for audit
+    # and each expiry is an approval record, as every transition (found by a review: none was written)
+    for approval_id, was in ((aid, "pending"), (aid2, "approved")):
+        rows = [r for r in audit_rows(api.env.config.audit_path, approval_id) if r["outcome"] == "expired"]
+        assert len(rows) == 1 and rows[0]["kind"] == "approval", rows
+        assert json.loads(rows[0]["body"])["was"] == was
 
 
 async def test_credentials_are_not_interchangeable(api: Api) -> None:

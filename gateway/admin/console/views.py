@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -489,7 +490,7 @@ async def approvals_page(request: Request) -> Response:
         return render(request, "message.html", 400, title="Approvals", message=f"unknown state {state!r}")
     cursor = request.query_params.get("cursor") or None
     try:
-        items, nxt = await queue_page(store, state, cursor)
+        items, nxt = await queue_page(store, state, cursor, expire=_console(request).c.approvals.expire_due)
     except BadCursor:
         return render(request, "message.html", 400, title="Approvals", message="That page link is not valid.")
     more = f"/admin/approvals?{urlencode({'state': state, 'cursor': nxt})}" if nxt else None
@@ -508,7 +509,11 @@ async def approvals_page(request: Request) -> Response:
 
 
 async def queue_page(
-    store: ApprovalStore, state: str, cursor: str | None = None, limit: int = PAGE_SIZE
+    store: ApprovalStore,
+    state: str,
+    cursor: str | None = None,
+    limit: int = PAGE_SIZE,
+    expire: Callable[[], Awaitable[object]] | None = None,
 ) -> tuple[list[ApprovalRequest], str | None]:
     """One page of the queue view `state` ("open": pending and approved; "all"; or one state) and the
     cursor of the next page: pending requests first, the one expiring soonest first, then the rest
@@ -516,7 +521,7 @@ async def queue_page(
     never take a page's rows."""
     if cursor:
         decode_cursor(cursor)  # BadCursor before the sweep writes anything
-    await store.expire_due()
+    await (expire or store.expire_due)()  # the gateway's Approvals.expire_due audits each expiry
     states = OPEN_STATES if state == "open" else None if state == "all" else (state,)
     return await store.page(states, limit, cursor)
 
@@ -588,7 +593,7 @@ async def _approval_view(request: Request, session: Session, result: dict[str, A
     c = _console(request).c
     if c.approvals.store is None:
         return render(request, "message.html", 404, title="Approvals", message="Approvals are not enabled.")
-    await c.approvals.store.expire_due()
+    await c.approvals.expire_due()
     try:
         req = await c.approvals.store.get(request.path_params["id"])
     except NotFound:

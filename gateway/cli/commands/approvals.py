@@ -85,7 +85,7 @@ async def _run(args: argparse.Namespace, cfg: Config, need_opa: bool, fn: Callab
             base = cfg.public_url if cfg.admin.token is not None else None
             note = _opa_note(args, cfg) if need_opa else None
             approvals = Approvals(store, audit, decisions, page_base=base, config_path=str(args.config), opa_note=note)
-            await store.expire_due()
+            await approvals.expire_due()
             return await fn(approvals)
         finally:
             if decisions is not None:
