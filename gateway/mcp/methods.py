@@ -23,13 +23,14 @@ from gateway.core.jsonenc import Encoded, dumps
 from gateway.core.principal import Principal
 from gateway.mcp import handoff, principal_limits
 from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_REQUIRED, RpcFault
-from gateway.mcp.request_state import RequestStates, StateError
+from gateway.mcp.request_state import ApprovalState, RequestStates, StateError
 from gateway.observability import logs
 from gateway.pipeline import UnknownTool, call_tool, request_facts, shown_tool_name
 from gateway.policy.decisions import CONTRACT_VERSION
 from gateway.policy.listings import listing_key
+from gateway.store.approvals import NotFound
 from gateway.store.audit import AuditRecord
-from gateway.store.outcomes import AuditUnavailable
+from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable
 from gateway.tools.catalog import Catalog
 from gateway.tools.tool import arguments_digest
 
@@ -120,6 +121,29 @@ def _tool_fragments(catalog: Catalog, original_shape: bool) -> tuple[tuple[str, 
     return fragments
 
 
+async def _keep_retry_handle(
+    x: Exchange, name: str, arguments: Any, approval_id: str, state: ApprovalState | None
+) -> None:
+    """A retry refused before anything was sent gives its approval back (pipeline `_unspent`); the
+    handle it came with must then work again, or the approval is stranded: a requestState is spent
+    on redemption, a 2025-11-25 hand-off taken on recall (found by a review: the client was told
+    to call without it, and a new approval request was opened beside the approved one)."""
+    store = x.c.approvals.store
+    if store is None:
+        return
+    try:
+        held = await store.get(approval_id)
+    except (NotFound, *STORE_ERRORS):  # the refusal stands; a new approval is the worst case
+        log.warning("approval %s: could not tell whether the retry's handle may be kept", approval_id, exc_info=True)
+        return
+    if held.state != "approved" or held.used_at is not None:
+        return
+    if state is not None:
+        await x.states.give_back(state)
+    else:
+        await x.states.remember(x.principal, request_digest(x, name, arguments), approval_id)
+
+
 def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
     out: dict[str, Any] = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
     if result.structured is not None:
@@ -182,6 +206,7 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     request_id = uuid.uuid4().hex
     logs.bind(request_id, x.principal.sub, name)  # every log line of this call carries them
     retry = x.modern and params.get("requestState") is not None
+    state: ApprovalState | None = None
     if retry:
         try:
             state = await x.states.redeem(params["requestState"], x.principal, request_digest(x, name, arguments))
@@ -204,6 +229,8 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
     result = await _run(x, req)
+    if retry and result.outcome != "allowed":
+        await _keep_retry_handle(x, name, arguments, str(meta[handoff.APPROVAL_REQUEST_META]), state)
     if result.outcome in REFUSED_OUTCOMES:
         x.c.principal_limits.refused(x.principal.sub)
     aid = handoff.approval_id(result)

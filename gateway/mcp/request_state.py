@@ -131,6 +131,16 @@ class RequestStates:
         self._used[nonce] = float(exp)
         return ApprovalState(payload["a"], request_digest, nonce)
 
+    async def give_back(self, state: ApprovalState) -> None:
+        """The retry `state` was redeemed for sent nothing and gave its approval back (pipeline
+        `_unspent`): its requestState may be presented again, as a token may (docs/approvals.md).
+        Only called once the approval is usable again; consuming it is still the store's one
+        conditional update, so the call still runs at most once."""
+        if self.shared is not None:
+            await self.shared.unuse(state.nonce)
+            return
+        self._used.pop(state.nonce, None)
+
     def _prune(self, now: float) -> None:
         if len(self._used) > 1024:
             for n in [n for n, e in self._used.items() if e < now]:

@@ -61,6 +61,11 @@ class SharedStates:
             )
         return added == 1
 
+    async def unuse(self, nonce: str) -> None:
+        """`nonce` may be presented again (its retry gave its approval back: RequestStates.give_back)."""
+        async with self.database.transaction() as tx:
+            await tx.execute("DELETE FROM request_state_uses WHERE nonce = ?", nonce)
+
     async def remember(self, principal: str, digest: str, approval_id: str, ttl: float) -> None:
         async with self.database.transaction() as tx:
             now = await tx.now()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import ssl
 import subprocess
 from typing import Any
@@ -193,6 +194,44 @@ def test_a_retry_before_the_vote_is_held_again_and_keeps_the_approval(api: Api, 
         if r["kind"] == "refusal" and r["outcome"] == "approval_pending"
     ]
     assert held, "the early retry is audited"
+
+
+def test_a_retry_refused_before_sending_keeps_its_request_state(api: Api, asim: Any, agw: Any) -> None:
+    """The approved retry is refused before anything is sent (OPA paused: it fails closed) and gives
+    the approval back; its requestState must work again, as a token does (found by a review: it was
+    spent, the client was told to call without it, and a second approval request was opened)."""
+    import asyncio
+
+    args = shutdown_args()
+    token = api.agent()
+    ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
+    responses = {"pvegate_approval": {"action": "accept"}}
+
+    def post(params: dict[str, Any]) -> httpx.Response:
+        body = modern_body("tools/call", params, capabilities=URL_ELICITATION)
+        return http.post(api.env.url, json=body, headers=modern_headers(token, "tools/call", "vm_shutdown"))
+
+    with httpx.Client(verify=ctx, timeout=30) as http:
+        first = post({"name": "vm_shutdown", "arguments": args}).json()["result"]
+        state = first["requestState"]
+        aid = first["inputRequests"]["pvegate_approval"]["params"]["url"].rsplit("/", 1)[-1]
+        assert asyncio.run(api.vote(aid, approver(api))).status_code == 200
+        retry = {"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses}
+        opa = agw.components.sidecar.process
+        opa.send_signal(signal.SIGSTOP)
+        try:
+            refused = post(retry).json()["result"]
+        finally:
+            opa.send_signal(signal.SIGCONT)
+        assert refused["isError"] and refused["_meta"]["pvegate/outcome"] == "denied", refused
+        assert shutdowns(asim, args["timeout"]) == 0
+        again = post(retry)
+        assert again.status_code == 200, again.text
+        done = again.json()["result"]
+        assert done["_meta"]["pvegate/outcome"] in ("allowed", "failed"), done
+        replay = post(retry)
+        assert replay.status_code == 400 and "already used" in replay.json()["error"]["message"]
+    assert shutdowns(asim, args["timeout"]) == 1
 
 
 async def test_2025_11_25_a_retry_before_the_vote_gets_the_same_elicitation(api: Api, asim: Any) -> None:

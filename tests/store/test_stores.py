@@ -425,6 +425,27 @@ async def test_a_request_state_is_single_use_across_replicas(shared: tuple[Share
     assert len(refused) == 19 and all(str(e) == "already used" for e in refused)
 
 
+async def test_a_request_state_given_back_is_usable_once_more_on_any_replica(
+    shared: tuple[SharedStates, SharedStates],
+) -> None:
+    """A retry refused before sending gives its approval back and its requestState with it
+    (RequestStates.give_back): another replica takes it once more, and once only."""
+    from gateway.mcp.request_state import RequestStates, Sealer, StateError
+
+    a, b = shared
+    key = b"k" * 32
+    one, two = RequestStates(Sealer(key), shared=a), RequestStates(Sealer(key), shared=b)
+    agent = person("agent")
+    token = one.mint(agent, DIGEST, "apr-2")
+    state = await one.redeem(token, agent, DIGEST)
+    with pytest.raises(StateError, match="already used"):
+        await two.redeem(token, agent, DIGEST)
+    await one.give_back(state)
+    assert (await two.redeem(token, agent, DIGEST)).approval_id == "apr-2"
+    with pytest.raises(StateError, match="already used"):
+        await one.redeem(token, agent, DIGEST)
+
+
 async def test_a_console_sign_out_holds_on_every_replica(shared: tuple[SharedStates, SharedStates]) -> None:
     """Signed out on one replica: another refuses the same session; the row goes once it could
     not matter (past the session's longest life)."""
