@@ -461,6 +461,12 @@ def _console(raw: dict[str, Any] | None, base: Path, public_url: str | None) -> 
             "console.enabled needs public_url: the sign-in's redirect URI (PUBLIC_URL/admin/callback) and the "
             "origin the console's forms are posted from"
         )
+    scopes = tuple(raw.get("scopes", ["openid", "profile", "email"]))
+    if raw.get("enabled") and "openid" not in scopes:
+        raise ConfigError(
+            "console.scopes: must include openid while the console is enabled (without it the identity "
+            "provider sends no ID token, and every sign-in fails)"
+        )
     return ConsoleConfig(
         enabled=bool(raw.get("enabled", False)),
         issuer=issuer,
@@ -469,7 +475,7 @@ def _console(raw: dict[str, Any] | None, base: Path, public_url: str | None) -> 
         if raw.get("client_secret")
         else None,
         session_key=_secret(raw["session_key"], base, "console.session_key"),
-        scopes=tuple(raw.get("scopes", ["openid", "profile", "email"])),
+        scopes=scopes,
         idle_timeout_seconds=int(raw.get("idle_timeout_seconds", 900)),
         max_session_seconds=int(raw.get("max_session_seconds", 28800)),
     )

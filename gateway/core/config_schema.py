@@ -254,6 +254,32 @@ def _non_finite(node: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[t
             yield from _non_finite(sub, (*path, i))
 
 
+def _non_string_keys(node: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    """Every mapping key YAML read as something else than a string (`on:` as true, `1:` as a number),
+    with the path of its mapping: a setting, a name (a principal, an SSH node, an OPA service) is a string."""
+    if isinstance(node, dict):
+        for key, sub in node.items():
+            if isinstance(key, str):
+                yield from _non_string_keys(sub, (*path, key))
+            else:
+                yield path, key
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            yield from _non_string_keys(sub, (*path, i))
+
+
+def _key_problem(raw: Any, path: tuple[str | int, ...], key: Any) -> str:
+    """A key that is not a string: said as YAML wrote it, with how to keep the name."""
+    at = _display_path(raw, list(path)) or "the top level"
+    shown = _show(key) if isinstance(key, bool) else "null" if key is None else str(key)
+    if isinstance(key, bool):
+        why, example = "YAML reads an unquoted yes, no, on, off, true or false as a boolean", "'on'"
+    else:
+        kind = "a number" if isinstance(key, int | float) else "null" if key is None else f"a {type(key).__name__}"
+        why, example = f"YAML reads it as {kind}", f"'{shown}'"
+    return f"{at}: the key {shown} is not a string ({why}); quote it as written, e.g. {example}:"
+
+
 def problems(raw: Any) -> list[str]:
     """Everything wrong with a parsed configuration file, one readable line each; [] if nothing."""
     found: list[tuple[tuple[int, ...], str]] = []
@@ -268,8 +294,12 @@ def problems(raw: Any) -> list[str]:
         if at in non_finite:
             mistyped.add(at)  # `expected a string, got .nan` says more than "finite"
         for key, path, message in _messages(error, raw):
+            if key is not None and not isinstance(key, str):
+                continue  # a key YAML read as a boolean or a number: said below, once
             where = [*at, *([key] if key is not None else [])]
             found.append((_position(raw, where), redact(f"{path}: {message}")))
+    for at, key in _non_string_keys(raw):
+        found.append((_position(raw, [*at, key]), redact(_key_problem(raw, at, key))))
     for at, value in non_finite.items():
         if at not in mistyped:
             line = f"{_display_path(raw, list(at))}: must be a finite number, got {_show(value)}"
@@ -393,6 +423,76 @@ def _plain_http_off_host(url: str) -> bool:
     return not is_loopback(host)
 
 
+# the hosts gateway/auth/jwks.py fetches a JWKS from over plain http (auth/ is above core/: not imported)
+_JWKS_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _jwks_url(url: str) -> list[str]:
+    """What the JWKS fetcher refuses at start: a URL that is not https, unless its host is loopback."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [f"auth.jwks_url: {_show(url)} is not a URL (an unbalanced '[' or ']' in the host part)"]
+    if parts.scheme != "https" and parts.hostname not in _JWKS_LOOPBACK:
+        return [
+            "auth.jwks_url: must be https (plain http only on loopback: 127.0.0.1, localhost or ::1); "
+            "the keys that verify every token must not cross the network in the clear"
+        ]
+    return []
+
+
+def _base_url(at: str, url: str) -> tuple[str | None, list[str]]:
+    """(path, problems) of a base URL the gateway appends paths to: it needs a host, a port from 1 to
+    65535 if any, and no whitespace, query or fragment. Path None: nothing more to check (a user name
+    or password in it is _url_credentials' to say)."""
+    if not url.isprintable() or any(c.isspace() for c in url):
+        return None, [f"{at}: {_show(url)} holds whitespace or a control character; write the URL without it"]
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None, [
+            f"{at}: {_show(url)} is not a URL: its host in '[' ']' is not an IPv6 address, or one bracket is missing"
+        ]
+    if "@" in parts.netloc:
+        return None, []
+    if "?" in url or "#" in url:
+        return None, [f"{at}: has a query or a fragment ('?' or '#'): paths are appended to it; remove them"]
+    if not parts.hostname:
+        return None, [f"{at}: names no host (scheme://HOST[:PORT]/...)"]
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return None, [f"{at}: the port in {_show(parts.netloc)} is not a number from 1 to 65535"]
+    if not (_is_ipv6(parts.hostname) or re.fullmatch(r"[\w.-]+", parts.hostname)):
+        return None, [f"{at}: {_show(parts.netloc)} is not host or host:port (a DNS name or an IP address)"]
+    return parts.path, []
+
+
+def _api_url(at: str, url: str) -> list[str]:
+    """A cluster's api_url: the Proxmox API's base, to which the runtime appends each path (/nodes/...)."""
+    path, found = _base_url(at, url)
+    if path is not None and path not in ("/api2/json", "/api2/json/"):
+        got = f"the path {_show(path)}" if path.strip("/") else f"none (did you mean {url.rstrip('/')}/api2/json?)"
+        found.append(
+            f"{at}: its path must be /api2/json, the Proxmox API's base "
+            f"(e.g. https://pve1.example.net:8006/api2/json); got {got}"
+        )
+    return found
+
+
+def _public_url(url: str) -> list[str]:
+    """public_url: the gateway's base URL (a path prefix is kept); the MCP endpoint is public_url + /mcp."""
+    path, found = _base_url("public_url", url)
+    if path is not None and path.rstrip("/").endswith("/mcp"):
+        found.append(
+            "public_url: is the gateway's base URL, without /mcp (the MCP endpoint is public_url + /mcp); "
+            f"did you mean {url.rstrip('/').removesuffix('/mcp')}?"
+        )
+    return found
+
+
 def _netloc(url: str) -> str:
     try:
         return urlsplit(url).netloc
@@ -414,12 +514,18 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
                 f"{at}.api_url: plain http:// to another host would send the Proxmox API token in the clear; "
                 "use https:// (plain http is for a loopback address only)"
             )
+        if isinstance(c.get("api_url"), str):
+            out += _api_url(f"{at}.api_url", c["api_url"])
         if c.get("fingerprint") and c.get("ca_file"):
             out.append(f"{at}.ca_file: not used when {at}.fingerprint pins the certificate; give one of them")
         if c.get("fingerprint") and c.get("verify_tls") is False:
             out.append(f"{at}.fingerprint: not used when {at}.verify_tls is false; give one of them")
         if c.get("ca_file") and c.get("verify_tls") is False:
             out.append(f"{at}.ca_file: not used when {at}.verify_tls is false; give one of them")
+    if isinstance(raw.get("public_url"), str):
+        out += _public_url(raw["public_url"])
+    if isinstance(raw["auth"].get("jwks_url"), str):
+        out += _jwks_url(raw["auth"]["jwks_url"])
 
     opa = raw.get("opa") or {}
     if opa.get("mode") == "external":
@@ -631,6 +737,12 @@ def reference() -> str:
         "refused. An `allowed_hosts` entry must be `host` or `host:port` and an `allowed_origins` entry",
         "`http(s)://host[:port]` without the scheme's default port (`:443`, `:80`): each is compared with",
         "the whole header, so `*`, a URL as a host, a path or a bare name as an origin would never match.",
+        "A cluster's `api_url` must have the path `/api2/json`, and `public_url` must not end in `/mcp` (it",
+        "is the gateway's base URL); both need a host and a port (if any) from 1 to 65535, without query,",
+        "fragment or whitespace. `auth.jwks_url` must be https (http only on `127.0.0.1`, `localhost` or",
+        "`::1`), as `pvegate serve` requires, and an enabled console's `console.scopes` must include `openid`.",
+        "No URL setting may hold a user name or password. A mapping key YAML reads as something else than",
+        "a string (an unquoted `on`, `yes` or `true` is a boolean, `1` a number) is refused: quote it.",
         "Every number that feeds a timeout, a sleep, a size or a count has a maximum (shown above).",
         "A key given twice in one mapping (YAML would keep the last silently), a merge (`<<: *x`) of a",
         "mapping that itself merges and overrides a key (PyYAML would take the merged value, not the",

@@ -123,13 +123,15 @@ def test_a_non_finite_number_is_refused(base: dict[str, Any], tmp_path: Path, ya
 
 
 def test_a_non_finite_number_is_refused_in_passed_through_sections_too(base: dict[str, Any]) -> None:
+    # a credentials method's settings are OPA's (passed through unchecked by the schema)
     base["opa"] = {
-        "services": {"s": {"url": "https://s", "response_header_timeout_seconds": math.inf}},
-        "decision_logs_upload": {"service": "s", "reporting": {"upload_size_limit_bytes": [1, math.nan]}},
+        "services": {"s": {"url": "https://s", "credentials": {"oauth2": {"scopes": [1, math.nan], "x": math.inf}}}},
+        "decision_logs_upload": {"service": "s", "reporting": {"upload_size_limit_bytes": math.inf}},
     }
-    assert problems(base) == [
-        "opa.services.s.response_header_timeout_seconds: must be a finite number, got .inf",
-        "opa.decision_logs_upload.reporting.upload_size_limit_bytes[1]: must be a finite number, got .nan",
+    assert sorted(problems(base)) == [
+        "opa.decision_logs_upload.reporting.upload_size_limit_bytes: expected an integer, got .inf",
+        "opa.services.s.credentials.oauth2.scopes[1]: must be a finite number, got .nan",
+        "opa.services.s.credentials.oauth2.x: must be a finite number, got .inf",
     ]
 
 
