@@ -92,6 +92,33 @@ async def test_2025_11_25_url_elicitation_error_then_retry(api: Api, asim: Any) 
     assert shutdowns(asim, args["timeout"]) == 1
 
 
+async def test_2025_11_25_a_retry_refused_before_sending_keeps_its_hand_off(api: Api, asim: Any, agw: Any) -> None:
+    """The 2025-11-25 client's identical retry is refused before anything is sent (OPA paused) and
+    gives the approval back: the next identical retry still redeems it, not a new approval request."""
+    args = shutdown_args()
+
+    async def on_elicit(context: Any, params: Any) -> ElicitResult:  # declares the capability
+        return ElicitResult(action="accept")
+
+    async with mcp_client(
+        api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=on_elicit
+    ) as client:
+        with pytest.raises(MCPError) as info:
+            await client.call_tool("vm_shutdown", args)
+        aid = info.value.error.data["elicitations"][0]["elicitationId"]
+        assert (await api.vote(aid, approver(api))).status_code == 200
+        opa = agw.components.sidecar.process
+        opa.send_signal(signal.SIGSTOP)
+        try:
+            refused = await client.call_tool("vm_shutdown", args)
+        finally:
+            opa.send_signal(signal.SIGCONT)
+        assert refused.is_error and refused.meta and refused.meta["pvegate/outcome"] == "denied", refused
+        res = await client.call_tool("vm_shutdown", args)
+    assert res.meta and res.meta["pvegate/outcome"] in ("allowed", "failed"), res
+    assert shutdowns(asim, args["timeout"]) == 1
+
+
 async def test_clients_without_elicitation_get_the_plain_pending_result(api: Api) -> None:
     for mode in ("legacy", "2026-07-28"):
         async with mcp_client(api.env.url, api.agent(), api.env.ca_file, mode=mode) as client:
