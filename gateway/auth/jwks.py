@@ -23,10 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import jwt
+
+from gateway.core.config_schema import jwks_url_in_clear
 
 log = logging.getLogger("pvegate.jwks")
 
@@ -104,8 +105,7 @@ class JwksKeys:
         if bool(url) == bool(file):
             raise ValueError("exactly one of jwks_url and jwks_file")
         if url:
-            parts = urlsplit(url)
-            if parts.scheme != "https" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            if jwks_url_in_clear(url):
                 raise ValueError("jwks_url must be https (plain http only on loopback)")
         self.url = url
         self.file = file

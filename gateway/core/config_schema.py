@@ -423,17 +423,25 @@ def _plain_http_off_host(url: str) -> bool:
     return not is_loopback(host)
 
 
-# the hosts gateway/auth/jwks.py fetches a JWKS from over plain http (auth/ is above core/: not imported)
-_JWKS_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# the hosts a JWKS may be fetched from over plain http
+JWKS_PLAIN_HTTP_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def jwks_url_in_clear(url: str) -> bool:
+    """Whether the JWKS at `url` would be fetched in the clear: not https, and not from a loopback
+    host. The rule of both config loading and the fetcher (gateway/auth/jwks.py). ValueError for a
+    URL urlsplit cannot read."""
+    parts = urlsplit(url)
+    return parts.scheme != "https" and parts.hostname not in JWKS_PLAIN_HTTP_HOSTS
 
 
 def _jwks_url(url: str) -> list[str]:
     """What the JWKS fetcher refuses at start: a URL that is not https, unless its host is loopback."""
     try:
-        parts = urlsplit(url)
+        in_clear = jwks_url_in_clear(url)
     except ValueError:
         return [f"auth.jwks_url: {_show(url)} is not a URL (an unbalanced '[' or ']' in the host part)"]
-    if parts.scheme != "https" and parts.hostname not in _JWKS_LOOPBACK:
+    if in_clear:
         return [
             "auth.jwks_url: must be https (plain http only on loopback: 127.0.0.1, localhost or ::1); "
             "the keys that verify every token must not cross the network in the clear"
