@@ -136,7 +136,7 @@ async def _keep_retry_handle(
     except (NotFound, *STORE_ERRORS):  # the refusal stands; a new approval is the worst case
         log.warning("approval %s: could not tell whether the retry's handle may be kept", approval_id, exc_info=True)
         return
-    if held.state != "approved" or held.used_at is not None:
+    if held.state != "approved":  # given back (release clears used_at with it)
         return
     if state is not None:
         await x.states.give_back(state)

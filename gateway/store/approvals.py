@@ -569,7 +569,6 @@ class ApprovalStore:
         withdrawal was asked for while the call held it ends 'withdrawn' instead. Returns the state it
         left the approval in ('approved' or 'withdrawn'), or None when this request did not hold it."""
         async with self.database.transaction() as tx:
-            now = await tx.now()
             given = await tx.execute(
                 "UPDATE approval_requests SET state = 'approved', used_at = NULL, used_by_request = NULL "  # noqa: S608
                 f"WHERE id = ? AND state = 'used' AND used_by_request = ? AND NOT {WITHDRAWN_IN_USE}",
@@ -581,7 +580,7 @@ class ApprovalStore:
             ended = await tx.execute(
                 "UPDATE approval_requests SET state = 'withdrawn', decided_at = ? "  # noqa: S608
                 f"WHERE id = ? AND state = 'used' AND used_by_request = ? AND {WITHDRAWN_IN_USE}",
-                now,
+                await tx.now(),
                 approval_id,
                 used_by,
             )
