@@ -19,6 +19,7 @@ from gateway.core.config import ConfigError, load
 from gateway.core.config_schema import problems
 from gateway.mcp.wellknown import resource_url
 from tests.config.conftest import run_pvegate, write
+from tests.console.test_config import console
 
 API = "clusters.default.api_url: "
 
@@ -209,23 +210,10 @@ def test_a_quoted_name_keeps_its_spelling(base: dict[str, Any], tmp_path: Path) 
     assert sorted(load(path).local_principals) == ["1", "on"]
 
 
-def _console(base: dict[str, Any], tmp_path: Path, **over: Any) -> dict[str, Any]:
-    (tmp_path / "secrets" / "console-key").write_text("k" * 40)
-    base["public_url"] = "https://pvegate.example.org"
-    base["console"] = {
-        "enabled": True,
-        "issuer": "https://idp.example.org/realms/ops",
-        "client_id": "pvegate-console",
-        "session_key": {"file": "secrets/console-key"},
-        **over,
-    }
-    return base
-
-
-def test_an_enabled_console_without_the_openid_scope_is_refused(base: dict[str, Any], tmp_path: Path) -> None:
+def test_an_enabled_console_without_the_openid_scope_is_refused(tmp_path: Path) -> None:
     """The sign-in reads the ID token, which the provider only sends for `openid` (admin/console/oidc.py)."""
     with pytest.raises(ConfigError) as err:
-        load(write(tmp_path, _console(base, tmp_path, scopes=["profile", "email"])))
+        load(write(tmp_path, console(tmp_path, scopes=["profile", "email"])))
     assert err.value.problems == (
         "console.scopes: must include openid while the console is enabled (without it the identity provider "
         "sends no ID token, and every sign-in fails)",
@@ -235,8 +223,6 @@ def test_an_enabled_console_without_the_openid_scope_is_refused(base: dict[str, 
 @pytest.mark.parametrize(
     "over", [{"scopes": ["openid"]}, {}, {"enabled": False, "scopes": ["profile"]}], ids=["openid", "default", "off"]
 )
-def test_console_scopes_with_openid_or_a_disabled_console_load(
-    base: dict[str, Any], tmp_path: Path, over: dict[str, Any]
-) -> None:
-    cfg = load(write(tmp_path, _console(base, tmp_path, **over))).console
+def test_console_scopes_with_openid_or_a_disabled_console_load(tmp_path: Path, over: dict[str, Any]) -> None:
+    cfg = load(write(tmp_path, console(tmp_path, **over))).console
     assert cfg.enabled == over.get("enabled", True)
