@@ -47,6 +47,15 @@ def approver(api: Api) -> str:
     return api.human("alice", ["sre-leads"])
 
 
+async def _accept(context: Any, params: Any) -> ElicitResult:
+    return ElicitResult(action="accept")
+
+
+def legacy_client(api: Api) -> Any:
+    """A 2025-11-25 session that declares URL elicitation (the callback is never asked: -32042 instead)."""
+    return mcp_client(api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=_accept)
+
+
 async def test_2026_input_required_round_trip_with_the_sdk_client(api: Api, asim: Any) -> None:
     args = shutdown_args()
     seen: list[ElicitRequestURLParams] = []
@@ -71,12 +80,7 @@ async def test_2026_input_required_round_trip_with_the_sdk_client(api: Api, asim
 async def test_2025_11_25_url_elicitation_error_then_retry(api: Api, asim: Any) -> None:
     args = shutdown_args()
 
-    async def on_elicit(context: Any, params: Any) -> ElicitResult:  # declares the capability
-        return ElicitResult(action="accept")
-
-    async with mcp_client(
-        api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=on_elicit
-    ) as client:
+    async with legacy_client(api) as client:
         with pytest.raises(MCPError) as info:
             await client.call_tool("vm_shutdown", args)
         assert info.value.error.code == -32042
@@ -97,12 +101,7 @@ async def test_2025_11_25_a_retry_refused_before_sending_keeps_its_hand_off(api:
     gives the approval back: the next identical retry still redeems it, not a new approval request."""
     args = shutdown_args()
 
-    async def on_elicit(context: Any, params: Any) -> ElicitResult:  # declares the capability
-        return ElicitResult(action="accept")
-
-    async with mcp_client(
-        api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=on_elicit
-    ) as client:
+    async with legacy_client(api) as client:
         with pytest.raises(MCPError) as info:
             await client.call_tool("vm_shutdown", args)
         aid = info.value.error.data["elicitations"][0]["elicitationId"]
@@ -264,12 +263,7 @@ def test_a_retry_refused_before_sending_keeps_its_request_state(api: Api, asim: 
 async def test_2025_11_25_a_retry_before_the_vote_gets_the_same_elicitation(api: Api, asim: Any) -> None:
     args = shutdown_args()
 
-    async def on_elicit(context: Any, params: Any) -> ElicitResult:
-        return ElicitResult(action="accept")
-
-    async with mcp_client(
-        api.env.url, api.agent(), api.env.ca_file, mode="legacy", elicitation_callback=on_elicit
-    ) as client:
+    async with legacy_client(api) as client:
         ids = []
         for _ in range(2):  # the call, then an immediate retry before anyone voted
             with pytest.raises(MCPError) as info:
