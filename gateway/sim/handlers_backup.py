@@ -313,7 +313,9 @@ def delete_prunebackups(ctx: Ctx) -> Any:
         cl.touch()
         return lines
 
-    return ctx.rt.tasks.start(node, "prunebackups", storage, ctx.user, work).upid
+    # PVE (PruneBackups.pm): fork_worker('prunebackups', (defined($vmid) ? "$vmid@" : '') . $storeid, ...)
+    worker_id = f"{vmid}@{storage}" if vmid is not None else storage
+    return ctx.rt.tasks.start(node, "prunebackups", worker_id, ctx.user, work).upid
 
 
 # ---- calendar events ----------------------------------------------------------------

@@ -15,8 +15,11 @@ For each open call, oldest first:
   record, or before sending), of a tool that starts a task: the node's task list, one
   `typefilter` per task type the tool declares (`task_type`), for the gateway's token, that
   guest, around the decision time (Reconciler.task_window: CLOCK_SKEW_SECONDS either side),
-  minus the UPIDs other records already claim; each row's UPID checked again, whole (type,
-  user exactly the token id: `userfilter` is a substring match, vmid, start time). Found: as
+  minus the UPIDs other records already claim (read from CLAIM_MARGIN_SECONDS before the
+  earliest call settled, whatever pass it is); each row's UPID checked again, whole (type,
+  user exactly the token id: `userfilter` is a substring match, worker id: the guest's vmid,
+  or the tool's `task_worker_id` filled from the call, e.g. `103@local` for a prune, with no
+  `vmid` filter sent then; start time). Found: as
   above (`found_by: task_list`). Nothing: `reconciled` with `proxmox: not_found` (the request
   never reached Proxmox, or Proxmox refused it before starting a task). A call that names no
   node is looked for on every node the cluster lists; while one of them is not online (its
@@ -93,6 +96,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.core.config import Config, ConfigError
+from gateway.core.redaction import REDACTED
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditRecord
 from gateway.store.holds import AMOUNTS, PoolHolds
@@ -101,6 +105,7 @@ from gateway.store.pgsync import PgLocation
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import ToolError
 from gateway.tools.runtimes.pve_api import UPID_RE, PveApiClient, upid_node
+from gateway.tools.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.reconcile")
 
@@ -112,6 +117,12 @@ TASK_LIST_LIMIT = 500
 # How far the gateway's clock may be from a Proxmox node's when a call's task is looked for in the node's
 # task list (decision times are the gateway's clock, task start times the node's): Reconciler.task_window.
 CLOCK_SKEW_SECONDS = 120
+# How far before the earliest call a pass settles the records naming UPIDs (claimed_tasks) are read: a task a
+# call could be matched to starts from CLOCK_SKEW_SECONDS before its decision (the node's clock), and the record
+# that claims it for another call (that call's dispatch or result) was stamped by its writer's clock, which may
+# be behind this call's writer's or the node's (another replica, an earlier run, a clock stepped between runs).
+# Generous: a claim read too many costs nothing, a claim missed lets one call's task be recorded as another's.
+CLAIM_MARGIN_SECONDS = 3600
 
 RECONCILE_LOCK = "pvegate-reconcile"  # one reconciler at a time among the replicas (AuditLog.exclusive)
 
@@ -167,6 +178,7 @@ class OpenCall:
     owner: str | None = None  # the replica that decided it (PostgreSQL); None: written on SQLite
     unreadable: int | None = None  # seq of a record whose body is not JSON (edited outside the gateway)
     seq: int = 0  # its decision record
+    arguments: dict[str, Any] = field(default_factory=dict)  # as the audit kept them (redacted where it must)
     hold: PoolHold | None = None  # what it held on its pool when it was decided (an allowed allocating call)
 
 
@@ -216,6 +228,7 @@ def open_calls(
                     call.unreadable = int(r["seq"])
                 if kind == "received":
                     call.target = _obj(body.get("target"))
+                    call.arguments = _obj(body.get("arguments"))
                     call.effect = body.get("effect")
                     call.dry_run = bool(body.get("dry_run"))
                 elif kind == "decision":
@@ -418,7 +431,13 @@ class Reconciler:
                 )
             except auditlib.TurnLost as exc:
                 down = str(exc)
-        claimed = await asyncio.to_thread(claimed_tasks, audit.path, since)
+        # the UPIDs other records claim, read from far enough back for every call of this pass, whatever pass it
+        # is: settle_own's `since` is this run's start, and a task the previous run started (and recorded)
+        # minutes before would otherwise be free to match one of this run's calls whose answer was lost.
+        # Bounded: a call decided before the look-back is never searched (settle), so it needs no claims.
+        earliest = max(min(c.ts for c in calls), time.time() - LOOKBACK_SECONDS)
+        claims_since = min(since, earliest - CLAIM_MARGIN_SECONDS)
+        claimed = await asyncio.to_thread(claimed_tasks, audit.path, claims_since)
         out: list[Settled] = []
         for call in calls:
             if down is not None:  # left open for the next pass, and said so: never dropped from a caller's list
@@ -555,7 +574,7 @@ class Reconciler:
         try:
             if task_id is None:
                 found_by = "task_list"
-                task_id = await self._search(client, cluster, call, types, claimed, before)
+                task_id = await self._search(client, cluster, call, types, claimed, before, tool)
             if task_id is None:
                 body: dict[str, Any] = {
                     "proxmox": "not_found",
@@ -659,14 +678,19 @@ class Reconciler:
         types: tuple[str, ...],
         claimed: set[str],
         before: float | None,
+        tool: Tool | None = None,
     ) -> str | None:
         """The gateway's task for this call in the nodes' task lists: the earliest one not claimed by another
-        record, of one of the tool's task types, started by the gateway's token itself, on the call's guest,
-        in the call's time window (task_window). Proxmox's filters (`typefilter`, exact; `userfilter`, a
-        case-insensitive substring: `root@pam!gw` also returns `root@pam!gw-backup`'s tasks; `vmid`) only
-        narrow the list: every candidate's UPID is checked again, whole. A call that names no node is looked
-        for on every node the cluster lists; while one of them is not online its list cannot be read, and the
-        task may be there: ToolError (the call is left open for a later pass), never "not found"."""
+        record, of one of the tool's task types, started by the gateway's token itself, with the call's worker
+        id, in the call's time window (task_window). The worker id (the UPID's id) is the call's guest's vmid;
+        for a tool that declares `task_worker_id` (a task whose id is not the vmid: `103@local` for a prune
+        of guest 103's backups), the first of those forms the call's fields fill (worker_id), and then no
+        `vmid` filter is sent (Proxmox compares it to the task's id: it would hide the task). Proxmox's filters
+        (`typefilter`, exact; `userfilter`, a case-insensitive substring: `root@pam!gw` also returns
+        `root@pam!gw-backup`'s tasks; `vmid`) only narrow the list: every candidate's UPID is checked again,
+        whole. A call that names no node is looked for on every node the cluster lists; while one of them is
+        not online its list cannot be read, and the task may be there: ToolError (the call is left open for a
+        later pass), never "not found"."""
         user = self.token_user(cluster)
         if user is None:
             raise ToolError(f"cannot read the token of cluster {cluster} to search its tasks")
@@ -686,7 +710,11 @@ class Reconciler:
                 )
             nodes = sorted(listed)
         since, until = self.task_window(cluster, call.ts, before)
-        vmid = call.target.get("vmid")
+        if tool is not None and tool.task_worker_ids:  # None: no form fits (not checked, as for a call of no guest)
+            vmid, want = None, worker_id(tool.task_worker_ids, tool.target, call)
+        else:
+            vmid = call.target.get("vmid")
+            want = None if vmid is None else str(vmid)
         # Proxmox filters a finished task's user with its token id split off (`root@pam`, tokenid `gw`), so
         # `userfilter=root@pam!gw` would find running tasks only: the user part, the token checked in the UPID
         owner = user.partition("!")[0]
@@ -706,7 +734,7 @@ class Reconciler:
                     start = int(m["starttime"], 16)
                     if m["type"] not in types or m["user"] != user or not since <= start <= until:
                         continue
-                    if vmid is not None and m["id"] != str(vmid):
+                    if want is not None and m["id"] != want:
                         continue
                     candidates.append((start, str(upid)))
         return min(candidates)[1] if candidates else None
@@ -749,6 +777,38 @@ class Reconciler:
             await hook(request_id)
         except Exception as exc:
             log.warning("reconcile: the pool hold of %s not updated (%s)", request_id, type(exc).__name__)
+
+
+def worker_id(forms: tuple[str, ...], params: dict[str, str], call: OpenCall) -> str | None:
+    """The worker id a call's task carries, by the tool's `task_worker_id` forms: the first form whose every
+    {field} the call has, filled. A field's value is the call's recorded target's, else the argument the
+    tool maps that target field to, as recorded (the target leaves `vmid` null for a guest the cluster does
+    not list, e.g. a prune of a destroyed guest's backups, while Proxmox names the task by the argument);
+    None when no form fits, or when an argument a form needs was given but is not legible in the record
+    (redacted): the id is then not checked, as for a call that names no guest."""
+    for form in forms:
+        values: dict[str, str] = {}
+        for name in PLACEHOLDER.findall(form):
+            value = call.target.get(name)
+            if not _id_part(value) and name in params:
+                value = call.arguments.get(params[name])
+                if params[name] in call.arguments and not _id_part(value):
+                    return None  # given but not legible here (redacted): which form Proxmox used is unknown
+            if not _id_part(value):
+                break
+            values[name] = str(value)
+        else:
+            return form.format_map(values)  # its only braces are {field} placeholders (catalog.py)
+    return None
+
+
+def _id_part(value: Any) -> bool:
+    """Whether a recorded value can be part of a worker id: an integer (not a bool) or a plain string."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and value != "" and value != REDACTED and not any(c in value for c in ":/ \t\n")
 
 
 class _SettledMeanwhile(Exception):

@@ -280,6 +280,7 @@ def _check_placeholders(tool: Tool, where: str) -> None:
             raise CatalogError(
                 f"{where}: a tool with `task` must declare its task_type (the UPID's type, e.g. qmstart)"
             )
+        _check_task_worker_id(tool, where)
         if tool.spec.get("no_task_for") and not tool.spec.get("task"):
             raise CatalogError(f"{where}: no_task_for is for a tool with `task`")
         if tool.spec.get("task_type") and not tool.spec.get("task"):
@@ -303,6 +304,29 @@ def _check_placeholders(tool: Tool, where: str) -> None:
                 raise CatalogError(f"{where}: ssh placeholder {p} must be an integer or a string with a pattern")
     if tool.connector == "composite" and tool.effect != "read":
         raise CatalogError(f"{where}: composite tools must be read-only")
+
+
+def _check_task_worker_id(tool: Tool, where: str) -> None:
+    """`task_worker_id` (reconcile.py: the id a task found in the node's task list must carry): only for a tool
+    with `task`, each form's placeholders naming the tool's target fields (what the call's audit records
+    hold), so every form can be filled when the call has those fields."""
+    declared = tool.spec.get("task_worker_id")
+    if declared is None:
+        return
+    if not tool.spec.get("task"):
+        raise CatalogError(
+            f"{where}: task_worker_id is for a tool with `task` (Proxmox answers this one without a task)"
+        )
+    forms = [declared] if isinstance(declared, str) else list(declared)
+    for form in forms:
+        for p in PLACEHOLDER.findall(form):
+            if p not in tool.target:
+                raise CatalogError(
+                    f"{where}: task_worker_id {form!r}: {{{p}}} is not one of its target fields "
+                    f"({', '.join(sorted(tool.target)) or 'none'})"
+                )
+        if "{" in PLACEHOLDER.sub("", form) or "}" in PLACEHOLDER.sub("", form):
+            raise CatalogError(f"{where}: task_worker_id {form!r}: a brace that is not a {{target field}} placeholder")
 
 
 def _check_field(where: str, pve_field: str, value: str | list[str], schemas: dict[str, Any]) -> None:

@@ -69,6 +69,17 @@ class Tool:
         return (declared,) if isinstance(declared, str) else tuple(declared)
 
     @property
+    def task_worker_ids(self) -> tuple[str, ...]:
+        """The forms of the worker id (the UPID's id field) Proxmox gives this tool's task (pve_api
+        `task_worker_id`), each a template of `{target field}` placeholders, first choice first; () for a
+        tool that declares none (its task's id is the guest's vmid, or empty when the call names no guest).
+        Reconciliation matches a found task's id against the first form whose fields the call has."""
+        declared = self.spec.get("task_worker_id") if self.spec.get("task") else None
+        if declared is None:
+            return ()
+        return (declared,) if isinstance(declared, str) else tuple(declared)
+
+    @property
     def annotations(self) -> dict[str, Any]:
         return {
             "title": self.title,
