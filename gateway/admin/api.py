@@ -251,15 +251,31 @@ def note_problem(note: Any) -> str | None:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def refusing_invalid_values(endpoint: Endpoint, refuse: Callable[[Request, str], Response]) -> Endpoint:
+def store_unavailable(request: Request) -> Response:
+    """The admin API's 503 when a store (the audit, approvals, quotas) cannot be read or written."""
+    response = _err(503, "store_unavailable", "the gateway's database cannot be reached or written: retry later")
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+def refusing_invalid_values(
+    endpoint: Endpoint,
+    refuse: Callable[[Request, str], Response],
+    unavailable: Callable[[Request], Response] = store_unavailable,
+) -> Endpoint:
     """`endpoint`, with a value the database refuses (PostgreSQL's SQLSTATE class 22: a NUL character in an id
     from the path, a number out of range) answered by `refuse` (a 400 naming it), not as an internal error:
-    the request's own mistake, the statement did not run."""
+    the request's own mistake, the statement did not run. A store that cannot be reached or written (the
+    database down, the audit refusing writes, mid-request) is answered by `unavailable` (a 503 with
+    Retry-After, as /mcp answers), told to the health signal, never a 500 with a stack trace."""
 
     @functools.wraps(endpoint)
     async def wrapped(request: Request) -> Response:
         try:
             return await endpoint(request)
+        except STORE_ERRORS as exc:
+            _components(request).outcomes.store_failed(exc)  # logged there, without a traceback
+            return unavailable(request)
         except Exception as exc:
             why = invalid_value(exc)
             if why is None:

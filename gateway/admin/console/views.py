@@ -56,7 +56,7 @@ from gateway.store.approvals import (
 )
 from gateway.store.audit import AuditRecord
 from gateway.store.handoffs import SharedStates
-from gateway.store.outcomes import STORE_ERRORS
+from gateway.store.outcomes import RETRY_AFTER_SECONDS, STORE_ERRORS
 from gateway.tools.runtimes.base import CallContext, ToolError
 from gateway.tools.tool import ArgumentError, Tool, arguments_digest
 
@@ -1162,7 +1162,10 @@ def console_routes() -> list[Route]:
     ]
     # a value the database refuses (a NUL character in an id from the path): a 400 naming it, not an internal error
     return [
-        Route(r.path, adminapi.refusing_invalid_values(r.endpoint, _invalid_value), methods=r.methods) for r in routes
+        Route(
+            r.path, adminapi.refusing_invalid_values(r.endpoint, _invalid_value, _store_unavailable), methods=r.methods
+        )
+        for r in routes
     ]
 
 
@@ -1170,3 +1173,12 @@ def _invalid_value(request: Request, why: str) -> Response:
     if _wants_page(request):
         return render(request, "message.html", 400, title="Refused", message=f"Not done: {why}.")
     return adminapi.invalid_request(request, why)
+
+
+def _store_unavailable(request: Request) -> Response:
+    if _wants_page(request):
+        message = "The gateway's database cannot be reached or written now: what you asked may not be done. Retry."
+        response = render(request, "message.html", 503, title="Unavailable", message=message)
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+    return adminapi.store_unavailable(request)
