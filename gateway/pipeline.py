@@ -93,12 +93,29 @@ async def call_tool(c: Components, req: CallRequest) -> CallResult:
             result = await _call_tool(c, req, flight, hold)
             ended = True
             return _without_call_secrets(result)
-        except STORE_ERRORS as exc:
+        except (AuditUnavailable, *STORE_ERRORS) as exc:  # refused, and nothing was sent: retry it, it is not counted
+            if not (flight.dispatched or flight.task_id is not None):
+                await _give_back_quota(c, flight)
+            if isinstance(exc, AuditUnavailable):
+                raise
             raise c.outcomes.unavailable(exc) from exc
         finally:  # given back once Proxmox answered or nothing was sent; else when reconciliation settles it,
             # or (cut off by an error after it was sent) when it lapses
             sent = flight.dispatched or flight.task_id is not None
             await hold.end(keep=req.request_id in c.outcomes.unsettled or (sent and not ended))
+
+
+async def _give_back_quota(c: Components, flight: Flight) -> None:
+    """The quota slot of a call denied, or refused unsent (the store failed on its way: a 503 asks for a
+    retry, which must not find the quota spent by the refusals); once. Best effort: a store that cannot
+    give it back now keeps it (the slot lapses with its window)."""
+    slot, flight.quota_slot = flight.quota_slot, None
+    if slot is None:
+        return
+    try:
+        await c.usage.release(*slot)
+    except STORE_ERRORS as exc:
+        log.warning("quota slot of %s not given back: %s", flight.request_id, exc)
 
 
 def _without_call_secrets(result: CallResult) -> CallResult:
@@ -157,6 +174,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
         await _refuse(c, req, tool.name, target, "approval_refused", refusal)
         return CallResult("denied", refusal, is_error=True)
     usage, slot = await c.usage.reserve(req.principal.sub, tool.name)  # counts and slot in one step: no racing quotas
+    flight.quota_slot = (req.principal.sub, tool.name, slot)
     input_doc = policy_input(req, tool, args, digest, target, approval, usage, dry_run)
     if tool.allocates:  # creates, attaches, grows: the requested resources and the pool's usage
         input_doc["resources"] = await c.targets.resources(tool, args, cluster, target)
@@ -169,7 +187,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
         try:
             input_doc["resources"] = await c.targets.resources(tool, args, cluster, target, hold.take)
         except HoldsUnavailable as exc:  # nothing decided on, nothing sent: this call is refused
-            await c.usage.release(req.principal.sub, tool.name, slot)
+            await _give_back_quota(c, flight)
             await _unspent(c, req, tool.name, target, approval, f"holds unavailable: {exc}")
             await _refuse(c, req, tool.name, target, "holds_unavailable", str(exc))
             return CallResult("failed", f"{tool.name} refused: {exc}", is_error=True)
@@ -183,7 +201,7 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
         await _unspent(c, req, tool.name, target, approval, "the decision asks for an approval again")
         return await c.approvals.pending_result(req, tool, args, digest, target, decision)
     if not decision.allow:
-        await c.usage.release(req.principal.sub, tool.name, slot)
+        await _give_back_quota(c, flight)
         reasons = list(decision.deny)
         await _unspent(c, req, tool.name, target, approval, "denied by policy: " + "; ".join(reasons))
         # the sentences for the model and humans; the codes and rules for clients that key on them

@@ -84,6 +84,8 @@ class Flight:
     task_id: str | None = None  # the Proxmox UPID, once accepted
     dispatched: bool = False
     cut: bool = False
+    # the quota slot the call took (principal, tool, slot): given back when the call ends with nothing sent
+    quota_slot: tuple[str, str, float] | None = None
 
 
 @dataclass

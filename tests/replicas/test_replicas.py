@@ -36,6 +36,10 @@ def shutdown_args() -> dict[str, Any]:
     return {"vmid": 100, "timeout": next(_timeouts)}  # a unique timeout: this call, in the simulator's log
 
 
+def admin_token(cluster: Cluster) -> str:
+    return (cluster.base.workdir / "secrets" / "admin-token").read_text().strip()
+
+
 async def pending(cluster: Cluster, http: httpx.AsyncClient, args: dict[str, Any], replica: int) -> str:
     a = await cluster.call(http, cluster.agent("demo-agent"), "vm_shutdown", args, replica=replica)
     assert a.outcome == "pending_approval", a.text
@@ -125,6 +129,36 @@ async def test_a_quota_of_10_lets_exactly_10_of_30_concurrent_calls_through_thre
     finally:
         await conn.close()
     assert held == QUOTA_LIMIT
+
+
+async def test_calls_refused_while_the_audit_head_is_held_do_not_spend_the_quota(cluster: Cluster) -> None:
+    """Another session holds the audit chain's head row (a stalled replica, `pvegate audit archive`): calls
+    are refused with 503 / -32010, nothing sent, "retry". The retry must find the quota as it was (found by a
+    review: each refusal kept its slot, and the agent's next call was denied as over its quota)."""
+    sub = f"held-{time.monotonic_ns()}"
+    token = cluster.agent(sub)
+    conn = await asyncpg.connect(cluster.dsn)
+    try:
+        async with cluster.http() as http:
+            holder = await asyncpg.connect(cluster.dsn)
+            try:
+                async with holder.transaction():
+                    await holder.execute("SELECT 1 FROM audit_meta WHERE key = 'head' FOR UPDATE")
+                    refused = await asyncio.gather(
+                        *(
+                            cluster.call(http, token, "vm_reboot", {"vmid": 103}, replica=i % 3, meta={"dry_run": True})
+                            for i in range(QUOTA_LIMIT)
+                        )
+                    )
+            finally:
+                await holder.close()
+            for a in refused:
+                assert a.status == 503 and a.error is not None and a.error["code"] == -32010, a.text
+            assert await conn.fetchval("SELECT COUNT(*) FROM usage_events WHERE principal = $1", sub) == 0
+            a = await cluster.call(http, token, "vm_reboot", {"vmid": 103}, replica=0, meta={"dry_run": True})
+            assert a.outcome == "allowed", a.text
+    finally:
+        await conn.close()
 
 
 # --- faults under load -------------------------------------------------------------------
@@ -255,6 +289,8 @@ async def test_a_database_restart_under_load_is_refused_clearly_then_served_with
             await asyncio.sleep(1)  # calls decided just before the halt may still be dispatching
             down, heard = time.monotonic(), len(cluster.sim.requests_log())
             await asyncio.sleep(3)
+            # the operator's view of the queue: a clear 503 to retry, not a 500 with a stack trace
+            queue = await cluster.admin(http, 0, "GET", "/admin/approvals", admin_token(cluster))
             up, heard_down = time.monotonic(), cluster.sim.requests_log()[heard:]
             await asyncio.to_thread(cluster.pg.resume)
             for n in range(3):
@@ -262,6 +298,9 @@ async def test_a_database_restart_under_load_is_refused_clearly_then_served_with
         finally:
             await load.finish(tasks)
     assert [r.pid for r in cluster.replicas] == pids  # no gateway was restarted
+    assert queue.status_code == 503 and queue.json()["error"] == "store_unavailable", queue.text
+    assert queue.headers.get("retry-after")
+    assert "internal error on GET /admin/approvals" not in cluster.replicas[0].gw.log.read_text()
 
     during = [s for s in load.seen if down <= s.started and s.ended <= up]
     assert during, "no call was made while the database was down"
