@@ -42,7 +42,7 @@ from gateway.policy.decisions import CONTRACT_VERSION, Decision, DecisionClient
 from gateway.store.approvals_schema import MIGRATIONS as MIGRATIONS  # re-exported: its tables, as data
 from gateway.store.approvals_schema import POSTGRES_V1 as POSTGRES_V1
 from gateway.store.approvals_schema import SQLITE_V1 as SQLITE_V1
-from gateway.store.audit import AuditLog, AuditRecord, audit_arguments
+from gateway.store.audit import CALL_SECRETS, AuditLog, AuditRecord, audit_arguments
 from gateway.store.db import Database, SqliteDatabase, database
 from gateway.store.migrations import check
 from gateway.tools.tool import Tool
@@ -55,6 +55,8 @@ APPROVAL_ID_META = "pvegate/approval_id"  # on a pending result: what the hand-o
 APPROVAL_URL_META = "pvegate/approval_url"
 TOKEN_BYTES = 32  # 256 bits
 STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
+# how far back a sweep looks for expiries whose audit record is missing (UNRECORDED: at start, after a failure)
+UNRECORDED_LOOKBACK_SECONDS = 7 * 86400
 # decided_by of a pending request ended because the policy now asks other approvers, more of them or
 # a shorter lifetime for its call (state 'expired'; the note names the request that replaces it)
 POLICY_CHANGE = "policy change"
@@ -297,6 +299,17 @@ class ApprovalStore:
                 if changed:
                     ids.append(str(r["id"]))
         return ids
+
+    async def unrecorded_expiries(self, since: float) -> list[str]:
+        """Requests expired since `since` (the gateway's clock) whose `approval` record `expired` the audit
+        lacks: the sweep that expired them stopped before writing it (the audit refused writes, or the
+        process died). The audit lives in the same database (SQLite file or PostgreSQL), so one query."""
+        rows = await self.database.fetch(
+            "SELECT id FROM approval_requests r WHERE r.state = 'expired' AND r.decided_at >= ? AND NOT EXISTS "
+            "(SELECT 1 FROM audit a WHERE a.request_id = r.id AND a.kind = 'approval' AND a.outcome = 'expired')",
+            since,
+        )
+        return [str(r["id"]) for r in rows]
 
     async def get(self, request_id: str) -> ApprovalRequest:
         rows = await self.database.fetch("SELECT * FROM approval_requests WHERE id = ?", request_id)
@@ -653,6 +666,9 @@ class Approvals:
         # which OPA decides votes when it is not the gateway's configured one (the CLI's --opa-url): on each
         # vote's record, so a policy picked by hand is on record
         self.opa_note = opa_note
+        # look for expiries whose record is missing at the next sweep: at start (the last run may have died
+        # between the two), and after a sweep whose records could not all be written
+        self._unrecorded = True
 
     # --- the agent side --------------------------------------------------------------
 
@@ -924,12 +940,25 @@ class Approvals:
         if self.store is None:
             return []
         ids = await self.store.expire_due()
-        for approval_id in ids:
-            req = await self.store.get(approval_id)
-            was = "approved" if req.token_expires_at is not None else "pending"
-            until = req.token_expires_at if req.token_expires_at is not None else req.expires_at
-            body = {"approval_id": approval_id, "was": was, "expired_at": rfc3339(until)}
-            await self._audit(approval_id, "approval", req.requester, req.tool, "expired", body, req.target)
+        catch_up, self._unrecorded = self._unrecorded and self.audit is not None, False
+        # the sweep runs inside whichever call asked for it: that call's secret values must not scrub other
+        # principals' records (an approver comparing them would read the caller's password back)
+        outside_the_call = CALL_SECRETS.set(())
+        try:
+            if catch_up:
+                since = time.time() - UNRECORDED_LOOKBACK_SECONDS
+                ids += [i for i in await self.store.unrecorded_expiries(since) if i not in ids]
+            for approval_id in ids:
+                req = await self.store.get(approval_id)
+                was = "approved" if req.token_expires_at is not None else "pending"
+                until = req.token_expires_at if req.token_expires_at is not None else req.expires_at
+                body = {"approval_id": approval_id, "was": was, "expired_at": rfc3339(until)}
+                await self._audit(approval_id, "approval", req.requester, req.tool, "expired", body, req.target)
+        except BaseException:
+            self._unrecorded = True  # the next sweep writes what this one could not
+            raise
+        finally:
+            CALL_SECRETS.reset(outside_the_call)
         return ids
 
     async def _audit(

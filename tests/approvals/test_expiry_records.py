@@ -1,0 +1,105 @@
+"""Each expiry has its `approval` record `expired`, even when the sweep that expired it could not write it
+(found by a review: the state change was committed, the record failed, and no later sweep looked again),
+and the record is the expired approval's own: never scrubbed with the secret values of whichever call
+happened to run the sweep. A real SQLite file holding the approvals and the audit, as a gateway has."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.store.approvals import Approvals, ApprovalStore
+from gateway.store.audit import CALL_SECRETS, AuditClosed, AuditLog
+from gateway.store.db import SqliteDatabase
+from tests.store.test_stores import request
+from tests.support import audit_rows
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ApprovalStore]:
+    s = ApprovalStore(SqliteDatabase(tmp_path / "audit.db"))
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def _opened(path: Path) -> AuditLog:
+    audit = AuditLog(path)
+    await audit.open()
+    return audit
+
+
+def _expired_records(path: Path, approval_id: str) -> list[dict[str, object]]:
+    rows = audit_rows(path, approval_id)
+    return [json.loads(str(r["body"])) for r in rows if r["kind"] == "approval" and r["outcome"] == "expired"]
+
+
+async def _due(store: ApprovalStore) -> str:
+    req, created = await store.find_or_create(request(expires_in=1))
+    assert created
+    await asyncio.sleep(1.2)  # past its expiry on the database's clock
+    return req.id
+
+
+async def test_an_expiry_whose_record_failed_is_recorded_by_the_next_sweep(
+    store: ApprovalStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "audit.db"
+    audit = await _opened(path)
+    approvals = Approvals(store, audit)
+    assert await approvals.expire_due() == []  # the start-up sweep
+    aid = await _due(store)
+    await audit.close()  # the audit refuses writes from here
+    with pytest.raises(AuditClosed):
+        await approvals.expire_due()
+    assert (await store.get(aid)).state == "expired"  # the state change was committed before the record failed
+    assert _expired_records(path, aid) == []
+    approvals.audit = await _opened(path)  # the audit takes writes again
+    try:
+        assert await approvals.expire_due() == [aid]
+        assert await approvals.expire_due() == []  # once
+    finally:
+        await approvals.audit.close()
+    (record,) = _expired_records(path, aid)
+    assert record["approval_id"] == aid and record["was"] == "pending"
+
+
+async def test_an_expiry_left_unrecorded_by_a_dead_process_is_recorded_at_the_next_start(
+    store: ApprovalStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "audit.db"
+    audit = await _opened(path)
+    aid = await _due(store)
+    await audit.close()
+    with pytest.raises(AuditClosed):
+        await Approvals(store, audit).expire_due()  # the process then died: nothing remembers the miss
+    restarted = Approvals(store, await _opened(path))
+    try:
+        assert await restarted.expire_due() == [aid]
+    finally:
+        assert restarted.audit is not None
+        await restarted.audit.close()
+    assert len(_expired_records(path, aid)) == 1
+
+
+async def test_a_sweep_run_by_a_call_does_not_scrub_other_records_with_its_secrets(
+    store: ApprovalStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "audit.db"
+    approvals = Approvals(store, await _opened(path))
+    try:
+        aid = await _due(store)
+        CALL_SECRETS.set(("pending",))  # the calling client's password, as the pipeline sets it for its call
+        assert await approvals.expire_due() == [aid]
+        assert CALL_SECRETS.get() == ("pending",)  # the call's own records are still scrubbed
+    finally:
+        assert approvals.audit is not None
+        await approvals.audit.close()
+    (record,) = _expired_records(path, aid)
+    assert record["was"] == "pending", record  # another principal's record: not "[redacted]"
