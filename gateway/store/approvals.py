@@ -311,6 +311,17 @@ class ApprovalStore:
         )
         return [str(r["id"]) for r in rows]
 
+    async def unrecorded_votes(self, since: float) -> list[dict[str, Any]]:
+        """Votes cast since `since` whose `approval` record (`approved` or `denied`, by the voter) the audit
+        lacks: the vote was committed, then its record failed (the audit refusing writes: on PostgreSQL, the
+        chain's head held past its lock timeout) or the process died in between."""
+        return await self.database.fetch(
+            "SELECT v.request_id, v.approver, v.verdict, v.at FROM approval_votes v WHERE v.at >= ? AND NOT EXISTS "
+            "(SELECT 1 FROM audit a WHERE a.request_id = v.request_id AND a.kind = 'approval' "
+            "AND a.principal = v.approver AND a.outcome IN ('approved', 'denied'))",
+            since,
+        )
+
     async def get(self, request_id: str) -> ApprovalRequest:
         rows = await self.database.fetch("SELECT * FROM approval_requests WHERE id = ?", request_id)
         if not rows:
@@ -915,7 +926,11 @@ class Approvals:
         if self.opa_note is not None:
             body["opa"] = self.opa_note
         outcome = {"approve": "approved", "deny": "denied"}[verdict] if out.ok else f"{verdict}_refused"
-        await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target)
+        try:
+            await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target)
+        except BaseException:
+            self._unrecorded = True  # a committed vote without its record: the next sweep writes it
+            raise
         return out
 
     async def withdraw(self, approval_id: str, by: str, note: str | None = None) -> VoteOutcome:
@@ -936,7 +951,9 @@ class Approvals:
 
     async def expire_due(self) -> list[str]:
         """The store's sweep (pending requests and unused approvals past their expiry), each expiry an
-        `approval` record `expired` in the audit as every other transition is. Returns the ids."""
+        `approval` record `expired` in the audit as every other transition is. Returns the ids. At a process's
+        first sweep, and after a record failed, it also writes the records missing for committed expiries and
+        votes (unrecorded_expiries, unrecorded_votes)."""
         if self.store is None:
             return []
         ids = await self.store.expire_due()
@@ -948,6 +965,8 @@ class Approvals:
             if catch_up:
                 since = time.time() - UNRECORDED_LOOKBACK_SECONDS
                 ids += [i for i in await self.store.unrecorded_expiries(since) if i not in ids]
+                for vote in await self.store.unrecorded_votes(since):
+                    await self._record_late_vote(vote)
             for approval_id in ids:
                 req = await self.store.get(approval_id)
                 was = "approved" if req.token_expires_at is not None else "pending"
@@ -960,6 +979,21 @@ class Approvals:
         finally:
             CALL_SECRETS.reset(outside_the_call)
         return ids
+
+    async def _record_late_vote(self, vote: dict[str, Any]) -> None:
+        """A committed vote's record, written by a later sweep (its own failed): who voted what, and when."""
+        assert self.store is not None
+        approval_id, verdict = str(vote["request_id"]), str(vote["verdict"])
+        req = await self.store.get(approval_id)
+        body = {
+            "approval_id": approval_id,
+            "verdict": verdict,
+            "ok": True,
+            "voted_at": rfc3339(float(vote["at"])),
+            "recorded_late": "the vote was taken, its record could not be written then",
+        }
+        outcome = {"approve": "approved", "deny": "denied"}.get(verdict, verdict)
+        await self._audit(approval_id, "approval", str(vote["approver"]), req.tool, outcome, body, req.target)
 
     async def _audit(
         self,

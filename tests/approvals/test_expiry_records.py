@@ -15,7 +15,7 @@ import pytest
 from gateway.store.approvals import Approvals, ApprovalStore
 from gateway.store.audit import CALL_SECRETS, AuditClosed, AuditLog
 from gateway.store.db import SqliteDatabase
-from tests.store.test_stores import request
+from tests.store.test_stores import person, request
 from tests.support import audit_rows
 
 pytestmark = pytest.mark.asyncio
@@ -103,3 +103,23 @@ async def test_a_sweep_run_by_a_call_does_not_scrub_other_records_with_its_secre
         await approvals.audit.close()
     (record,) = _expired_records(path, aid)
     assert record["was"] == "pending", record  # another principal's record: not "[redacted]"
+
+
+async def test_a_vote_whose_record_failed_is_recorded_by_a_later_sweep(store: ApprovalStore, tmp_path: Path) -> None:
+    """The vote was committed and its record failed (on PostgreSQL: the chain's head held past its lock
+    timeout), then the process died: the next start's sweep writes who voted what, marked late."""
+    path = tmp_path / "audit.db"
+    req, _ = await store.find_or_create(request())
+    out = await store.vote(req.id, person("alice"), "approve", None, None, ["sre-leads"])  # its record: never written
+    assert out.ok
+    restarted = Approvals(store, await _opened(path))
+    try:
+        assert await restarted.expire_due() == []
+        await restarted.expire_due()  # once
+    finally:
+        assert restarted.audit is not None
+        await restarted.audit.close()
+    rows = [r for r in audit_rows(path, req.id) if r["kind"] == "approval"]
+    assert [(r["principal"], r["outcome"]) for r in rows] == [("alice", "approved")], rows
+    body = json.loads(str(rows[0]["body"]))
+    assert body["verdict"] == "approve" and body["recorded_late"] and body["voted_at"]

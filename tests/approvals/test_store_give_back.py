@@ -3,12 +3,15 @@ PostgreSQL, as tests/store does): the statements the gateway tests above exercis
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from gateway.store.approvals import POLICY_CHANGE, ApprovalStore, target_key, token_hash
+from gateway.store.audit import AuditLog
 from gateway.store.db import Database
 from tests.store.conftest import backend, make_database  # noqa: F401 - the fixtures, both backends
 from tests.store.test_stores import DIGEST, TARGET, approved, person, request
@@ -108,3 +111,24 @@ async def test_a_token_of_the_wrong_length_is_called_what_it_is(store: ApprovalS
     facts, why = await approvals.redeem({APPROVAL_META_KEY: "abc.def.ghi"}, principal, "vm_shutdown", DIGEST, TARGET)
     assert facts is None and why is not None
     assert "16 to 256 characters" in why and "expected a string" not in why
+
+
+async def test_expiries_and_votes_without_their_record_are_listed(
+    store: ApprovalStore,
+    backend: str,
+    tmp_path: Path,  # noqa: F811
+) -> None:
+    """The sweep's catch-up queries (Approvals.expire_due) on both backends: the audit's table is in the
+    approvals' database, and nothing has been recorded here."""
+    if backend == "sqlite":  # the audit's tables in the same file, as a gateway has them
+        audit = AuditLog(tmp_path / "store.db")
+        await audit.open()
+        await audit.close()
+    aid, _ = await approved(store)
+    gone, _ = await store.find_or_create(request(expires_in=1, digest="sha256:" + "2" * 64))
+    await asyncio.sleep(1.2)
+    assert await store.expire_due() == [gone.id]
+    assert await store.unrecorded_expiries(0) == [gone.id]
+    assert [(v["request_id"], v["approver"], v["verdict"]) for v in await store.unrecorded_votes(0)] == [
+        (aid, "alice", "approve")
+    ]
