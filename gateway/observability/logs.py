@@ -140,6 +140,23 @@ def formatter(fmt: str) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
+class ExpectedFailureLine(logging.Filter):
+    """A library's warning about a failure the gateway expects and handles (asyncpg's pool retrying its
+    connections while PostgreSQL is away), as one line naming the exception, not a traceback per retry:
+    during an outage the log shows what happens, not dozens of identical stacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and record.levelno <= logging.WARNING:
+            exc = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {exc}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+# the libraries whose warnings ExpectedFailureLine folds
+QUIET_TRACEBACKS = ("asyncpg.pool",)
+
+
 def configure(fmt: str, level: int = logging.INFO) -> None:
     """Format every root handler as `fmt` (text | json); install one on stderr if there is none."""
     root = logging.getLogger()
@@ -148,6 +165,10 @@ def configure(fmt: str, level: int = logging.INFO) -> None:
     for handler in root.handlers:
         handler.setFormatter(formatter(fmt))
     root.setLevel(level)
+    for name in QUIET_TRACEBACKS:
+        quiet = logging.getLogger(name)
+        if not any(isinstance(f, ExpectedFailureLine) for f in quiet.filters):
+            quiet.addFilter(ExpectedFailureLine())
 
 
 class ErrorBoundary:

@@ -42,3 +42,36 @@ def test_json_and_text_logs_escape_the_same_characters() -> None:
     plain = "node pve1 — ok ✓ ünïcode"  # printable non-ASCII stays as it is (ensure_ascii=False)
     record = logging.LogRecord("pvegate", logging.INFO, __file__, 1, plain, None, None)
     assert plain in JsonFormatter().format(record)
+
+
+def test_asyncpg_pool_retries_are_one_line_each_not_a_traceback() -> None:
+    """While PostgreSQL is away asyncpg's pool logs a warning with a traceback for every reconnection
+    attempt: configure() folds each into one line naming the exception (seen in a replicas run)."""
+    from gateway.observability.logs import TextFormatter, configure
+
+    root = logging.getLogger()
+    before = [(h, h.formatter) for h in root.handlers], root.level  # pytest's own handlers: put back after
+    try:
+        configure("text")
+    finally:
+        for handler, fmt in before[0]:
+            handler.setFormatter(fmt)
+        root.setLevel(before[1])
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(TextFormatter().format(record))
+
+    keep = Keep()
+    pool = logging.getLogger("asyncpg.pool")
+    pool.addHandler(keep)
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+        except ConnectionRefusedError:
+            pool.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
+    finally:
+        pool.removeHandler(keep)
+    assert len(lines) == 1 and "Traceback" not in lines[0] and len(lines[0].splitlines()) == 1, lines
+    assert "retrying: ConnectionRefusedError: [Errno 111] Connect call failed" in lines[0]
