@@ -51,9 +51,47 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
         TimeoutError,
         asyncpg.PostgresConnectionError,  # the connection is gone or was never made
         asyncpg.InterfaceError,  # "connection is closed" on a connection the server dropped
+        # the driver's protocol left in a state it cannot go on from: the server's FATAL message (a fast
+        # shutdown, a terminated backend) read on a pooled connection before its close, then a statement
+        # ("cannot switch to state 15; another operation (2) is in progress")
+        asyncpg.exceptions.InternalClientError,
         asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up, crash recovery
         asyncpg.exceptions.TooManyConnectionsError,
     )
+
+
+def _in_doubt(exc: BaseException) -> bool:
+    """The connection an error came from cannot be trusted again (cut, ended by the server, its protocol
+    state broken): it is terminated, never handed back to the pool (which would try to reset it, or give
+    it to the next caller). A statement's own failure, or a timeout asyncpg cancels cleanly, is not."""
+    import asyncpg
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, asyncpg.exceptions.QueryCanceledError | TimeoutError):
+            return False
+        if isinstance(
+            cur,
+            asyncpg.exceptions.InternalClientError
+            | asyncpg.InterfaceError
+            | asyncpg.PostgresConnectionError
+            | asyncpg.exceptions.OperatorInterventionError
+            | OSError,
+        ):
+            return True
+        cur = cur.__cause__ if isinstance(cur, DatabaseUnavailable) else None
+    return False
+
+
+async def _give_back(pool: Any, conn: Any, exc: BaseException) -> None:
+    """Return a connection after a failed transaction or read, terminated first when it is in doubt.
+    Never raises: the error that ended the work is the one to tell."""
+    with contextlib.suppress(Exception):
+        if _in_doubt(exc):
+            conn.terminate()
+        await pool.release(conn)
 
 
 # A replica's sessions (the gateway's stores and audit): PostgreSQL ends a transaction left idle this long
@@ -484,9 +522,8 @@ class PostgresDatabase:
                 if isinstance(exc.__cause__, TimeoutError):
                     raise self._slow() from exc.__cause__
                 raise
-        except BaseException:
-            with contextlib.suppress(Exception):  # the error that ended the transaction is the one to tell
-                await pool.release(conn)
+        except BaseException as exc:
+            await _give_back(pool, conn, exc)
             raise
         await release_committed(pool, conn)
 
@@ -495,14 +532,15 @@ class PostgresDatabase:
         conn = await self._acquire()
         try:
             with refusals():
-                return await _PostgresTx(conn).fetch(sql, *args)
-        except DatabaseUnavailable as exc:
-            if isinstance(exc.__cause__, TimeoutError):
+                rows = await _PostgresTx(conn).fetch(sql, *args)
+        except BaseException as exc:
+            await _give_back(pool, conn, exc)
+            if isinstance(exc, DatabaseUnavailable) and isinstance(exc.__cause__, TimeoutError):
                 raise self._slow() from exc.__cause__
             raise
-        finally:
-            with contextlib.suppress(Exception):
-                await pool.release(conn)
+        with contextlib.suppress(Exception):
+            await pool.release(conn)
+        return rows
 
 
 class SharedDatabase:
