@@ -16,7 +16,11 @@ a load balancer may send agents here:
   space on its file system above a floor. The probe fails as a commit of records would
   (a row past the authenticated head too), and calls refused for the store now
   (Outcomes.store_problem: records kept in the outbox, a write failed moments ago) make
-  it red as well: never ready while every call is refused.
+  it red as well: never ready while every call is refused. Both follow the calls, not only
+  the probe: a call refused for a failing store (PostgreSQL unreachable in a quota or
+  approval step, before any audit write) turns it red at once, until a commit succeeds
+  again; a commit after a failed probe (the first call served once PostgreSQL is back)
+  turns it green without waiting for the next probe.
 - draining: the gateway is not shutting down.
 - reconcile: the reconciler's background task (gateway/store/reconcile.py) still runs. Calls
   it leaves open (a Proxmox down, a task still running) do not make the gateway unready: they
@@ -185,6 +189,10 @@ class HealthMonitor:
     # audit probe
     audit_probe_error: str | None = None
     audit_probe_public: str | None = None  # the same for /readyz: the exception's type, not its text
+    # monotonic time the probe failed; a commit after it (a call's records) clears a refusal at once. Not a
+    # timeout (audit_probe_timed_out): the timed-out probe's own write may still commit, slowly
+    audit_probe_failed_at: float | None = None
+    audit_probe_timed_out: bool = False
     audit_free_bytes: int | None = None
     audit_stat_error: str | None = None
     cluster_states: dict[str, ClusterState] = field(default_factory=dict)
@@ -325,23 +333,53 @@ class HealthMonitor:
             last is not None
             and time.monotonic() - last < self.config.audit_probe_interval
             and not self.audit.last_error
+            and self._call_refused_at() is None  # a call met the store failing since: that needs a probe
         ):
-            self.audit_probe_error = self.audit_probe_public = None
+            self._probe_ok()
             return  # real traffic committed recently: that is the proof
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the task's cancellation
             # when the probe finishes at that moment, and stop() then waited for this loop forever
             async with asyncio.timeout(self.config.audit_probe_timeout):
                 await self.audit.probe()
-            self.audit_probe_error = self.audit_probe_public = None
+            self._probe_ok()
         except TimeoutError:
             self.audit_probe_error = f"audit store did not commit within {self.config.audit_probe_timeout:g} s"
             self.audit_probe_public = self.audit_probe_error
+            self.audit_probe_failed_at, self.audit_probe_timed_out = time.monotonic(), True
         except Exception as exc:
             self.audit_probe_error = f"audit store refuses writes ({_describe(exc)})"
             self.audit_probe_public = f"audit store refuses writes ({type(exc).__name__}; {DETAILS})"
+            self.audit_probe_failed_at, self.audit_probe_timed_out = time.monotonic(), False
         if self.audit_probe_error:
             log.error("readiness: %s", self.audit_probe_error)
+
+    def _probe_ok(self) -> None:
+        self.audit_probe_error = self.audit_probe_public = None
+        self.audit_probe_failed_at, self.audit_probe_timed_out = None, False
+
+    def _probe_error_stands(self) -> bool:
+        """The last audit probe failed, and nothing committed since: a commit after a probe the store refused
+        (a call's records, once PostgreSQL is back) proves the store takes writes again, without waiting for
+        the next probe. A timed-out probe is cleared by the next probe only: its own write may still commit."""
+        if not self.audit_probe_error:
+            return False
+        last, failed = self.audit.last_commit_at, self.audit_probe_failed_at
+        if self.audit_probe_timed_out or last is None or failed is None:
+            return True
+        return last <= failed
+
+    def _call_refused_at(self) -> float | None:
+        """When a call was last refused for a failing store (Outcomes.store_failed: PostgreSQL unreachable in
+        the quota, approval or hold store before any audit write, an audit write that failed), if nothing
+        committed since: readiness stays red from the refusal on until a commit (a call's records, or the
+        probe's) succeeds, however long the probe interval. None when there is none, or a commit followed."""
+        outcomes = self.outcomes
+        if outcomes is None or outcomes.last_store_error is None:
+            return None
+        failed = outcomes.store_error_at
+        last = self.audit.last_commit_at
+        return failed if last is None or last < failed else None
 
     async def probe_clusters(self) -> None:
         await asyncio.gather(*(self._probe_cluster(name, client) for name, client in self.clusters.items()))
@@ -444,7 +482,7 @@ class HealthMonitor:
             # "Type: text" (AuditLog._commit): the text of a database's error may name its host, role or file
             shown = self.audit.last_error if private else _with_details(_type_of(self.audit.last_error))
             audit_detail: str | None = f"audit store refuses writes ({shown})"
-        elif self.audit_probe_error:
+        elif self._probe_error_stands():
             audit_detail = self.audit_probe_error
             if not private:
                 audit_detail = self.audit_probe_public or f"audit store refuses writes ({DETAILS})"
@@ -453,6 +491,15 @@ class HealthMonitor:
                 audit_detail = f"calls are refused: {refused}"
             else:  # the store's error text (Outcomes.store_failed)
                 audit_detail = f"calls are refused: the last audit write failed ({DETAILS})"
+        elif (refused_at := self._call_refused_at()) is not None:
+            ago = f"{now - refused_at:.1f} s ago"
+            if private and self.outcomes is not None:
+                audit_detail = (
+                    f"a call was refused for the store {ago}, and nothing has committed since "
+                    f"({self.outcomes.last_store_error})"
+                )
+            else:  # the store's error text may name its host, role or file
+                audit_detail = f"a call was refused for the store {ago}, and nothing has committed since ({DETAILS})"
         elif self.audit_stat_error:
             audit_detail = self.audit_stat_error  # the OS's error string, never the path
         elif commit_age is None or commit_age > cfg.audit_max_age:

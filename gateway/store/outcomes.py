@@ -174,6 +174,11 @@ class Outcomes:
         self._store_error_at = time.monotonic()
         log.error("audit write failed: %s", self.last_store_error)
 
+    @property
+    def store_error_at(self) -> float:
+        """When (time.monotonic) the last store failure was told (store_failed); 0.0: never."""
+        return self._store_error_at
+
     def unavailable(self, exc: BaseException) -> AuditUnavailable:
         """The refusal for a store error: remembered for the health signal, then raised by the caller."""
         self.store_failed(exc)
