@@ -115,8 +115,8 @@ async def test_a_token_of_the_wrong_length_is_called_what_it_is(store: ApprovalS
 
 async def test_expiries_and_votes_without_their_record_are_listed(
     store: ApprovalStore,
-    backend: str,
-    tmp_path: Path,  # noqa: F811
+    backend: str,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """The sweep's catch-up queries (Approvals.expire_due) on both backends: the audit's table is in the
     approvals' database, and nothing has been recorded here."""
