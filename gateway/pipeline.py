@@ -141,11 +141,12 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
     CALL_SECRETS.set(())
     try:
         args = tool.validate(req.arguments)
+        c.runtime(tool).check(tool, args)  # e.g. a property string given in part: refused before any decision
         # taken from validated arguments only (an invalid call's refusal never quotes a value), and
         # scrubbed from every record of this call as data: they never rewrite its principal or its JSON
         CALL_SECRETS.set(secret_values(tool.sensitive, args))
         cluster = c.cluster_for(tool, args)
-    except ArgumentError as exc:
+    except (ArgumentError, Refused) as exc:
         await _refuse(c, req, tool.name, None, "invalid", str(exc))
         return CallResult("invalid", str(exc), is_error=True)
 

@@ -133,6 +133,9 @@ def captured() -> Iterator[io.StringIO]:
 class _Broken:
     """A connector runtime with a bug (fault injection: nothing else makes the gateway fail unexpectedly)."""
 
+    def check(self, *args: Any) -> None:
+        return None
+
     async def call(self, *args: Any) -> Any:
         raise RuntimeError("bug with internal detail /srv/secret-path")
 

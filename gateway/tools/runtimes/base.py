@@ -89,6 +89,10 @@ class CallContext:
 
 
 class Runtime(Protocol):
+    def check(self, tool: Tool, arguments: dict[str, Any]) -> None:
+        """Refuse (Refused) validated arguments this connector could not send as given, before the policy
+        decides on them: a property string filled only in part (pve_api) is no call to approve."""
+
     async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput: ...
 
     async def close(self) -> None: ...

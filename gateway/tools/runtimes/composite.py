@@ -44,6 +44,9 @@ class CompositeRuntime:
             return DEADLINE_FACTOR * max(ClusterConfig.timeout, SSHConfig.command_timeout)
         return DEADLINE_FACTOR * max(cl.timeout, cl.ssh.command_timeout if cl.ssh else 0.0)
 
+    def check(self, tool: Tool, arguments: dict[str, Any]) -> None:
+        return None  # a composite's leaf calls are checked by their own runtime when they run
+
     async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput:
         warnings: list[str] = []
         uses = set(tool.spec["uses"])

@@ -32,6 +32,7 @@ from gateway.tools.runtimes.base import (
     AnswerLost,
     CallContext,
     GuestLocator,
+    Refused,
     TaskFailed,
     ToolError,
     ToolOutput,
@@ -363,11 +364,50 @@ def field_name(template: str, args: dict[str, Any]) -> str | None:
     return PLACEHOLDER.sub(lambda m: str(int(args[m.group(1)])), template)
 
 
-def template_value(pve_field: str, parts: list[str], args: dict[str, Any]) -> str | None:
+def _needs(pve_field: str, given: list[str], missing: list[str]) -> Refused:
+    """The refusal of a field given only in part: "net0: vlan needs bridge"."""
+    verb = "needs" if len(given) == 1 else "need"
+    return Refused(f"{pve_field}: {', '.join(given)} {verb} {', '.join(missing)}")
+
+
+def _placeholders(decl: str | list[str]) -> list[str]:
+    """The parameters a query/body entry sends: a plain parameter name, or a template's placeholders."""
+    if isinstance(decl, str):
+        return [decl]
+    return list(dict.fromkeys(n for part in decl for n in PLACEHOLDER.findall(part)))
+
+
+def field_value(
+    pve_field: str, decl: str | list[str], args: dict[str, Any], defaulted: frozenset[str] = frozenset()
+) -> tuple[str, Any] | None:
+    """(field name, value) of one query/body entry, or None when none of its parameters is given
+    (`defaulted`: parameters holding only their declared default, which alone give nothing).
+
+    An entry given only in part is refused (Refused: nothing has been sent), never sent shorter
+    or left out: a value without the `{index}` its field name needs ("ipconfig{index}: ip_cidr
+    needs index"), a template's optional part without its base ("net0: vlan needs bridge")."""
+    index = [n for n in PLACEHOLDER.findall(pve_field) if n not in args]
+    if index:
+        given = [n for n in _placeholders(decl) if n in args and n not in defaulted]
+        if not given:
+            return None
+        base = [] if isinstance(decl, str) else PLACEHOLDER.findall(decl[0])
+        raise _needs(pve_field, given, index + [n for n in base if n not in args])
+    value = args.get(decl) if isinstance(decl, str) else template_value(pve_field, decl, args, defaulted)
+    if value is None:
+        return None
+    return field_name(pve_field, args) or pve_field, value
+
+
+def template_value(
+    pve_field: str, parts: list[str], args: dict[str, Any], defaulted: frozenset[str] = frozenset()
+) -> str | None:
     """A property string from a base part and optional parts (see docs/connectors.md).
 
-    The base is sent when all its placeholders have values, and omitted when none has;
-    a part with only some of its values given is an error, never a silently shorter string.
+    The base is sent when all its placeholders have values, and omitted (with the whole field)
+    when none of the template's has; a part with only some of its values given, or an optional
+    part given without its base, is refused, never a silently shorter or missing string. A value
+    that is only its parameter's declared default (`defaulted`: firewall true) gives no part alone.
     """
     out: list[str] = []
     for i, part in enumerate(parts):
@@ -375,21 +415,48 @@ def template_value(pve_field: str, parts: list[str], args: dict[str, Any]) -> st
         given = [n for n in names if n in args]
         if not given and (i > 0 or names):
             if i == 0:
+                later = [n for n in _placeholders(parts[1:]) if n in args and n not in defaulted and n not in names]
+                if later:  # "net0: vlan needs bridge": the optional part never goes out alone, nor is dropped
+                    raise _needs(pve_field, later, names)
                 return None
             continue
         if len(given) != len(names):
             missing = ", ".join(n for n in names if n not in args)
-            raise ToolError(f"{pve_field}: {', '.join(given)} needs {missing} as well")
+            raise Refused(f"{pve_field}: {', '.join(given)} needs {missing} as well")
 
         def sub(m: re.Match[str]) -> str:
             v = args[m.group(1)]
             text = str(int(v)) if isinstance(v, bool) else str(v)
             if PROPERTY_SEPARATORS.search(text):
-                raise ToolError(f"refused: {m.group(1)} may not contain ',', '=' or spaces")
+                raise Refused(f"{m.group(1)} may not contain ',', '=' or spaces")
             return text
 
         out.append(PLACEHOLDER.sub(sub, part))
     return "".join(out)
+
+
+def _defaulted(tool: Tool, args: dict[str, Any]) -> frozenset[str]:
+    """The arguments that hold only their parameter's declared default (Tool.validate fills them in)."""
+    props = tool.parameters.get("properties") or {}
+    return frozenset(k for k, v in args.items() if "default" in props.get(k, {}) and v == props[k]["default"])
+
+
+def check_fields(tool: Tool, args: dict[str, Any]) -> None:
+    """Refuse (before anything is located or sent) a call whose arguments fill a query/body entry only
+    in part, or give a field name's `{index}` that no entry given with it uses ("ipconfig{index}:
+    index needs ip_cidr"): each argument a tool takes for the request is sent, or the call refused."""
+    defaulted = _defaulted(tool, args)
+    numbered: dict[str, tuple[str, str | list[str]]] = {}  # an index parameter -> the first entry it numbers
+    filled: set[str] = set()
+    for kind in ("query", "body"):
+        for pve_field, decl in (tool.spec.get(kind) or {}).items():
+            for n in PLACEHOLDER.findall(pve_field):
+                numbered.setdefault(n, (pve_field, decl))
+            if field_value(pve_field, decl, args, defaulted) is not None:
+                filled.update(PLACEHOLDER.findall(pve_field))
+    for param, (pve_field, decl) in numbered.items():
+        if param in args and param not in defaulted and param not in filled and param not in tool.placeholders():
+            raise _needs(pve_field, [param], [decl] if isinstance(decl, str) else PLACEHOLDER.findall(decl[0]))
 
 
 def upid_node(upid: str) -> str:
@@ -445,6 +512,8 @@ class PveApiRuntime:
     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """(path, query, body) with only the declared fields: the allow-list."""
         spec = tool.spec
+        check_fields(tool, args)
+        defaulted = _defaulted(tool, args)
         only = spec.get("type_only") or {}
         query: dict[str, Any] = {}
         body: dict[str, Any] = {}
@@ -452,10 +521,10 @@ class PveApiRuntime:
         sent: set[str] = set()
         for target, mapping in ((query, spec.get("query") or {}), (body, spec.get("body") or {})):
             for pve_field, decl in mapping.items():
-                key = field_name(pve_field, args)
-                value = args.get(decl) if isinstance(decl, str) else template_value(pve_field, decl, args)
-                if key is None or value is None:
+                field = field_value(pve_field, decl, args, defaulted)
+                if field is None:
                     continue
+                key, value = field
                 param = decl if isinstance(decl, str) else pve_field
                 kind = only.get(pve_field)
                 if kind is not None and values.get("type") != kind:
@@ -474,9 +543,13 @@ class PveApiRuntime:
         (query if spec["method"] == "GET" else body).update(fixed)
         return render_path(spec["path"], values), query, body
 
+    def check(self, tool: Tool, arguments: dict[str, Any]) -> None:
+        check_fields(tool, arguments)
+
     async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput:
         client = self.client(ctx.cluster)
         spec = tool.spec
+        check_fields(tool, arguments)  # an entry given only in part: refused before any request
         if spec.get("fan_out") == "nodes" and "node" not in arguments:
             return await self._fan_out(tool, arguments, ctx, client)
         values = await self.locate(tool, arguments, ctx.cluster)

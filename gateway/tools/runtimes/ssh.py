@@ -124,8 +124,42 @@ def lines_of(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
+# the headers of `qm list` (PVE/CLI/qm.pm: "%10s %-20s %-10s %-10s %12s %-10s") and `pct list`
+# (PVE/CLI/pct.pm: "%-10s %-10s %-12s %-20s"): a value wider than its column (a VM name over 20
+# characters, PVE allows 63; the lock "snapshot-delete") pushes the rest of its row to the right,
+# so these rows are split into their whitespace-free values, never cut at the header's offsets
+QM_LIST = ["vmid", "name", "status", "mem(mb)", "bootdisk(gb)", "pid"]
+PCT_LIST = ["vmid", "status", "lock", "name"]
+
+
+def _qm_row(line: str) -> dict[str, str] | None:
+    """vmid first, status, memory, boot disk and pid last, the name (no spaces, maybe none) between."""
+    words = line.split()
+    if len(words) < 5 or len(words) > 6:
+        return None
+    vmid, *name, status, mem, disk, pid = words
+    return dict(zip(QM_LIST, [vmid, "".join(name), status, mem, disk, pid], strict=True))
+
+
+def _pct_row(line: str, name_at: int) -> dict[str, str] | None:
+    """vmid, status, then the lock (often empty) and the name. Neither holds a space (a container's
+    name is its hostname, or CT<vmid>), so four values are all of them; of three, the third is the
+    lock when it starts before the Name column (an empty name), else the name (no lock)."""
+    found = list(re.finditer(r"\S+", line))
+    words = [m.group(0) for m in found]
+    if len(words) == 4:
+        return dict(zip(PCT_LIST, words, strict=True))
+    if len(words) == 3:
+        lock_only = found[2].start() < name_at
+        return dict(zip(PCT_LIST, [*words[:2], *((words[2], "") if lock_only else ("", words[2]))], strict=True))
+    if len(words) == 2:
+        return dict(zip(PCT_LIST, [*words, "", ""], strict=True))
+    return None
+
+
 def parse_table(text: str) -> list[dict[str, str]]:
-    """Fixed-width CLI tables (qm list, pct list): columns start where header words start."""
+    """CLI tables (qm list, pct list): a row of `qm list` or `pct list` by its values (see QM_LIST),
+    any other table's columns where the header's words start."""
     lines = [ln for ln in lines_of(text) if ln.strip()]
     if not lines:
         return []
@@ -134,8 +168,15 @@ def parse_table(text: str) -> list[dict[str, str]]:
     names = [m.group(0).lower() for m in re.finditer(r"\S+", header)]
     rows = []
     for line in lines[1:]:
-        cuts = [0, *starts[1:], max(len(line), len(header)) + 1]
-        rows.append({n: line[cuts[i] : cuts[i + 1]].strip() for i, n in enumerate(names)})
+        row = None
+        if names == QM_LIST:
+            row = _qm_row(line)
+        elif names == PCT_LIST:
+            row = _pct_row(line, starts[3])
+        if row is None:  # another table, or a row these do not describe: as the header places it
+            cuts = [0, *starts[1:], max(len(line), len(header)) + 1]
+            row = {n: line[cuts[i] : cuts[i + 1]].strip() for i, n in enumerate(names)}
+        rows.append(row)
     return rows
 
 
@@ -368,6 +409,9 @@ class SshRuntime:
         if param not in args:
             raise ToolError(f"{param} is required")
         return str(args[param])
+
+    def check(self, tool: Tool, arguments: dict[str, Any]) -> None:
+        return None  # the command's arguments are checked against its allow-list as it is built (call)
 
     async def call(self, tool: Tool, arguments: dict[str, Any], ctx: CallContext) -> ToolOutput:
         argv = render_argv(tool, arguments)
