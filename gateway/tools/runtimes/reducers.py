@@ -297,15 +297,25 @@ async def _guest_row(sub: Sub, vmid: int) -> dict[str, Any]:
     raise ToolError(f"guest {vmid} not found (or the gateway's token cannot see it)")
 
 
-async def _backup_volumes(sub: Sub, warnings: list[str], vmid: int | None) -> list[dict[str, Any]]:
-    """Backup volumes from every active storage with backup content; shared storage read once."""
+async def _backup_volumes(
+    sub: Sub, warnings: list[str], vmid: int | None, unread: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Backup volumes from every active storage with backup content; shared storage read once.
+    `unread` gets what was not read (a storage inactive or failing, a node whose storages are not
+    listed): backups there are missing from the answer."""
+    unread = [] if unread is None else unread
     seen: set[str] = set()
     targets: list[tuple[str, str]] = []
-    for s in rows(await sub("list_storage", {})):
+    before = len(warnings)
+    storages = rows(await sub("list_storage", {}))
+    # list_storage's own warnings: a node offline or failing, whose storages (and backups) are not listed
+    unread.extend(w.removeprefix("list_storage: ") for w in warnings[before:] if w.startswith("list_storage: "))
+    for s in storages:
         if "backup" not in (s.get("content") or []):
             continue
         if not s.get("active", 1) or s.get("enabled", 1) == 0:
             warnings.append(f"storage {s.get('storage')} on {s.get('node')} is not active: its backups are not listed")
+            unread.append(f"storage {s.get('storage')} on {s.get('node')} is not active")
             continue
         key = str(s["storage"]) if s.get("shared") else f"{s.get('node')}/{s.get('storage')}"
         if key not in seen:
@@ -320,6 +330,7 @@ async def _backup_volumes(sub: Sub, warnings: list[str], vmid: int | None) -> li
     for (node, st), res in zip(targets, results, strict=True):
         if isinstance(res, BaseException):
             warnings.append(f"storage {st} on {node}: {_err(res)}")
+            unread.append(f"storage {st} on {node}: {_err(res)}")
             continue
         for v in rows(res):
             if v.get("content", "backup") != "backup":
@@ -332,8 +343,12 @@ async def _backup_volumes(sub: Sub, warnings: list[str], vmid: int | None) -> li
 
 
 async def list_backups(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """Every backup read, and per guest the count and newest. `complete` is false (with `reason`) when
+    a storage or node was not read: a guest with none found then has count and newest null (unknown,
+    not "has none"), and the others' counts are those found (a newer backup may be where nothing was read)."""
     vmid = args.get("vmid")
-    volumes = await _backup_volumes(sub, warnings, vmid)
+    unread: list[str] = []
+    volumes = await _backup_volumes(sub, warnings, vmid, unread)
     try:
         guest_rows = [g for g in rows(await sub("list_guests", {})) if vmid is None or int(g["vmid"]) == vmid]
     except ToolError as exc:
@@ -352,9 +367,17 @@ async def list_backups(sub: Sub, args: dict[str, Any], warnings: list[str]) -> d
         p["count"] += 1
         if p["newest_age_hours"] is None or (v["age_hours"] is not None and v["age_hours"] < p["newest_age_hours"]):
             p["newest_volid"], p["newest_age_hours"] = v["volid"], v["age_hours"]
+    reason = None
+    if unread:
+        for p in per.values():
+            if p["count"] == 0:  # its backups may be on what was not read: unknown, never "has none"
+                p["count"] = None
+        reason = "not every backup storage was read: " + "; ".join(dict.fromkeys(unread))
     return {
         "items": sorted(volumes, key=lambda v: (v.get("vmid") or 0, -(v.get("ctime") or 0))),
         "per_guest": sorted(per.values(), key=lambda p: p["vmid"]),
+        "complete": not unread,
+        "reason": reason,
         "collected_at": now_iso(),
     }
 
@@ -597,15 +620,20 @@ async def inspect_compose_stack(sub: Sub, args: dict[str, Any], warnings: list[s
 
 
 async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """`healthy` is false when a concern was found, true only when every check ran and found none, and
+    null (unknown) when a check could not run (`not_checked` says which and why) and none was found.
+    Backups count as checked on what could be read: more backups can only lift a concern, never add one."""
     vmid = int(args["vmid"])
     g = await _guest_row(sub, vmid)
     concerns: list[str] = []
+    not_checked: list[str] = []
     status_res, snaps_res = await _gather(
         [sub("get_guest_status", {"vmid": vmid}), sub("list_snapshots", {"vmid": vmid})]
     )
     status: dict[str, Any] = {}
     if isinstance(status_res, BaseException):
         warnings.append(f"status: {_err(status_res)}")
+        not_checked.append(f"status: {_err(status_res)}")
     else:
         status = status_res or {}
     state = status.get("status") or g.get("status")
@@ -635,6 +663,7 @@ async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[st
     snap_summary: dict[str, Any] = {"count": None, "oldest_age_hours": None}
     if isinstance(snaps_res, BaseException):
         warnings.append(f"snapshots: {_err(snaps_res)}")
+        not_checked.append(f"snapshots: {_err(snaps_res)}")
     else:
         ages = [s["age_hours"] for s in rows(snaps_res) if s.get("age_hours") is not None]
         snap_summary = {"count": len(rows(snaps_res)), "oldest_age_hours": max(ages) if ages else None}
@@ -651,13 +680,19 @@ async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[st
     docker: dict[str, Any] | None = None
     if g.get("type") == "lxc" and state == "running":
         dw: list[str] = []
-        _, ps = await _docker_guest(sub, vmid, dw)
+        inspected, ps = await _docker_guest(sub, vmid, dw)
+        if ps is None and not inspected.get("_docker_missing"):  # Docker could not be asked: not "no problem"
+            not_checked.append("docker: " + ("; ".join(dw) or "docker ps could not run"))
         if ps is not None:
             cs = [container_row(r) for r in ps]
             bad = [c for c in cs if c["state"] != "running" or c["health"] == "unhealthy"]
             docker = {"containers": len(cs), "not_ok": [f"{c['name']} ({c['state']}, {c['health']})" for c in bad]}
             concerns.extend(f"docker container {c['name']} is {c['health'] or c['state']}" for c in bad)
         warnings.extend(w for w in dw if "only inspected" not in w)
+    healthy: bool | None = not concerns
+    if not concerns and not_checked:
+        healthy = None
+        warnings.append("not every check could run, so the guest is not reported healthy (see not_checked)")
     return {
         "vmid": vmid,
         "name": g.get("name"),
@@ -673,7 +708,8 @@ async def guest_health_summary(sub: Sub, args: dict[str, Any], warnings: list[st
         "backups": {"count": len(mine), "newest_age_hours": newest},
         "docker": docker,
         "concerns": concerns,
-        "healthy": not concerns,
+        "healthy": healthy,
+        "not_checked": not_checked,
         "collected_at": now_iso(),
     }
 
