@@ -87,7 +87,10 @@ def _policy_copy(policies: Path, data_file: Path | None) -> Iterator[Path]:
         if data_file is not None:
             shutil.rmtree(root / "data", ignore_errors=True)
             (root / "data").mkdir()
-            shutil.copy(data_file, root / DATA_FILE)
+            try:
+                shutil.copy(data_file, root / DATA_FILE)
+            except OSError as exc:  # named as the data file, not taken for the input
+                raise AuthoringError(f"cannot read the data file {data_file}: {exc.strerror or exc}") from None
         yield root
 
 
@@ -138,6 +141,8 @@ def check_data(
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         report.schema_problems.append(f"cannot read {path}: {exc}")
         return report
+    except RecursionError:  # neither a problem in the data nor a traceback: the check cannot run
+        raise AuthoringError(f"cannot read the data file {path}: it is nested too deeply to be read") from None
     try:
         schema = json.loads((policies / DATA_SCHEMA).read_text())
     except (OSError, ValueError) as exc:

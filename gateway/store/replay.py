@@ -16,6 +16,12 @@ Before anything is replayed from an audit database its chain is verified (`verif
 head; an export file cannot be verified and the report says so. The candidate is code under
 review: it is compiled against OPA's capabilities without the builtins that reach the network
 (`http.send`, `net.lookup_ip_addr`), so it cannot carry the recorded inputs anywhere.
+
+Only tools/call decisions are replayed: the audit keeps no policy input for approver votes, tool
+listings or the console's sections, and every report says so (Report.scope). Given the baseline
+policy, those questions are built from the replayed decisions' inputs and asked of both the
+baseline and the candidate (compare_unreplayed); an answer that differs is a change of its own kind
+(UNREPLAYED_KINDS, in `any`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy.bundles import BundleError, verification_key_problem, verify_signature, wasm_modules
-from gateway.policy.decisions import Decision, DecisionClient, PolicyError, read_data_check
+from gateway.policy.decisions import FAIL_CLOSED_CODE, Decision, DecisionClient, PolicyError, read_data_check
 from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import OPASidecar, OPAUnavailable, find_opa
 from gateway.store.audit import _TS_RANGE, INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
@@ -59,7 +65,12 @@ APPROVAL_KINDS = (
     "approval-ttl-longer",
     "approval-ttl-shorter",
 )
-KINDS = (*TRANSITIONS, "risk", "obligations", *APPROVAL_KINDS)
+# what replay cannot replay (the audit keeps no policy input for them), compared instead between the
+# candidate and a baseline policy on inputs built from the replayed decisions (UNREPLAYED): a change
+# of who may vote on a recorded pending request, of the tools a recorded principal is listed, of the
+# console sections it may open
+UNREPLAYED_KINDS = ("approver-changed", "listing-changed", "console-changed")
+KINDS = (*TRANSITIONS, "risk", "obligations", *APPROVAL_KINDS, *UNREPLAYED_KINDS)
 # names `--fail-on` accepts besides the kinds themselves
 ALIASES: dict[str, tuple[str, ...]] = {
     "any": KINDS,
@@ -67,6 +78,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "approval-waived": ("approval-to-allow", "approval-to-deny"),
     "approval-weakened": APPROVAL_KINDS[0::2],
     "approval-changed": APPROVAL_KINDS,
+    "unreplayed-changed": UNREPLAYED_KINDS,
 }
 # all candidate decisions of one batch in one query: keyed by position, so an undefined one shows as missing
 # the data check once per batch (it depends on data only); its refusal stands for every decision
@@ -118,6 +130,7 @@ class Recorded:
     input: dict[str, Any]
     redacted: tuple[str, ...] = ()
     approval: dict[str, Any] = field(default_factory=dict)  # the decision's approval block, as recorded
+    risk_block: dict[str, Any] = field(default_factory=dict)  # the decision's risk block, as recorded
 
 
 @dataclass
@@ -171,7 +184,7 @@ def _unpack(packed: str) -> dict[str, Any] | None:
         if len(text) > MAX_INPUT_BYTES or not z.eof:
             return None
         doc = json.loads(text)
-    except (ValueError, binascii.Error, zlib.error):
+    except (ValueError, binascii.Error, zlib.error, RecursionError):  # RecursionError: nested too deeply
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -181,7 +194,7 @@ def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
     if not isinstance(body, dict):
         try:
             body = json.loads(body) if isinstance(body, str | bytes) else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to be read
             body = None
         if not isinstance(body, dict):
             skipped.garbled += 1
@@ -245,6 +258,7 @@ def _columns(row: dict[str, Any], body: dict[str, Any], doc: dict[str, Any]) -> 
         input=doc,
         redacted=tuple(str(r) for r in redacted),
         approval=approval,
+        risk_block=risk,
     )
 
 
@@ -302,7 +316,8 @@ def _same_chain(con: Any, verified: VerifyResult) -> None:
 def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Recorded]:
     """Decision records from a `pvegate audit export --jsonl` file (body as an object). A line
     that is not UTF-8 JSON is an error naming it; a decision line without the record's columns
-    (or with ones of the wrong type) is counted as garbled."""
+    (or with ones of the wrong type: a `ts` that is a string, missing, or no number) is counted as
+    garbled, before the filters, which cannot place it in time."""
     with path.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
             try:
@@ -317,7 +332,13 @@ def read_export(path: Path, filters: Filters, skipped: Skipped) -> Iterator[Reco
                 row = json.loads(line)
             except (ValueError, RecursionError):
                 raise ReplayError(f"{path}:{n}: not a JSON line") from None
-            if isinstance(row, dict) and isinstance(row.get("ts"), int | float) and filters.admits(row):
+            if not isinstance(row, dict) or row.get("kind") != "decision":
+                continue
+            ts = row.get("ts")
+            if not isinstance(ts, int | float) or isinstance(ts, bool):  # no time: garbled, not dropped
+                skipped.garbled += 1
+                continue
+            if filters.admits(row):
                 rec = _recorded(row, skipped)
                 if rec is not None:
                     yield rec
@@ -534,7 +555,15 @@ class Unusable:
     problem: str
 
 
-def _batch_results(result: Any, n: int) -> list[Any]:
+@dataclass(frozen=True)
+class Refused:
+    """The data check's refusal, standing for each answer of a batch of another entrypoint than the
+    decision (an approver vote is refused with it; a listing shows nothing)."""
+
+    refusal: dict[str, Any]
+
+
+def _batch_results(result: Any, n: int, decisions: bool = True) -> list[Any]:
     """The candidate's answers of one batch, read as the gateway reads them: the data check first
     (read_data_check, the decision client's own reading), whose refusal answers every call while the
     data is invalid; an unusable check (outside the contract, a refusal that allows) makes every
@@ -552,7 +581,7 @@ def _batch_results(result: Any, n: int) -> list[Any]:
         except PolicyError as exc:
             return [Unusable(f"policy data check unavailable: {exc}")] * n
         if refusal is not None:
-            return [refusal] * n
+            return [refusal if decisions else Refused(refusal)] * n
     return [x.get(str(i)) for i in range(n)]
 
 
@@ -569,9 +598,17 @@ class ServerEngine:
         self.capabilities = OfflineCapabilities()
 
     def __enter__(self) -> ServerEngine:
-        # `opa run` takes no --capabilities: the files it loads are compiled against them first
+        # `opa run` takes no --capabilities: the files it loads are compiled against them first; a
+        # signed bundle's signature is verified before that (a file the signature does not cover is a
+        # refused signature, not a compile problem), as the sidecar below verifies it again on start
         try:
-            self.candidate.check_offline(self.capabilities.create())
+            caps = self.capabilities.create()
+            self.candidate.refuse_wasm()
+            try:
+                self.candidate.verified(caps.parent)
+            except ReplayError as exc:
+                raise ReplayError(f"the candidate OPA did not start: {exc}") from None
+            self.candidate.check_offline(caps)
         finally:
             self.capabilities.remove()
         try:
@@ -637,7 +674,8 @@ class EvalEngine:
     def __exit__(self, *exc: object) -> None:
         self.capabilities.remove()
 
-    def evaluate(self, inputs: list[dict[str, Any]]) -> list[Any]:
+    def evaluate(self, inputs: list[dict[str, Any]], query: str = BATCH_QUERY) -> list[Any]:
+        """The answers to `query` (BATCH_QUERY's shape: `c` the data check, `x` the answers by position)."""
         out: list[Any] = []
         for start in range(0, len(inputs), self.batch):
             chunk = inputs[start : start + self.batch]
@@ -647,7 +685,7 @@ class EvalEngine:
                 if self.caps_file is None:
                     raise ReplayError("the eval engine is used outside its `with` block")
                 cmd = [str(find_opa()), "eval", "--format", "json", "--capabilities", str(self.caps_file)]
-                cmd += [*self.run.eval_args(), "--input", f.name, BATCH_QUERY]
+                cmd += [*self.run.eval_args(), "--input", f.name, query]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 raise ReplayError(f"opa eval failed: {(done.stderr or done.stdout).strip()[:500]}")
@@ -656,7 +694,7 @@ class EvalEngine:
             except ValueError:
                 raise ReplayError(f"opa eval answered no JSON: {done.stdout.strip()[:300]}") from None
             bindings = ((doc.get("result") or [{}])[0]).get("bindings") or {}
-            out += _batch_results(bindings, len(chunk))
+            out += _batch_results(bindings, len(chunk), query == BATCH_QUERY)
         return out
 
 
@@ -818,6 +856,196 @@ def _approval_delta(example: dict[str, Any]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+# --- what is not replayed: approver votes, tool listings, console sections ----------------------------
+
+# (entrypoint, what the report calls its answers, the rule, the change kind)
+UNREPLAYED = (
+    ("approver", "approver votes", "data.pvegate.approver.decision", "approver-changed"),
+    ("visible_tools", "tool listings (tools/list)", "data.pvegate.visible_tools", "listing-changed"),
+    ("console", "console sections", "data.pvegate.console.sections", "console-changed"),
+)
+_UNREPLAYED_RULES = {e: rule for e, _, rule, _ in UNREPLAYED}
+_UNREPLAYED_KIND = {e: kind for e, _, _, kind in UNREPLAYED}
+# how many principals and pending requests of the replayed decisions the inputs are built from (the
+# approver inputs are their product): enough for the distinct roles and groups of an audit
+MAX_UNREPLAYED_PRINCIPALS = 200
+MAX_UNREPLAYED_PENDING = 50
+
+
+def _unreplayed_query(entrypoint: str) -> str:
+    return (
+        "c := [v | v := data.pvegate.data_check]; "
+        f"x := {{i: d | some i, doc in input; d := {_UNREPLAYED_RULES[entrypoint]} with input as doc}}"
+    )
+
+
+_approver_schema: list[Any] = []
+
+
+def _approver_problem(result: Any) -> bool:
+    """Whether an approver answer breaks its contract (approver_decision.schema.json), as may_approve reads it."""
+    if not _approver_schema:
+        from importlib import resources
+
+        import jsonschema
+
+        text = resources.files("gateway.schemas").joinpath("approver_decision.schema.json").read_text()
+        _approver_schema.append(jsonschema.Draft202012Validator(json.loads(text)))
+    return bool(list(_approver_schema[0].iter_errors(result)))
+
+
+def unreplayed_answer(entrypoint: str, result: Any) -> dict[str, Any]:
+    """What the gateway would act on, from one answer of `entrypoint` (read as DecisionClient.may_approve,
+    visible_tools and console_sections read theirs): for a vote whether it is allowed, through which
+    groups, with which codes; for a listing or the console's sections the names, or none at all (no
+    usable answer, invalid data: the gateway shows nothing)."""
+    if entrypoint == "approver":
+        if result is None or isinstance(result, Unusable):
+            return {"allow": False, "codes": [FAIL_CLOSED_CODE]}
+        if isinstance(result, Refused):  # invalid data: the vote is refused with the data check's refusal
+            return {"allow": False, "codes": Decision.from_result(result.refusal, {}).deny_codes}
+        if _approver_problem(result):
+            return {"allow": False, "codes": [FAIL_CLOSED_CODE]}
+        step_up = result.get("step_up_max_age_seconds")
+        return {
+            "allow": bool(result["allow"]) and not result["deny"],
+            "codes": sorted({r["code"] for r in result.get("deny_reasons", [])}),
+            "groups": sorted(result.get("groups", [])),
+            "step_up_max_age_seconds": step_up if isinstance(step_up, int) else None,
+        }
+    if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
+        return {"names": None}  # no usable answer, or a refusal for invalid data: nothing shown
+    return {"names": sorted(set(result))}
+
+
+@dataclass
+class UnreplayedInputs:
+    """The inputs of the entrypoints replay cannot replay, built from the replayed decisions' inputs:
+    for each principal, a tools/list (of the tools the decisions name) and a console listing; for each
+    pending decision (an approval needed), a vote on it by each principal (the requester too)."""
+
+    principals: dict[str, tuple[dict[str, Any], dict[str, Any], float]] = field(default_factory=dict)
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[str, Recorded] = field(default_factory=dict)
+
+    def add(self, rec: Recorded) -> None:
+        doc = rec.input
+        principal, request, tool = doc.get("principal"), doc.get("request"), doc.get("tool")
+        if isinstance(principal, dict) and isinstance(principal.get("sub"), str):
+            key = json.dumps(principal, sort_keys=True)
+            if key not in self.principals and len(self.principals) < MAX_UNREPLAYED_PRINCIPALS:
+                self.principals[key] = (principal, request if isinstance(request, dict) else {}, rec.ts)
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            self.tools.setdefault(tool["name"], tool)
+        if rec.outcome == "approval" and ApprovalTerms.of(rec.outcome, rec.approval) is not None:
+            key = json.dumps([rec.principal, rec.tool, doc.get("target"), _approval_view(rec.approval)], sort_keys=True)
+            if key not in self.pending and len(self.pending) < MAX_UNREPLAYED_PENDING:
+                self.pending[key] = rec
+
+    def build(self) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
+        """entrypoint -> [(what a report names the input by, the input)]."""
+        tools = [self.tools[n] for n in sorted(self.tools)]
+        out: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {e: [] for e, *_ in UNREPLAYED}
+        for principal, request, _ in self.principals.values():
+            facts = {**request, "method": "tools/list"}
+            for entrypoint, listed in (("visible_tools", tools), ("console", [])):
+                doc = {"contract_version": 1, "kind": "list", "principal": principal, "request": facts, "tools": listed}
+                out[entrypoint].append(({"principal": principal["sub"]}, doc))
+        for rec in self.pending.values():
+            pending = _pending_input(rec)
+            for principal, request, _ in self.principals.values():
+                doc = {
+                    "contract_version": 1,
+                    "kind": "approve",
+                    "approver": principal,
+                    # signed in at the recorded call's time: a step-up is not what is compared
+                    "authentication": {"auth_time": rec.ts, "via": "bearer"},
+                    "pending": pending,
+                    "request": {**(rec.input.get("request") or {}), "method": "approvals/approve",
+                                "protocol_version": None, "source_ip": request.get("source_ip")},
+                }  # fmt: skip
+                name = {"approver": principal["sub"], "request_id": rec.request_id, "tool": rec.tool}
+                out["approver"].append((name, doc))
+        return out
+
+
+def _pending_input(rec: Recorded) -> dict[str, Any]:
+    """A recorded pending decision as the approver policy sees its request (ApprovalRequest.pending_input)."""
+    ttl = rec.approval.get("ttl_seconds")
+    life = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else 900
+    return {
+        "id": f"apr-replay-{rec.seq}",
+        "requester": rec.principal,
+        "tool": rec.input.get("tool"),
+        "arguments_digest": rec.input.get("arguments_digest"),
+        "target": rec.input.get("target"),
+        "risk": rec.risk_block,
+        "approver_groups": rec.approval.get("approver_groups") or [],
+        "min_approvals": rec.approval.get("min_approvals"),
+        "approvals_so_far": [],
+        "expires_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.ts + life)),
+    }
+
+
+@dataclass
+class Unreplayed:
+    """The comparison of the candidate with a baseline on what replay cannot replay."""
+
+    baseline: str | None = None  # the baseline policy (None: none given, nothing compared)
+    inputs: dict[str, int] = field(default_factory=dict)  # entrypoint -> inputs compared
+    changes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def compared(self) -> bool:
+        return self.baseline is not None
+
+    def by_kind(self) -> dict[str, int]:
+        c = Counter(ch["kind"] for ch in self.changes)
+        return {k: c[k] for k in UNREPLAYED_KINDS if c[k]}
+
+
+def compare_unreplayed(
+    inputs: UnreplayedInputs, candidate: Candidate, baseline: Candidate, unreplayed: Unreplayed
+) -> None:
+    """Ask the candidate and the baseline (both staged, each in its own `opa eval`, offline) the
+    approver, listing and console questions built from the replayed decisions, and keep every input
+    whose answers differ in what the gateway would act on (unreplayed_answer)."""
+    built = inputs.build()
+    with EvalEngine(baseline) as before, EvalEngine(candidate) as after:
+        for entrypoint, *_ in UNREPLAYED:
+            named = built[entrypoint]
+            unreplayed.inputs[entrypoint] = len(named)
+            if not named:
+                continue
+            docs = [doc for _, doc in named]
+            query = _unreplayed_query(entrypoint)
+            for (name, _), b, a in zip(named, before.evaluate(docs, query), after.evaluate(docs, query), strict=True):
+                was, now = unreplayed_answer(entrypoint, b), unreplayed_answer(entrypoint, a)
+                if was == now:
+                    continue
+                change: dict[str, Any] = {"kind": _UNREPLAYED_KIND[entrypoint], "entrypoint": entrypoint, **name}
+                change.update(before=was, after=now)
+                if entrypoint != "approver" and was["names"] is not None and now["names"] is not None:
+                    change["added"] = sorted(set(now["names"]) - set(was["names"]))
+                    change["removed"] = sorted(set(was["names"]) - set(now["names"]))
+                unreplayed.changes.append(change)
+
+
+def _unreplayed_line(ch: dict[str, Any]) -> str:
+    b, a = ch["before"], ch["after"]
+    if ch["entrypoint"] == "approver":
+
+        def vote(v: dict[str, Any]) -> str:
+            return ("allowed" if v["allow"] else "refused") + (f" [{', '.join(v['codes'])}]" if v["codes"] else "")
+
+        return f"{ch['approver']} voting on {ch['tool']} ({ch['request_id']}): {vote(b)} -> {vote(a)}"
+    what = "tools/list" if ch["entrypoint"] == "visible_tools" else "console sections"
+    if "added" in ch:
+        moved = [f"+{n}" for n in ch["added"]] + [f"-{n}" for n in ch["removed"]]
+        return f"{what} of {ch['principal']}: {' '.join(moved)}"
+    return f"{what} of {ch['principal']}: {b['names']} -> {a['names']} (None: nothing shown)"
+
+
 # --- the report ------------------------------------------------------------------------------------
 
 
@@ -846,6 +1074,9 @@ class Report:
     redacted: int = 0
     redacted_paths: Counter[str] = field(default_factory=Counter)
     fail_on_redacted: bool = False  # --fail-on-redacted: any such input fails the run
+    # approver votes, tool listings and console sections: not replayed (the audit keeps no input for
+    # them); compared with a baseline policy when one is given (replay(baseline=...))
+    unreplayed: Unreplayed = field(default_factory=Unreplayed)
 
     @property
     def redacted_changed(self) -> int:
@@ -858,9 +1089,50 @@ class Report:
 
     @property
     def failing(self) -> int:
-        """Changes of a kind named by --fail-on."""
+        """Changes of a kind named by --fail-on: of replayed decisions, and of the approver, listing and
+        console answers compared with the baseline."""
         want = set(self.fail_on)
-        return sum(1 for ch in self.changes if want & set(ch.kinds))
+        return sum(1 for ch in self.changes if want & set(ch.kinds)) + sum(
+            1 for ch in self.unreplayed.changes if ch["kind"] in want
+        )
+
+    def scope(self) -> dict[str, Any]:
+        """What was replayed and what was not: every report format states it."""
+        u = self.unreplayed
+        return {
+            "replayed": ["tools/call decisions (data.pvegate.decision)"],
+            "not_replayed": [f"{label} ({rule})" for _, label, rule, _ in UNREPLAYED],
+            "compared_with_baseline": u.compared,
+            "baseline": u.baseline,
+            "baseline_inputs": dict(u.inputs),
+        }
+
+    def scope_lines(self) -> list[str]:
+        u = self.unreplayed
+        lines = [
+            "scope:     replayed: tools/call decisions (data.pvegate.decision); NOT replayed (the audit keeps no "
+            "policy input for them): " + ", ".join(f"{label} ({rule})" for _, label, rule, _ in UNREPLAYED)
+        ]
+        if not u.compared:
+            lines.append(
+                "unchecked: approver votes, tool listings and console sections were not compared with a baseline "
+                "policy (none given): a candidate that changes who may approve, which tools are listed or which "
+                "console sections open passes this replay unseen"
+            )
+            return lines
+        counts = ", ".join(f"{n} {e}" for e, n in u.inputs.items())
+        lines.append(
+            f"baseline:  {u.baseline}: compared on inputs built from the replayed decisions ({counts}); "
+            f"{len(u.changes)} answer(s) differ"
+            + (" (" + ", ".join(f"{k} {n}" for k, n in u.by_kind().items()) + ")" if u.changes else "")
+        )
+        if u.changes:
+            lines.append(
+                f"warning: the candidate answers {len(u.changes)} approver, listing or console question(s) "
+                "differently from the baseline (not replayed decisions: questions built from them); "
+                "--fail-on any or unreplayed-changed fails the run on them"
+            )
+        return lines
 
     @property
     def failed(self) -> bool:
@@ -920,6 +1192,8 @@ class Report:
             "failed": self.failed,
             "groups": self.groups(),
             "changes": [ch.as_dict() for ch in self.changes],
+            "scope": self.scope(),
+            "unreplayed_changes": self.unreplayed.changes,
         }
 
     def summary(self) -> list[str]:
@@ -933,13 +1207,15 @@ class Report:
             + (f", {s.unknown_outcome} with an unknown outcome" if s.unknown_outcome else ""),
             f"changed:   {len(self.changes)}"
             + (" (" + ", ".join(f"{k} {n}" for k, n in self.by_kind.items()) + ")" if self.changes else ""),
+            *self.scope_lines(),
         ]
         if self.redacted_changed:
             lines.append(f"           {self.redacted_changed} of them on inputs with redacted arguments (approximate)")
         if s.garbled:
             lines.append(
                 f"warning: {s.garbled} decision record(s) have a garbled input or body (unreadable, or "
-                f"larger than {MAX_INPUT_BYTES} bytes unpacked) and were not replayed"
+                f"larger than {MAX_INPUT_BYTES} bytes unpacked) or columns (missing, of the wrong type, a `ts` "
+                "that is no time) and were not replayed"
             )
         lines.append(f"undecided: {self.undecided} answer(s) undefined or outside the decision contract")
         lines.append(f"redacted:  {self.redacted} replayed input(s) with redacted arguments (not fully replayable)")
@@ -968,6 +1244,8 @@ class Report:
                 gate.append(f"{self.redacted} replayed input(s) with redacted arguments (allowed: 0)")
             elif self.redacted:
                 gate.append(f"{self.redacted} on redacted inputs, approximate and not gated (--fail-on-redacted)")
+            if not self.unreplayed.compared:
+                gate.append("approver votes, tool listings and console sections NOT checked (no baseline)")
             lines.append(f"gate:      {verdict_}: {'; '.join(gate)}")
         return lines
 
@@ -983,11 +1261,17 @@ class Report:
                     f"  {ex['time']} {ex['request_id']} {ex['target'] or '-'}: {b['outcome']}/{b['risk']} -> "
                     f"{a['outcome']}/{a['risk']}{codes}{_approval_delta(ex)}"
                 )
+        if self.unreplayed.changes:
+            lines.append("\nnot replayed, answered differently from the baseline:")
+            lines += [f"  {_unreplayed_line(ch)}" for ch in self.unreplayed.changes[: self.max_examples * 10]]
         return "\n".join(lines) + "\n"
 
     def as_markdown(self) -> str:
         out = ["# Policy replay report", ""]
         out += [f"- {line}" for line in self.summary()]
+        if self.unreplayed.changes:
+            out += ["", "## Not replayed: answered differently from the baseline", ""]
+            out += [f"- {_unreplayed_line(ch)}" for ch in self.unreplayed.changes[: self.max_examples * 10]]
         if not self.changes:
             out += ["", "No recorded decision changes under the candidate."]
             return "\n".join(out) + "\n"
@@ -1017,10 +1301,17 @@ def replay(
     engine: ServerEngine | EvalEngine,
     report: Report,
     chunk: int = 20000,
+    baseline: Candidate | None = None,
 ) -> Report:
-    """Ask the candidate about every record (in chunks, to bound memory) and collect the changes."""
+    """Ask the candidate about every record (in chunks, to bound memory) and collect the changes.
+
+    With a `baseline` (the policy the records were decided by: a policy directory or bundle), the
+    approver, listing and console questions built from the replayed decisions are asked of both and
+    every answer that differs is reported (compare_unreplayed); without one the report says they were
+    not compared."""
     started = time.perf_counter()
     pending: list[Recorded] = []
+    questions = UnreplayedInputs()
 
     def flush() -> None:
         results = engine.evaluate([r.input for r in pending])
@@ -1040,10 +1331,15 @@ def replay(
 
     for rec in records:
         pending.append(rec)
+        questions.add(rec)
         if len(pending) >= chunk:
             flush()
     if pending:
         flush()
+    if baseline is not None:
+        report.unreplayed.baseline = baseline.describe()
+        with baseline.staged() as base:
+            compare_unreplayed(questions, engine.candidate, base, report.unreplayed)
     report.seconds = time.perf_counter() - started
     if report.replayed and report.undecided == report.replayed:
         # not a policy that denies everything: one that was never asked (no data.pvegate.decision,

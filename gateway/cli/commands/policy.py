@@ -1,9 +1,12 @@
 """`pvegate policy eval|check|explain`: policy-author tools, each answered by a real OPA.
 
 eval: the decision for an input file, from a temporary managed sidecar on the policy
-directory or bundle, or an already running OPA given by --opa-url. Exit 0 with a decision, 1
-without a policy answer (OPA did not start or answer, or the decision failed closed: the
-gateway would deny with policy.unavailable), 2 for an unreadable input or a usage error (a
+directory or bundle, or an already running OPA given by --opa-url; with --entrypoint
+visible_tools or approver the tool listing or approver vote, each asked through the gateway's
+decision client (the contract and the policy data check applied: what the gateway would act on).
+Exit 0 with a decision, 1 without a policy answer (OPA did not start or answer, or the decision,
+listing or vote failed closed: the gateway would deny with policy.unavailable, list no tool,
+refuse the vote), 2 for an unreadable input or a usage error (a
 --verification-key that is missing, unreadable, no PEM public key or a private key among them; a
 --policies that is no policy directory, as explain and check answer it too).
 check: the policy data against its JSON Schema, the policy's own data problems and the tool catalog
@@ -26,7 +29,14 @@ from gateway.cli.commands.replay import key_needs_bundle, register_replay
 from gateway.policy.authoring import AuthoringError, check_data, explain
 from gateway.policy.bundles import verification_key_problem
 from gateway.policy.catalog_refs import CONNECTORS_ENV, default_connectors
-from gateway.policy.decisions import APPROVER_PATH, DECISION_PATH, VISIBLE_TOOLS_PATH, DecisionClient, PolicyError
+from gateway.policy.decisions import (
+    APPROVER_PATH,
+    DECISION_PATH,
+    FAIL_CLOSED_CODE,
+    VISIBLE_TOOLS_PATH,
+    DecisionClient,
+    PolicyError,
+)
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable, client_token
 from gateway.store.replay import start_short_lived
 from gateway.tools.catalog import Catalog, CatalogError
@@ -35,13 +45,36 @@ ENTRYPOINTS = {"decision": DECISION_PATH, "visible_tools": VISIBLE_TOOLS_PATH, "
 
 
 async def _ask(url: str, entrypoint: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """What the gateway would act on, asked as it asks (DecisionClient: the answer checked against the
+    contract, and against the policy data check). `failed_closed` true: no usable answer."""
     client = DecisionClient(url, timeout_ms=5000, token=token)
     try:
         if entrypoint == "decision":
             d = await client.decide(doc)
             return d.as_dict()
-        result, _ = await client.query(ENTRYPOINTS[entrypoint], doc)
-        return {"result": result}
+        if entrypoint == "visible_tools":
+            tools = await client.visible_tools(doc)
+            if tools is None:  # the gateway lists no tool then
+                return {
+                    "visible_tools": [],
+                    "failed_closed": True,
+                    "deny": [
+                        "no usable answer: OPA gave none, it is outside the contract, or the policy data is "
+                        "invalid or could not be checked (the gateway lists no tool)"
+                    ],
+                }
+            return {"visible_tools": sorted(tools), "failed_closed": False}
+        v = await client.may_approve(doc)
+        return {
+            "allow": v.allowed,
+            "deny": v.reasons,
+            "deny_codes": list(v.codes),
+            "groups": v.groups,
+            "step_up_max_age_seconds": v.step_up_max_age,
+            "decision_id": v.decision_id,
+            # no answer of the policy: the vote is refused (a refusal for invalid data is one, data.invalid)
+            "failed_closed": FAIL_CLOSED_CODE in v.codes,
+        }
     finally:
         await client.close()
 
@@ -105,7 +138,8 @@ def _eval(args: argparse.Namespace) -> int:
     print(json.dumps(out, indent=2))
     if out.get("failed_closed") is True:  # no policy answer: not a verdict of the policy
         reason = "; ".join(str(d) for d in out.get("deny") or ()) or "no policy answer"
-        print(f"error: the decision failed closed (no policy answer): {reason}", file=sys.stderr)
+        what = {"decision": "decision", "visible_tools": "tool listing", "approver": "approver decision"}
+        print(f"error: the {what[args.entrypoint]} failed closed (no policy answer): {reason}", file=sys.stderr)
         return 1
     return 0
 
@@ -203,9 +237,12 @@ def register(sub: Any) -> None:
         "eval",
         help="print the decision for an input document (exit 1 when there is no policy answer: OPA did not start "
         "or answer, or the decision failed closed)",
-        description="Print the decision for an input document. Exit status: 0 a decision (allow, approval or "
-        "deny); 1 no policy answer (OPA did not start, refused the policy or bundle, or did not answer; a "
-        "decision that failed closed is printed, and exits 1); 2 an unreadable input or a usage error.",
+        description="Print the decision for an input document; with --entrypoint visible_tools or approver the "
+        "tools listed or the approver vote, as the gateway would act on them (the contract and the policy data "
+        "check applied). Exit status: 0 a decision (allow, approval or "
+        "deny), a listing or a vote (allowed or refused); 1 no policy answer (OPA did not start, refused the "
+        "policy or bundle, or did not answer; a decision, listing or vote that failed closed is printed, and "
+        "exits 1); 2 an unreadable input or a usage error.",
     )
     e.add_argument("--input", "-i", type=Path, required=True, help="input JSON file, or - for stdin")
     e.add_argument(

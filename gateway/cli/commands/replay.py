@@ -137,6 +137,13 @@ def _run(args: argparse.Namespace) -> int:
             bundle=args.bundle,
             verification_key=args.verification_key,
         )
+        baseline = None
+        if args.baseline_policies or args.baseline_data or args.baseline_bundle:
+            baseline = Candidate(
+                policies=tuple(args.baseline_policies or ()) + tuple(args.baseline_data or ()),
+                bundle=args.baseline_bundle,
+                verification_key=args.baseline_verification_key,
+            )
         if args.export is not None:
             source = f"export {args.export}"
             report = Report(candidate.describe(), source, filters, fail_on=fail_on, fail_above=args.fail_above)
@@ -176,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
                 EvalEngine(run) if args.engine == "eval" else ServerEngine(run, concurrency=args.concurrency)
             )
             with engine:
-                replay(records, engine, report)
+                replay(records, engine, report, baseline=baseline)
         if report.replayed == 0 and not args.allow_empty:  # a mistyped filter must not pass a gate
             raise ReplayError(_nothing_replayed(report))
     except BrokenPipeError:
@@ -276,6 +283,24 @@ def register_replay(psub: Any) -> None:
         "--verification-key",
         type=Path,
         help="the --bundle's signature must verify against this key (only with --bundle)",
+    )
+    base = r.add_argument_group("baseline (approver votes, tool listings, console sections)")
+    base.add_argument(
+        "--baseline-policies",
+        type=Path,
+        action="append",
+        help="the policy the records were decided by (a directory with its data/): the approver, tools/list and "
+        "console questions built from the replayed decisions are asked of it and of the candidate, and each "
+        "difference reported (without a baseline the report says they were not checked)",
+    )
+    base.add_argument(
+        "--baseline-data", type=Path, action="append", help="more data files or directories of the baseline"
+    )
+    base.add_argument("--baseline-bundle", type=Path, help="the baseline as a bundle file")
+    base.add_argument(
+        "--baseline-verification-key",
+        type=Path,
+        help="the --baseline-bundle's signature must verify against this key (only with --baseline-bundle)",
     )
     out = r.add_argument_group("report and gate")
     out.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
