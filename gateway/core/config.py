@@ -329,6 +329,32 @@ def _opt_path(raw: Any, base: Path) -> Path | None:
     return None if raw in (None, "") else _path(raw, base)
 
 
+def _opa_key_problems(opa_raw: dict[str, Any], base: Path) -> list[str]:
+    """The bundle verification keys that are no PEM public key of their algorithm (core/keys.py): a
+    private key (the signing key must not sit on the gateway host), anything else, or a key an
+    algorithm of another kind would misread. A verification key file that cannot be read is said by
+    `pvegate serve`'s start (server.check_files), as every file the configuration names."""
+    from gateway.core.keys import DEFAULT_ALGORITHM, public_key_problem
+
+    out: list[str] = []
+    for kid, entry in (opa_raw.get("keys") or {}).items():
+        if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+            algorithm = str(entry.get("algorithm") or DEFAULT_ALGORITHM)
+            problem = public_key_problem(entry["key"].encode(), f"opa.keys.{kid}.key", algorithm)
+            if problem is not None:
+                out.append(problem)
+    path = _opt_path(opa_raw.get("verification_key"), base)
+    if path is not None:
+        try:
+            pem = path.read_bytes()
+        except OSError:
+            pem = None
+        problem = public_key_problem(pem, f"opa.verification_key {path}") if pem is not None else None
+        if problem is not None:
+            out.append(problem)
+    return out
+
+
 def _ssh(raw: dict[str, Any] | None, base: Path) -> SSHConfig | None:
     if not raw:
         return None
@@ -497,6 +523,8 @@ def parse(raw: dict[str, Any], base: Path) -> Config:
         tls_raw = raw.get("tls", {})
         auth_raw = raw["auth"]
         opa_raw = raw.get("opa", {})
+        if key_problems := _opa_key_problems(opa_raw, base):
+            raise ConfigError(*key_problems)
         clusters: dict[str, ClusterConfig] = {}
         for c in raw.get("clusters", []):
             clusters[c["name"]] = ClusterConfig(

@@ -4,7 +4,11 @@ A tree is only built after it passes every policy check (`scripts/policy-checks.
 opa check --strict, opa fmt, opa test with the coverage threshold, Regal, and `pvegate policy
 check`: the data against its schema and against the tool catalog of the gateway's connector
 directory, which the checks get as $PVEGATE_CONNECTORS), and only
-signed, unless the caller says `unsigned` out loud. Test files and golden cases stay
+signed, unless the caller says `unsigned` out loud. The tree is read once: copied whole into a
+private directory first, the checks run on that copy and the bundle is built from it, so what is
+signed is exactly what was checked (an edit made while the checks run is in neither). A checked
+tree must also define `data.system.log.mask` holding "/input/arguments" (policies/system/log/
+log.rego), as a managed OPA with decision logs requires. Test files and golden cases stay
 out of production bundles. The revision is the git commit plus a digest of the
 bundle's content, so two builds of the same policies carry the same revision and any
 change is visible in every decision's provenance; the manifest also names the full
@@ -39,13 +43,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.core import yamlread
+from gateway.core.keys import verification_key_problem as verification_key_problem  # re-exported for its callers
 from gateway.policy.catalog_refs import CONNECTORS_ENV
-from gateway.policy.opa_sidecar import AUTHZ_POLICY, REPO_ROOT, OPAUnavailable, find_opa
+from gateway.policy.opa_sidecar import (
+    AUTHZ_POLICY,
+    MASKED_PATH,
+    REPO_ROOT,
+    OPAUnavailable,
+    find_opa,
+    masks_arguments,
+)
 from gateway.policy.optimized import ENTRYPOINTS
 from gateway.policy.revision import DATA_SUFFIXES, content_digest, not_in_bundle, policy_files
 
@@ -60,29 +71,6 @@ class BundleError(Exception):
 
 class SignatureRefused(BundleError):
     """OPA refused a bundle's signature (wrong key, changed after signing, unsigned): its reason."""
-
-
-def verification_key_problem(key: Path) -> str | None:
-    """Why `key` cannot be a bundle verification key (a PEM public key), or None. Said before OPA is
-    asked: OPA takes an unreadable --verification-key for the key's PEM text itself ("failed to
-    parse PEM block"), and accepts a private key (it verifies with its public half), but the
-    signing key must not sit on a host that only verifies."""
-    try:
-        pem = key.read_bytes()
-    except FileNotFoundError:
-        return f"verification key {key} not found"
-    except OSError as exc:
-        return f"cannot read the verification key {key}: {exc}"
-    if b"PRIVATE KEY-----" in pem:
-        return (
-            f"the verification key {key} is a private (signing) key: give its public half (bundle-verify.pem); "
-            "the signing key must not sit on the gateway host"
-        )
-    try:
-        serialization.load_pem_public_key(pem)
-    except (ValueError, TypeError, UnsupportedAlgorithm):
-        return f"the verification key {key} is not a PEM public key"
-    return None
 
 
 def verify_signature(bundle: Path, key: Path, output: Path, timeout: float = 120) -> None:
@@ -195,7 +183,7 @@ def roots_of(files: list[Path], root: Path) -> list[str]:
                 continue
             try:  # (a JSON document is YAML too)
                 doc = yamlread.load(f.read_text())
-            except (OSError, ValueError, yaml.YAMLError):
+            except (OSError, ValueError, yaml.YAMLError, RecursionError):
                 continue  # opa build says what is wrong with it
             if isinstance(doc, dict):
                 roots.update(str(k) for k in doc)
@@ -250,6 +238,59 @@ def _declares_authz(files: list[Path]) -> bool:
     )
 
 
+def _snapshot(policies: Path, dest: Path) -> Path:
+    """A copy of the whole policy tree (links followed: the copy holds what they point at), made
+    before anything of it is checked; a git directory inside it is left out."""
+    try:
+        shutil.copytree(policies, dest, ignore=shutil.ignore_patterns(".git"), ignore_dangling_symlinks=True)
+    except (OSError, shutil.Error) as exc:
+        raise BundleError(f"cannot copy the policy tree {policies}: {exc}") from None
+    return dest
+
+
+def _bundle_files(tree: Path, policies: Path) -> list[Path]:
+    """The policy files of the copied `tree` a bundle carries; BundleError (naming them as in
+    `policies`, the caller's tree) for a tree a bundle cannot be built from."""
+    try:
+        files = policy_files(tree)
+    except OPAUnavailable as exc:  # a bundle archive inside the tree
+        raise BundleError(str(exc).replace(str(tree), str(policies))) from None
+    if not any(p.suffix == ".rego" for p in files):
+        raise BundleError(f"no Rego policies under {policies}")
+    if ignored := not_in_bundle(files):
+        # loaded as a directory (the checks, a managed OPA) OPA reads them; from a bundle it would not
+        names = ", ".join(str(policies / f.relative_to(tree)) for f in ignored)
+        raise BundleError(
+            f"OPA's bundle format loads only data files named data.json, data.yaml or data.yml, so a "
+            f"bundle would carry but never load {names}: name each data file data.yaml (or data.json) in "
+            "its own directory, e.g. merge it into the data.yaml beside it (a policy directory loaded as "
+            "files puts every data file at its directory's path); nothing was built"
+        )
+    return files
+
+
+def log_mask_problem(tree: Path, timeout: float = 120) -> str | None:
+    """Why the policy of `tree` would let decision logs hold the tool arguments, or None: its
+    `data.system.log.mask` (package system.log, rule mask) must hold "/input/arguments"
+    (policies/system/log/log.rego). Evaluated by OPA on the tree as a bundle would load it."""
+    cmd = [str(find_opa()), "eval", "-f", "json", "-d", str(tree), "data.system.log.mask"]
+    cmd += ["--ignore", "*_test.rego", "--ignore", "golden", "--ignore", ".*"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        return f"cannot evaluate data.system.log.mask: {(done.stderr or done.stdout).strip()[:500]}"
+    try:
+        value = json.loads(done.stdout)["result"][0]["expressions"][0]["value"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        value = None  # undefined: no such rule
+    if masks_arguments(value):
+        return None
+    return (
+        f'the policy\'s data.system.log.mask (package system.log, rule mask) does not hold "{MASKED_PATH}" '
+        "(policies/system/log/log.rego): with decision logs on, OPA would log every call's tool arguments, "
+        "passwords included, and the gateway refuses to start on it"
+    )
+
+
 def build(
     policies: Path,
     output: Path,
@@ -273,35 +314,30 @@ def build(
         raise BundleError("no --signing-key given: a bundle is signed unless --unsigned is given explicitly")
     if signing_key is not None and not signing_key.is_file():
         raise BundleError(f"signing key {signing_key} not found")
-    try:
-        files = policy_files(policies)
-    except OPAUnavailable as exc:  # a bundle archive inside the tree
-        raise BundleError(str(exc)) from None
-    if not any(p.suffix == ".rego" for p in files):
-        raise BundleError(f"no Rego policies under {policies}")
-    if ignored := not_in_bundle(files):
-        # loaded as a directory (the checks, a managed OPA) OPA reads them; from a bundle it would not
-        names = ", ".join(str(f) for f in ignored)
-        raise BundleError(
-            f"OPA's bundle format loads only data files named data.json, data.yaml or data.yml, so a "
-            f"bundle would carry but never load {names}: name each data file data.yaml (or data.json) in "
-            "its own directory, e.g. merge it into the data.yaml beside it (a policy directory loaded as "
-            "files puts every data file at its directory's path); nothing was built"
-        )
-    if checks:
-        if connectors is not None and not connectors.is_dir():  # said before minutes of checks
-            raise BundleError(f"no connector directory {connectors}; nothing was built")
-        ok, report = run_checks(policies, connectors)
-        if not ok:
-            summary = [ln for ln in report.splitlines() if ln.startswith("policy checks FAILED")]
-            head = summary[-1].removeprefix("policy checks ") if summary else "FAILED"
-            raise BundleError(f"policy checks {head}; nothing was built\n\n{report}")
+    if not policies.is_dir():
+        raise BundleError(f"no policy directory {policies}")
+    if checks and connectors is not None and not connectors.is_dir():  # said before minutes of checks
+        raise BundleError(f"no connector directory {connectors}; nothing was built")
     source = git_source(policies)
     short = str(source["commit"])[:12] if source else "nogit"
     with tempfile.TemporaryDirectory(prefix="pvegate-bundle-") as tmp:
+        # The tree is read once, here: the checks run on this copy and the bundle is built from it,
+        # so what is signed is exactly what was checked (an edit of the tree made while the checks
+        # run is in neither). The whole tree: the checks need its tests, golden cases and lint config.
+        tree = _snapshot(policies, Path(tmp) / "policies")
+        files = _bundle_files(tree, policies)
+        if checks:
+            ok, report = run_checks(tree, connectors)
+            report = report.replace(str(tree.resolve()), str(policies))  # name the tree the caller gave
+            if not ok:
+                summary = [ln for ln in report.splitlines() if ln.startswith("policy checks FAILED")]
+                head = summary[-1].removeprefix("policy checks ") if summary else "FAILED"
+                raise BundleError(f"policy checks {head}; nothing was built\n\n{report}")
+            if (problem := log_mask_problem(tree)) is not None:
+                raise BundleError(f"{problem}; nothing was built")
         stage = Path(tmp) / "bundle"
         for f in files:
-            dest = stage / f.relative_to(policies)
+            dest = stage / f.relative_to(tree)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)
         if not _declares_authz(files):  # a policy directory may bring its own API guard; else ours

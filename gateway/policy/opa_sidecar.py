@@ -41,6 +41,7 @@ import yaml
 
 from gateway.core import processes, yamlread
 from gateway.core.config import ConfigError, SecretRef
+from gateway.core.keys import ASYMMETRIC_ALGORITHMS, DEFAULT_ALGORITHM, public_key_problem
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
 from gateway.policy.errors import OPAUnavailable as OPAUnavailable  # re-exported: its callers import it here
@@ -148,7 +149,8 @@ def _with_secrets(doc: Any) -> Any:
 def check_yaml_data(directories: tuple[Path, ...]) -> None:
     """Refuse (OPAUnavailable) policy data that OPA would read otherwise than written: it keeps
     the last of a key given twice without a word, so a second `bindings:` in data.yaml would
-    quietly replace the first (core/yamlread.py). A file that is not YAML at all OPA reports."""
+    quietly replace the first (core/yamlread.py). A file that is not YAML at all OPA reports; one
+    nested too deeply to read here is refused."""
     for d in directories:
         for path in sorted(policy_files(d) if d.is_dir() else [d] if d.is_file() else []):
             if path.suffix not in (".yaml", ".yml", ".json"):
@@ -158,8 +160,53 @@ def check_yaml_data(directories: tuple[Path, ...]) -> None:
                 yamlread.load_json(text) if path.suffix == ".json" else yamlread.load(text)
             except yamlread.YamlProblems as exc:
                 raise OPAUnavailable(f"policy data {path}: {'; '.join(exc.problems)}") from None
+            except RecursionError:
+                # a structure nested deeper than Python's stack: unreadable here, so unchecked
+                raise OPAUnavailable(
+                    f"policy data {path}: nested too deeply to read (no policy data needs that depth)"
+                ) from None
             except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError):
                 continue  # OPA's own start reports it, as for any unreadable policy file
+
+
+def check_keys(keys: dict[str, Any]) -> None:
+    """Refuse (OPAUnavailable) an `opa.keys` entry OPA would verify bundles with unsafely: an HMAC
+    algorithm (OPA takes the key's text as the shared secret: anyone who can read the public key
+    could sign a bundle it activates), a private key, or no PEM public key of its algorithm's kind
+    (core/keys.py). The configuration's load refuses them first; this guards every other caller."""
+    for kid, entry in keys.items():
+        fields = entry if isinstance(entry, dict) else {}
+        algorithm = str(fields.get("algorithm") or DEFAULT_ALGORITHM)
+        if algorithm not in ASYMMETRIC_ALGORITHMS:
+            raise OPAUnavailable(
+                f"opa.keys.{kid}.algorithm: {algorithm!r} is not one of {', '.join(ASYMMETRIC_ALGORITHMS)} "
+                "(an HMAC algorithm would take the public key's text as the shared secret)"
+            )
+        key = fields.get("key")
+        problem = (
+            public_key_problem(key.encode(), f"opa.keys.{kid}.key", algorithm)
+            if isinstance(key, str)
+            else f"opa.keys.{kid}.key: no PEM public key given"
+        )
+        if problem is not None:
+            raise OPAUnavailable(problem)
+
+
+# the decision log must never hold the tool arguments (passwords, keys): system.log.mask removes them
+MASKED_PATH = "/input/arguments"
+
+
+def masks_arguments(mask: Any) -> bool:
+    """Whether `data.system.log.mask` (OPA's answer: a list for the partial set) removes the tool
+    arguments from decision logs: it holds "/input/arguments" (or all of "/input"), as a path or as
+    a {"op": "remove", "path": ...} entry."""
+    if not isinstance(mask, list):
+        return False
+    for entry in mask:
+        path = entry.get("path") if isinstance(entry, dict) and entry.get("op", "remove") == "remove" else entry
+        if path in (MASKED_PATH, "/input"):
+            return True
+    return False
 
 
 class PidRecord(NamedTuple):
@@ -453,6 +500,7 @@ class OPASidecar:
     def _launch(self, timeout: float) -> None:
         # a socket left by an OPA that was killed would make the new one's bind fail
         self.socket_path.unlink(missing_ok=True)
+        check_keys(self.keys)
         self._write_config()
         if self.bundle is None:
             check_yaml_data(self.policies)
@@ -469,6 +517,28 @@ class OPASidecar:
         self.process = subprocess.Popen(cmd, stdout=out, stderr=out, env=self.environment(), start_new_session=True)  # type: ignore[arg-type]
         self._claim_pid_file()
         self.wait_healthy(timeout)
+        if self.decision_logs or self.decision_logs_upload is not None:
+            self.check_log_mask()
+
+    def check_log_mask(self) -> None:
+        """With decision logs on (console or upload), refuse (OPAUnavailable; start() then stops OPA) a
+        loaded policy whose `data.system.log.mask` does not remove the tool arguments: OPA would log
+        every call's arguments, passwords included. Asked of the running OPA, so a bundle's policy
+        counts as much as a directory's."""
+        try:
+            with self.client(timeout=10.0) as client:
+                r = client.get("/v1/data/system/log/mask")
+            r.raise_for_status()
+            mask = r.json().get("result")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise OPAUnavailable(f"cannot read data.system.log.mask from OPA: {type(exc).__name__}") from None
+        if not masks_arguments(mask):
+            setting = "opa.decision_logs" if self.decision_logs else "opa.decision_logs_upload"
+            raise OPAUnavailable(
+                f"{setting} is on but the policy's data.system.log.mask (package system.log, rule mask; "
+                f'policies/system/log/log.rego) does not hold "{MASKED_PATH}": OPA would log every '
+                "call's tool arguments, passwords included; not starting"
+            )
 
     def _build_optimized(self) -> None:
         """The policy directory partially evaluated with its data, from the files as they are now."""
