@@ -459,6 +459,20 @@ def check_fields(tool: Tool, args: dict[str, Any]) -> None:
             raise _needs(pve_field, [param], [decl] if isinstance(decl, str) else PLACEHOLDER.findall(decl[0]))
 
 
+def dry_run_text(tool: Tool, values: dict[str, Any]) -> str:
+    """The tool's `dry_run` sentence with the call's values in its {placeholders}; an optional parameter
+    the call did not give reads "(not given)", never a literal "{pool}" shown to the model or a person."""
+    params = (tool.parameters.get("properties") or {}).keys()
+
+    def fill(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name in values:
+            return str(values[name])
+        return "(not given)" if name in params else m.group(0)
+
+    return PLACEHOLDER.sub(fill, tool.dry_run or "")
+
+
 def upid_node(upid: str) -> str:
     """The node a UPID names; ToolError unless it is a whole UPID as Proxmox writes them."""
     m = UPID_RE.fullmatch(upid)
@@ -635,9 +649,7 @@ class PveApiRuntime:
     def _dry_run(
         self, tool: Tool, values: dict[str, Any], path: str, query: dict[str, Any], body: dict[str, Any]
     ) -> dict[str, Any]:
-        impact = tool.dry_run or ""
-        for k, v in values.items():
-            impact = impact.replace("{" + k + "}", str(v))
+        impact = dry_run_text(tool, values)
         return {
             "dry_run": True,
             "tool": tool.name,
