@@ -16,9 +16,7 @@ LOCATED = {"type": "qemu", "node": "pve1"}  # what the runtime finds before a dr
 
 def test_no_dry_run_sentence_keeps_a_placeholder() -> None:
     left = {
-        t.name: PLACEHOLDER.findall(dry_run_text(t, LOCATED))
-        for t in CATALOG
-        if t.connector == "pve_api" and t.dry_run
+        t.name: PLACEHOLDER.findall(dry_run_text(t, LOCATED)) for t in CATALOG if t.connector == "pve_api" and t.dry_run
     }
     assert {name: names for name, names in left.items() if names} == {}
 
