@@ -98,9 +98,10 @@ from urllib.parse import quote
 from gateway.core.config import Config, ConfigError
 from gateway.core.redaction import REDACTED
 from gateway.store import audit as auditlib
+from gateway.store import db
 from gateway.store.audit import AuditRecord
 from gateway.store.holds import AMOUNTS, PoolHolds
-from gateway.store.outcomes import AuditUnavailable, Outcomes
+from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, Outcomes
 from gateway.store.pgsync import PgLocation
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import ToolError
@@ -811,6 +812,15 @@ def _id_part(value: Any) -> bool:
     return isinstance(value, str) and value != "" and value != REDACTED and not any(c in value for c in ":/ \t\n")
 
 
+def _pass_failed(what: str, exc: BaseException) -> None:
+    """A pass that failed because a store is away (PostgreSQL down, the audit refusing writes) is one line
+    each time it is tried, not a traceback every 10 s of an outage; anything else (a bug) with its traceback."""
+    if isinstance(exc, (*STORE_ERRORS, AuditUnavailable, OSError)) or db.refusal(exc) is not None:
+        log.warning("%s: %s: %s", what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    else:
+        log.exception(what)
+
+
 class _SettledMeanwhile(Exception):
     """The call got a settling record after this pass read it as open: nothing is written."""
 
@@ -874,7 +884,7 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
                 settled = await _earlier_pass(reconciler, before)
                 errors.pop("earlier", None)
             except Exception as exc:  # never take the gateway down; say so and try again
-                log.exception("reconciliation pass failed")
+                _pass_failed("reconciliation pass failed", exc)
                 errors["earlier"] = f"reconciliation pass failed: {type(exc).__name__}"
                 settled = [Settled("", None, "open")]
                 reconciler.earlier_open = None  # unknown, not zero
@@ -896,7 +906,7 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
                     reconciler.stale_open = sum(s.action == "open" for s in stale)
                     errors.pop("stale", None)
                 except Exception as exc:
-                    log.exception("reconciliation of stale replicas failed")
+                    _pass_failed("reconciliation of stale replicas failed", exc)
                     errors["stale"] = f"reconciliation of stale replicas failed: {type(exc).__name__}"
                     stale = []
                 if stale:
@@ -905,7 +915,7 @@ async def reconcile_loop(reconciler: Reconciler, before: float, interval: float 
                 own = await reconciler.settle_own(before)
                 errors.pop("own", None)
             except Exception as exc:
-                log.exception("reconciliation pass failed")
+                _pass_failed("reconciliation pass failed", exc)
                 errors["own"] = f"reconciliation of this process's own calls failed: {type(exc).__name__}"
                 own = None
             if own:
