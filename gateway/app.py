@@ -23,7 +23,7 @@ from gateway.core.config import Config, ConfigError
 from gateway.mcp.request_state import RequestStates, Sealer, Sessions
 from gateway.mcp.security import TransportGuard
 from gateway.mcp.transport import handle_mcp
-from gateway.mcp.wellknown import WELL_KNOWN, protected_resource, resource_url
+from gateway.mcp.wellknown import WELL_KNOWN, protected_resource, token_resource
 from gateway.observability.health import HealthMonitor
 from gateway.observability.logs import ErrorBoundary
 from gateway.observability.metrics import Metrics
@@ -295,7 +295,7 @@ def create_app(
         tasks: list[asyncio.Task[None]] = []
         try:
             app.state.components = built
-            app.state.authenticator = authenticator or Authenticator(config.auth, resource=resource_url(config))
+            app.state.authenticator = authenticator or Authenticator(config.auth, resource=token_resource(config))
             if config.console.enabled:  # the session key and client secret are read once, here
                 app.state.console = Console(built, app.state.authenticator)
             # one key for every replica (state_key or the database): a retry may reach any of them

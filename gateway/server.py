@@ -35,7 +35,7 @@ from gateway.auth.tokens import Authenticator
 from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef, service_secret_refs
 from gateway.core.config_schema import is_loopback
 from gateway.mcp.stdio import local_principal, serve_stdio
-from gateway.mcp.wellknown import resource_url
+from gateway.mcp.wellknown import token_resource
 from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
@@ -469,7 +469,7 @@ async def _serve(config: Config, sock: socket.socket, signals: StopSignals) -> N
     signals.starting()
     async with contextlib.AsyncExitStack() as stack:
         try:
-            authenticator = Authenticator(config.auth, resource=resource_url(config))
+            authenticator = Authenticator(config.auth, resource=token_resource(config))
             components = await build_components(config)
             app = create_app(config, components, authenticator)
             # the start-up work after the build; when it fails, the lifespan closes the components

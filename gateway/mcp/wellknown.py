@@ -27,6 +27,13 @@ def resource_url(config: Config) -> str:
     return base_url(config) + MCP_PATH
 
 
+def token_resource(config: Config) -> str | None:
+    """The resource URL a token may carry as its audience beside auth.audience (RFC 8707), or None: only a
+    configured public_url names this gateway alone. A listener address (https://0.0.0.0:8443/mcp) is the
+    same on every gateway with that listener, so a token asked for at another gateway would pass here."""
+    return resource_url(config) if config.public_url else None
+
+
 def metadata_url(config: Config) -> str:
     """Path-suffixed form (RFC 9728 §3.1): the metadata of exactly the /mcp resource."""
     return base_url(config) + WELL_KNOWN + MCP_PATH

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.config import Config, load
-from gateway.mcp.wellknown import resource_url
+from gateway.mcp.wellknown import token_resource
 from gateway.policy.opa_sidecar import client_token
 from gateway.store.approvals import MAX_PAGE, Approvals, ApprovalStore, BadCursor, NotFound, VoteOutcome
 from gateway.store.audit import AuditLog, known_secrets
@@ -225,7 +225,7 @@ def _vote(verdict: str) -> Callable[[argparse.Namespace], int]:
 
         async def go(a: Approvals) -> int:
             try:
-                who = await Authenticator(cfg.auth, resource=resource_url(cfg)).authenticate(f"Bearer {token}")
+                who = await Authenticator(cfg.auth, resource=token_resource(cfg)).authenticate(f"Bearer {token}")
             except AuthError as exc:
                 print(f"error: approver token rejected: {exc}", file=sys.stderr)
                 return 2
