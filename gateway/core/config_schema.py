@@ -628,6 +628,20 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
     asymmetric = [a for a in algorithms if a != "HS256"]
     if asymmetric and not (auth.get("jwks_url") or auth.get("jwks_file")):
         out.append(f"auth.algorithms: {', '.join(asymmetric)} need auth.jwks_url or auth.jwks_file")
+    kind = auth.get("kind") or {}
+    if auth.get("client_id_claims") == []:
+        # no client id is ever read, so the lists would never apply: an agent client listed to keep its
+        # password-grant tokens (which carry a login session) from passing as a human's would not be
+        for setting in ("agent_clients", "human_clients"):
+            if kind.get(setting):
+                out.append(
+                    f"auth.kind.{setting}: never applies when auth.client_id_claims is empty (no client id "
+                    "is read from a token); name the claims that carry it, e.g. [azp, client_id]"
+                )
+    if kind.get("values") and not kind.get("claim"):
+        out.append("auth.kind.values: only used with auth.kind.claim (the claim whose value they map)")
+    if "jwks_cache_seconds" in auth and not auth.get("jwks_url"):
+        out.append("auth.jwks_cache_seconds: only used with auth.jwks_url (a jwks_file is read when it changes)")
     return out
 
 
