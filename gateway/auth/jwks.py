@@ -119,7 +119,7 @@ class JwksKeys:
         self._loaded_at = float("-inf")  # when the fetch that gave the current keys started
         self._settled_at = float("-inf")  # when the last fetch ended, however it ended
         self._last_attempt = float("-inf")
-        self._file_mtime: float | None = None
+        self._file_mtime: float | str | None = None  # the file's mtime read last, or why it could not be
         self._flight: asyncio.Task[None] | None = None  # the one fetch under way
 
     def _read_file(self) -> list[_Key]:
@@ -148,7 +148,7 @@ class JwksKeys:
                         raise ValueError(f"the JWKS is larger than {self.max_bytes} bytes")
         return _parse(json.loads(bytes(body)))
 
-    def _install(self, keys: list[_Key], started: float, mtime: float | None) -> None:
+    def _install(self, keys: list[_Key], started: float, mtime: float | str | None) -> None:
         if [(k.kid, k.kty, k.alg, k.key) for k in keys] != [(k.kid, k.kty, k.alg, k.key) for k in self._keys]:
             self.generation += 1  # verified-token caches drop what the old set vouched for
         self._keys = keys
@@ -167,18 +167,26 @@ class JwksKeys:
         )
 
     def _refresh_file(self, *, force: bool = False) -> None:
-        """A file is read at once, without waiting on anything, whenever it changed (or `force`)."""
+        """A file is read at once, without waiting on anything, whenever it changed; `force` (a token naming
+        an unknown key) reads it again at most every min_refresh_seconds, as a URL is fetched: forged kids
+        cause no re-read each. A file that is missing or unreadable is reported once, until it changes."""
         assert self.file is not None
         started = time.monotonic()
         try:
-            mtime = self.file.stat().st_mtime
-            if mtime == self._file_mtime and not force:
-                return
+            state: float | str = self.file.stat().st_mtime
+        except OSError as exc:
+            state = f"{type(exc).__name__}: {exc.strerror}"
+        if state == self._file_mtime and not (force and started - self._last_attempt >= self.min_refresh_seconds):
+            return
+        self._last_attempt, self._file_mtime = started, state
+        try:
+            if isinstance(state, str):
+                raise OSError(state)
             keys = self._read_file()
         except Exception as exc:  # anything wrong with the document is a failed refresh
             self._failed(exc)
         else:
-            self._install(keys, started, mtime)
+            self._install(keys, started, state)
         finally:
             self._settled_at = time.monotonic()
 

@@ -19,7 +19,7 @@ from typing import Any
 import jwt
 import pytest
 
-from gateway.auth.jwks import JwksKeys
+from gateway.auth.jwks import JwksKeys, KeyUnavailable
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.core.config import AuthConfig
 from tests.auth.keys import AUDIENCE, ISSUER, IdP, claims_for
@@ -350,5 +350,38 @@ def test_a_forged_kid_cannot_hold_up_others_through_the_authenticator_cache(idp:
                 assert took < 1.0, took
             attacker.cancel()
             await asyncio.gather(attacker, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_jwks_file_is_not_read_again_for_each_forged_kid_nor_a_missing_one_logged_each_time(
+    idp: IdP, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """auth.jwks_file kept the URL's promise of no amplification only in name (found by a review): each
+    token naming an unknown kid re-read and re-parsed the file and logged it, and a missing file was
+    re-read and warned about on every request. A forced re-read is now rate-limited as a fetch is, and
+    a failure is reported once until the file changes."""
+    path = idp.write(tmp_path / "jwks.json")
+    keys = JwksKeys(file=path)
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.INFO, logger="pvegate.jwks"):
+            for i in range(200):
+                with pytest.raises(KeyUnavailable):
+                    await keys.key_for(f"forged-{i}", "RS256")
+            loads = [r for r in caplog.records if "loaded" in r.getMessage()]
+            assert len(loads) == 1, len(loads)  # the first read only (within min_refresh_seconds)
+            caplog.clear()
+            path.unlink()
+            os.utime(tmp_path, None)
+            for _ in range(200):
+                await keys.ready()
+            failures = [r for r in caplog.records if "refresh from" in r.getMessage()]
+            assert len(failures) == 1, len(failures)
+            assert keys._match("k1", "RS256") is not None  # the known keys are kept
+            idp.write(path)  # back: read at once
+            os.utime(path, (time.time() + 5, time.time() + 5))
+            await keys.ready()
+            assert any("loaded" in r.getMessage() for r in caplog.records)
 
     asyncio.run(scenario())
