@@ -60,8 +60,20 @@ def unencodable_path(doc: Any) -> tuple[str | int, ...] | None:
     return None
 
 
+# the longest a quoted piece of a client's text is in a reply, a header or the audit (a refusal quotes it:
+# it must not be larger than the request that brought it)
+QUOTED_MAX = 200
+
+
+def quoted(value: str) -> str:
+    """repr() of a client's text, cut to QUOTED_MAX characters: safe in a refusal, a header and the audit."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 3] + "..."
+
+
 def describe(path: tuple[str | int, ...]) -> str:
-    """`params.arguments["\\ud800"]`-style location, escaped so it is safe to print and audit."""
+    """`params.arguments["\\ud800"]`-style location, escaped so it is safe to print and audit, cut to
+    QUOTED_MAX characters (a path of a client's keys may be as long as its request)."""
     out = ""
     for part in path:
         if isinstance(part, int):
@@ -70,6 +82,8 @@ def describe(path: tuple[str | int, ...]) -> str:
             out += f".{part}" if out else part
         else:
             out += f"[{escaped(part)}]"
+    if len(out) > QUOTED_MAX:
+        out = out[: QUOTED_MAX - 3] + "..."
     return out or "(the document)"
 
 

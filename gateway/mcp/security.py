@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.config import Config
+from gateway.core.text import quoted
 from gateway.mcp.jsonrpc import INVALID_REQUEST, error_response
 from gateway.store.audit import AuditRecord
 from gateway.store.outcomes import STORE_ERRORS
@@ -121,14 +122,14 @@ class TransportGuard:
         host = headers.get("host", "").lower()
         if self.hosts is not None and host not in self.hosts:
             await self._refuse(
-                scope, receive, send, 421, "host_refused", f"Host {host!r} is not served here", source_ip
+                scope, receive, send, 421, "host_refused", f"Host {quoted(host)} is not served here", source_ip
             )
             return
         origin = headers.get("origin")
         if origin is not None and origin.rstrip("/").lower() not in self.origins:
             # A browser page from another origin (DNS rebinding, CSRF) must not reach the tools.
             await self._refuse(
-                scope, receive, send, 403, "origin_refused", f"Origin {origin!r} is not allowed", source_ip
+                scope, receive, send, 403, "origin_refused", f"Origin {quoted(origin)} is not allowed", source_ip
             )
             return
         if self.inflight[source_ip] >= self.max_inflight:
