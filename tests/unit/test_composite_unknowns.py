@@ -14,7 +14,6 @@ from typing import Any
 from gateway.tools.runtimes.base import CommandFailed, ToolError
 from gateway.tools.runtimes.reducers import guest_health_summary, list_backups
 
-NOW = time.time()
 CT = {"vmid": 200, "type": "lxc", "status": "running", "node": "pve1", "name": "app",
       "mem": 10, "maxmem": 100, "disk": 10, "maxdisk": 100, "cpu": 0.01}  # fmt: skip
 VM = {"vmid": 100, "type": "qemu", "status": "running", "node": "pve1", "name": "web",
@@ -24,7 +23,7 @@ NAS = {"storage": "nas", "node": "pve1", "content": ["backup"], "active": 0, "sh
 
 
 def backup(vmid: int, hours: float) -> dict[str, Any]:
-    return {"volid": f"local:backup/vzdump-{vmid}-{hours}", "vmid": vmid, "ctime": int(NOW - hours * 3600),
+    return {"volid": f"local:backup/vzdump-{vmid}-{hours}", "vmid": vmid, "ctime": int(time.time() - hours * 3600),
             "content": "backup"}  # fmt: skip
 
 
