@@ -28,11 +28,11 @@ import pytest
 
 from gateway.cli import main
 from gateway.policy.bundles import keygen
-from gateway.store.audit import export_line
 from tests.bundles.test_bundles import _no_opa
-from tests.policy.test_replay_gate import POLICIES, _decisions, _replay, audit, bundles
+from tests.policy.conftest import export_rows
+from tests.policy.test_replay_gate import POLICIES, _replay, bundles
 
-__all__ = ["audit", "bundles"]  # fixtures, used by name
+__all__ = ["bundles"]  # a fixture, used by name
 
 DENY_EVERYTHING = """package pvegate.guardrails
 
@@ -42,14 +42,6 @@ denials contains lib.reason("guardrail.candidate", "candidate", "the candidate d
 	input.tool.name != ""
 }
 """
-
-
-def _export_rows(db: Path) -> list[dict[str, Any]]:
-    """The replayable decision lines of the sample audit, as `pvegate audit export --jsonl` writes them."""
-    rows = [r for r in _decisions(db) if '"input_z"' in r["body"] and '"failed_closed": true' not in r["body"]]
-    lines = [json.loads(export_line(r)) for r in rows]
-    assert len(lines) > 10
-    return lines
 
 
 def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
@@ -72,7 +64,7 @@ def test_replayed_inputs_with_redacted_arguments_are_counted_and_can_fail_the_ga
 ) -> None:
     """An unchanged candidate on inputs kept with a redacted argument: 'changed: 0' and a passed gate
     used to be all the report said, though the candidate never saw the argument's value."""
-    lines = _export_rows(audit)
+    lines = export_rows(audit)
     marked = lines[: len(lines) // 2]
     for line in marked:
         line["body"]["input_redacted"] = ["arguments.snapname"]
@@ -96,7 +88,7 @@ def test_replayed_inputs_with_redacted_arguments_are_counted_and_can_fail_the_ga
     assert f"{len(marked)} replayed input(s) with redacted arguments (allowed: 0)" in out
 
     # without any redacted input the flag passes, and the report says none
-    clean = _write(tmp_path / "clean.jsonl", _export_rows(audit))
+    clean = _write(tmp_path / "clean.jsonl", export_rows(audit))
     rc, report, out, err = _replay(
         capsys, tmp_path, "--export", str(clean), "--policies", str(POLICIES), "--engine", "eval", "--fail-on-redacted"
     )
@@ -219,7 +211,7 @@ def test_an_export_time_that_is_no_time_is_garbled(
     audit: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """inf, NaN and 1e300 passed as times; on a changed decision time.gmtime raised (a traceback)."""
-    lines = _export_rows(audit)
+    lines = export_rows(audit)
     allowed = [line for line in lines if line["outcome"] == "allow"]
     assert len(allowed) >= 3
     for line, ts in zip(allowed, (float("inf"), float("nan"), 1e300), strict=False):

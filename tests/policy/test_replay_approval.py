@@ -23,9 +23,8 @@ import pytest
 from gateway.cli import main
 from gateway.policy.opa_sidecar import OPASidecar
 from gateway.store.audit import unpack_input
-from tests.policy.test_replay_gate import POLICIES, _decisions, _replay, audit
-
-__all__ = ["audit"]  # a fixture, used by name
+from tests.policy.conftest import decisions
+from tests.policy.test_replay_gate import POLICIES, _replay
 
 WEAKENING = ("approvers-fewer", "approver-groups-added", "approval-ttl-longer")
 # change kind -> (the line of the shipped data, the candidate's)
@@ -76,7 +75,7 @@ def _needs_approval(outcome: str, approval: dict[str, Any]) -> bool:
 def _candidate_approvals(audit: Path, cand: Path) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """request_id -> (recorded approval, candidate's approval) for every recorded decision that needs an
     approval and still does under the candidate, asking a separate candidate OPA one input at a time."""
-    rows = [r for r in _decisions(audit) if '"input_z"' in r["body"]]
+    rows = [r for r in decisions(audit) if '"input_z"' in r["body"]]
     opa = OPASidecar(policies=(cand,))
     opa.start()
     out = {}

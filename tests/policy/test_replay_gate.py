@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
-import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -24,21 +21,9 @@ import pytest
 from gateway.cli import main
 from gateway.policy.opa_sidecar import REPO_ROOT, OPASidecar, OPAUnavailable
 from gateway.store.replay import Candidate, ReplayError, ServerEngine
+from tests.policy.conftest import decisions
 
 POLICIES = REPO_ROOT / "policies"
-
-
-@pytest.fixture(scope="module")
-def audit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("gate") / "audit.db"
-    subprocess.run(
-        [sys.executable, "bench/replay_audit.py", "--calls", "60", "--db", str(db)],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return db
 
 
 @pytest.fixture
@@ -48,15 +33,6 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     d.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(d))
     yield d
-
-
-def _decisions(db: Path) -> list[dict[str, Any]]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM audit WHERE kind = 'decision' ORDER BY seq")]
-    finally:
-        con.close()
 
 
 def _replay(
@@ -120,7 +96,7 @@ def test_undecided_answers_are_counted_and_fail_the_gate_whatever_fail_on_says(
 ) -> None:
     """A candidate answering outside the contract for one tool: those answers are counted apart
     and fail the run, even on a gate whose kinds they do not match, and without a gate."""
-    listed = [r for r in _decisions(audit) if r["tool"] == "list_nodes" and '"input_z"' in r["body"]]
+    listed = [r for r in decisions(audit) if r["tool"] == "list_nodes" and '"input_z"' in r["body"]]
     assert listed
     cand = tmp_path / "cand"
     shutil.copytree(POLICIES, cand)
@@ -243,7 +219,7 @@ def test_malformed_export_lines_are_errors_or_garbled_never_tracebacks(
 ) -> None:
     from gateway.store.audit import export_line
 
-    rows = [r for r in _decisions(audit) if '"input_z"' in r["body"] and '"failed_closed": true' not in r["body"]]
+    rows = [r for r in decisions(audit) if '"input_z"' in r["body"] and '"failed_closed": true' not in r["body"]]
     lines = [json.loads(export_line(r)) for r in rows]
     assert len(lines) > 5
     del lines[0]["request_id"]  # was KeyError 'request_id'

@@ -15,7 +15,6 @@ import base64
 import io
 import json
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -27,7 +26,6 @@ import pytest
 
 from gateway.cli import main
 from gateway.policy.opa_sidecar import REPO_ROOT
-from gateway.store.audit import export_line
 from gateway.store.replay import (
     Candidate,
     Filters,
@@ -38,32 +36,10 @@ from gateway.store.replay import (
     read_audit,
     replay,
 )
+from tests.policy.conftest import export_rows
 
 POLICIES = REPO_ROOT / "policies"
 DEEP = 50_000  # far past what Python's json (and the YAML loader) can nest
-
-
-@pytest.fixture(scope="module")
-def audit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("scope") / "audit.db"
-    subprocess.run(
-        [sys.executable, "bench/replay_audit.py", "--calls", "60", "--db", str(db)],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return db
-
-
-def _rows(db: Path) -> list[dict[str, Any]]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        rows = [dict(r) for r in con.execute("SELECT * FROM audit WHERE kind = 'decision' ORDER BY seq")]
-    finally:
-        con.close()
-    return [r for r in rows if '"input_z"' in r["body"] and '"failed_closed": true' not in r["body"]]
 
 
 def _replay(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str, fmt: str = "json") -> tuple[int, str, str]:
@@ -186,7 +162,7 @@ def test_the_baseline_itself_changes_nothing(audit: Path) -> None:
 def test_export_lines_with_a_bad_ts_are_counted_garbled(
     audit: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lines = [json.loads(export_line(r)) for r in _rows(audit)]
+    lines = export_rows(audit)
     lines[0]["ts"] = str(lines[0]["ts"])
     lines[1]["ts"] = "yesterday"
     del lines[2]["ts"]
@@ -212,7 +188,7 @@ def _packed(doc_text: str) -> str:
 def test_deeply_nested_inputs_and_bodies_are_garbled_not_tracebacks(
     audit: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lines = [json.loads(export_line(r)) for r in _rows(audit)]
+    lines = export_rows(audit)
     lines[0]["body"]["input_z"] = _packed('{"x":' + "[" * DEEP + "]" * DEEP + "}")  # the kept input
     lines[1]["body"] = '{"x":' + "[" * DEEP + "]" * DEEP + "}"  # the body as a string
     export = tmp_path / "deep.jsonl"
