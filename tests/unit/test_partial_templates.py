@@ -37,8 +37,10 @@ def refused(catalog: Catalog, name: str, args: dict[str, Any]) -> str:
     tool: Tool | None = catalog.get(name)
     assert tool is not None
     rt = PveApiRuntime({}, None)  # type: ignore[arg-type]
-    with pytest.raises(Refused) as info:
-        rt.request_parts(tool, tool.validate(args), {**args, "node": "pve2", "type": "qemu"})
+    checked = tool.validate(args)
+    with pytest.raises(Refused) as info:  # as the pipeline (and call()) asks it, then builds the request
+        rt.check(tool, checked)
+        rt.request_parts(tool, checked, {**args, "node": "pve2", "type": "qemu"})
     return str(info.value)
 
 

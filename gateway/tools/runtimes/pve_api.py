@@ -524,9 +524,9 @@ class PveApiRuntime:
     def request_parts(
         self, tool: Tool, args: dict[str, Any], values: dict[str, Any]
     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        """(path, query, body) with only the declared fields: the allow-list."""
+        """(path, query, body) with only the declared fields: the allow-list. The arguments were checked
+        (check_fields) by call(), which alone builds them: a field given in part is refused here all the same."""
         spec = tool.spec
-        check_fields(tool, args)
         defaulted = _defaulted(tool, args)
         only = spec.get("type_only") or {}
         query: dict[str, Any] = {}
