@@ -334,15 +334,9 @@ def _opa_key_problems(opa_raw: dict[str, Any], base: Path) -> list[str]:
     private key (the signing key must not sit on the gateway host), anything else, or a key an
     algorithm of another kind would misread. A verification key file that cannot be read is said by
     `pvegate serve`'s start (server.check_files), as every file the configuration names."""
-    from gateway.core.keys import DEFAULT_ALGORITHM, public_key_problem
+    from gateway.core.keys import opa_keys_problems, public_key_problem
 
-    out: list[str] = []
-    for kid, entry in (opa_raw.get("keys") or {}).items():
-        if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-            algorithm = str(entry.get("algorithm") or DEFAULT_ALGORITHM)
-            problem = public_key_problem(entry["key"].encode(), f"opa.keys.{kid}.key", algorithm)
-            if problem is not None:
-                out.append(problem)
+    out = opa_keys_problems(opa_raw.get("keys") or {})
     path = _opt_path(opa_raw.get("verification_key"), base)
     if path is not None:
         try:

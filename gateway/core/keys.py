@@ -16,6 +16,7 @@ Used by the configuration's load (`opa.keys`, `opa.verification_key`), the manag
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -53,6 +54,26 @@ def public_key_problem(pem: bytes, what: str, algorithm: str | None = None) -> s
     if algorithm in EC_ALGORITHMS and not isinstance(key, ec.EllipticCurvePublicKey):
         return f"{what} is not an EC public key, as algorithm {algorithm} needs"
     return None
+
+
+def opa_keys_problems(keys: dict[str, Any]) -> list[str]:
+    """Why entries of OPA's `keys` configuration (key id -> {key, algorithm}) cannot verify bundles: an
+    algorithm that is not asymmetric, or a key that is no PEM public key of its algorithm's kind."""
+    out: list[str] = []
+    for kid, entry in keys.items():
+        fields = entry if isinstance(entry, dict) else {}
+        algorithm = str(fields.get("algorithm") or DEFAULT_ALGORITHM)
+        key = fields.get("key")
+        if algorithm not in ASYMMETRIC_ALGORITHMS:
+            out.append(
+                f"opa.keys.{kid}.algorithm: {algorithm!r} is not one of {', '.join(ASYMMETRIC_ALGORITHMS)} "
+                "(an HMAC algorithm would take the public key's text as the shared secret)"
+            )
+        elif not isinstance(key, str):
+            out.append(f"opa.keys.{kid}.key: no PEM public key given")
+        elif (problem := public_key_problem(key.encode(), f"opa.keys.{kid}.key", algorithm)) is not None:
+            out.append(problem)
+    return out
 
 
 def verification_key_problem(key: Path) -> str | None:

@@ -41,7 +41,7 @@ import yaml
 
 from gateway.core import processes, yamlread
 from gateway.core.config import ConfigError, SecretRef
-from gateway.core.keys import ASYMMETRIC_ALGORITHMS, DEFAULT_ALGORITHM, public_key_problem
+from gateway.core.keys import opa_keys_problems
 from gateway.policy import optimized
 from gateway.policy.bundle_status import BundleFileServer
 from gateway.policy.errors import OPAUnavailable as OPAUnavailable  # re-exported: its callers import it here
@@ -174,22 +174,8 @@ def check_keys(keys: dict[str, Any]) -> None:
     algorithm (OPA takes the key's text as the shared secret: anyone who can read the public key
     could sign a bundle it activates), a private key, or no PEM public key of its algorithm's kind
     (core/keys.py). The configuration's load refuses them first; this guards every other caller."""
-    for kid, entry in keys.items():
-        fields = entry if isinstance(entry, dict) else {}
-        algorithm = str(fields.get("algorithm") or DEFAULT_ALGORITHM)
-        if algorithm not in ASYMMETRIC_ALGORITHMS:
-            raise OPAUnavailable(
-                f"opa.keys.{kid}.algorithm: {algorithm!r} is not one of {', '.join(ASYMMETRIC_ALGORITHMS)} "
-                "(an HMAC algorithm would take the public key's text as the shared secret)"
-            )
-        key = fields.get("key")
-        problem = (
-            public_key_problem(key.encode(), f"opa.keys.{kid}.key", algorithm)
-            if isinstance(key, str)
-            else f"opa.keys.{kid}.key: no PEM public key given"
-        )
-        if problem is not None:
-            raise OPAUnavailable(problem)
+    if problems := opa_keys_problems(keys):
+        raise OPAUnavailable(problems[0])
 
 
 # the decision log must never hold the tool arguments (passwords, keys): system.log.mask removes them
