@@ -28,6 +28,7 @@ import httpx
 import jwt
 
 from gateway.core.config_schema import jwks_url_in_clear
+from gateway.core.text import quoted
 
 log = logging.getLogger("pvegate.jwks")
 
@@ -52,8 +53,7 @@ SHOWN_CHARS = 64
 
 def shown(value: Any) -> str:
     """repr() of an untrusted value, cut to SHOWN_CHARS: safe to put in a reply or the audit."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+    return quoted(value, SHOWN_CHARS)
 
 
 class KeyUnavailable(Exception):

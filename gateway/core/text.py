@@ -65,10 +65,10 @@ def unencodable_path(doc: Any) -> tuple[str | int, ...] | None:
 QUOTED_MAX = 200
 
 
-def quoted(value: str) -> str:
-    """repr() of a client's text, cut to QUOTED_MAX characters: safe in a refusal, a header and the audit."""
+def quoted(value: Any, limit: int = QUOTED_MAX) -> str:
+    """repr() of a client's value, cut to `limit` characters: safe in a refusal, a header and the audit."""
     text = repr(value)
-    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def describe(path: tuple[str | int, ...]) -> str:
