@@ -64,9 +64,49 @@ def load_golden() -> list[tuple[str, dict[str, Any]]]:
 GOLDEN = load_golden()
 
 
+# the keys of a case and of its expect object (as golden_test.rego): any other is a typo that
+# would leave part of the case unchecked, so it fails the case
+CASE_KEYS = frozenset({"name", "description", "input", "expect"})
+EXPECT_KEYS = frozenset(
+    {
+        "allow",
+        "risk_level",
+        "approval_required",
+        "approval_satisfied",
+        "approver_groups",
+        "min_approvals",
+        "quota",
+        "deny_contains",
+        "deny_empty",
+        "obligations",
+        "risk_factors_include",
+        "approval_reason_contains",
+        "deny_codes",
+        "approval_codes",
+    }
+)
+
+
+def case_problems(case: dict[str, Any]) -> list[str]:
+    """Why a case cannot be compared as written; mirrors golden_test.rego's shape_problems."""
+    problems = []
+    if unknown := sorted(set(case) - CASE_KEYS):
+        problems.append(f"unknown case keys {unknown} (known: {sorted(CASE_KEYS)})")
+    if not isinstance(case.get("input"), dict):
+        problems.append("the case has no input object")
+    expect = case.get("expect")
+    if not isinstance(expect, dict) or "allow" not in expect:
+        problems.append("the case has no expect object stating allow")
+    elif unknown := sorted(set(expect) - EXPECT_KEYS):
+        problems.append(f"unknown expect keys {unknown} (known: {sorted(EXPECT_KEYS)})")
+    return problems
+
+
 def unmet(expect: dict[str, Any], d: dict[str, Any]) -> list[str]:
     """Expectations (partial) the decision d does not meet; mirrors golden_test.rego."""
     problems = []
+    if unknown := sorted(set(expect) - EXPECT_KEYS):
+        problems.append(f"unknown expect keys {unknown} (known: {sorted(EXPECT_KEYS)})")
     observed = {
         "allow": d["allow"],
         "risk_level": d["risk"]["level"],
@@ -145,6 +185,26 @@ def post(sidecar: OPASidecar, path: str, input_doc: Any) -> dict[str, Any]:
 
 def test_golden_cases_exist() -> None:
     assert len(GOLDEN) >= 20
+
+
+def test_golden_runner_refuses_a_case_it_cannot_compare(opa: OPASidecar) -> None:
+    # a misspelt key must fail the case, not leave part of it (or all of it) unchecked
+    _, case = next(c for c in GOLDEN if c[0] == "viewer_reads_guest_config")
+    d = post(opa, "pvegate/decision", case["input"])["result"]
+    assert unmet(case["expect"], d) == []
+    assert any("deny_code" in p for p in unmet({**case["expect"], "deny_code": ["rbac.not_granted"]}, d))
+    assert case_problems(case) == []
+    no_input = {k: v for k, v in case.items() if k != "input"}
+    assert "the case has no input object" in case_problems(no_input)
+    assert any("inputs" in p for p in case_problems({**no_input, "inputs": case["input"]}))
+    assert "the case has no expect object stating allow" in case_problems({**case, "expect": {"deny_empty": True}})
+    assert any("deny_code" in p for p in case_problems({**case, "expect": {"allow": True, "deny_code": []}}))
+
+
+@pytest.mark.parametrize(("name", "case"), GOLDEN, ids=[n for n, _ in GOLDEN])
+def test_golden_case_is_well_formed(name: str, case: dict[str, Any]) -> None:
+    problems = case_problems(case)
+    assert not problems, f"golden case {name}: " + "; ".join(problems)
 
 
 @pytest.mark.parametrize(("name", "case"), GOLDEN, ids=[n for n, _ in GOLDEN])

@@ -221,3 +221,56 @@ def test_builds_are_cached_by_content_in_a_private_directory(tmp_path: Path, mon
     (tmp_path / "cache" / "pvegate" / "opa-optimized").chmod(0o777)
     elsewhere = optimized.build_cached(opa, (tree,))
     assert tmp_path / "cache" not in elsewhere.parents
+
+
+def _call(template: dict[str, Any], sub: str, roles: list[str], groups: list[str], kind: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(json.dumps(template))
+    doc["principal"].update(sub=sub, roles=roles, groups=groups, kind=kind)
+    return doc
+
+
+def test_optimized_policy_denies_composite_leaves_and_scoped_denies_as_the_plain_one(tmp_path: Path) -> None:
+    """A composite tool is denied where a role or a deny rule forbids one of its leaves, and a scoped
+    deny holds on either end of a migration: the optimised policy must agree, and the answers must
+    be the intended ones (so the comparison is not between two identical wrong answers)."""
+    opa = _opa()
+    tree = tmp_path / "policies"
+    shutil.copytree(POLICIES, tree)
+    data_file = tree / "data" / "data.yaml"
+    data = yaml.safe_load(data_file.read_text())
+    data["roles"]["restricted"] = {"description": "contractors", "deny": [{"tools": ["lxc_docker_inspect"]}]}
+    data["roles"]["fence"] = {"description": "no migration on pve2", "deny": [{"tools": ["guest_migrate"]}]}
+    data["bindings"] += [
+        {"name": "contractors-restricted", "role": "restricted", "groups": ["contractors"]},
+        {"name": "pve2-fence", "role": "fence", "groups": ["pve-admins"], "scope": {"nodes": ["pve2"]}},
+    ]
+    rule = {"name": "no-arp", "tools": ["node_arp_table"], "principal_groups": ["contractors"], "reason": "no"}
+    data["guardrails"]["deny_rules"].append(rule)
+    data_file.write_text(yaml.safe_dump(data))
+
+    views = {t["name"]: t for t in Catalog.load(REPO / "connectors").policy_views}
+    golden = json.loads((POLICIES / "golden" / "admin_relocates_ha_guest_needs_approval.json").read_text())
+    template = golden["admin_relocates_ha_guest_needs_approval"]["input"]
+    template["target"]["ha_state"] = None
+    template["target"]["tags"] = []
+    decisions: dict[str, Any] = {}
+    for who, groups in (("operator", []), ("contractor", ["contractors"])):
+        for tool in ("inspect_compose_stack", "check_ip_availability"):
+            doc = _call(template, who, ["operator"], groups, "agent")
+            doc["tool"] = views[tool]
+            decisions[f"{who}/{tool}"] = doc
+    for to in ("pve2", "pve3"):
+        doc = _call(template, "ada", [], ["pve-admins"], "human")
+        doc["tool"] = views["guest_migrate"]
+        where = {k: doc["target"][k] for k in ("cluster", "vmid", "pool", "tags")}
+        doc["target"]["destination"] = {**where, "node": to}
+        decisions[f"migrate/{to}"] = doc
+    questions = {"decisions": decisions, "listings": {}, "approvers": {}}
+    plain = _compare(opa, tree, tmp_path, questions)
+    assert plain["data_check"]["valid"] is True, plain["data_check"]
+    allowed = {k for k, d in plain["decisions"].items() if d["allow"]}
+    assert allowed == {"operator/inspect_compose_stack", "operator/check_ip_availability", "migrate/pve3"}
+    codes = {k: {r["code"] for r in d["deny_reasons"]} for k, d in plain["decisions"].items()}
+    assert codes["contractor/inspect_compose_stack"] == {"rbac.composite_leaf_not_granted"}
+    assert codes["contractor/check_ip_availability"] == {"rbac.composite_leaf_not_granted"}
+    assert codes["migrate/pve2"] == {"rbac.role_denies"}

@@ -96,6 +96,36 @@ test_too_few_approvers if {
 	approval.satisfied with input as inp2
 }
 
+# the same approver listed twice counts once: two approvals need two people
+test_a_repeated_approver_counts_once if {
+	critical := object.union(fx.call(fx.admin, fx.guest_delete, fx.protected_guest), {"target": {"ha_state": "started"}})
+	inp := fx.with_approval(critical, ["alice", "alice"], ["sre-leads"])
+	approval.min_approvals == 2 with input as inp
+	not approval.satisfied with input as inp
+	fx.has_reason(approval.deny, "is not enough: it needs 2 approver(s)") with input as inp
+}
+
+# a four-eyes role needs two approvers on a call whose risk level asks for one (not critical):
+# the role, not the level, sets the minimum
+iam_admin := fx.principal("ivan", "human", [], ["iam-admins"])
+
+user_create := fx.tool("user_create", "access", "write", "cluster", ["access", "user"])
+
+test_a_four_eyes_role_needs_two_approvers_on_a_non_critical_call if {
+	inp := fx.call(iam_admin, user_create, fx.node_target)
+	r := approval.result with input as inp with data.data.risk.critical_calls as []
+	r.min_approvals == 2
+	codes := {x.code | some x in r.reasons}
+	"approval.four_eyes_role" in codes
+	data.pvegate.risk.level != "critical" with input as inp with data.data.risk.critical_calls as []
+	approval.level_min_approvals == 1 with input as inp with data.data.risk.critical_calls as []
+
+	one := fx.with_approval(inp, ["alice"], ["sre-leads"])
+	not approval.satisfied with input as one with data.data.risk.critical_calls as []
+	two := fx.with_approval(inp, ["alice", "bob"], ["sre-leads"])
+	approval.satisfied with input as two with data.data.risk.critical_calls as []
+}
+
 test_no_groups_required_accepts_any_group if {
 	inp := fx.with_approval(prod_stop, ["alice"], [])
 	approval.satisfied with input as inp with data.data.approval.default_approver_groups as []

@@ -244,6 +244,20 @@ problems contains msg if {
 	)
 }
 
+# (resources.roles_match admits a quota's call when one of its roles grants it: a role the data
+# does not define grants nothing, so a misspelt one would silently cap no call)
+problems contains msg if {
+	some i, q in resource_quotas
+	is_array(q.roles)
+	some r in q.roles
+	not role_defined(r)
+	msg := sprintf("resource_quotas.%d: resource quota %v names role %v, which roles does not define", [
+		i,
+		object.get(q, "name", "(unnamed)"),
+		r,
+	])
+}
+
 role_defined(name) if is_object(roles[name])
 
 default schema_errors := []

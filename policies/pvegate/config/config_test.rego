@@ -105,6 +105,16 @@ test_binding_to_an_undefined_role_is_a_problem if {
 	p == {"bindings: binding typo names role operater, which roles does not define"}
 }
 
+# a resource quota selects calls by the roles granting them: a misspelt role grants nothing, so
+# the quota would silently cap nothing
+test_resource_quota_naming_an_undefined_role_is_a_problem if {
+	quotas := array.concat(data.data.resource_quotas, [{"name": "typo", "roles": ["provisioner", "provisoner"]}])
+	p := config.problems with data.data.resource_quotas as quotas
+	i := count(data.data.resource_quotas)
+	p == {sprintf("resource_quotas.%d: resource quota typo names role provisoner, which roles does not define", [i])}
+	count(config.problems) == 0 with data.data.resource_quotas as [{"name": "ok", "roles": ["provisioner"]}]
+}
+
 # rbac matches a vmid range as from <= vmid <= to: a reversed one would match no guest
 test_reversed_vmid_range_is_a_problem if {
 	scoped := {"name": "ops-range", "role": "operator", "groups": ["x"], "scope": {"vmids": [

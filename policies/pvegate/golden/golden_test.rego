@@ -21,6 +21,39 @@ failures contains [name, "the case's name field must equal its key and file name
 	c.name != name
 }
 
+# a case the comparison cannot run, or runs without a word on part of it, must fail rather than
+# pass vacuously: a misspelled key (`inputs`, `expect.deny_code`) would otherwise be ignored
+failures contains [name, msg] if {
+	some name, c in cases
+	some msg in shape_problems(c)
+}
+
+# the keys of a case, and of its expect object: each expectation is one compared below
+case_keys := {"name", "description", "input", "expect"}
+
+expect_keys := {
+	"allow", "risk_level", "approval_required", "approval_satisfied", "approver_groups", "min_approvals", "quota",
+	"deny_contains", "deny_empty", "obligations", "risk_factors_include", "approval_reason_contains",
+	"deny_codes", "approval_codes",
+}
+
+shape_problems(c) := (({sprintf("unknown case keys %v (known: %v)", [sort(unknown), sort(case_keys)]) |
+	unknown := object.keys(c) - case_keys
+	count(unknown) > 0
+} | {"the case has no input object" |
+	not has_input(c)
+}) | {"the case has no expect object stating allow" |
+	not expects_allow(c)
+}) | {sprintf("unknown expect keys %v (known: %v)", [sort(unknown), sort(expect_keys)]) |
+	unknown := object.keys(c.expect) - expect_keys
+	count(unknown) > 0
+}
+
+# (helpers: `not is_object(c.input)` is not true when c.input is undefined)
+has_input(c) if is_object(c.input)
+
+expects_allow(c) if "allow" in object.keys(c.expect)
+
 mismatches(exp, d) := union({
 	value_mismatch(exp, d),
 	deny_mismatch(exp, d),
@@ -99,6 +132,12 @@ test_golden_cases_are_loaded if {
 	count(cases) >= 20
 }
 
+# every key observed() compares is one a case may expect
+test_golden_expect_keys_cover_the_observed_facts if {
+	d := data.pvegate.decision with input as cases.viewer_reads_guest_config.input
+	count(object.keys(observed(d)) - expect_keys) == 0
+}
+
 # A failing run names each case and what it expected against what it got
 # (opa test shows the print output of a failing test).
 test_golden_cases_decide_as_expected if {
@@ -132,6 +171,26 @@ test_golden_reasons_must_agree_with_sentences if {
 	count(reasons_disagree(object.union(d, {"deny": ["another sentence"]}))) == 1
 	bad_approval := object.union(d.approval, {"reason": "x"})
 	count(reasons_disagree(object.union(d, {"approval": bad_approval}))) == 1
+}
+
+test_golden_refuses_a_case_it_cannot_compare if {
+	c := cases.viewer_reads_guest_config
+	count(shape_problems(c)) == 0
+	typo := object.union(c, {"expect": object.union(c.expect, {"deny_code": ["rbac.not_granted"]})})
+	no_input := object.remove(c, ["input"])
+	no_expect := object.remove(c, ["expect"])
+	no_allow := object.union(no_expect, {"expect": {"deny_empty": true}}) # (object.union merges nested objects)
+	misspelt := object.union(no_input, {"inputs": c.input})
+	got := failures with data.golden as {
+		"typo": object.union(typo, {"name": "typo"}),
+		"no_input": object.union(no_input, {"name": "no_input"}),
+		"no_expect": object.union(no_expect, {"name": "no_expect"}),
+		"no_allow": object.union(no_allow, {"name": "no_allow"}),
+		"misspelt": object.union(misspelt, {"name": "misspelt"}),
+	}
+	{f[0] | some f in got} == {"typo", "no_input", "no_expect", "no_allow", "misspelt"}
+	some f in got
+	f == ["typo", sprintf("unknown expect keys [\"deny_code\"] (known: %v)", [sort(expect_keys)])]
 }
 
 test_golden_deny_empty_detects_reasons if {

@@ -66,6 +66,19 @@ test_break_glass_outside_window_needs_approval_not_denial if {
 	guardrails.break_glass_approval_required with input as inp
 }
 
+# a window whose from_hour equals its to_hour never opens (docs/policy-contract.md): destroy
+# stays denied even at that very hour
+test_window_with_equal_hours_never_opens if {
+	every_day := ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+	at_three := [{"name": "empty", "weekdays": every_day, "from_hour": 3, "to_hour": 3}]
+	reasons := guardrails.deny with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.wed_0300)
+		with data.data.guardrails.maintenance_windows as at_three
+	fx.has_reason(reasons, "maintenance window (empty Mon,Tue,Wed,Thu,Fri,Sat,Sun 03:00-03:00); now is Wed 03:00 UTC")
+	one_hour := [{"name": "one", "weekdays": every_day, "from_hour": 3, "to_hour": 4}]
+	count(guardrails.deny) == 0 with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.wed_0300)
+		with data.data.guardrails.maintenance_windows as one_hour
+}
+
 test_no_windows_configured if {
 	reasons := guardrails.deny with input as fx.call_at(fx.admin, fx.guest_delete, fx.lab_guest, fx.sat_1000)
 		with data.data.guardrails.maintenance_windows as []

@@ -58,6 +58,18 @@ test_in_hours if {
 	not lib.in_hours(22, 5, 12)
 }
 
+# from_hour inclusive, to_hour exclusive: from_hour == to_hour holds no hour at all (an empty
+# window, not a whole day: a whole day is 0 to 24), whatever the hour
+test_in_hours_with_equal_bounds_is_empty if {
+	every h in numbers.range(0, 24) {
+		not lib.in_hours(3, 3, h)
+		not lib.in_hours(0, 0, h)
+	}
+	every h in numbers.range(0, 23) {
+		lib.in_hours(0, 24, h)
+	}
+}
+
 test_time_from_input if {
 	lib.now_ns == 1795621200000000000 with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)
 	lib.weekday == "Wed" with input as fx.call(fx.agent, fx.vm_stop, fx.prod_guest)

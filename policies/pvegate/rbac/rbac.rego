@@ -5,9 +5,13 @@
 #   (data.data.bindings) give roles to principals, optionally scoped to
 #   clusters, nodes, pools, guest tags and vmid ranges. A call is permitted
 #   when a binding that applies to the principal and the target grants the
-#   tool, and no applicable binding's role denies it (deny overrides allow).
-#   A pool-scoped binding's deny also holds on a guest whose pool Proxmox
+#   tool, and no binding whose deny holds there denies it (deny overrides
+#   allow). A grant's scope must cover the target and every guest the call
+#   reaches (a destination, a backup's guest, a volume's owner, a prune's
+#   guests); a deny holds where its scope covers any one of them. A
+#   pool-scoped binding's deny also holds on a guest whose pool Proxmox
 #   hides from the gateway's token (pool_known false), where it may apply.
+#   Composite tools (composite.rego) are granted only where each leaf is.
 # schemas:
 #   - input: schema["policy_input.schema"]
 package pvegate.rbac
@@ -148,6 +152,36 @@ prune_covered(scope, target) if {
 	}
 }
 
+# deny_applies(b, target): the binding's deny holds on the call. applies() needs the target
+# AND every guest the call reaches covered, which is right for a grant but would let a caller
+# escape a deny by choosing where the call reaches (a clone out of a fenced pool, a migration
+# onto a fenced node): a deny holds where its scope covers the target OR any guest reached.
+deny_applies(b, _) if object.get(b, "scope", {}) == {}
+
+deny_applies(b, target) if {
+	scope := object.get(b, "scope", {})
+	scope != {}
+	some guest in reached(target)
+	scope_covers(scope, guest)
+}
+
+# a prune whose reach is unknown may delete backups of guests in the scope: fail closed
+deny_applies(b, target) if {
+	object.get(b, "scope", {}) != {}
+	_ = target.prune_removes # the key is present (any value, null too)
+	not target.prune_removes.known == true
+}
+
+# reached(target): the target and every guest the call reaches (as applies() tests them; a
+# volume nobody owns, content null, has no node, pool or tags for a scope to cover)
+reached(target) := ({target} | {v |
+	some k in ["destination", "backup_of", "volume_of"]
+	v := object.get(target, k, null)
+	is_object(v)
+}) | {object.union(g, {"cluster": target.cluster}) |
+	some g in target.prune_removes.guests
+}
+
 # --- role permissions ----------------------------------------------------------
 
 # selector_index: role -> "allow"|"deny" -> effect -> [selector, domain_only] of
@@ -218,15 +252,21 @@ roles_allowing_tool contains name if {
 }
 
 roles_denying_tool contains name if {
-	some name in applicable_roles
+	some name in deny_roles
 	role_denies(name, input.tool)
 }
 
-# the roles of bindings that would apply were the hidden pool theirs (nothing to do while no pool is hidden)
-roles_denying_tool contains b.role if {
-	some b in hidden_pool_bindings
-	role_denies(b.role, input.tool)
+# bindings of the caller whose deny holds on the call's target (deny_applies)
+deny_bindings contains b if {
+	some b in caller_bindings
+	deny_applies(b, input.target)
 }
+
+# the roles whose denies hold on the call: those of deny_bindings, and those of bindings whose
+# deny would hold were the hidden pool theirs (nothing to add while no pool is hidden)
+deny_roles contains b.role if some b in deny_bindings
+
+deny_roles contains b.role if some b in hidden_pool_deny_bindings
 
 # --- a guest whose pool the gateway cannot see ---------------------------------
 # Proxmox hides a guest's pool from a token without Pool.Audit on it: the guest is listed
@@ -256,6 +296,15 @@ hidden_pool_bindings contains b if {
 	not applies(b, input.target)
 	some pool in object.get(b, ["scope", "pools"], [])
 	applies(b, in_pool(input.target, pool))
+}
+
+# bindings of the caller whose deny holds on the call only if a hidden pool is theirs
+hidden_pool_deny_bindings contains b if {
+	pool_hidden
+	some b in caller_bindings
+	not deny_applies(b, input.target)
+	some pool in object.get(b, ["scope", "pools"], [])
+	deny_applies(b, in_pool(input.target, pool))
 }
 
 # in_pool(target, pool): the target with every pool it does not know (pool_known false) as `pool`
@@ -294,12 +343,6 @@ granting_bindings contains b if {
 	not b.role in roles_denying_tool
 }
 
-leaf_granted(leaf) if {
-	some name in applicable_roles
-	role_grants(name, leaf)
-	not role_denies(name, leaf)
-}
-
 # granting_roles: names of the roles that grant this call
 granting_roles contains b.role if some b in granting_bindings
 
@@ -315,13 +358,13 @@ deny contains r.message if some r in denials
 # (the denying roles first: almost always none, so no binding is looked at)
 denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b.role]), msg) if {
 	some name in roles_denying_tool
-	some b in applicable_bindings
+	some b in deny_bindings
 	b.role == name
 	msg := sprintf("role %q (binding %q) forbids tool %q", [b.role, object.get(b, "name", "unnamed"), input.tool.name])
 }
 
 denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b.role]), msg) if {
-	some b in hidden_pool_bindings
+	some b in hidden_pool_deny_bindings
 	b.role in roles_denying_tool
 	msg := sprintf(
 		concat("", [
@@ -329,16 +372,6 @@ denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b
 			"the gateway's token (it needs Pool.Audit): the guest may be there",
 		]),
 		[b.role, object.get(b, "name", "unnamed"), input.tool.name, concat(" or ", b.scope.pools)],
-	)
-}
-
-# a composite tool reads through leaf tools: it is granted only where each leaf is
-denials contains lib.reason("rbac.composite_leaf_not_granted", "pvegate.rbac.leaf_granted", msg) if {
-	some leaf in object.get(input.tool, "uses", [])
-	not leaf_granted(leaf)
-	msg := sprintf(
-		"composite tool %q reads through %q, which no role of principal %q permits on %s",
-		[input.tool.name, leaf.name, input.principal.sub, target_text],
 	)
 }
 

@@ -1,0 +1,81 @@
+# A scoped deny holds wherever the call reaches its scope
+# (package pvegate.rbac_test: the fixtures of rbac_test.rego are shared)
+package pvegate.rbac_test
+
+import data.pvegate.fixtures_test as fx
+import data.pvegate.rbac
+
+# --- a scoped deny holds wherever the call reaches its scope ---------------------------
+# (a grant needs the target and every guest the call reaches covered; a deny holds when any is)
+
+fenced_org(scope) := {
+	"roles": {
+		"all": {"allow": [{"tools": ["*"]}]},
+		"fence": {"deny": [{"tools": ["guest_clone", "guest_migrate", "vm_restore", "storage_volume_delete", "backup_prune"]}]},
+	},
+	"bindings": [
+		{"name": "everything", "role": "all", "subjects": ["mallory"]},
+		{"name": "fenced", "role": "fence", "subjects": ["mallory"], "scope": scope},
+	],
+}
+
+fence_reasons(scope, tool, target) := reasons if {
+	reasons := rbac.deny with input as fx.call(fx.nobody, tool, target) with data.data as fenced_org(scope)
+}
+
+fence_holds(scope, tool, target) if {
+	fx.has_reason(fence_reasons(scope, tool, target), sprintf("role \"fence\" (binding \"fenced\") forbids tool %q", [tool.name]))
+}
+
+test_a_pool_scoped_deny_holds_on_a_clones_source_and_destination if {
+	web := {"pools": ["web"]}
+	fence_holds(web, clone_tool, into(fx.prod_guest, {"vmid": 190})) # web into web
+	fence_holds(web, clone_tool, into(fx.prod_guest, {"vmid": 190, "pool": "sandbox"})) # out of web
+	fence_holds(web, clone_tool, into(sandbox_guest, {"vmid": 190, "pool": "web"})) # into web
+	count(fence_reasons(web, clone_tool, into(sandbox_guest, {"vmid": 190}))) == 0 # nowhere near web
+}
+
+test_a_node_scoped_deny_holds_on_a_migrations_source_and_destination if {
+	pve2 := {"nodes": ["pve2"]}
+	fence_holds(pve2, fx.guest_migrate, into(fx.lab_guest, {"node": "pve2"})) # to pve2
+	fence_holds(pve2, fx.guest_migrate, into(object.union(fx.lab_guest, {"node": "pve2"}), {"node": "pve1"})) # from pve2
+	count(fence_reasons(pve2, fx.guest_migrate, into(fx.lab_guest, {"node": "pve3"}))) == 0
+}
+
+test_a_pool_scoped_deny_holds_on_the_guest_a_backup_was_taken_of if {
+	prod := {"pools": ["prod"]}
+	fence_holds(prod, restore_tool, from_backup_of(new_lab_guest, 101, "prod"))
+	fence_holds(prod, restore_tool, from_backup_of(object.union(new_lab_guest, {"pool": "prod"}), 205, "lab"))
+	count(fence_reasons(prod, restore_tool, from_backup_of(new_lab_guest, 205, "lab"))) == 0
+}
+
+test_a_scoped_deny_holds_on_a_volumes_owner if {
+	prod := {"pools": ["prod"]}
+	theirs := on_volume("local:backup/vzdump-qemu-101-x.vma.zst", "backup", 101, "pve2", "prod")
+	fence_holds(prod, volume_delete_tool, theirs)
+	mine := on_volume("local:backup/vzdump-qemu-205-x.vma.zst", "backup", 205, "pve1", "lab")
+	count(fence_reasons(prod, volume_delete_tool, mine)) == 0
+	iso := on_volume("local:iso/debian.iso", null, null, null, null)
+	count(fence_reasons(prod, volume_delete_tool, iso)) == 0
+}
+
+test_a_scoped_deny_holds_on_every_guest_a_prune_reaches if {
+	pve2 := {"nodes": ["pve2"]}
+	fence_holds(pve2, prune_tool, pruning([removes(205, "pve1"), removes(101, "pve2")]))
+	count(fence_reasons(pve2, prune_tool, pruning([removes(205, "pve1")]))) == 0
+	count(fence_reasons(pve2, prune_tool, pruning([]))) == 0
+
+	# what it would delete, unknown, may be in the scope: the deny holds (fail closed)
+	unknown := object.union(fx.node_target, {"storage": "local", "prune_removes": {"known": false, "guests": []}})
+	fence_holds(pve2, prune_tool, unknown)
+}
+
+test_a_pool_scoped_deny_holds_where_a_hidden_pool_is_reached if {
+	# a clone of a visible sandbox guest into a guest whose pool is hidden: the fence may apply there
+	hidden_dest := into(sandbox_guest, {"vmid": 190, "pool": null, "pool_known": false})
+	fx.has_reason(
+		fence_reasons({"pools": ["web"]}, clone_tool, hidden_dest),
+		"role \"fence\" (binding \"fenced\") forbids tool \"guest_clone\" in pool web",
+	)
+	count(fence_reasons({"pools": ["web"]}, clone_tool, into(sandbox_guest, {"vmid": 190}))) == 0
+}
