@@ -20,6 +20,7 @@ import ssl
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,7 @@ from starlette.applications import Starlette
 from gateway.admin.console.session import Sessions
 from gateway.app import build_components, create_app, external_opa_token
 from gateway.auth.tokens import Authenticator
+from gateway.components import Components
 from gateway.core.config import Config, ConfigError, LocalPrincipal, SecretRef, service_secret_refs
 from gateway.core.config_schema import is_loopback
 from gateway.mcp.stdio import local_principal, serve_stdio
@@ -41,7 +43,9 @@ from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
 from gateway.store.backend import refuse_unshared
 from gateway.store.db import DatabaseUnavailable
+from gateway.store.holds import MemoryHolds
 from gateway.store.outcomes import Outcomes
+from gateway.store.reconcile import Reconciler
 from gateway.store.shared_keys import configured_key
 from gateway.tools.catalog import CatalogError
 
@@ -346,30 +350,69 @@ def serve_stdio_for(config: Config, principal: str) -> None:
 
 
 async def _stdio(config: Config, local: LocalPrincipal) -> None:
-    try:
-        components = await build_components(config)
-    except Exception as exc:
-        raise StartupError(describe(exc)) from exc
-    supervisor = asyncio.create_task(components.sidecar.supervise()) if components.sidecar else None
-    components.outcomes.start()  # records kept while the audit store was full are written when it takes them
-    main = asyncio.current_task()
+    """The stdio gateway's life: the start-up (a stop signal during it cancels it: what had started is
+    stopped, StartupError), then serving until the end of input or a stop signal (SIGTERM, SIGINT, SIGHUP:
+    no more input is read, the calls running get `shutdown_grace_seconds`, a second signal cuts them off
+    at once), then OPA and the audit closed. As under `pvegate serve`, what earlier runs left open is
+    read before the first call and settled from Proxmox in the background (Reconciler)."""
+    started_at = time.time()  # calls decided before this are earlier runs' to reconcile
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the client stopping us: close OPA and the audit cleanly
-        loop.add_signal_handler(sig, main.cancel if main is not None else (lambda: None))
-    log.info("pvegate stdio ready for %s: %d tools, OPA at %s", local.name, len(components.catalog),
-             components.decisions.url)  # fmt: skip
+    # the build in a task of its own: a signal cancels it, never this task (a cancellation that came
+    # as the build ended would be delivered later, in the middle of the shutdown)
+    building = asyncio.create_task(build_components(config), name="start-up")
+    stop = asyncio.Event()
+    received: list[int] = []
+    components: Components | None = None
+
+    def on_signal(sig: int) -> None:
+        received.append(sig)
+        if components is None:  # still starting: the start-up is cancelled (start_sidecar stops OPA)
+            building.cancel()
+        elif len(received) > 1:  # a second signal: stop waiting for the calls running
+            components.outcomes.cut()
+        else:
+            log.warning("pvegate stdio: %s received: stopping", signal.Signals(sig).name)
+            stop.set()
+
+    for sig in STOP_SIGNALS:  # not their default actions: OPA (in its own session) would outlive us
+        loop.add_signal_handler(sig, on_signal, sig)
+    tasks: list[asyncio.Task[None]] = []
     try:
-        await serve_stdio(components, local_principal(local))
-    except asyncio.CancelledError:
-        log.info("pvegate stdio stopped by a signal")
+        try:
+            components = await building
+        except asyncio.CancelledError:
+            if not received:
+                raise
+            name = signal.Signals(received[0]).name
+            raise StartupError(f"stopped by {name} during start-up (what had started was stopped)") from None
+        except Exception as exc:
+            raise StartupError(describe(exc)) from exc
+        if received:  # it came as the build ended: stop as if it came now
+            stop.set()
+        try:
+            if components.sidecar:
+                tasks.append(asyncio.create_task(components.sidecar.supervise()))
+            components.outcomes.start()  # records kept while the audit store was full are written when it takes them
+            # what earlier runs left open (killed, cut off): read before the first call, settled in the background
+            reconciler = Reconciler(config, components.catalog, components.outcomes, components.clients)
+            own_holds = components.holds if isinstance(components.holds, MemoryHolds) else None
+            await reconciler.read_earlier(started_at, own_holds)
+            tasks.append(reconciler.start(started_at))
+            log.info("pvegate stdio ready for %s: %d tools, OPA at %s", local.name, len(components.catalog),
+                     components.decisions.url)  # fmt: skip
+            await serve_stdio(components, local_principal(local), stop=stop)
+            if received:
+                log.info("pvegate stdio stopped by %s", signal.Signals(received[0]).name)
+        finally:
+            for task in tasks:
+                task.cancel()
+                # a task that died already (its error was logged) must not keep OPA and the audit open
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await components.close()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
-        if supervisor is not None:
-            supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await supervisor
-        await components.close()
 
 
 def freeze_startup_heap() -> None:

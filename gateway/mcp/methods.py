@@ -30,7 +30,7 @@ from gateway.policy.decisions import CONTRACT_VERSION
 from gateway.policy.listings import listing_key
 from gateway.store.approvals import NotFound
 from gateway.store.audit import AuditRecord
-from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable
+from gateway.store.outcomes import RETRY_AFTER_SECONDS, STORE_ERRORS, AuditUnavailable
 from gateway.tools.catalog import Catalog
 from gateway.tools.tool import arguments_digest
 
@@ -76,14 +76,34 @@ def request_digest(x: Exchange, name: str, arguments: Any) -> str:
 # (approval_pending), so polling is bounded too (a poll every 2 s is 30 a minute). Not failed
 # (upstream) or interrupted.
 REFUSED_OUTCOMES = frozenset({"denied", "invalid", "pending_approval"})
+# JSON-RPC code in the implementation-defined band (-32010 to -32012 are taken: store/outcomes.py,
+# principal_limits.py): tools/list without a usable policy answer
+POLICY_UNAVAILABLE = -32013
+
+
+def policy_unavailable() -> RpcFault:
+    """tools/list without a usable policy answer (OPA down or off the contract, invalid policy data): an
+    error the client may retry, never an empty listing, which is a valid answer (and, 2026-07-28, one
+    cached for ttlMs). Nothing of OPA's own words: they are in the log and /admin/health. `audited`:
+    there is no refusal to record, and it is the gateway's failure, not one the principal is counted for."""
+    return RpcFault(
+        POLICY_UNAVAILABLE,
+        "policy decision unavailable: the tool listing cannot be decided now; retry shortly",
+        {"retry_after_seconds": RETRY_AFTER_SECONDS},
+        audited=True,
+    )
 
 
 async def list_tools(x: Exchange) -> dict[str, Any]:
     async with principal_limits.door(x.c.principal_limits, x.principal.sub):  # one of its slots, or refused
-        return await _list_tools(x)
+        listing = await _list_tools(x)
+    if listing is None:  # raised out of the door: a fault raised in it would count as the principal's refusal
+        raise policy_unavailable()
+    return listing
 
 
-async def _list_tools(x: Exchange) -> dict[str, Any]:
+async def _list_tools(x: Exchange) -> dict[str, Any] | None:
+    """The listing, or None when the policy gave no usable answer."""
     req = CallRequest(uuid.uuid4().hex, x.principal, "", None, x.version, x.source_ip)
     input_doc = {
         "contract_version": CONTRACT_VERSION,
@@ -96,10 +116,10 @@ async def _list_tools(x: Exchange) -> dict[str, Any]:
     visible = x.c.listings.get(key)
     if visible is None:
         visible = await x.c.decisions.visible_tools(input_doc)  # one OPA query per listing
-        if visible is None:
-            visible = frozenset()  # any doubt shows nothing, and is asked again next time
-        else:
-            x.c.listings.put(key, visible)
+        if visible is None:  # any doubt: no listing at all (not kept: asked again next time)
+            log.warning("tools/list for %s: no usable policy answer; answered with an error", x.principal.sub)
+            return None
+        x.c.listings.put(key, visible)
     fragments = _tool_fragments(x.c.catalog, x.version == "2025-03-26")
     # the visible tools' definitions, each encoded once per catalog: joined, not re-serialised
     return {"tools": Encoded(b"[" + b",".join(f for name, f in fragments if name in visible) + b"]")}

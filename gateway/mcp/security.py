@@ -50,17 +50,24 @@ SURFACE = "transport"
 
 
 def _host_only(value: str) -> str:
-    """'example:8443' -> 'example'; '[::1]:8443' -> '::1'."""
+    """A Host value without its port: 'example:8443' -> 'example'; '[::1]:8443' -> '[::1]' (as a Host
+    header writes an IPv6 literal: in brackets)."""
     if value.startswith("["):
-        return value[1:].split("]", 1)[0]
+        return value.split("]", 1)[0] + "]"
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _as_host(address: str) -> str:
+    """An address as a Host header writes it: an IPv6 literal in brackets (RFC 3986 §3.2.2), else as it is."""
+    return f"[{address}]" if ":" in address else address
 
 
 def allowed_hosts(config: Config) -> frozenset[str] | None:
     """Host header values we answer to; None means any (wildcard bind without an explicit list)."""
     if config.allowed_hosts:
         return frozenset(h.lower() for h in config.allowed_hosts)
-    hosts = {f"{config.host}:{config.port}", config.host}
+    bound = _as_host(config.host)
+    hosts = {f"{bound}:{config.port}", bound}
     if config.host in ("127.0.0.1", "localhost", "::1"):
         hosts |= {"localhost", f"localhost:{config.port}", "127.0.0.1", f"127.0.0.1:{config.port}"}
     if config.public_url:

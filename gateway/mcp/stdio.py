@@ -224,9 +224,16 @@ async def serve_stdio(
     stdout: BinaryIO | None = None,
     *,
     on_ready: Callable[[], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Answer messages from stdin on stdout until stdin closes; requests run concurrently
-    (at most `max_inflight_per_client`), replies are written whole, one per line."""
+    """Answer messages from stdin on stdout until stdin closes, `stop` is set (a stop signal) or stdout
+    is gone (the client closed its end); requests run concurrently (at most `max_inflight_per_client`),
+    replies are written whole, one per line.
+
+    At the end of input every request asked is let finish. On `stop`, or a stdout that takes no more,
+    no more input is read, and the requests running get `shutdown_grace_seconds` to finish (outcomes
+    written, replies sent while stdout takes them); calls still waiting on Proxmox then are cut off and
+    recorded `interrupted` (settled later from Proxmox), as `pvegate serve` drains."""
     out = stdout or sys.stdout.buffer
     lines = _Lines(stdin or sys.stdin.buffer, c.config.max_body_bytes)
     await lines.open()
@@ -234,11 +241,22 @@ async def serve_stdio(
     write_lock = asyncio.Lock()
     slots = asyncio.Semaphore(max(1, c.config.max_inflight_per_client))
     running: set[asyncio.Task[None]] = set()
+    stopping = stop if stop is not None else asyncio.Event()
+    gone = False  # stdout takes no more writes: the client has gone
 
     async def reply(doc: dict[str, Any]) -> None:
+        nonlocal gone
         async with write_lock:
-            out.write(encode(doc) + b"\n")
-            out.flush()
+            if gone:
+                return
+            try:
+                out.write(encode(doc) + b"\n")
+                out.flush()
+            except (OSError, ValueError) as exc:  # EPIPE: the client closed its end (ValueError: stdout closed)
+                gone = True
+                log.warning("stdout is closed (%s): no more input is read; calls running finish", type(exc).__name__)
+                _discard(out)
+                stopping.set()
 
     async def one(line: bytes) -> None:
         try:
@@ -251,22 +269,89 @@ async def serve_stdio(
         if doc is not None:
             await reply(doc)
 
+    async def too_long() -> None:
+        try:
+            await reply(await session.refuse_too_long(c.config.max_body_bytes))
+        finally:
+            slots.release()
+
+    async def read() -> None:
+        """Until the end of input; cancelled on `stop`. Its awaits (the next line, a free slot) are
+        safe to cancel: whatever a message starts runs in a task of its own."""
+        while (line := await lines.next()) is not None:
+            if line != TOO_LONG and not line.strip():
+                continue
+            await slots.acquire()
+            task = asyncio.create_task(one(line) if line != TOO_LONG else too_long())
+            running.add(task)
+            task.add_done_callback(running.discard)
+
     if on_ready is not None:
         await on_ready()
-    while (line := await lines.next()) is not None:
-        if line == TOO_LONG:
-            await reply(await session.refuse_too_long(c.config.max_body_bytes))
-            continue
-        if not line.strip():
-            continue
-        await slots.acquire()
-        task = asyncio.create_task(one(line))
-        running.add(task)
-        task.add_done_callback(running.discard)
-    if running:  # stdin closed: let what was asked finish (its audit rows included)
-        await asyncio.gather(*running, return_exceptions=True)
-    with contextlib.suppress(OSError):
+    reading = asyncio.create_task(read(), name="stdio-read")
+    try:
+        await _until(stopping, {reading})
+    finally:
+        reading.cancel()  # a stop: no more input is read
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+    # stdin closed: let what was asked finish (its audit rows included), unless a stop comes meanwhile
+    await _until(stopping, running)
+    if stopping.is_set():
+        await _finish(c, running)
+    with contextlib.suppress(OSError, ValueError):
         out.flush()
+
+
+async def _until(stop: asyncio.Event, tasks: set[asyncio.Task[None]]) -> None:
+    """Until every one of `tasks` (a live set: tasks may join it) is done or `stop` is set; none is cancelled."""
+    stopped = asyncio.create_task(stop.wait(), name="stdio-stop")
+    try:
+        while not stop.is_set() and (live := {t for t in tasks if not t.done()}):
+            await asyncio.wait({*live, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopped
+
+
+CUT_WAIT_SECONDS = 10.0  # after the cut: for the calls cut off to record `interrupted` and answer
+
+
+async def _finish(c: Components, running: set[asyncio.Task[None]]) -> None:
+    """A stop: the requests running get the grace period, then what still waits on Proxmox is cut off
+    (Outcomes.cut: recorded `interrupted`; a call not yet sent is not sent) and given a moment to say so."""
+    outcomes = c.outcomes
+    outcomes.draining = True
+    pending = set(running)
+    log.warning(
+        "stopping: %d request(s) running, grace period %gs; no more input is read",
+        len(pending),
+        outcomes.grace_seconds,
+    )
+    if pending:
+        _, pending = await asyncio.wait(pending, timeout=outcomes.grace_seconds)
+    if pending:
+        log.error("grace period ended: cutting off %d request(s) running", len(pending))
+        outcomes.cut()
+        _, pending = await asyncio.wait(pending, timeout=CUT_WAIT_SECONDS)
+    for task in pending:  # nothing of it reaches Proxmox any more (cutting): stop waiting for it
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    await outcomes.flush()
+
+
+def _discard(stream: BinaryIO) -> None:
+    """Point a dead stdout at /dev/null: what is still buffered, flushed again at exit, would otherwise
+    end in an "Exception ignored ... BrokenPipeError" on stderr."""
+    with contextlib.suppress(OSError, ValueError):
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
 
 
 def _error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -202,9 +202,13 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
             fault.id = msg.id
         if isinstance(fault, principal_limits.PrincipalLimited):  # counted at the door; 429 in both eras
             status = principal_limits.HTTP_STATUS
+        if fault.code == methods.POLICY_UNAVAILABLE:  # the gateway's own failure, retryable: 503 in both eras
+            status = 503
         response = error_response(fault.id, fault.code, fault.message, fault.data, status=status)
         if isinstance(fault, principal_limits.PrincipalLimited):
             response.headers["Retry-After"] = str(fault.retry_after)
+        elif fault.code == methods.POLICY_UNAVAILABLE:
+            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         if fault.audited:
             return response
         return await _refuse(c, principal, request, response, fault)
