@@ -44,7 +44,7 @@ from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
-from gateway.core.text import describe, may_hold_unencodable, unencodable_path
+from gateway.core.text import describe, encodable, may_hold_unencodable, unencodable_path
 from gateway.observability import metrics as metricslib
 from gateway.store import audit as auditlib
 from gateway.store.approvals import (
@@ -245,6 +245,8 @@ def note_problem(note: Any) -> str | None:
         return f"note must be a string of at most {NOTE_MAX_CHARS} characters"
     if _NOTE_CONTROLS.search(note):
         return "note must not contain control characters (tab and line breaks excepted)"
+    if not encodable(note):  # a lone surrogate: no database stores it, no audit record can hold it
+        return "note must be valid Unicode text"
     return None
 
 
@@ -397,8 +399,8 @@ async def audit_records(request: Request) -> Response:
             outcome=p.get("outcome"),
             kind=p.get("kind"),
             request_id=p.get("request_id"),
-            since=_unix_time(p["since"]) if p.get("since") else None,
-            until=_unix_time(p["until"]) if p.get("until") else None,
+            since=unix_time(p["since"]) if p.get("since") else None,
+            until=unix_time(p["until"]) if p.get("until") else None,
             limit=min(int(p.get("limit", "100")), 5000),
             newest_first=True,
         )
@@ -408,18 +410,27 @@ async def audit_records(request: Request) -> Response:
         return _err(400, "invalid_request", "since/until are Unix times (finite numbers), limit a positive integer")
     path = _components(request).audit.path
     rows = await asyncio.to_thread(auditlib.search, path, q)
-    if not rows:  # an empty page: say so if a kind or outcome filter can match nothing the audit writes
-        for column, known, where in (
-            ("kind", AUDIT_KINDS, f"one of {', '.join(AUDIT_KINDS)}"),
-            ("outcome", AUDIT_OUTCOMES, "an outcome the audit writes (docs/audit.md)"),
-        ):
-            value = getattr(q, column)
-            if value is not None and not await _in_audit(path, column, value, known):
-                return _err(400, "bad_filter", f"{column} must be {where} (* globs), not {value!r}")
+    # an empty page: say so if a kind or outcome filter can match nothing the audit writes
+    if not rows and (problem := await bad_filter(path, q)) is not None:
+        return _err(400, "bad_filter", problem)
     return JSONResponse({"records": [_record(r) for r in rows]})
 
 
-def _unix_time(text: str) -> float:
+async def bad_filter(path: Any, q: auditlib.Query) -> str | None:
+    """Why the query's kind or outcome filter can match nothing the audit writes (nor holds), or None.
+    Asked when a search found nothing (the console's audit pages ask it too), so a mistyped filter is
+    refused rather than read as "nothing happened"."""
+    for column, known, where in (
+        ("kind", AUDIT_KINDS, f"one of {', '.join(AUDIT_KINDS)}"),
+        ("outcome", AUDIT_OUTCOMES, "an outcome the audit writes (docs/audit.md)"),
+    ):
+        value = getattr(q, column)
+        if value is not None and not await _in_audit(path, column, value, known):
+            return f"{column} must be {where} (* globs), not {value!r}"
+    return None
+
+
+def unix_time(text: str) -> float:
     """A Unix time from a query parameter; ValueError for one that is no finite number (nan, inf, 1e400)."""
     value = float(text)
     if not math.isfinite(value):

@@ -101,3 +101,24 @@ def test_csrf_and_origin() -> None:
     assert same_origin(request(headers={"host": "gw:8443"}))  # no Origin: the token still decides
     assert not same_origin(request(headers={"host": "gw:8443", "origin": "https://evil.example"}))
     assert not same_origin(request(headers={"host": "gw:8443", "origin": "null"}))
+
+
+def test_origin_is_compared_with_the_public_url_when_one_is_configured() -> None:
+    public = "https://gw.example.org:8443/"
+    # behind a proxy the Host is the backend's: the page's origin is still the public one
+    behind = {"host": "10.0.0.5:8000", "origin": "https://gw.example.org:8443"}
+    assert same_origin(request(headers=behind), public)
+    assert same_origin(request(headers={**behind, "origin": "https://GW.example.org:8443"}), public)
+    assert same_origin(request(headers={"host": "gw.example.org"}), public)  # no Origin: the token decides
+    # an Origin that matches the Host a client sent, but is not the configured site, is foreign
+    for origin, host in (
+        ("https://evil.example", "evil.example"),
+        ("http://gw.example.org:8443", "gw.example.org:8443"),  # another scheme is another origin
+        ("https://gw.example.org", "gw.example.org"),  # and another port
+        ("https://gw.example.org:8443/path", "gw.example.org:8443"),  # no origin at all
+        ("null", "gw.example.org:8443"),
+    ):
+        assert not same_origin(request(headers={"host": host, "origin": origin}), public), origin
+    # the default port is the same origin written either way
+    assert same_origin(request(headers={"host": "x", "origin": "https://gw.example.org"}), "https://gw.example.org:443")
+    assert same_origin(request(headers={"host": "x", "origin": "https://gw.example.org:443"}), "https://gw.example.org")

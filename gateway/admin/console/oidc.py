@@ -3,7 +3,8 @@
 Only an issuer and a client id come from configuration; the endpoints come from the
 provider's discovery document, the signing keys from its JWKS (gateway/auth/jwks.py:
 cached, and refreshed on an unknown `kid`, so key rotation at the provider is followed).
-The ID token is checked for signature, issuer, audience (our client id), `azp`, expiry,
+The ID token is checked for signature, issuer (exactly the one the discovery document names,
+which must be the configured one), audience (our client id), `azp`, expiry,
 the nonce this browser was given, and `auth_time` (present, and recent enough when the
 sign-in asked for `max_age`).
 """
@@ -76,12 +77,14 @@ class Provider:
         self._meta_at = 0.0
         self._jwks: JwksKeys | None = None
         self._lock = asyncio.Lock()
+        self._issuer_base = cfg.issuer.rstrip("/")
 
     async def metadata(self) -> dict[str, Any]:
         async with self._lock:
             if self._meta is not None and time.monotonic() - self._meta_at < DISCOVERY_TTL:
                 return self._meta
-            url = f"{self.cfg.issuer}/.well-known/openid-configuration"
+            # OpenID Connect Discovery 1.0, section 4: a trailing slash is removed before the path is appended
+            url = f"{self._issuer_base}/.well-known/openid-configuration"
             try:
                 async with httpx.AsyncClient(timeout=self.timeout) as http:
                     r = await http.get(url, headers={"accept": "application/json"})
@@ -91,7 +94,9 @@ class Provider:
                 if self._meta is not None:  # keep serving what we know while the provider is away
                     return self._meta
                 raise SignInError(f"the identity provider's discovery document is unavailable ({exc})") from exc
-            if not isinstance(meta, dict) or str(meta.get("issuer", "")).rstrip("/") != self.cfg.issuer:
+            # the issuer named must be the configured one (section 4.3); the configuration may hold it without
+            # its trailing slash (Auth0's issuer ends in one), so that one slash is the only leeway
+            if not isinstance(meta, dict) or meta.get("issuer") not in (self._issuer_base, self._issuer_base + "/"):
                 raise SignInError("the identity provider's discovery document names another issuer")
             for key in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
                 if not isinstance(meta.get(key), str) or not _loopback_or_https(meta[key]):
@@ -160,7 +165,7 @@ class Provider:
         return Identity(claims, access if isinstance(access, str) else None, float(claims["auth_time"]))
 
     async def verify_id_token(self, token: str, login: Login, now: float | None = None) -> dict[str, Any]:
-        await self.metadata()
+        meta = await self.metadata()
         assert self._jwks is not None
         try:
             header = jwt.get_unverified_header(token)
@@ -180,7 +185,7 @@ class Provider:
                 key=key,
                 algorithms=[alg],
                 audience=self.cfg.client_id,
-                issuer=self.cfg.issuer,
+                issuer=str(meta["issuer"]),  # exactly as the provider names it (checked against ours above)
                 leeway=LEEWAY,
                 options={"require": ["exp", "iat", "sub", "iss", "aud"]},  # auth_time and nonce: below
             )

@@ -12,12 +12,13 @@ like a live call's, never dispatched. Each console action is written to the audi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -77,7 +78,8 @@ SECURITY_HEADERS = {
 AUDIT_FILTERS = ("principal", "tool", "target", "outcome", "kind", "request_id")
 PAGE_SIZE = 100
 OPEN_STATES = ("pending", "approved")  # the queue's default view: what may still run
-EXPORT_LIMIT = 50_000
+RATES_LIMIT = 20_000  # decisions the status page's rates read at most (the newest of the window)
+EXPORT_BATCH = 5_000  # records an export reads at a time (it streams them all)
 VERIFY_TTL = 60.0
 SQLITE_MAX_INT = 2**63 - 1  # an audit seq past it is no record (SQLite would raise OverflowError)
 
@@ -418,10 +420,12 @@ async def logout(request: Request) -> Response:
     session = await signed_in(request)
     if session is None:
         return RedirectResponse("/admin/login", status_code=303, headers=SECURITY_HEADERS)
-    form = await request.form()
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
     everywhere = form.get("everywhere") == "1"  # every session of this person, in every browser
     action = "sign_out_everywhere" if everywhere else "sign_out"
-    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+    if not (same_origin(request, _console(request).c.config.public_url) and csrf_ok(session, form.get("csrf"))):
         return await _csrf_refused(request, session, action)
     console = _console(request)
     message = "You are signed out everywhere." if everywhere else "You are signed out."
@@ -466,7 +470,14 @@ async def _csrf_refused(request: Request, session: Session, action: str) -> Resp
 async def _form(request: Request) -> FormData | Response:
     if int(request.headers.get("content-length") or 0) > adminapi.MAX_BODY:
         return render(request, "message.html", 413, title="Too large", message="The form is too large.")
-    return await request.form(max_files=0, max_fields=50)
+    form = await request.form(max_files=0, max_fields=50)
+    # a body may name its charset (multipart's charset=utf-7 decodes "+2AA-" to a lone surrogate): such a
+    # value is no text to compare, store or audit, so the whole form is refused before anything reads it
+    for key, value in form.multi_items():
+        if not encodable(key) or (isinstance(value, str) and not encodable(value)):
+            message = f"Not done: the form's field {describe((key,))} is not valid Unicode text."
+            return render(request, "message.html", 400, title="Refused", message=message)
+    return form
 
 
 # --- approvals -----------------------------------------------------------------------------
@@ -643,7 +654,7 @@ async def approval_vote(request: Request) -> Response:
     if isinstance(form, Response):
         return form
     aid = request.path_params["id"]
-    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+    if not (same_origin(request, _console(request).c.config.public_url) and csrf_ok(session, form.get("csrf"))):
         return await _csrf_refused(request, session, "vote")
     verdict = form.get("verdict")
     note = form.get("note") or None
@@ -725,7 +736,7 @@ def _parse_time(value: str | None) -> float | None:
         return None
     value = value.strip()
     try:
-        return float(value)
+        return adminapi.unix_time(value)  # a finite number only, as the admin API takes it (nan matches nothing)
     except ValueError:
         pass
     try:
@@ -775,7 +786,10 @@ async def audit_page(request: Request) -> Response:
         q, filters = _audit_query(request, PAGE_SIZE)
     except ValueError as exc:
         return render(request, "message.html", 400, title="Audit", message=str(exc))
-    rows = [_listed(r) for r in await asyncio.to_thread(auditlib.search, c.audit.path, q)]
+    found = await asyncio.to_thread(auditlib.search, c.audit.path, q)
+    if not found and (problem := await adminapi.bad_filter(c.audit.path, q)) is not None:
+        return render(request, "message.html", 400, title="Audit", message=problem)
+    rows = [_listed(r) for r in found]
     rows.reverse()  # newest first on screen
     verify = await _chain_status(request, fresh=request.query_params.get("verify") == "1")
     try:
@@ -868,27 +882,43 @@ def _row_by_seq(c: Components, seq: int) -> dict[str, Any] | None:
 
 
 async def audit_export(request: Request) -> Response:
+    """Every record the filters match, streamed in batches (never cut, never held whole in memory), up to
+    the newest one when the export began: records written meanwhile (this export's own among them) are
+    the next export's."""
     session = await guard(request, "audit")
     if isinstance(session, Response):
         return session
     c = _console(request).c
     try:
-        q, filters = _audit_query(request, EXPORT_LIMIT)
+        q, filters = _audit_query(request, 1)  # newest first: the newest match is where the export ends
     except ValueError as exc:
         return render(request, "message.html", 400, title="Audit export", message=str(exc))
-    q.newest_first = False
-    rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
-    await record(request, "audit_export", session.sub, "ok", {"filters": filters, "rows": len(rows)})
-    lines = "".join(_export_line(r) + "\n" for r in rows)
+    newest = await asyncio.to_thread(auditlib.search, c.audit.path, q)
+    if not newest and (problem := await adminapi.bad_filter(c.audit.path, q)) is not None:
+        return render(request, "message.html", 400, title="Audit export", message=problem)
+    end = int(newest[0]["seq"]) if newest else 0
+    await record(request, "audit_export", session.sub, "ok", {"filters": filters, "up_to_seq": end})
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return StreamingResponse(
-        iter([lines]),
+        _export_lines(c.audit.path, dataclasses.replace(q, newest_first=False, limit=EXPORT_BATCH), end),
         media_type="application/x-ndjson",
         headers={
             **SECURITY_HEADERS,
             "Content-Disposition": f'attachment; filename="pvegate-audit-{stamp}.jsonl"',
         },
     )
+
+
+async def _export_lines(path: Any, q: auditlib.Query, end: int) -> AsyncIterator[str]:
+    """The export's lines, one batch of `q.limit` records at a time in seq order, through record `end`."""
+    after: int | None = None
+    while after is None or after < end:
+        rows = await asyncio.to_thread(auditlib.search, path, dataclasses.replace(q, after_seq=after))
+        rows = [r for r in rows if r["seq"] <= end]  # written since the export began: the next export's
+        if not rows:
+            return
+        yield "".join(_export_line(r) + "\n" for r in rows)
+        after = int(rows[-1]["seq"])
 
 
 def _export_line(row: dict[str, Any]) -> str:
@@ -907,9 +937,10 @@ def _export_line(row: dict[str, Any]) -> str:
 async def _decision_rates(c: Components, minutes: int = 15) -> dict[str, Any]:
     """Decisions per minute by outcome over the last minutes, and the failed-closed ones, from the audit."""
     since = time.time() - minutes * 60
-    rows = await asyncio.to_thread(
-        auditlib.search, c.audit.path, auditlib.Query(kind="decision", since=since, limit=20_000)
-    )
+    # the newest of the window when it holds more than RATES_LIMIT (a busy quarter hour): the last minutes
+    # are what the page is for; the page says the earlier ones were not counted
+    q = auditlib.Query(kind="decision", since=since, limit=RATES_LIMIT, newest_first=True)
+    rows = await asyncio.to_thread(auditlib.search, c.audit.path, q)
     buckets: dict[str, Counter[str]] = {}
     totals: Counter[str] = Counter()
     for row in rows:
@@ -920,7 +951,13 @@ async def _decision_rates(c: Components, minutes: int = 15) -> dict[str, Any]:
         outcome = "failed_closed" if body.get("failed_closed") else str(row["outcome"])
         buckets.setdefault(minute, Counter())[outcome] += 1
         totals[outcome] += 1
-    return {"minutes": minutes, "buckets": sorted(buckets.items()), "totals": dict(totals)}
+    return {
+        "minutes": minutes,
+        "buckets": sorted(buckets.items()),
+        "totals": dict(totals),
+        "cut": len(rows) >= RATES_LIMIT,
+        "limit": RATES_LIMIT,
+    }
 
 
 async def status_page(request: Request) -> Response:
@@ -1050,7 +1087,7 @@ async def whatif_page(request: Request) -> Response:
     form = await _form(request)
     if isinstance(form, Response):
         return form
-    if not (same_origin(request) and csrf_ok(session, form.get("csrf"))):
+    if not (same_origin(request, _console(request).c.config.public_url) and csrf_ok(session, form.get("csrf"))):
         return await _csrf_refused(request, session, "what_if")
     params = {k: str(v) for k, v in form.items() if k != "csrf" and isinstance(v, str)}
     decision: dict[str, Any] | None = None
