@@ -117,3 +117,23 @@ def visible(text: str) -> str:
     if text.isprintable() and _BLANK_GLYPHS.isdisjoint(text):  # the common case: two scans in C
         return text
     return _MAYBE_HIDDEN.sub(_visible_char, text)
+
+
+# Characters that would break a line or its display: controls (a newline forging a line, an ANSI escape
+# rewriting the terminal), C1, line/paragraph separators, bidi overrides and isolates.
+UNSAFE_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+MAX_MESSAGE = 8192  # characters of one record's message in the text log, after escaping
+
+
+def _escape(ch: re.Match[str]) -> str:
+    c = ch.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` as one bounded line: controls escaped (\\n, \\x1b, \\u2028), cut past `limit` characters."""
+    safe = UNSAFE_IN_LINE.sub(_escape, text)
+    if len(safe) > limit:
+        safe = f"{safe[:limit]}... [cut {len(safe) - limit} characters]"
+    return safe

@@ -25,6 +25,9 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.core.text import UNSAFE_IN_LINE as _UNSAFE
+from gateway.core.text import one_line
+
 log = logging.getLogger("pvegate")
 calls_log = logging.getLogger("pvegate.calls")
 
@@ -55,7 +58,6 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
 
 # C0, DEL and C1 controls, the Unicode line/paragraph separators and the bidi overrides: any of
 # them in client text (a tool name, a path) could start a forged line or disguise this one
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _escape_json(ch: re.Match[str]) -> str:
@@ -92,23 +94,6 @@ class JsonFormatter(logging.Formatter):
         # viewer would reorder the line. They occur only inside strings (the rest of the JSON is ASCII):
         # escaped there as \uXXXX, the JSON stays valid and its values the same
         return _UNSAFE.sub(_escape_json, json.dumps(doc, default=str, ensure_ascii=False))
-
-
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-MAX_MESSAGE = 8192  # characters of one record's message in the text log, after escaping
-
-
-def _escape(ch: re.Match[str]) -> str:
-    c = ch.group()
-    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-
-
-def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
-    """`text` as one bounded line: controls escaped (\\n, \\x1b, \\u2028), cut past `limit` characters."""
-    safe = _UNSAFE.sub(_escape, text)
-    if len(safe) > limit:
-        safe = f"{safe[:limit]}... [cut {len(safe) - limit} characters]"
-    return safe
 
 
 class TextFormatter(logging.Formatter):

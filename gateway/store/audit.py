@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 from gateway.core.config import Config, ConfigError, service_secret_refs
 from gateway.core.redaction import REDACTED, redact_keys, redact_path
+from gateway.core.text import one_line
 from gateway.store import migrations
 from gateway.store.audit_seal import (
     AuditKeyError,
@@ -61,6 +62,7 @@ from gateway.store.db import (
     wal_mode,
 )
 from gateway.store.pgsync import PgConnection, PgLocation
+from gateway.store.settling import OPEN_CALLS_SQL
 from gateway.tools.tool import Tool
 
 log = logging.getLogger("pvegate.audit")
@@ -1448,6 +1450,7 @@ def open_seal(path: Path, key_path: Path, *, new_file: bool = False) -> Seal:
         con.executescript(SCHEMA)
         con.execute("BEGIN IMMEDIATE")
         try:
+            _refuse_foreign_triggers(con)
             seal = _open_seal(con, key_path, new_file)
             con.execute("COMMIT")
         except BaseException:
@@ -1457,6 +1460,20 @@ def open_seal(path: Path, key_path: Path, *, new_file: bool = False) -> Seal:
         return seal
     finally:
         con.close()
+
+
+def _refuse_foreign_triggers(con: sqlite3.Connection) -> None:
+    """A writer's start: no trigger pvegate does not make, as verify checks (_check_schema): one on the audit
+    table could change every record as it is written, after its hash was computed, or write records of its own."""
+    expected = _expected_schema()
+    for kind, name, table in con.execute("SELECT type, name, tbl_name FROM sqlite_master WHERE type = 'trigger'"):
+        shapes = expected.get((kind, name))
+        if shapes is None or _object_shape(con, kind, name, table) not in shapes:
+            raise AuditIntegrityError(
+                f"the database holds a trigger {name!r} (on {table}) that pvegate does not make: it was added "
+                "outside the gateway and can change what is written; run `pvegate audit verify`, then drop it "
+                "(keep a copy of the file as evidence first)"
+            )
 
 
 FRESH_UNSIGNED = "true"  # the migration's mark of a new chain, before `pvegate db upgrade` signs it
@@ -1596,7 +1613,8 @@ def connect(path: Path | PgLocation, *, readonly: bool = False) -> Any:
         return PgConnection(path, readonly=readonly)
     if not path.exists():
         raise FileNotFoundError(f"no audit database at {path}")
-    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+    # a file: URI with the path percent-encoded: a `#` or `?` in it is part of the name, not a fragment or query
+    uri = path.absolute().as_uri() + ("?mode=ro" if readonly else "")
     con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0)
     con.row_factory = sqlite3.Row
     # text that is not UTF-8 (written below the gateway) is read with its bytes kept as lone surrogates, so
@@ -1670,7 +1688,8 @@ def _shown(value: Any, limit: int = 80) -> str:
     """A column's value as a line may print it (undecodable bytes escaped, never an encoding error)."""
     text = value if isinstance(value, str) else repr(value)
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + "…"
+    text = text if len(text) <= limit else text[:limit] + "…"
+    return one_line(text)  # a newline or terminal escape in it would forge a line of the listing
 
 
 class ChainChecker:
@@ -1762,6 +1781,10 @@ def verify(
         return VerifyResult(False, 0, problem=str(exc), unreachable=True)
     except AuditKeyError as exc:
         problem, seq = f"{exc}: the chain head cannot be authenticated without it (give the right one with --key)", None
+    except sqlite3.OperationalError as exc:
+        if _busy(exc):  # another process holds the file: nothing was checked, not a finding about the audit
+            return VerifyResult(False, 0, problem=f"{path} is locked by another process ({exc})", unreachable=True)
+        problem, seq = f"{path} cannot be read as an audit database ({exc})", None
     except sqlite3.Error as exc:
         problem, seq = f"{path} cannot be read as an audit database ({exc})", None
     except OSError as exc:
@@ -1769,6 +1792,14 @@ def verify(
     except Exception as exc:  # anything else in a garbled file is still a sentence, not a traceback
         problem, seq = f"the audit data is garbled ({type(exc).__name__}: {exc})", None
     return VerifyResult(False, state["checked"], state["first"], bad_seq=seq, problem=problem)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLite's "database is locked" / "database table is locked" (SQLITE_BUSY, SQLITE_LOCKED) after the wait."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "is locked" in str(exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -1832,8 +1863,12 @@ def _check_schema(con: Any, postgresql: bool) -> None:
         present = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'pvegate_schema'").fetchone()
     if present:
         row = con.execute("SELECT version FROM pvegate_schema WHERE component = 'audit'").fetchone()
-        if row is not None and int(row[0]) > known:
-            raise _Bad(migrations._newer("audit", int(row[0]), known))
+        try:
+            found = None if row is None else migrations.number("audit", row[0])
+        except migrations.SchemaError as exc:
+            raise _Bad(str(exc)) from None
+        if found is not None and found > known:
+            raise _Bad(migrations._newer("audit", found, known))
     if postgresql:
         problem = pg_objects_problem(con)
         if problem is not None:
@@ -1897,14 +1932,59 @@ def _char(value: Any) -> str:
     return "" if value is None else str(value).strip("\x00")
 
 
+# Operators and functions, outside the catalog and not part of an extension, named like a catalog one and
+# taking only catalog types: put first by a role's or database's search_path, `principal = $1` would call one
+# (a forged `public.=` for text hides records from search, export, replay and reconciliation, while verify's
+# full scan compares no text). pvegate's sessions pin the catalog first; verify still names them.
+_PG_SHADOWS = """
+SELECT 'operator ' || n.nspname || '.' || o.oprname || '(' || concat_ws(', ',
+       CASE WHEN o.oprleft <> 0 THEN format_type(o.oprleft, NULL) END,
+       CASE WHEN o.oprright <> 0 THEN format_type(o.oprright, NULL) END) || ')' AS what
+FROM pg_operator o JOIN pg_namespace n ON n.oid = o.oprnamespace
+WHERE n.nspname = ANY(?::text[])
+  AND EXISTS (SELECT 1 FROM pg_operator c WHERE c.oprnamespace = 'pg_catalog'::regnamespace AND c.oprname = o.oprname)
+  AND NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.oid IN (o.oprleft, o.oprright)
+                  AND t.typnamespace <> 'pg_catalog'::regnamespace)
+  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_operator'::regclass AND d.objid = o.oid
+                  AND d.deptype = 'e')
+UNION ALL
+SELECT 'function ' || n.nspname || '.' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = ANY(?::text[])
+  AND EXISTS (SELECT 1 FROM pg_proc c WHERE c.pronamespace = 'pg_catalog'::regnamespace AND c.proname = p.proname
+              AND c.proargtypes = p.proargtypes)
+  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                  AND d.deptype = 'e')
+ORDER BY 1
+"""
+
+
+def _pg_shadows(con: Any, schemas: list[str]) -> str | None:
+    names = [*schemas, "public"]
+    found = [str(r[0]) for r in con.execute(_PG_SHADOWS, (names, names))]
+    if not found:
+        return None
+    return (
+        f"the database has {found[0]}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else "") + ", named "
+        "like a PostgreSQL built-in: put first in a search_path it would change what readers' comparisons match "
+        "(pvegate pins pg_catalog first); pvegate never makes one: keep a copy as evidence, then drop it"
+    )
+
+
 def pg_objects_problem(con: Any) -> str | None:
     """PostgreSQL: whether `audit` and `audit_meta`, as every reader names them (unqualified, through the
-    search_path), are the ordinary tables pvegate makes in the schema it makes them in (current_schema()),
-    with nothing that shows a reader other rows than a full scan sees, or changes what is written: no
-    view or other object in their place, no rule, no trigger, no row-level security, no column changed.
+    search_path), are the ordinary tables pvegate makes in the schema it makes them in (the first of the
+    search_path after pg_catalog), with nothing that shows a reader other rows than a full scan sees, or
+    changes what is written: no view or other object in their place, no rule, no trigger, no row-level
+    security, no column changed, no operator or function named like a built-in one (_PG_SHADOWS).
     verify walks the chain with the same unqualified name, so such an object could let it pass while
     search, export, the admin API and replay are shown (or the writer stores) something else. None: sound."""
-    schema = con.execute("SELECT current_schema()").fetchone()[0]
+    schemas = [str(n) for n in con.execute("SELECT current_schemas(false)").fetchone()[0] or []]
+    # the connection's search_path has pg_catalog first, then the role's own (db.pinned_search_path)
+    schema = schemas[1] if len(schemas) > 1 and schemas[0] == "pg_catalog" else schemas[0] if schemas else None
+    shadow = _pg_shadows(con, [n for n in schemas if n != "pg_catalog"])
+    if shadow:
+        return shadow
     for name, columns in _PG_TABLES.items():
         row = con.execute(
             "SELECT c.oid, n.nspname, c.relkind, c.relrowsecurity, c.relforcerowsecurity "
@@ -2324,10 +2404,15 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
     database does not list).
     """
     head_key = HeadKey.load(_key_for(path, key))
+    out_dir = out_dir.resolve()  # listed as is: verify, run from any directory, finds the file by it
     con = connect(path)
     try:
         con.execute("BEGIN")  # a snapshot: appends go on, and are not seen
         try:
+            try:  # a schema this pvegate does not know (newer), or objects it never makes: nothing is written
+                _check_schema(con, isinstance(path, PgLocation))
+            except _Bad as exc:
+                raise ValueError(f"refusing to archive: {exc.problem}") from None
             meta = _meta_all(con)
             seal = Seal(head_key, check_created(head_key, meta))
             row = con.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
@@ -2337,6 +2422,11 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             start = (0, GENESIS) if signed is None else _point(signed, "archive anchor")
             anchor = {"seq": start[0], "hash": start[1]}
             cut = con.execute("SELECT MAX(seq) FROM audit WHERE ts < ?", (before,)).fetchone()[0]
+            # an allowed call with no settling record yet stays, with all that follows it: reconciliation reads
+            # its decision from the database to settle it, whatever its age
+            oldest = con.execute(OPEN_CALLS_SQL + " LIMIT 1", (-math.inf, math.inf)).fetchone()
+            if cut is not None and oldest is not None and int(oldest[0]) <= cut:
+                cut = int(oldest[0]) - 1  # at or below the anchor: nothing to archive
             rows = (
                 []
                 if cut is None

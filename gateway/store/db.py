@@ -20,7 +20,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -114,6 +114,35 @@ REPLICA_SETTINGS = {
 # (statements waiting for a lock, a slow server) a call is refused after this, never queued for minutes;
 # as long as the audit's wait (audit.ACQUIRE_TIMEOUT)
 ACQUIRE_TIMEOUT_SECONDS = 10.0
+# Every PostgreSQL session names objects through its role's or database's own search_path with pg_catalog
+# moved first (the schemas found once on connecting; the first of them is where pvegate's tables are): an
+# operator or function someone adds to one of them (`public.=` for text) and puts before the catalog with
+# `ALTER ROLE/DATABASE ... SET search_path` must not change what `principal = $1` matches. Tables are still
+# made in pvegate's schema: an upgrade's DDL puts it first for its own statements (migrations._creating).
+SCHEMA_PROBE = "SELECT current_schemas(false)"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def pinned_search_path(schemas: Sequence[str] | None) -> str | None:
+    """The search_path of pvegate's sessions from the schemas of the session's own (None: none exists, left)."""
+    rest = [quote_ident(str(n)) for n in schemas or () if n != "pg_catalog"]
+    return None if not rest else ", ".join(["pg_catalog", *rest, "pg_temp"])
+
+
+async def probe_search_path(dsn: str, password: str | None, connect_timeout: float) -> str | None:
+    """The pinned search_path for the schema a new session of `dsn` would make its tables in."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn, password=password, timeout=connect_timeout)
+    try:
+        return pinned_search_path(await conn.fetchval(SCHEMA_PROBE))
+    finally:
+        await conn.close()
+
+
 # Seconds the gateway waits for the answer to one statement (asyncpg's command_timeout): a server that stopped
 # answering mid-statement (overloaded, frozen, the network cut without a reset) is a refusal after this
 COMMAND_TIMEOUT_SECONDS = 30.0
@@ -462,6 +491,9 @@ class PostgresDatabase:
         if self.read_only:
             settings["default_transaction_read_only"] = "on"
         with refusals():
+            pinned = await probe_search_path(self.dsn, password, 10)
+            if pinned is not None:  # a startup setting: kept through the pool's RESET ALL between transactions
+                settings["search_path"] = pinned
             self._pool = await asyncpg.create_pool(
                 self.dsn,
                 password=password,

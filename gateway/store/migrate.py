@@ -133,7 +133,9 @@ def _check_mark(where: Path, key: HeadKey, db_id: str, head: int) -> None:
 def _lock_source(path: Path) -> sqlite3.Connection | None:
     """The SQLite file's write lock (BEGIN IMMEDIATE), held until the move is committed; None when this
     process cannot write the file (then only the head check after the move sees a writer)."""
-    con = sqlite3.connect(f"file:{path}", uri=True, isolation_level=None, timeout=LOCK_WAIT_S, check_same_thread=False)
+    con = sqlite3.connect(
+        path.absolute().as_uri(), uri=True, isolation_level=None, timeout=LOCK_WAIT_S, check_same_thread=False
+    )
     try:
         con.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as exc:

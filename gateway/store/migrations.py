@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from gateway.store.db import Database, Tx
+from gateway.store.db import Database, Tx, quote_ident
 
 VERSIONS_TABLE = "CREATE TABLE IF NOT EXISTS pvegate_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
 
@@ -33,9 +33,21 @@ def _known(migrations: dict[str, Sequence[str]], db: Database) -> Sequence[str]:
     return migrations[db.kind]
 
 
+def number(component: str, value: object) -> int:
+    """A recorded schema version; SchemaError when it is not a whole number (the table was edited by hand)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdecimal():  # SQLite keeps what it was given: '2' is 2
+        return int(value.strip())
+    raise SchemaError(
+        f"the {component} schema version recorded in table pvegate_schema is {value!r}, not a number: the table "
+        "was edited outside pvegate; restore the database from a backup (keep a copy of this one as evidence)"
+    )
+
+
 async def version(tx: Tx, component: str) -> int:
     rows = await tx.fetch("SELECT version FROM pvegate_schema WHERE component = ?", component)
-    return int(rows[0]["version"]) if rows else 0
+    return number(component, rows[0]["version"]) if rows else 0
 
 
 async def versions(db: Database) -> dict[str, int]:
@@ -47,7 +59,8 @@ async def versions(db: Database) -> dict[str, int]:
     if not await db.fetch(sql):
         return {}
     return {
-        str(r["component"]): int(r["version"]) for r in await db.fetch("SELECT component, version FROM pvegate_schema")
+        str(r["component"]): number(str(r["component"]), r["version"])
+        for r in await db.fetch("SELECT component, version FROM pvegate_schema")
     }
 
 
@@ -56,13 +69,20 @@ async def upgrade(db: Database, component: str, migrations: dict[str, Sequence[s
     known = _known(migrations, db)
     async with db.transaction() as tx:
         await tx.lock("pvegate_schema")  # replicas upgrading at once take turns
+        pinned = await _creating(tx) if db.kind == "postgresql" else None
         await tx.execute(VERSIONS_TABLE)
+        if pinned is not None:
+            await _set_path(tx, pinned)
         before = await version(tx, component)
         if before > len(known):
             raise SchemaError(_newer(component, before, len(known)))
+        if before < len(known) and pinned is not None:
+            await _creating(tx)
         for script in known[before:]:
             for stmt in statements(script):
                 await tx.execute(stmt)
+        if pinned is not None:
+            await _set_path(tx, pinned)
         if before < len(known):
             await tx.execute(
                 "INSERT INTO pvegate_schema (component, version) VALUES (?, ?) "
@@ -71,6 +91,22 @@ async def upgrade(db: Database, component: str, migrations: dict[str, Sequence[s
                 len(known),
             )
     return before, len(known)
+
+
+async def _set_path(tx: Tx, path: str) -> None:
+    await tx.fetch("SELECT set_config('search_path', ?, true)", path)
+
+
+async def _creating(tx: Tx) -> str | None:
+    """PostgreSQL: for this transaction's DDL, put pvegate's schema first, so unqualified tables are made there and
+    not in pg_catalog, which the sessions' pinned search_path (db.pinned_search_path) names first for reads.
+    The search_path to go back to for the reads that follow; None: not pinned, nothing changed."""
+    rows = await tx.fetch("SELECT current_setting('search_path') AS path, current_schemas(false) AS schemas")
+    path, schemas = str(rows[0]["path"]), list(rows[0]["schemas"] or [])
+    if len(schemas) < 2 or schemas[0] != "pg_catalog":
+        return None
+    await _set_path(tx, f"{quote_ident(str(schemas[1]))}, pg_catalog, pg_temp")
+    return path
 
 
 def _newer(component: str, found: int, known: int) -> str:
@@ -104,7 +140,7 @@ def upgrade_sync(con: sqlite3.Connection, component: str, known: Sequence[str]) 
     try:
         con.execute(VERSIONS_TABLE)
         row = con.execute("SELECT version FROM pvegate_schema WHERE component = ?", (component,)).fetchone()
-        before = int(row[0]) if row else 0
+        before = number(component, row[0]) if row else 0
         if before > len(known):
             raise SchemaError(_newer(component, before, len(known)))
         for script in known[before:]:

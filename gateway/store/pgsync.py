@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.config import Config, SecretRef
-from gateway.store.db import pg_sql
+from gateway.store.db import SCHEMA_PROBE, pg_sql, pinned_search_path
 
 CHUNK = 1000  # rows fetched per round trip while iterating a cursor
 
@@ -106,9 +106,21 @@ class PgConnection:
             self._conn = self._run(
                 asyncpg.connect(location.url, password=location.read_password(), timeout=timeout, command_timeout=300)
             )
+            # the operator side compares through the catalog's operators too (db.SCHEMA_PROBE)
+            pinned = pinned_search_path(self._run(self._conn.fetchval(SCHEMA_PROBE)))
+            if pinned is not None:
+                self._run(self._conn.execute("SELECT set_config('search_path', $1, false)", pinned))
         except BaseException:
+            if getattr(self, "_conn", None) is not None:
+                self._run_quiet(self._conn.close())
             self._loop.close()
             raise
+
+    def _run_quiet(self, coro: Any) -> None:
+        try:
+            self._loop.run_until_complete(coro)
+        except Exception:  # noqa: S110 - closing a connection whose setup failed: nothing left to do with it
+            pass
 
     def _run(self, coro: Any) -> Any:
         import asyncpg

@@ -103,6 +103,7 @@ from gateway.store.audit import AuditRecord
 from gateway.store.holds import AMOUNTS, PoolHolds
 from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, Outcomes
 from gateway.store.pgsync import PgLocation
+from gateway.store.settling import OPEN_CALLS_SQL, settles
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.base import ToolError
 from gateway.tools.runtimes.pve_api import UPID_RE, PveApiClient, upid_node
@@ -128,32 +129,15 @@ CLAIM_MARGIN_SECONDS = 3600
 RECONCILE_LOCK = "pvegate-reconcile"  # one reconciler at a time among the replicas (AuditLog.exclusive)
 
 
-def _settles(request_id: str, seq: str) -> str:
-    """The condition on `audit r` for a record after a call's decision that settles the call."""
-    return f"""r.request_id = {request_id} AND r.seq > {seq} AND (
-        r.kind = 'refusal'
-        OR (r.kind = 'result' AND (
-            r.outcome IN ('ok', 'failed', 'reconciled')
-            OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%'))))"""
-
-
-# Allowed calls without a settling record decided in a time range (the decision's seq orders them): read by the
-# `audit_ts` index, each call's records by `audit_request`.
-OPEN_CALLS_SQL = f"""
-SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
-WHERE d.kind = 'decision' AND d.outcome = 'allow' AND d.ts >= ? AND d.ts < ?
-AND NOT EXISTS (SELECT 1 FROM audit r WHERE {_settles("d.request_id", "d.seq")})
-ORDER BY d.seq
-"""  # noqa: S608 - fixed text
 # The same for one request id, whatever its time (`audit_request`): a pass over calls known by id reads no range.
 OPEN_CALL_SQL = f"""
 SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
 WHERE d.request_id = ? AND d.kind = 'decision' AND d.outcome = 'allow'
-AND NOT EXISTS (SELECT 1 FROM audit r WHERE {_settles("d.request_id", "d.seq")})
+AND NOT EXISTS (SELECT 1 FROM audit r WHERE {settles("d.request_id", "d.seq")})
 """  # noqa: S608 - fixed text
 # Whether the call decided in record ? (its request id ?) has a settling record by now: asked right before a
 # settling result is written, in the same statement as the check that the reconcile lock is still held.
-SETTLED_SQL = f"SELECT count(*) FROM audit r WHERE {_settles('?', '?')}"  # noqa: S608 - fixed text
+SETTLED_SQL = f"SELECT count(*) FROM audit r WHERE {settles('?', '?')}"  # noqa: S608 - fixed text
 # Bodies are matched as the writer prints them (dumps_body: sorted keys, no spaces; a quote inside a
 # string value is escaped, so client text cannot fake a key), never parsed in SQL: one body edited
 # into something that is not JSON would make json_extract / ::json fail every pass, for every call.

@@ -19,7 +19,8 @@ from gateway.store.audit import AuditLog, AuditRecord
 from tests.support import sqlite_exec
 
 
-async def _filled(path: Path, n: int = 30) -> None:
+async def _filled(path: Path, n: int = 30, outcome: str = "allow") -> None:
+    """n calls of two records each; allowed ones stay open (no result), which archive never cuts past."""
     log = AuditLog(path)
     await log.open()
     try:
@@ -27,7 +28,7 @@ async def _filled(path: Path, n: int = 30) -> None:
             *[
                 log.append(
                     AuditRecord(f"req-{i}", "received", "agent", "list_nodes", "default", None, {"i": i}),
-                    AuditRecord(f"req-{i}", "decision", "agent", "list_nodes", "default", "allow", {"i": i}),
+                    AuditRecord(f"req-{i}", "decision", "agent", "list_nodes", "default", outcome, {"i": i}),
                 )
                 for i in range(n)
             ]
@@ -143,17 +144,23 @@ def test_inserted_row_is_found(db: Path) -> None:
 
 async def test_archive_keeps_chain_verifiable_across_the_cut(db: Path, tmp_path: Path) -> None:
     cutoff = auditlib.search(db, auditlib.Query(after_seq=40, limit=1))[0]["ts"]
+    log = AuditLog(db)
+    await log.open()  # every call settled: an open one (and what follows it) is never archived
+    await log.append(
+        *[AuditRecord(f"req-{i}", "result", "agent", "list_nodes", "default", "ok", {}) for i in range(30)]
+    )
+    await log.close()
     assert cli(["audit", "archive", "--db", str(db), "--older-than", "0s", "--out-dir", str(tmp_path / "a")]) == 0
-    # everything was older than now: all 60 archived; new records continue the chain from the anchor
+    # everything was older than now: all 90 archived; new records continue the chain from the anchor
     log = AuditLog(db)
     await log.open()
     await log.append(AuditRecord("after", "decision", outcome="deny"))
     await log.close()
     res = auditlib.verify(db)
-    assert res.ok and res.first_seq == 61 and res.anchor and res.anchor["seq"] == 60
+    assert res.ok and res.first_seq == 91 and res.anchor and res.anchor["seq"] == 90
     files = sorted((tmp_path / "a").glob("*.jsonl"))
     assert len(files) == 1
-    assert auditlib.verify(db, files).ok and auditlib.verify(db, files).checked == 61
+    assert auditlib.verify(db, files).ok and auditlib.verify(db, files).checked == 91
     # a tampered archive is caught
     lines = files[0].read_text().splitlines()
     doc = json.loads(lines[5])
@@ -177,9 +184,9 @@ def test_archive_refuses_a_broken_chain(tmp_path: Path) -> None:
 
 def test_two_archives_chain(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
-    asyncio.run(_filled(db, 5))
+    asyncio.run(_filled(db, 5, "deny"))
     a1 = auditlib.archive(db, time.time() + 1, tmp_path / "arch")
-    asyncio.run(_filled(db, 5))
+    asyncio.run(_filled(db, 5, "deny"))
     a2 = auditlib.archive(db, time.time() + 1, tmp_path / "arch")
     asyncio.run(_filled(db, 5))
     assert a1.file and a2.file and a2.first_seq == 11
@@ -325,7 +332,7 @@ def test_archive_lets_gateways_append_while_it_reads_and_writes(
     is written, another writer gets the lock at once and a gateway's appends land; they stay in
     the database after the cut, and the chain verifies across it."""
     db = tmp_path / "live.db"
-    asyncio.run(_filled(db, 10))
+    asyncio.run(_filled(db, 10, "deny"))
     cut = time.time() + 1
     line = auditlib._archive_line
     seen: list[int] = []

@@ -303,7 +303,9 @@ async def test_configured_retention_archives_and_chain_continues(xsim: Any, tmp_
     )
     log = auditlib.AuditLog(db)
     await log.open()
-    await log.append(*[auditlib.AuditRecord(f"old-{i}", "decision", outcome="allow") for i in range(5)])
+    await log.append(
+        *[auditlib.AuditRecord(f"old-{i}", "decision", outcome="deny") for i in range(5)]
+    )  # settled: archivable
     # older than the six-second retention; the new record then has six seconds of margin
     # for the CLI to start on a loaded machine
     await asyncio.sleep(6.3)

@@ -20,14 +20,15 @@ from gateway.store.audit_seal import AuditKeyError, HeadKey
 from tests.support import sqlite_exec
 
 
-async def _fill(path: Path, n: int, prefix: str = "req") -> None:
+async def _fill(path: Path, n: int, prefix: str = "req", outcome: str = "allow") -> None:
+    """n calls of two records each; allowed ones stay open (no result), which archive never cuts past."""
     log = AuditLog(path)
     await log.open()
     try:
         for i in range(n):
             await log.append(
                 AuditRecord(f"{prefix}-{i}", "received", "agent", "list_nodes", "default", None, {"i": i}),
-                AuditRecord(f"{prefix}-{i}", "decision", "agent", "list_nodes", "default", "allow", {"i": i}),
+                AuditRecord(f"{prefix}-{i}", "decision", "agent", "list_nodes", "default", outcome, {"i": i}),
             )
     finally:
         await log.close()
@@ -242,8 +243,10 @@ def test_unreadable_inputs_are_sentences(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_archives_are_needed_for_the_anchor_and_carry_their_own_mac(
-    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    db = tmp_path / "audit.db"
+    asyncio.run(_fill(db, 30, outcome="deny"))  # records 1..60, no call left open
     out = tmp_path / "arch"
     res = auditlib.archive(db, time.time() + 1, out)
     assert res.file is not None and res.count == 60

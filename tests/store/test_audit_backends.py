@@ -42,11 +42,12 @@ def rec(i: int, kind: str = "decision", outcome: str | None = "allow", **body: A
     return AuditRecord(f"req-{i}", kind, "agent", "list_nodes", "default/qemu/100", outcome, {"i": i, **body})
 
 
-async def filled(store: Store, n: int = 30) -> None:
+async def filled(store: Store, n: int = 30, outcome: str = "allow") -> None:
+    """n calls of two records each; allowed ones stay open (no result), which archive never cuts past."""
     log = store.log()
     await log.open()
     try:
-        await asyncio.gather(*[log.append(rec(i, "received", None), rec(i)) for i in range(n)])
+        await asyncio.gather(*[log.append(rec(i, "received", None), rec(i, outcome=outcome)) for i in range(n)])
     finally:
         await log.close()
 
@@ -217,7 +218,7 @@ async def test_the_head_key_must_match(store: Store, tmp_path: Path) -> None:
 
 
 async def test_checkpoint_archive_and_verify_across_the_cut(store: Store, tmp_path: Path) -> None:
-    await filled(store, 20)
+    await filled(store, 20, "deny")
     mark = tmp_path / "checkpoint.json"
     mark.write_text(json.dumps(off(auditlib.checkpoint, store.where, key=store.key)))
     res = off(auditlib.archive, store.where, time.time() + 1, tmp_path / "arch", key=store.key)
@@ -239,7 +240,7 @@ async def test_checkpoint_archive_and_verify_across_the_cut(store: Store, tmp_pa
 async def test_cli_reads_the_store_the_configuration_names(
     store: Store, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    await filled(store, 10)
+    await filled(store, 10, "deny")  # no call left open: the archive below takes all 20 records
     cfg = str(store.config())
 
     def run(*args: str) -> tuple[int, str, str]:

@@ -16,12 +16,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.core.text import one_line
 from gateway.store import audit as auditlib
 from gateway.store.audit_seal import AuditKeyError
 from gateway.store.pgsync import PgLocation, audit_location
 
 _REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+SHOWN_LIMIT = 2000  # characters of one shown column, after escaping
 
 
 def parse_time(text: str, now: float | None = None) -> float:
@@ -39,14 +41,20 @@ def parse_time(text: str, now: float | None = None) -> float:
     return dt.timestamp()
 
 
+# The largest count a query can carry: SQLite's INTEGER and PostgreSQL's bigint (a LIMIT) stop at 2**63 - 1
+MAX_COUNT = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1 (a usage error otherwise, exit 2)."""
+    """An argparse type: an integer from 1 to MAX_COUNT (a usage error otherwise, exit 2)."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    if n > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT}: {n}")
     return n
 
 
@@ -113,6 +121,44 @@ def _query(args: argparse.Namespace, **kw: Any) -> auditlib.Query:
     )
 
 
+def _field(value: Any) -> str:
+    """One shown column: client-supplied text (a tool name, a target, an argument name in a denial) has its
+    newlines and terminal escapes escaped, so a record can neither forge a listing line nor repaint a terminal."""
+    return one_line(value if isinstance(value, str) else str(value), limit=SHOWN_LIMIT)
+
+
+def _texts(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _OddBody
+    return value
+
+
+class _OddBody(Exception):
+    """A body that is a JSON object, but not of the shape pvegate writes for its kind (`deny: [1]`)."""
+
+
+def _detail(kind: str, body: dict[str, Any]) -> str:
+    """The short detail of one record of `kind`; _OddBody when the body is not of the shape pvegate writes."""
+    detail = ""
+    if kind == "decision":
+        risk = body.get("risk") or {}
+        if not isinstance(risk, dict):
+            raise _OddBody
+        detail = "; ".join(_texts(body.get("deny") or [])) or str(risk.get("level") or "")
+    elif kind in ("refusal", "auth_failure"):
+        detail = str(body.get("error") or body.get("reason") or "")
+    elif kind == "result":
+        detail = f"{body.get('duration_ms')} ms" + (f" task {body['task_id']}" if body.get("task_id") else "")
+        detail += f" {body['error']}" if body.get("error") else ""
+    elif kind == "approval":
+        detail = str(body.get("approval_id") or "")
+    elif kind == "dispatch":
+        detail = f"task {body['task_id']}" if body.get("task_id") else f"node {body.get('node')}"
+    if kind == "result" and body.get("proxmox"):  # reconciled: what Proxmox says happened
+        detail += f" proxmox {body['proxmox']}" + (f" ({body['exitstatus']})" if body.get("exitstatus") else "")
+    return detail
+
+
 def _line(row: dict[str, Any]) -> str:
     damaged = auditlib.damage(row)
     if damaged is not None:  # listed, and said, with what can be shown: a listing goes on
@@ -121,38 +167,25 @@ def _line(row: dict[str, Any]) -> str:
         ]
         who = [auditlib._shown(row.get(c)) if row.get(c) is not None else "-" for c in ("principal", "tool", "target")]
         rid = auditlib._shown(row.get("request_id"))
-        return "  ".join([*cols, *who, rid, f"(damaged: {damaged}: run `pvegate audit verify`)"])
+        return "  ".join([*cols, *who, rid, f"(damaged: {one_line(damaged)}: run `pvegate audit verify`)"])
     when = datetime.fromtimestamp(row["ts"], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
     body: dict[str, Any] | None
     try:
         body = auditlib.parse_body(row)
     except auditlib.AuditDataError:  # shown, and said: a listing goes on
         body = None
-    detail = ""
     if body is None:
         detail = "(its body is not a JSON object: run `pvegate audit verify`)"
-    elif row["kind"] == "decision":
-        detail = "; ".join(body.get("deny") or []) or (body.get("risk") or {}).get("level", "")
-    elif row["kind"] in ("refusal", "auth_failure"):
-        detail = str(body.get("error") or body.get("reason") or "")
-    elif row["kind"] == "result":
-        detail = f"{body.get('duration_ms')} ms" + (f" task {body['task_id']}" if body.get("task_id") else "")
-        detail += f" {body['error']}" if body.get("error") else ""
-    elif row["kind"] == "approval":
-        detail = str(body.get("approval_id") or "")
-    elif row["kind"] == "dispatch":
-        detail = f"task {body['task_id']}" if body.get("task_id") else f"node {body.get('node')}"
-    if body is not None and row["kind"] == "result" and body.get("proxmox"):  # reconciled: what Proxmox says happened
-        detail += f" proxmox {body['proxmox']}" + (f" ({body['exitstatus']})" if body.get("exitstatus") else "")
+    else:
+        try:
+            detail = _field(_detail(row["kind"], body))
+        except _OddBody:  # listed, and said: pvegate never writes such a body
+            detail = f"(damaged: its body is not shaped like a {_field(row['kind'])} record pvegate writes)"
     cols = [
         str(row["seq"]),
         when,
-        row["kind"],
-        row["outcome"] or "-",
-        row["principal"] or "-",
-        row["tool"] or "-",
-        row["target"] or "-",
-        row["request_id"],
+        *(_field(row[c] or "-") for c in ("kind", "outcome", "principal", "tool", "target")),
+        _field(row["request_id"]),
         detail,
     ]
     return "  ".join(cols).rstrip()
@@ -396,8 +429,8 @@ def _reconcile(args: argparse.Namespace) -> int:
         print(json.dumps([s.as_dict() for s in settled], indent=1))
     else:
         for s in settled:
-            extra = " ".join(x for x in (s.proxmox, s.task_id, s.detail) if x)
-            print(f"{s.request_id}  {s.tool or '-'}  {s.action}  {extra}".rstrip())
+            extra = " ".join(_field(x) for x in (s.proxmox, s.task_id, s.detail) if x)
+            print(f"{_field(s.request_id)}  {_field(s.tool or '-')}  {_field(s.action)}  {extra}".rstrip())
         print(summary(settled), file=sys.stderr)
     return 1 if any(s.action == "open" for s in settled) else 0
 
