@@ -7,6 +7,7 @@ the file names where to read them from (a file path or an environment variable).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,16 +40,42 @@ class SecretRef:
                 return self.file.read_text().strip()
             except (OSError, UnicodeDecodeError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                if _looks_like_a_secret(self.file):  # the secret itself pasted as `file:`: not repeated
+                    raise ConfigError(
+                        f"{self.setting}: cannot read secret file ({reason}); the name is not shown: it does "
+                        f"not look like a file path (the secret itself?): `file:` names the file that holds it"
+                    ) from None
                 raise ConfigError(f"{self.setting}: cannot read secret file {self.file}: {reason}") from exc
         if self.env is not None:
+            if not ENV_NAME.fullmatch(self.env):  # the schema says so too; refs in opa.services are not its
+                raise ConfigError(
+                    f"{self.setting}: env: not a valid environment variable name (letters, digits and '_', not "
+                    "starting with a digit); not shown: it may be the secret itself, `env:` names its variable"
+                )
             value = os.environ.get(self.env)
             if value is None:
                 raise ConfigError(f"{self.setting}: environment variable {self.env} is not set")
             return value.strip()
         raise ConfigError(f"{self.setting}: names neither a file nor an environment variable")
 
-    def __repr__(self) -> str:  # never print secret material, only where it is
-        return f"SecretRef(file={self.file}, env={self.env})"
+    def __repr__(self) -> str:  # never print secret material, only where it is (not a secret pasted there)
+        file = "<not shown>" if self.file is not None and _looks_like_a_secret(self.file) else self.file
+        env = "<not shown>" if self.env is not None and not ENV_NAME.fullmatch(self.env) else self.env
+        return f"SecretRef(file={file}, env={env})"
+
+
+# the schema's $defs.secret.env pattern
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# a Proxmox token's secret (a UUID), or a character seen in a token (`user@realm!id=uuid`) or a
+# password rather than in a path
+_SECRET_LIKE = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[=!\s\"'`$&;|<>]"
+)
+
+
+def _looks_like_a_secret(path: Path) -> bool:
+    """A secret file's name that is more likely the secret: worth an error that does not repeat it."""
+    return bool(_SECRET_LIKE.search(str(path))) or any(len(part) > 80 for part in path.parts)
 
 
 @dataclass(frozen=True)

@@ -182,8 +182,9 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
     value = error.instance
     kind = error.validator
     if kind in ("type", "pattern") and (sub.get("x-secret") or sub.get("$ref") == "#/$defs/secret"):
-        # a secret written where its file or variable belongs: the value is the secret, never shown
-        yield None, path, f"expected {{file: PATH}} or {{env: NAME}}, got {_kind_of(value)} {_NOT_SHOWN}"
+        # a secret written where its file or variable belongs (or where a variable's name does): the
+        # value is the secret, never shown
+        yield None, path, f"{hint or 'expected {file: PATH} or {env: NAME}'}, got {_kind_of(value)} {_NOT_SHOWN}"
     elif kind == "additionalProperties" and isinstance(value, dict):
         known = list(sub.get("properties", {}))
         for key in value:

@@ -1,7 +1,8 @@
 """YAML as yaml.safe_load reads it, minus the ways it silently reads something else than was
 written: a key given twice in one mapping (the last one wins without a word, so a second
 `roles:` would drop every role of the first), and a merge (`<<: *b`) of a mapping that itself
-overrides a key it merges (PyYAML 6 then takes the inner merged value, not the override)."""
+overrides a key it merges (PyYAML 6 then takes the inner merged value, not the override), and a
+merge of several mappings that give the same key (PyYAML 6.0.x may let the last one win)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ def _problems(loader: yaml.SafeLoader, root: yaml.Node) -> list[str]:
 def _mapping_problems(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     keys: dict[Any, int] = {}
+    out.extend(_shared_merge_keys(loader, node))
     for key_node, value_node in node.value:
         if key_node.tag == MERGE_TAG:
             merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
@@ -117,6 +119,44 @@ def _mapping_problems(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[t
         else:
             keys.setdefault(key, line)
             keys.setdefault(key_node.value, line)
+    return out
+
+
+def _shared_merge_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[tuple[int, str]]:
+    """Keys that two mappings merged into `node` both give (`<<: [*a, *b]`, or two `<<:`), unless
+    `node` gives the key itself (its own value wins in every reader). YAML 1.1 says the first
+    merged mapping wins; PyYAML 6.0.x keeps the first only when the two key strings are the same
+    object (short, interned ones) and otherwise the last: `<<: [*strict, *lax]` could read
+    verify_tls from lax. Refused rather than read first-wins ourselves: the file would still mean
+    something else to PyYAML elsewhere (an editor's linter, a script), and writing the key out in
+    the mapping is unambiguous everywhere."""
+    own: set[Any] = set()
+    sources: list[tuple[int, yaml.MappingNode]] = []
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE_TAG:
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            sources.extend((_line(key_node), m) for m in merged if isinstance(m, yaml.MappingNode))
+        elif isinstance(key_node, yaml.ScalarNode):
+            own.add(_as_opa_key(loader.construct_object(key_node)))
+    out: list[tuple[int, str]] = []
+    first: dict[Any, yaml.MappingNode] = {}  # key -> the merged mapping that gives it first
+    for merge_line, m in sources:
+        if m is node:  # a merge of itself: reported as an alias
+            continue
+        given, merged_in = _own_and_merged(loader, m, frozenset({id(node)}))
+        shared: list[str] = []
+        for key in sorted({_as_opa_key(k) for k in given | merged_in} - own, key=str):
+            if key in first and first[key] is not m:  # the same mapping twice gives one value
+                shared.append(f"{key} (lines {_line(first[key])} and {_line(m)})")
+            first.setdefault(key, m)
+        if shared:
+            out.append(
+                (
+                    merge_line,
+                    f"line {merge_line}: merges mappings that both give {', '.join(shared)}: YAML readers "
+                    "disagree on which value wins; give the key in this mapping itself, or merge only one",
+                )
+            )
     return out
 
 

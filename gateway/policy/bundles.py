@@ -35,6 +35,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
@@ -148,6 +149,7 @@ def run_checks(policies: Path, connectors: Path | None = None) -> tuple[bool, st
     tool, tool tag and argument names against the tool catalog of `connectors` (default: the one
     `pvegate policy check` takes by default)."""
     env = dict(os.environ, OPA=str(find_opa()))
+    env.setdefault("PYTHON", sys.executable)  # the script's data check runs in this environment, wherever it is
     if connectors is not None:
         env[CONNECTORS_ENV] = str(connectors.resolve())
     try:

@@ -48,11 +48,13 @@ def test_an_unreadable_service_token_is_refused_at_start(base: dict[str, Any], t
         check_secrets(config)
 
 
-def test_an_inline_token_is_passed_through_as_before(base: dict[str, Any], tmp_path: Path) -> None:
-    config = load(write(tmp_path, _with_service(base, TOKEN)))
-    assert OPASidecar(services=config.opa.services).opa_config()["services"]["siem"]["credentials"] == {
-        "bearer": {"token": TOKEN}
-    }
+def test_an_inline_token_is_refused_without_showing_it(base: dict[str, Any], tmp_path: Path) -> None:
+    """Inline, the token would sit in the configuration file: refused as every other inline secret."""
+    from gateway.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"opa.services.siem.credentials.bearer.token: expected \{file") as err:
+        load(write(tmp_path, _with_service(base, TOKEN)))
+    assert TOKEN not in str(err.value)
 
 
 def test_the_audit_scrubs_service_credentials_and_the_metrics_token(base: dict[str, Any], tmp_path: Path) -> None:
@@ -84,14 +86,14 @@ def test_decision_log_upload_settings_are_checked(
 ) -> None:
     from gateway.core.config import ConfigError
 
-    doc = _with_service(base, TOKEN)
+    doc = _with_service(base, {"env": "PVEGATE_TEST_SIEM_TOKEN"})
     doc["opa"]["decision_logs_upload"] = upload
     with pytest.raises(ConfigError, match=named):
         load(write(tmp_path, doc))
 
 
 def test_a_decision_log_upload_as_documented_loads(base: dict[str, Any], tmp_path: Path) -> None:
-    doc = _with_service(base, TOKEN)
+    doc = _with_service(base, {"env": "PVEGATE_TEST_SIEM_TOKEN"})
     upload = {"service": "siem", "reporting": {"min_delay_seconds": 5, "max_delay_seconds": 30, "trigger": "periodic"}}
     doc["opa"]["decision_logs_upload"] = upload
     config = load(write(tmp_path, doc))
@@ -103,7 +105,7 @@ def test_a_decision_log_upload_as_documented_loads(base: dict[str, Any], tmp_pat
     [
         ({"ulr": "https://logs.example.internal"}, "ulr"),
         ({"url": "logs.example.internal"}, "url"),
-        ({"url": "https://logs.example.internal", "credentials": {"barer": {"token": "x"}}}, "barer"),
+        ({"url": "https://logs.example.internal", "credentials": {"barer": {"token": {"env": "X"}}}}, "barer"),
         ({"url": "https://logs.example.internal", "tls": {"ca_certs": "/etc/ca.pem"}}, "ca_certs"),
     ],
 )

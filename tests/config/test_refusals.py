@@ -123,15 +123,16 @@ def test_a_non_finite_number_is_refused(base: dict[str, Any], tmp_path: Path, ya
 
 
 def test_a_non_finite_number_is_refused_in_passed_through_sections_too(base: dict[str, Any]) -> None:
-    # a credentials method's settings are OPA's (passed through unchecked by the schema)
+    # a cloud credentials method's settings are OPA's (passed through unchecked by the schema)
+    claims = {"n": [1, math.nan], "x": math.inf}
     base["opa"] = {
-        "services": {"s": {"url": "https://s", "credentials": {"oauth2": {"scopes": [1, math.nan], "x": math.inf}}}},
+        "services": {"s": {"url": "https://s", "credentials": {"oauth2": {"additional_claims": claims}}}},
         "decision_logs_upload": {"service": "s", "reporting": {"upload_size_limit_bytes": math.inf}},
     }
     assert sorted(problems(base)) == [
         "opa.decision_logs_upload.reporting.upload_size_limit_bytes: expected an integer, got .inf",
-        "opa.services.s.credentials.oauth2.scopes[1]: must be a finite number, got .nan",
-        "opa.services.s.credentials.oauth2.x: must be a finite number, got .inf",
+        "opa.services.s.credentials.oauth2.additional_claims.n[1]: must be a finite number, got .nan",
+        "opa.services.s.credentials.oauth2.additional_claims.x: must be a finite number, got .inf",
     ]
 
 
@@ -259,3 +260,22 @@ def test_a_number_too_large_for_a_float_is_refused_not_a_crash(base: dict[str, A
     with pytest.raises(ConfigError) as err:
         load(write(tmp_path, base))
     assert any("shutdown_grace_seconds" in p for p in err.value.problems), err.value.problems
+
+
+def test_a_merge_list_whose_mappings_share_a_key_is_refused(base: dict[str, Any], tmp_path: Path) -> None:
+    """`<<: [*strict, *lax]`: YAML 1.1 says strict's verify_tls wins, PyYAML 6.0.x read lax's (false)
+    while `config check` said OK."""
+    api_url = base["clusters"][0]["api_url"]
+    del base["clusters"]
+    path = write(tmp_path, base)
+    path.write_text(
+        path.read_text()
+        + "defaults:\n"
+        + f"  strict: &strict {{verify_tls: true, api_url: '{api_url}', token: {{file: secrets/pve-token}}}}\n"
+        + "  lax: &lax {verify_tls: false, timeout: 30}\n"
+        + "clusters:\n  - {<<: [*strict, *lax], name: a}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    [problem] = err.value.problems
+    assert "merges mappings that both give verify_tls" in problem, problem

@@ -3,6 +3,8 @@ otherwise is refused with the line, and everything else is read exactly as safe_
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -70,3 +72,32 @@ def test_a_json_key_given_twice_is_refused() -> None:
         yamlread.load_json('{"bindings": [{"role": "admin"}], "bindings": [{"role": "viewer"}]}')
     assert err.value.problems == ["bindings: given twice in the same object; the second would replace the first"]
     assert yamlread.load_json('{"a": {"b": 1}, "b": {"a": 2}}') == {"a": {"b": 1}, "b": {"a": 2}}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # PyYAML 6.0.x keeps the first merged key only by id(key text): short keys are interned (the
+        # first mapping wins, as YAML 1.1 says), longer ones are not (the last one wins)
+        "a: &a {verify_tls: true}\nb: &b {verify_tls: false}\nc: {<<: [*a, *b]}\n",
+        "a: &a {x: 1}\nb: &b {x: 2}\nc: {<<: [*a, *b]}\n",
+        # two merge keys in one mapping merge into one list
+        "a: &a {verify_tls: true}\nb: &b {verify_tls: false}\nc:\n  <<: *a\n  <<: *b\n",
+        # a key one of them only merges from a third
+        "z: &z {verify_tls: false}\na: &a {verify_tls: true}\nb: &b {<<: *z, y: 1}\nc: {<<: [*a, *b]}\n",
+    ],
+)
+def test_a_merge_list_whose_mappings_share_a_key_is_refused(text: str) -> None:
+    [problem] = problems(text)
+    assert re.fullmatch(r"line [345]: merges mappings that both give (verify_tls|x) \(lines \d and \d\): .*", problem)
+
+
+def test_the_same_mapping_merged_twice_is_read_as_safe_load_reads_it() -> None:
+    text = "a: &a {verify_tls: true}\nc: {<<: [*a, *a]}\n"
+    assert yamlread.load(text) == yaml.safe_load(text)
+
+
+def test_a_merge_list_overridden_by_its_own_mapping_is_read_as_safe_load_reads_it() -> None:
+    """The mapping's own key wins over every merged one, in every reader: nothing to refuse."""
+    text = "a: &a {verify_tls: true}\nb: &b {verify_tls: false}\nc: {<<: [*a, *b], verify_tls: true}\n"
+    assert yamlread.load(text) == yaml.safe_load(text) == {**yaml.safe_load(text), "c": {"verify_tls": True}}

@@ -14,11 +14,23 @@ def _check(args: argparse.Namespace) -> int:
     from gateway.cli import config_problems
 
     try:
-        load(args.file)
+        config = load(args.file)
     except ConfigError as exc:  # the file's problems are this command's finding: exit 1 (not 2, "cannot run")
         for line in config_problems(exc):
             print(line, file=sys.stderr)
         return 1
+    if args.files:
+        # serve's own read-only start checks (gateway/server.py), so the two cannot disagree; the
+        # writable-directory and secret checks are left to serve (they create files, read the service's env)
+        from gateway.server import StartupError, check_files, check_ssh_keys, check_tls
+
+        try:
+            check_files(config)
+            check_ssh_keys(config)
+            check_tls(config)
+        except StartupError as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return 1
     print(f"{args.file}: OK")
     return 0
 
@@ -44,6 +56,12 @@ def register(sub: Any) -> None:
     k = csub.add_parser(
         "check",
         help="check FILE against the configuration schema (starts nothing); exit 1 naming each problem, one line each",
+    )
+    k.add_argument(
+        "--files",
+        action="store_true",
+        help="also check, as `pvegate serve` does at start, that the files it names (TLS, CA, JWKS, SSH key, bundle, "
+        "connectors) are there and readable: run it on the gateway's host, as its user",
     )
     k.add_argument("file", type=Path, metavar="FILE", help="the pvegate.yaml to check")
     k.set_defaults(func=_check)
