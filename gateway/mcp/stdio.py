@@ -249,8 +249,9 @@ async def serve_stdio(
         async with write_lock:
             if gone:
                 return
+            data = encode(doc) + b"\n"  # outside the try: only a failed write means the client has gone
             try:
-                out.write(encode(doc) + b"\n")
+                out.write(data)
                 out.flush()
             except (OSError, ValueError) as exc:  # EPIPE: the client closed its end (ValueError: stdout closed)
                 gone = True
@@ -293,8 +294,12 @@ async def serve_stdio(
         await _until(stopping, {reading})
     finally:
         reading.cancel()  # a stop: no more input is read
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await reading
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # stdin failing (EIO on a hung-up tty) ends input as its close does
+            log.warning("stdin failed (%s): no more input is read; calls running finish", type(exc).__name__)
     # stdin closed: let what was asked finish (its audit rows included), unless a stop comes meanwhile
     await _until(stopping, running)
     if stopping.is_set():
