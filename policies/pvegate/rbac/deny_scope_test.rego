@@ -79,3 +79,25 @@ test_a_pool_scoped_deny_holds_where_a_hidden_pool_is_reached if {
 	)
 	count(fence_reasons({"pools": ["web"]}, clone_tool, into(sandbox_guest, {"vmid": 190}))) == 0
 }
+
+test_a_node_scoped_deny_holds_where_a_reached_guests_node_is_not_known if {
+	pve2 := {"nodes": ["pve2"]}
+
+	# an HA group move: the HA manager picks the node (destination node null)
+	fence_holds(pve2, fx.guest_migrate, into(fx.lab_guest, {"node": null}))
+
+	# a restore of a backup whose guest is gone or could not be read
+	gone := object.union(new_lab_guest, {"backup_of": {"cluster": "default", "node": null, "vmid": 101, "pool": null, "tags": []}})
+	fence_holds(pve2, restore_tool, gone)
+
+	# a volume whose owner could not be looked up; an ISO (nobody's) stays outside the fence
+	unread := on_volume("local:backup/vzdump-qemu-101-x.vma.zst", "backup", 101, null, null)
+	fence_holds(pve2, volume_delete_tool, object.union(unread, {"volume_of": object.union(unread.volume_of, {"exists": null})}))
+	count(fence_reasons(pve2, volume_delete_tool, on_volume("local:iso/debian.iso", null, null, null, null))) == 0
+
+	# a deny fencing another cluster's nodes does not hold here
+	count(fence_reasons({"clusters": ["other"], "nodes": ["pve2"]}, fx.guest_migrate, into(fx.lab_guest, {"node": null}))) == 0
+
+	# a known node elsewhere: no fence
+	count(fence_reasons(pve2, fx.guest_migrate, into(fx.lab_guest, {"node": "pve3"}))) == 0
+}
