@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gateway.dev.devenv import AUDIENCE, ISSUER
+from gateway.mcp.methods import POLICY_UNAVAILABLE
 from gateway.policy.decisions import Unanswered
 from tests.approvals.conftest import Api, approvals_env, outcome, write_policy_data
 from tests.support import GatewayThread
@@ -73,11 +74,16 @@ def _human(secret: str, sub: str, groups: list[str], signed_in_ago: int) -> str:
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
-async def _tools_list(api: Api) -> list[str]:
+async def _tools_list(api: Api) -> list[str] | None:
+    """The names listed; None when the gateway says the policy decision is unavailable (503)."""
     body = {"jsonrpc": "2.0", "id": next(_ids), "method": "tools/list", "params": {}}
     headers = {"Authorization": f"Bearer {api.agent()}", "MCP-Protocol-Version": "2025-06-18"}
     async with api.client() as http:
         r = await http.post(api.env.url, json=body, headers=headers)
+    if r.status_code == 503:
+        assert r.json()["error"]["code"] == POLICY_UNAVAILABLE, r.text
+        assert "Retry-After" in r.headers
+        return None
     assert r.status_code == 200, r.text
     return [t["name"] for t in r.json()["result"]["tools"]]
 
@@ -114,7 +120,7 @@ async def test_no_vote_is_decided_while_the_policy_data_is_invalid(tmp_path: Pat
             aid = held["structuredContent"]["approval"]["id"]
             r = await api.vote(aid, _human(env.jwt_secret, "alice", ["sre-leads"], 3600))
             assert r.status_code == 403 and "approver.step_up_required" in r.json()["codes"], r.text  # baseline
-            assert "vm_shutdown" in await _tools_list(api)
+            assert "vm_shutdown" in (await _tools_list(api) or [])
             assert _console_sections(gw) == {"approvals", "audit", "policy"}
         finally:
             gw.stop()
@@ -132,7 +138,7 @@ async def test_no_vote_is_decided_while_the_policy_data_is_invalid(tmp_path: Pat
                 assert r.json()["codes"] == ["data.invalid"] and r.json()["reasons"] == words, r.text
                 assert "token" not in r.json()
             assert await _state(api, aid) == "pending"
-            assert await _tools_list(api) == []  # nothing listed on broken data
+            assert await _tools_list(api) is None  # nothing listed on broken data: the decision is unavailable
             # no console section either, and the console says why (not "the policy opens you nothing")
             assert _console_sections(gw) == Unanswered(
                 "the policy data is invalid (`pvegate policy check` and /admin/health say where)"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from gateway.app import start_opa
 from gateway.core.config import ConfigError, OPAConfig, SecretRef
@@ -82,7 +83,8 @@ async def test_a_wrong_token_fails_closed(env: DevEnv, opa: ExternalOPA, tmp_pat
     try:
         url = f"https://127.0.0.1:{gw.config.port}/mcp"
         async with mcp_client(url, env.token("demo-agent", ["operator"]), env.ca_file) as client:
-            assert (await client.list_tools()).tools == []
+            with pytest.raises(MCPError, match="policy decision unavailable"):  # never an empty listing
+                await client.list_tools()
             res = await client.call_tool("list_nodes", {})
         assert res.is_error and "policy decision unavailable" in " ".join(c.text for c in res.content)
         meta = getattr(res, "meta", None) or {}
