@@ -8,11 +8,8 @@ stopped under a running gateway."""
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
-import os
 import ssl
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +18,11 @@ import pytest
 
 from gateway.app import build_components
 from gateway.core.config import OPAConfig, SecretRef
-from gateway.core.principal import Principal
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.mcp.methods import POLICY_UNAVAILABLE
-from gateway.mcp.stdio import local_principal, serve_stdio
+from gateway.mcp.stdio import local_principal
 from gateway.store.outcomes import RETRY_AFTER_SECONDS
+from tests.mcp.stdio_pipe import exchange
 from tests.mcp.wire import modern_post
 from tests.support import GatewayThread, free_port
 
@@ -80,22 +77,6 @@ def test_http_listing_without_opa_is_an_error(env: DevEnv, tmp_path: Path, versi
         gw.stop()
 
 
-async def _exchange(c: Any, principal: Principal, lines: list[bytes]) -> list[dict[str, Any]]:
-    read_end, write_end = os.pipe()
-
-    def feed() -> None:
-        with open(write_end, "wb") as pipe:
-            pipe.write(b"".join(line + b"\n" for line in lines))
-
-    writer = threading.Thread(target=feed)
-    writer.start()
-    out = io.BytesIO()
-    with open(read_end, "rb", buffering=0) as stdin:
-        await serve_stdio(c, principal, stdin, out)
-    writer.join()
-    return [json.loads(line) for line in out.getvalue().splitlines()]
-
-
 @pytest.mark.parametrize("opa", ["unreachable", "sidecar_stopped"])
 async def test_stdio_listing_without_opa_is_an_error(sim: Any, tmp_path: Path, opa: str) -> None:
     env = make_env(tmp_path / "gw", {"default": sim}, port=free_port(), extra={"local_principals": LOCAL})
@@ -116,7 +97,7 @@ async def test_stdio_listing_without_opa_is_an_error(sim: Any, tmp_path: Path, o
             "io.modelcontextprotocol/clientCapabilities": {},
             "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
         }
-        replies = await _exchange(c, me, [
+        replies = await exchange(c, me, [
             json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
             ).encode(),

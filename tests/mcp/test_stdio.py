@@ -5,13 +5,11 @@ policy, the simulator, the audit on disk, approvals handed off by URL (and appro
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,13 +21,12 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from gateway.app import build_components
-from gateway.components import Components
-from gateway.core.principal import Principal
 from gateway.dev.devenv import DevEnv, make_env
 from gateway.mcp import methods
-from gateway.mcp.stdio import local_principal, serve_stdio
+from gateway.mcp.stdio import local_principal
 from gateway.sim.harness import start_simulator
 from gateway.store.outcomes import AUDIT_UNAVAILABLE
+from tests.mcp.stdio_pipe import exchange
 from tests.support import audit_rows, free_port
 
 PVEGATE = Path(sys.executable).with_name("pvegate")
@@ -196,23 +193,6 @@ def test_stdout_carries_only_protocol_messages(stdio_env: DevEnv) -> None:
     assert [e["code"] for e in errors] == [-32700, -32600]  # the parse error, then the over-long line
     assert "at most 1048576 bytes" in errors[1]["message"]
     assert len(replies) == 4
-
-
-async def exchange(c: Components, principal: Principal, lines: list[bytes]) -> list[dict[str, Any]]:
-    """Lines in through a pipe to the stdio server itself (in this process), its replies out."""
-    read_end, write_end = os.pipe()
-
-    def feed() -> None:  # in a thread: the input may be larger than the pipe's buffer
-        with open(write_end, "wb") as pipe:
-            pipe.write(b"".join(line + b"\n" for line in lines))
-
-    writer = threading.Thread(target=feed)
-    writer.start()
-    out = io.BytesIO()
-    with open(read_end, "rb", buffering=0) as stdin:
-        await serve_stdio(c, principal, stdin, out)
-    writer.join()
-    return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
 def rpc(id_: Any, method: str, params: dict[str, Any] | None = None) -> bytes:
