@@ -53,7 +53,17 @@ MAX_DEPTH = 64
 class RpcFault(Exception):
     """A protocol fault that becomes a JSON-RPC error reply."""
 
-    def __init__(self, code: int, message: str, data: Any = None, id_: Any = None, *, audited: bool = False) -> None:
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        data: Any = None,
+        id_: Any = None,
+        *,
+        audited: bool = False,
+        http_status: int | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         if len(message) > MESSAGE_MAX:  # it may quote the client's text (a method name): audited and echoed
             message = message[:MESSAGE_MAX] + "…"
         super().__init__(message)
@@ -62,6 +72,9 @@ class RpcFault(Exception):
         self.data = data
         self.id = id_
         self.audited = audited  # already recorded by whoever raised it
+        # over HTTP, in both protocol eras: this status (else the era's) and a Retry-After header
+        self.http_status = http_status
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

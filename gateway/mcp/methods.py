@@ -91,6 +91,8 @@ def policy_unavailable() -> RpcFault:
         "policy decision unavailable: the tool listing cannot be decided now; retry shortly",
         {"retry_after_seconds": RETRY_AFTER_SECONDS},
         audited=True,
+        http_status=503,  # the gateway's own failure, retryable
+        retry_after=RETRY_AFTER_SECONDS,
     )
 
 

@@ -35,9 +35,10 @@ class PrincipalLimited(RpcFault):
             limited.message,
             {"reason": limited.reason, "retry_after_seconds": limited.retry_after},
             audited=True,
+            http_status=HTTP_STATUS,
+            retry_after=limited.retry_after,
         )
         self.reason = limited.reason
-        self.retry_after = limited.retry_after
 
 
 @contextlib.asynccontextmanager

@@ -200,15 +200,11 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
         status = _status(fault, modern.is_modern(version_header))
         if fault.id is None and msg is not None:
             fault.id = msg.id
-        if isinstance(fault, principal_limits.PrincipalLimited):  # counted at the door; 429 in both eras
-            status = principal_limits.HTTP_STATUS
-        if fault.code == methods.POLICY_UNAVAILABLE:  # the gateway's own failure, retryable: 503 in both eras
-            status = 503
+        if fault.http_status is not None:  # its own status in both eras (429 at the door, 503 without a policy)
+            status = fault.http_status
         response = error_response(fault.id, fault.code, fault.message, fault.data, status=status)
-        if isinstance(fault, principal_limits.PrincipalLimited):
+        if fault.retry_after is not None:
             response.headers["Retry-After"] = str(fault.retry_after)
-        elif fault.code == methods.POLICY_UNAVAILABLE:
-            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         if fault.audited:
             return response
         return await _refuse(c, principal, request, response, fault)
