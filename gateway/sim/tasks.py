@@ -26,15 +26,21 @@ UPID_RE = re.compile(
 # the work function returns extra log lines; raising ApiError fails the task with its message
 Work = Callable[[], list[str] | None]
 
+# Finished tasks the simulator keeps (PVE rotates its task index too): a soak or a benchmark must not
+# grow it, nor the task list it sorts per request, without end. A dropped UPID reads "no such task", as
+# one Proxmox rotated out does. Running tasks are never dropped.
+TASK_HISTORY = 5_000
+
 
 def make_upid(node: str, pid: int, pstart: int, starttime: int, wtype: str, wid: str, user: str) -> str:
     return f"UPID:{node}:{pid:08X}:{pstart:08X}:{starttime:08X}:{wtype}:{wid}:{user}:"
 
 
 class TaskManager:
-    def __init__(self, cluster: Cluster, duration: Callable[[], float]) -> None:
+    def __init__(self, cluster: Cluster, duration: Callable[[], float], history: int = TASK_HISTORY) -> None:
         self.cluster = cluster
         self.duration = duration
+        self.history = history
         self._pids = itertools.count(0x000F0000 + int(time.time()) % 0x10000)
         self._running: set[asyncio.Task[None]] = set()
         self._workers: dict[str, asyncio.Task[None]] = {}  # upid -> its worker, for stop()
@@ -63,6 +69,7 @@ class TaskManager:
         upid = make_upid(node, pid, pstart, starttime, wtype, wid, user)
         task = Task(upid=upid, node=node, pid=pid, pstart=pstart, starttime=starttime, type=wtype, id=wid, user=user)
         task.log.extend(first_log or [])
+        self._rotate()
         self.cluster.tasks[upid] = task
         if begin is not None:
             try:
@@ -83,6 +90,16 @@ class TaskManager:
         t.add_done_callback(lambda _t: self._workers.pop(upid, None))
         self._finishers[upid] = on_finish
         return task
+
+    def _rotate(self) -> None:
+        """At `history` tasks, drop the oldest finished ones down to nine tenths of it (the dict keeps the
+        order they started in; a tenth at a time, so a start does not scan the history each time)."""
+        tasks = self.cluster.tasks
+        if len(tasks) < self.history:
+            return
+        drop = len(tasks) - self.history * 9 // 10
+        for upid in [u for u, t in tasks.items() if t.status != "running"][:drop]:
+            del tasks[upid]
 
     def stop(self, upid: str) -> bool:
         """Interrupt a running worker as PVE's task stop does (SIGTERM): what it did stays
