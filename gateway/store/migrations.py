@@ -98,14 +98,17 @@ async def _set_path(tx: Tx, path: str) -> None:
 
 
 async def _creating(tx: Tx) -> str | None:
-    """PostgreSQL: for this transaction's DDL, put pvegate's schema first, so unqualified tables are made there and
+    """PostgreSQL: for this transaction's DDL, name pvegate's schema first, so unqualified tables are made there and
     not in pg_catalog, which the sessions' pinned search_path (db.pinned_search_path) names first for reads.
+    pg_catalog is left unnamed: PostgreSQL then searches it before every named schema, so a type, function or
+    operator planted in pvegate's schema under a built-in's name (a domain `text`) is never bound into the tables
+    made, while creation still goes to the first named schema.
     The search_path to go back to for the reads that follow; None: not pinned, nothing changed."""
     rows = await tx.fetch("SELECT current_setting('search_path') AS path, current_schemas(false) AS schemas")
     path, schemas = str(rows[0]["path"]), list(rows[0]["schemas"] or [])
     if len(schemas) < 2 or schemas[0] != "pg_catalog":
         return None
-    await _set_path(tx, f"{quote_ident(str(schemas[1]))}, pg_catalog, pg_temp")
+    await _set_path(tx, f"{quote_ident(str(schemas[1]))}, pg_temp")
     return path
 
 
