@@ -185,6 +185,42 @@ class VoteOutcome:
     token_expires_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Expiry:
+    """An expired request, as its `approval` record `expired` tells it."""
+
+    id: str
+    requester: str
+    tool: str
+    target: dict[str, Any]
+    was: str  # "approved" (an unused token ran out) or "pending" (no decision in time)
+    until: float  # when it ran out
+
+    @classmethod
+    def of(
+        cls, approval_id: str, requester: str, tool: str, target: dict[str, Any], expires_at: float, token_until: Any
+    ) -> Expiry:
+        # a token was minted (and ran out unused), or the request was still pending at its deadline
+        if token_until is not None:
+            return cls(approval_id, requester, tool, target, "approved", float(token_until))
+        return cls(approval_id, requester, tool, target, "pending", float(expires_at))
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Expiry:
+        return cls.of(
+            str(row["id"]),
+            str(row["requester"]),
+            str(row["tool"]),
+            json.loads(row["target"]),
+            float(row["expires_at"]),
+            row["token_expires_at"],
+        )
+
+    @classmethod
+    def from_request(cls, req: ApprovalRequest) -> Expiry:
+        return cls.of(req.id, req.requester, req.tool, req.target, req.expires_at, req.token_expires_at)
+
+
 class NotFound(Exception):
     """No approval request with that id."""
 
@@ -273,32 +309,27 @@ class ApprovalStore:
         await self.database.close()
 
     async def expire_due(self, now: float | None = None) -> list[str]:
-        """Mark pending requests and unused tokens past their expiry as expired (rows are kept).
+        """Mark pending requests and unused tokens past their expiry as expired (rows are kept): their ids.
         `now`: the database's clock unless given (tests)."""
+        return [e.id for e in await self.expire_due_rows(now)]
+
+    async def expire_due_rows(self, now: float | None = None) -> list[Expiry]:
+        """`expire_due`, with what each expiry's audit record needs, in one conditional UPDATE: it reads the due
+        rows and expires them at once, so no row is read twice, and each is expired (and returned) by one sweep
+        only. On PostgreSQL a sweep that finds a row locked (a vote, another replica's sweep) waits and tests
+        the row as committed again: a request approved meanwhile, or already expired, is left as it is."""
         async with self.database.transaction() as tx:
             now = await tx.now() if now is None else now
             rows = await tx.fetch(
-                "SELECT id FROM approval_requests WHERE (state = 'pending' AND expires_at <= ?) "
-                "OR (state = 'approved' AND token_expires_at <= ?)",
+                "UPDATE approval_requests SET state = 'expired', decided_at = COALESCE(decided_at, ?) "
+                "WHERE (state = 'pending' AND expires_at <= ?) OR (state = 'approved' AND token_expires_at <= ?) "
+                "RETURNING id, requester, tool, target, expires_at, token_expires_at",
+                now,
                 now,
                 now,
             )
-            ids = []
-            for r in rows:
-                # the due test again, on the row as it is now: a vote another replica committed while this
-                # sweep waited for the row's lock (PostgreSQL re-reads it) must not be expired with it
-                changed = await tx.execute(
-                    "UPDATE approval_requests SET state = 'expired', decided_at = COALESCE(decided_at, ?) "
-                    "WHERE id = ? AND ((state = 'pending' AND expires_at <= ?) "
-                    "OR (state = 'approved' AND token_expires_at <= ?))",
-                    now,
-                    str(r["id"]),
-                    now,
-                    now,
-                )
-                if changed:
-                    ids.append(str(r["id"]))
-        return ids
+        found = [Expiry.from_row(r) for r in rows]
+        return sorted(found, key=lambda e: (e.until, e.id))  # RETURNING's order is unspecified
 
     async def unrecorded_expiries(self, since: float) -> list[str]:
         """Requests expired since `since` (the gateway's clock) whose `approval` record `expired` the audit
@@ -956,7 +987,8 @@ class Approvals:
         votes (unrecorded_expiries, unrecorded_votes)."""
         if self.store is None:
             return []
-        ids = await self.store.expire_due()
+        expired = await self.store.expire_due_rows()
+        ids = [e.id for e in expired]
         catch_up, self._unrecorded = self._unrecorded and self.audit is not None, False
         # the sweep runs inside whichever call asked for it: that call's secret values must not scrub other
         # principals' records (an approver comparing them would read the caller's password back)
@@ -964,15 +996,15 @@ class Approvals:
         try:
             if catch_up:
                 since = time.time() - UNRECORDED_LOOKBACK_SECONDS
-                ids += [i for i in await self.store.unrecorded_expiries(since) if i not in ids]
+                for approval_id in await self.store.unrecorded_expiries(since):
+                    if approval_id not in ids:  # committed earlier, unrecorded: read once, here
+                        expired.append(Expiry.from_request(await self.store.get(approval_id)))
+                        ids.append(approval_id)
                 for vote in await self.store.unrecorded_votes(since):
                     await self._record_late_vote(vote)
-            for approval_id in ids:
-                req = await self.store.get(approval_id)
-                was = "approved" if req.token_expires_at is not None else "pending"
-                until = req.token_expires_at if req.token_expires_at is not None else req.expires_at
-                body = {"approval_id": approval_id, "was": was, "expired_at": rfc3339(until)}
-                await self._audit(approval_id, "approval", req.requester, req.tool, "expired", body, req.target)
+            for e in expired:
+                body = {"approval_id": e.id, "was": e.was, "expired_at": rfc3339(e.until)}
+                await self._audit(e.id, "approval", e.requester, e.tool, "expired", body, e.target)
         except BaseException:
             self._unrecorded = True  # the next sweep writes what this one could not
             raise

@@ -57,6 +57,7 @@ from gateway.store.db import (
     REPLICA_SETTINGS,
     Database,
     create_private,
+    quote_ident,
     refusal,
     release_committed,
     wal_mode,
@@ -1815,13 +1816,12 @@ _expected_shapes: dict[tuple[str, str], set[tuple[Any, ...]]] | None = None
 def _object_shape(con: sqlite3.Connection, kind: str, name: str, table: str) -> tuple[Any, ...]:
     """What an object is, as SQLite parses it (not its stored text): a table's columns; an index's table,
     columns, uniqueness and whether it is partial; a trigger's or view's text as written."""
-    q = name.replace('"', '""')
+    q = quote_ident(name)
     if kind == "table":
-        return tuple(tuple(r[1:]) for r in con.execute(f'PRAGMA table_xinfo("{q}")'))
+        return tuple(tuple(r[1:]) for r in con.execute(f"PRAGMA table_xinfo({q})"))
     if kind == "index":
-        t = table.replace('"', '""')
-        flags = [tuple(r[2:]) for r in con.execute(f'PRAGMA index_list("{t}")') if r[1] == name]
-        return (table, tuple(tuple(r[1:]) for r in con.execute(f'PRAGMA index_xinfo("{q}")')), tuple(flags))
+        flags = [tuple(r[2:]) for r in con.execute(f"PRAGMA index_list({quote_ident(table)})") if r[1] == name]
+        return (table, tuple(tuple(r[1:]) for r in con.execute(f"PRAGMA index_xinfo({q})")), tuple(flags))
     row = con.execute("SELECT sql FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).fetchone()
     return (table, " ".join(str(row[0] if row else "").split()))
 
