@@ -16,11 +16,11 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.config import Config
+from gateway.core.origins import as_host, host_values, origin_values, url_origin
 from gateway.core.text import quoted
 from gateway.mcp.jsonrpc import INVALID_REQUEST, error_response
 from gateway.store.audit import AuditRecord
@@ -49,30 +49,16 @@ RETRY_AFTER_BUSY_SECONDS = 1
 SURFACE = "transport"
 
 
-def _host_only(value: str) -> str:
-    """A Host value without its port: 'example:8443' -> 'example'; '[::1]:8443' -> '[::1]' (as a Host
-    header writes an IPv6 literal: in brackets)."""
-    if value.startswith("["):
-        return value.split("]", 1)[0] + "]"
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-def _as_host(address: str) -> str:
-    """An address as a Host header writes it: an IPv6 literal in brackets (RFC 3986 §3.2.2), else as it is."""
-    return f"[{address}]" if ":" in address else address
-
-
 def allowed_hosts(config: Config) -> frozenset[str] | None:
     """Host header values we answer to; None means any (wildcard bind without an explicit list)."""
     if config.allowed_hosts:
         return frozenset(h.lower() for h in config.allowed_hosts)
-    bound = _as_host(config.host)
+    bound = as_host(config.host)
     hosts = {f"{bound}:{config.port}", bound}
     if config.host in ("127.0.0.1", "localhost", "::1"):
         hosts |= {"localhost", f"localhost:{config.port}", "127.0.0.1", f"127.0.0.1:{config.port}"}
-    if config.public_url:
-        netloc = urlsplit(config.public_url).netloc
-        hosts |= {netloc, _host_only(netloc)}
+    if config.public_url and (mine := url_origin(config.public_url)) is not None:
+        hosts |= host_values(mine)
     if config.host in _WILDCARD_HOSTS and not config.public_url:
         log.warning("listening on a wildcard address with no allowed_hosts or public_url: Host is not checked")
         return None
@@ -80,10 +66,11 @@ def allowed_hosts(config: Config) -> frozenset[str] | None:
 
 
 def allowed_origins(config: Config) -> frozenset[str]:
+    """Origin header values we answer to (lowercased): the configured ones, and public_url's origin as a
+    browser writes it (no default port) or with its default port written, as the console's check takes it."""
     origins = {o.rstrip("/").lower() for o in config.allowed_origins}
-    if config.public_url:
-        parts = urlsplit(config.public_url)
-        origins.add(f"{parts.scheme}://{parts.netloc}".lower())
+    if config.public_url and (mine := url_origin(config.public_url)) is not None:
+        origins |= origin_values(mine)
     return frozenset(origins)
 
 

@@ -26,12 +26,12 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.core.origins import url_origin
 from gateway.core.principal import Principal
 
 SESSION_COOKIE = "__Host-pvegate_console"
@@ -164,19 +164,6 @@ def csrf_ok(session: Session, presented: Any) -> bool:
     return hmac.compare_digest(session.csrf.encode(), given)
 
 
-def _origin(url: str) -> tuple[str, str, int] | None:
-    """(scheme, host, port) of an http(s) URL, the default port filled in; None for anything else."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return None
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https") or not parts.hostname:
-        return None
-    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
-
-
 def same_origin(request: Request, public_url: str | None = None) -> bool:
     """A browser names the page's origin on a POST; one from another site is refused (absent is allowed:
     the CSRF token still has to match). The console's site is `public_url` when configured: the Host a
@@ -187,7 +174,7 @@ def same_origin(request: Request, public_url: str | None = None) -> bool:
     if public_url:
         if any(c in origin.split("://", 1)[-1] for c in "/?#@\\"):  # an Origin is scheme://host[:port], no more
             return False
-        mine = _origin(public_url)
-        return mine is not None and _origin(origin) == mine
+        mine = url_origin(public_url)
+        return mine is not None and url_origin(origin) == mine
     host = request.headers.get("host", "")
     return origin.split("://", 1)[-1] == host
