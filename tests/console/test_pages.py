@@ -230,8 +230,9 @@ def test_audit_search_detail_export_and_chain(api: Api, carol: Browser, cenv: De
     assert carol.get("/admin/audit", params={"since": "yesterday"}).status_code == 400
     export = carol.get("/admin/audit/export", params={"request_id": rid, "kind": "decision"})
     assert export.status_code == 200 and "attachment" in export.headers["content-disposition"]
-    lines = [json.loads(x) for x in export.text.splitlines()]
+    *lines, end = [json.loads(x) for x in export.text.splitlines()]
     assert len(lines) == 1 and lines[0]["kind"] == "decision" and lines[0]["request_id"] == rid
+    assert end["export_end"]["records"] == 1  # the trailer: the export is whole
     actions = [
         json.loads(row["body"])
         for row in audit_rows(cenv.config.audit_path)

@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -882,9 +882,9 @@ def _row_by_seq(c: Components, seq: int) -> dict[str, Any] | None:
 
 
 async def audit_export(request: Request) -> Response:
-    """Every record the filters match, streamed in batches (never cut, never held whole in memory), up to
-    the newest one when the export began: records written meanwhile (this export's own among them) are
-    the next export's."""
+    """Every record the filters match, streamed in batches (never stopped at a size, never held whole in
+    memory), up to the newest one when the export began: records written meanwhile (this export's own among
+    them) are the next export's. A whole export ends with its trailer (`_export_lines`)."""
     session = await guard(request, "audit")
     if isinstance(session, Response):
         return session
@@ -897,10 +897,25 @@ async def audit_export(request: Request) -> Response:
     if not newest and (problem := await adminapi.bad_filter(c.audit.path, q)) is not None:
         return render(request, "message.html", 400, title="Audit export", message=problem)
     end = int(newest[0]["seq"]) if newest else 0
-    await record(request, "audit_export", session.sub, "ok", {"filters": filters, "up_to_seq": end})
+    # recorded before any record leaves, as begun: whether it reached its end is the trailer's to say, and a
+    # cut one gets a second record (`interrupted`) under the same request id
+    export_id = uuid.uuid4().hex
+    begun = {"filters": filters, "up_to_seq": end}
+    await record(request, "audit_export", session.sub, "started", begun, request_id=export_id)
+
+    async def cut(reason: str | None, records: int) -> None:
+        """Its end, under the same request id: `ok` once the trailer went out (reason None), else
+        `interrupted` with the reason, so the audit tells a whole export from a cut one."""
+        outcome = "ok" if reason is None else "interrupted"
+        try:
+            body = {**begun, "records": records, **({"reason": reason} if reason else {})}
+            await record(request, "audit_export", session.sub, outcome, body, request_id=export_id)
+        except Exception as exc:  # best effort: the stream is already under way, nothing may raise into it
+            log.warning("console: the end of audit export %s cannot be recorded (%s)", export_id, exc)
+
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return StreamingResponse(
-        _export_lines(c.audit.path, dataclasses.replace(q, newest_first=False, limit=EXPORT_BATCH), end),
+        _export_lines(c.audit.path, dataclasses.replace(q, newest_first=False, limit=EXPORT_BATCH), end, cut),
         media_type="application/x-ndjson",
         headers={
             **SECURITY_HEADERS,
@@ -909,16 +924,68 @@ async def audit_export(request: Request) -> Response:
     )
 
 
-async def _export_lines(path: Any, q: auditlib.Query, end: int) -> AsyncIterator[str]:
-    """The export's lines, one batch of `q.limit` records at a time in seq order, through record `end`."""
+# the export's last line when it is whole, and the line a failed read ends it with: keys no record line has
+# (auditlib.export_line's are the audit's columns and `time`; a damaged record's `seq`, `request_id`, `error`)
+EXPORT_END = "export_end"
+EXPORT_ERROR = "export_error"
+_cut_records: set[asyncio.Task[None]] = set()  # the audit records of exports cut by their client, being written
+
+
+def _export_batch(path: Any, q: auditlib.Query) -> list[dict[str, Any]]:
+    """One batch of an export (blocking: run in a thread)."""
+    return auditlib.search(path, q)
+
+
+async def _export_lines(
+    path: Any, q: auditlib.Query, end: int, cut: Callable[[str | None, int], Coroutine[Any, Any, None]]
+) -> AsyncIterator[str]:
+    """The export's lines, one batch of `q.limit` records at a time in seq order, through record `end`, then
+    the trailer (EXPORT_END) that says it is whole: a stream without it is incomplete. A batch that cannot be
+    read ends it with an EXPORT_ERROR line instead; that, a client that goes away and a server that stops it
+    are recorded as cut, a whole one as `ok` (`cut`, best effort: a process that stops may not get to write it)."""
     after: int | None = None
-    while after is None or after < end:
-        rows = await asyncio.to_thread(auditlib.search, path, dataclasses.replace(q, after_seq=after))
-        rows = [r for r in rows if r["seq"] <= end]  # written since the export began: the next export's
-        if not rows:
-            return
-        yield "".join(_export_line(r) + "\n" for r in rows)
-        after = int(rows[-1]["seq"])
+    sent = 0
+    ended = False  # the trailer or the error line went out: nothing is left to record
+    try:
+        while after is None or after < end:
+            try:
+                rows = await asyncio.to_thread(_export_batch, path, dataclasses.replace(q, after_seq=after))
+            except Exception as exc:  # the response has begun: no error page, the stream says it stops
+                log.error("console: audit export cut after %d record(s): a batch cannot be read (%s)", sent, exc)
+                ended = True
+                await cut("the audit could not be read", sent)
+                yield _json_line({EXPORT_ERROR: "the audit could not be read: this export is incomplete"})
+                return
+            rows = [r for r in rows if r["seq"] <= end]  # written since the export began: the next export's
+            if not rows:
+                break
+            yield "".join(_export_line(r) + "\n" for r in rows)
+            sent += len(rows)
+            after = int(rows[-1]["seq"])
+        yield _json_line({EXPORT_END: {"records": sent, "up_to_seq": end}})
+        ended = True  # only once the trailer was taken: a client gone before it has no whole export
+        await cut(None, sent)
+    finally:
+        if not ended:
+            log.warning("console: audit export stopped before its end, after %d record(s)", sent)
+            _record_cut_apart(cut, sent)
+
+
+def _record_cut_apart(cut: Callable[[str | None, int], Coroutine[Any, Any, None]], sent: int) -> None:
+    """An export stopped before its end (cancelled, or closed at a yield) recorded as cut in a task of its
+    own, so the cancellation does not stop the record."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # closed outside the event loop (the process ending): nothing can be written
+        return
+    task = loop.create_task(cut("the stream stopped before its end", sent))
+    _cut_records.add(task)
+    task.add_done_callback(_cut_records.discard)
+
+
+def _json_line(doc: dict[str, Any]) -> str:
+    """A line of the export's own (its trailer, its error), written as a record's line is."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 def _export_line(row: dict[str, Any]) -> str:
