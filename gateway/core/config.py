@@ -6,6 +6,7 @@ the file names where to read them from (a file path or an environment variable).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -57,6 +58,32 @@ class SecretRef:
                 raise ConfigError(f"{self.setting}: environment variable {self.env} is not set")
             return value.strip()
         raise ConfigError(f"{self.setting}: names neither a file nor an environment variable")
+
+    def unavailable(self) -> str | None:
+        """Why read() would fail, found without reading the secret (`pvegate config check --files`):
+        the file opened and closed, the variable looked up; None when it is there."""
+        if self.file is not None:
+            try:
+                if not os.access(self.file, os.R_OK):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+                with self.file.open("rb"):
+                    pass
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                if _looks_like_a_secret(self.file):
+                    return (
+                        f"{self.setting}: cannot read secret file ({reason}); "
+                        "the name is not shown: it may be the secret"
+                    )
+                return f"{self.setting}: cannot read secret file {self.file}: {reason}"
+            return None
+        if self.env is not None:
+            try:
+                self.read()
+            except ConfigError as exc:  # the variable's name only, never its value
+                return str(exc)
+            return None
+        return f"{self.setting}: names neither a file nor an environment variable"
 
     def __repr__(self) -> str:  # never print secret material, only where it is (not a secret pasted there)
         file = "<not shown>" if self.file is not None and _looks_like_a_secret(self.file) else self.file

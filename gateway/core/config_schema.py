@@ -185,10 +185,18 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
         # a secret written where its file or variable belongs (or where a variable's name does): the
         # value is the secret, never shown
         yield None, path, f"{hint or 'expected {file: PATH} or {env: NAME}'}, got {_kind_of(value)} {_NOT_SHOWN}"
+    elif kind in ("type", "pattern") and sub.get("x-no-echo"):
+        # a value that may carry a credential (an HTTP header's): said what it is, never what it says
+        yield None, path, f"{hint or 'expected a string'}, got {_kind_of(value)} (the value is not shown)"
+    elif sub.get("x-header-name"):
+        yield None, *_header_name(path, str(value))
     elif kind == "additionalProperties" and isinstance(value, dict):
         known = list(sub.get("properties", {}))
+        refused: dict[str, str] = sub.get("x-refused", {})
         for key in value:
-            if key not in known:
+            if key in refused:
+                yield key, _join(path, str(key)), refused[key]
+            elif key not in known:
                 yield key, _join(path, str(key)), f"unknown setting{_suggest(str(key), known, path)}"
     elif kind == "required" and isinstance(value, dict):
         for key in error.validator_value:
@@ -225,6 +233,26 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
         yield None, path, f"{_show(value)} does not match the expected form {error.validator_value}"
     else:
         yield None, path, error.message
+
+
+_CREDENTIAL_HEADERS = ("authorization", "proxy-authorization")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _header_name(at: str, name: str) -> tuple[str, str]:
+    """(path, message) for a refused header name (the only mapping whose key names the schema checks):
+    a credential header, shown as it is a known name; anything else not shown, as it may be a whole
+    header line pasted in (`Authorization: Bearer ...`)."""
+    if _HEADER_NAME.fullmatch(name) and name.lower() in _CREDENTIAL_HEADERS:
+        return (
+            _join(at, name),
+            "credentials are not given as a header (its value would sit in this file): give them in "
+            "this service's `credentials` (bearer, oauth2 or client_tls), from a file or an environment variable",
+        )
+    return at, (
+        "a header name is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, no spaces or ':'); "
+        "not shown: it may hold a credential"
+    )
 
 
 def _position(root: Any, path: Sequence[str | int]) -> tuple[int, ...]:
@@ -593,6 +621,14 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
                 )
         if unsigned_ok and not (opa.get("bundle") or opa.get("bundles")):
             out.append("opa.allow_unsigned: only used with opa.bundle or opa.bundles")
+        for sname, svc in (opa.get("services") or {}).items():
+            oauth2 = (svc.get("credentials") or {}).get("oauth2")
+            ways = [k for k in ("client_secret", "client_assertion", "client_assertion_path") if k in (oauth2 or {})]
+            if oauth2 is not None and len(ways) != 1:
+                out.append(
+                    f"opa.services.{sname}.credentials.oauth2: give exactly one of client_secret, client_assertion "
+                    f"or client_assertion_path (got {', '.join(ways) if ways else 'none'})"
+                )
         upload = opa.get("decision_logs_upload") or {}
         if upload.get("service") is not None and upload["service"] not in (opa.get("services") or {}):
             out.append(f"opa.decision_logs_upload.service: {upload['service']!r} is not in opa.services")

@@ -28,7 +28,10 @@ def _service(base: dict[str, Any], credentials: dict[str, Any]) -> dict[str, Any
     [
         ({"bearer": {"token": TOKEN}}, "opa.services.siem.credentials.bearer.token"),
         ({"oauth2": {"token_url": "https://idp/token", "client_id": "opa", "client_secret": TOKEN}}, "client_secret"),
-        ({"oauth2": {"token_url": "https://idp/token", "client_assertion": TOKEN}}, "client_assertion"),
+        (
+            {"oauth2": {"token_url": "https://idp/token", "client_id": "opa", "client_assertion": TOKEN}},
+            "client_assertion",
+        ),
         ({"client_tls": {"cert": "c.pem", "private_key": "k.pem", "private_key_passphrase": TOKEN}}, "passphrase"),
     ],
 )

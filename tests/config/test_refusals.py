@@ -123,16 +123,15 @@ def test_a_non_finite_number_is_refused(base: dict[str, Any], tmp_path: Path, ya
 
 
 def test_a_non_finite_number_is_refused_in_passed_through_sections_too(base: dict[str, Any]) -> None:
-    # a cloud credentials method's settings are OPA's (passed through unchecked by the schema)
-    claims = {"n": [1, math.nan], "x": math.inf}
+    # OPA's sections, in a list item too (oauth2's open `additional_claims` is refused since)
+    oauth2 = {"token_url": "https://idp/t", "client_id": "c", "client_secret": {"env": "S"}, "scopes": ["a", math.nan]}
     base["opa"] = {
-        "services": {"s": {"url": "https://s", "credentials": {"oauth2": {"additional_claims": claims}}}},
+        "services": {"s": {"url": "https://s", "credentials": {"oauth2": oauth2}}},
         "decision_logs_upload": {"service": "s", "reporting": {"upload_size_limit_bytes": math.inf}},
     }
     assert sorted(problems(base)) == [
         "opa.decision_logs_upload.reporting.upload_size_limit_bytes: expected an integer, got .inf",
-        "opa.services.s.credentials.oauth2.additional_claims.n[1]: must be a finite number, got .nan",
-        "opa.services.s.credentials.oauth2.additional_claims.x: must be a finite number, got .inf",
+        "opa.services.s.credentials.oauth2.scopes[1]: expected a string, got .nan",
     ]
 
 
