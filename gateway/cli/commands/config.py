@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import ConfigError, load
+from gateway.core.config import Config, ConfigError, SecretRef, load, service_secret_refs
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -20,19 +21,78 @@ def _check(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 1
     if args.files:
-        # serve's own read-only start checks (gateway/server.py), so the two cannot disagree; the
-        # writable-directory and secret checks are left to serve (they create files, read the service's env)
+        # serve's own read-only start checks (gateway/server.py), so the two cannot disagree; then the
+        # secrets and the directories serve writes, checked here without creating anything
         from gateway.server import StartupError, check_files, check_ssh_keys, check_tls
 
+        found: list[str] = []
         try:
             check_files(config)
             check_ssh_keys(config)
             check_tls(config)
         except StartupError as exc:
-            print(f"{args.file}: {exc}", file=sys.stderr)
+            found.append(str(exc))
+        found += [p for ref in _secret_refs(config) if (p := ref.unavailable()) is not None]
+        found += _write_dir_problems(config)
+        if found:
+            for line in dict.fromkeys(found):
+                print(f"{args.file}: {line}", file=sys.stderr)
             return 1
     print(f"{args.file}: OK")
     return 0
+
+
+def _secret_refs(config: Config) -> list[SecretRef]:
+    """Every secret `pvegate serve` reads at start (gateway/server.py check_secrets), external OPA's token too."""
+    refs: list[SecretRef] = [c.token for c in config.clusters.values()]
+    refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.metrics.token) if r is not None]
+    refs += [r for r in (config.state_key, config.storage.password) if r is not None]
+    if config.opa.mode == "external" and config.opa.token is not None:
+        refs.append(config.opa.token)
+    refs += service_secret_refs(config.opa.services)
+    if config.console.enabled:
+        refs += [r for r in (config.console.session_key, config.console.client_secret) if r is not None]
+    return refs
+
+
+def _write_dir_problems(config: Config) -> list[str]:
+    """The directories serve writes (state_dir: OPA's log and pid file; the audit database's; the audit
+    head key's when the key is still to be made; audit.archive_dir), checked without writing: one
+    that exists must be a directory this user may write; a missing one, creatable (serve makes it)."""
+    dirs: list[tuple[str, Path]] = [
+        ("state_dir", config.state_dir),
+        ("audit.path: the directory", config.audit_path.parent),
+    ]
+    if not config.audit_key_path.exists():
+        dirs.append(("audit.head_key_file: the directory", config.audit_key_path.parent))
+    if config.audit_archive_dir is not None:
+        dirs.append(("audit.archive_dir", config.audit_archive_dir))
+    found = [f"{setting} {path}: {why}" for setting, path in dirs if (why := _not_writable(path)) is not None]
+    key = config.audit_key_path
+    if key.exists():  # the audit chain's HMAC key, read at start: opened, never read here
+        try:
+            with key.open("rb"):
+                pass
+        except OSError as exc:
+            found.append(f"audit.head_key_file: cannot read {key}: {exc.strerror or exc}")
+    return found
+
+
+def _not_writable(path: Path) -> str | None:
+    """Why serve could not write in `path` (making it first if missing), or None. os.access, not the
+    mode bits: it also sees a read-only filesystem (a mode check would pass there, and fail root)."""
+    if path.is_dir():
+        return None if os.access(path, os.W_OK | os.X_OK) else "not writable by this user"
+    if path.exists():
+        return "not a directory"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"does not exist and cannot be made: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"does not exist and cannot be made: {ancestor} is not writable by this user"
+    return None
 
 
 def _reference(args: argparse.Namespace) -> int:
@@ -61,7 +121,9 @@ def register(sub: Any) -> None:
         "--files",
         action="store_true",
         help="also check, as `pvegate serve` does at start, that the files it names (TLS, CA, JWKS, SSH key, bundle, "
-        "connectors) are there and readable: run it on the gateway's host, as its user",
+        "connectors) and its secrets (files, environment variables; never shown) are there and readable, and that "
+        "the directories it writes (state_dir, the audit's, the archive's) are writable or can be made: run it on "
+        "the gateway's host, as its user, in its environment",
     )
     k.add_argument("file", type=Path, metavar="FILE", help="the pvegate.yaml to check")
     k.set_defaults(func=_check)
