@@ -41,7 +41,7 @@ from gateway.mcp.wellknown import token_resource
 from gateway.policy.opa_sidecar import OPAUnavailable
 from gateway.store.audit import AuditIntegrityError
 from gateway.store.audit_seal import AuditKeyError
-from gateway.store.backend import refuse_unshared
+from gateway.store.backend import AuditInUse, hold_sqlite_audit, refuse_unshared
 from gateway.store.db import DatabaseUnavailable
 from gateway.store.holds import MemoryHolds
 from gateway.store.outcomes import Outcomes
@@ -216,6 +216,24 @@ def preflight(config: Config, *, listener: bool = True) -> None:
         check_tls(config)
 
 
+@contextlib.contextmanager
+def single_writer(config: Config) -> Generator[None, None, None]:
+    """On SQLite, this process's exclusive hold on the audit file for as long as it serves, taken
+    before anything starts: a second gateway on the same file would take the first one's calls in
+    flight for a crashed run's and settle them (Reconciler.read_earlier), and reap its OPA."""
+    try:
+        held = hold_sqlite_audit(config)
+    except AuditInUse as exc:
+        raise StartupError(str(exc)) from None
+    except OSError as exc:
+        raise StartupError(f"audit database: cannot lock {exc.filename or config.audit_path}: {_reason(exc)}") from exc
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.close()
+
+
 def describe(exc: BaseException) -> str:
     """The one-line reason for an exception raised while the components were built."""
     if isinstance(exc, StartupError):
@@ -346,7 +364,8 @@ def serve_stdio_for(config: Config, principal: str) -> None:
         known = ", ".join(sorted(config.local_principals)) or "none are configured"
         raise StartupError(f"--principal {principal}: not a local_principals entry ({known})")
     preflight(config, listener=False)
-    asyncio.run(_stdio(config, local))
+    with single_writer(config):
+        asyncio.run(_stdio(config, local))
 
 
 async def _stdio(config: Config, local: LocalPrincipal) -> None:
@@ -498,13 +517,14 @@ def serve(config: Config) -> None:
     start-up cleanly (StopSignals); once serving, they drain (DrainingServer).
     """
     preflight(config)
-    sock = bind(config)
-    signals = StopSignals()
-    try:
-        with signals:
-            asyncio.run(_serve(config, sock, signals))
-    finally:
-        sock.close()
+    with single_writer(config):
+        sock = bind(config)
+        signals = StopSignals()
+        try:
+            with signals:
+                asyncio.run(_serve(config, sock, signals))
+        finally:
+            sock.close()
     signals.reraise()
 
 
