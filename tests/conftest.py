@@ -6,6 +6,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,34 @@ def _serve_tmpdirs() -> Iterator[None]:
     helpers = sys.modules.get("tests.outcomes.helpers")
     for d in getattr(helpers, "TMPDIRS", []):
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def fsim(tmp_path: Path) -> Iterator[Any]:
+    """A simulator of the test's own: its request log and task list are the witness of what Proxmox ran,
+    its faults are the test's alone."""
+    from gateway.sim.harness import start_simulator
+
+    handle = start_simulator("small", tmp_path / "sim", ssh=False)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def stdio(tmp_path: Path) -> Iterator[Any]:
+    """Starts `pvegate stdio` processes for the test (tests/stdio_process.py); each is killed, with its
+    OPA, at the end."""
+    from tests.stdio_process import Stdio
+
+    made: list[Stdio] = []
+
+    def make(env: DevEnv) -> Stdio:
+        made.append(Stdio(env, tmp_path))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,8 @@ import asyncio
 import io
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from gateway.app import build_components
 from gateway.mcp.stdio import local_principal, serve_stdio
@@ -47,15 +44,6 @@ class FailingStdin(io.RawIOBase):
         while not posts(self.sim, STOP_PATH) and time.monotonic() < deadline:
             time.sleep(0.05)
         raise OSError(5, "Input/output error")
-
-
-@pytest.fixture
-def fsim(tmp_path: Path) -> Iterator[Any]:
-    from gateway.sim.harness import start_simulator
-
-    handle = start_simulator("small", tmp_path / "sim", ssh=False)
-    yield handle
-    handle.stop()
 
 
 async def test_a_stdin_error_lets_the_running_call_finish_and_record_its_outcome(fsim: Any, tmp_path: Path) -> None:

@@ -13,195 +13,23 @@ are closed. A later run settles what an earlier one left open, as `pvegate serve
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import queue
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from gateway.dev.devenv import DevEnv
-from tests.outcomes.helpers import REPO, env_for, posts, records, request_ids, rows, verify
+from tests.outcomes.helpers import env_for, posts, records, request_ids, rows, verify
+from tests.stdio_process import INITIALIZE, LOCAL, STOP_PATH, rpc, running, stop_sent, wait_until
 from tests.support import free_port
-
-LOCAL = {"desk-agent": {"kind": "agent", "roles": ["operator"]}}
-PVEGATE = [sys.executable, "-m", "gateway.cli", "stdio"]
-BOUND = 40.0  # seconds: every stop below ends well within this, or the test fails (no hang)
-STOP_PATH = "/qemu/103/status/stop"
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def rpc(id_: int, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}
-
-
-INITIALIZE = rpc(1, "initialize", {
-    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "signals", "version": "1"},
-})  # fmt: skip
-
-
-class Stdio:
-    """One `pvegate stdio` process: its stdin and stdout pipes are the test's, its $TMPDIR private
-    (OPA's directories land there), stderr in a file."""
-
-    def __init__(self, env: DevEnv, root: Path) -> None:
-        self.env = env
-        self.stderr_path = root / f"stdio-{time.monotonic_ns()}.err"
-        self.tmpdir = Path(tempfile.mkdtemp(prefix="pvgt-"))  # short: OPA's socket path must fit
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.opa_pids: set[int] = set()
-
-    def start(self, reader: bool = True) -> Stdio:
-        """`reader`: stdout read in a thread (replies queued); else the test reads it itself."""
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("PVEGATE_")}
-        environ["TMPDIR"] = str(self.tmpdir)
-        environ["PATH"] = f"{REPO / '.tools' / 'bin'}:{environ.get('PATH', '')}"
-        with self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [*PVEGATE, "--config", str(self.env.config_path), "--principal", "desk-agent"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                cwd=REPO,
-                env=environ,
-            )
-        if reader:
-            threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
-        return self
-
-    def _read(self, out: IO[bytes]) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for line in out:
-                self.replies.put(json.loads(line))
-        self.replies.put(None)  # end of output
-
-    def send(self, doc: dict[str, Any]) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(doc).encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def reply(self, timeout: float = 60.0) -> dict[str, Any] | None:
-        try:
-            return self.replies.get(timeout=timeout)
-        except queue.Empty:
-            pytest.fail(f"no reply within {timeout}s; stderr: {self.stderr()[-3000:]}")
-
-    def ready(self) -> Stdio:
-        """Initialized (the start-up is done: OPA runs, the audit is open)."""
-        self.send(INITIALIZE)
-        got = self.reply()
-        assert got is not None and got["result"]["serverInfo"]["name"] == "pvegate", got
-        self.opa_pid()
-        return self
-
-    def opa_pid(self) -> int | None:
-        try:
-            pid = int((self.env.config.state_dir / "opa.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        self.opa_pids.add(pid)
-        return pid
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout: float = BOUND) -> tuple[int, float]:
-        """(exit status, seconds taken); the test fails if it does not exit within `timeout`."""
-        assert self.proc is not None
-        started = time.monotonic()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"pvegate stdio did not exit within {timeout}s; stderr: {self.stderr()[-3000:]}")
-        return self.proc.returncode, time.monotonic() - started
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-
-    def assert_no_opa_left(self) -> None:
-        deadline = time.monotonic() + 5  # a process just stopped may take a moment to be reaped
-        while any(_running(p) for p in self.opa_pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert self.opa_pids, "OPA's pid was never seen"
-        assert not [p for p in self.opa_pids if _running(p)], "OPA outlived pvegate stdio"
-        left = sorted(p.name for p in self.tmpdir.iterdir() if p.name.startswith("pvegate-opa-"))
-        assert left == [], f"OPA's directories left behind: {left}"
-
-    def cleanup(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait(timeout=30)
-            for stream in (self.proc.stdin, self.proc.stdout):
-                with contextlib.suppress(OSError, ValueError):
-                    if stream is not None:
-                        stream.close()
-        self.opa_pid()
-        for pid in self.opa_pids:
-            if _running(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-
-@pytest.fixture
-def fsim(tmp_path: Path) -> Iterator[Any]:
-    """A simulator of this test's own: its request log and tasks are the witness of what Proxmox ran."""
-    from gateway.sim.harness import start_simulator
-
-    handle = start_simulator("small", tmp_path / "sim", ssh=False)
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture
-def stdio(tmp_path: Path) -> Iterator[Any]:
-    made: list[Stdio] = []
-
-    def make(env: DevEnv) -> Stdio:
-        made.append(Stdio(env, tmp_path))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.cleanup()
 
 
 def _env(tmp_path: Path, sim: Any, grace: float) -> DevEnv:
     return env_for(tmp_path, sim, shutdown_grace_seconds=grace, local_principals=LOCAL)
-
-
-def _wait_until(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def _stop_sent(sim: Any) -> None:
-    _wait_until(lambda: posts(sim, STOP_PATH), 30, "Proxmox to receive the vm_stop")
 
 
 def _kinds(db: Path, rid: str) -> list[tuple[str, str | None]]:
@@ -225,7 +53,7 @@ def test_a_stop_signal_lets_the_running_call_finish_and_record_its_outcome(
     gw = stdio(env).start().ready()
     gw.send(rpc(2, "tools/call", {"name": "vm_stop", "arguments": {"vmid": 103}}))
     sent = time.monotonic()
-    _stop_sent(fsim)
+    stop_sent(fsim)
     time.sleep(max(0.0, 2.5 - (time.monotonic() - sent)))
     assert gw.proc is not None and gw.proc.poll() is None
     gw.signal(sig)
@@ -258,7 +86,7 @@ def test_a_call_past_the_grace_period_is_interrupted_then_settled_by_the_next_ru
     fsim.set_faults(answer_delay_ms=12000, answer_delay_path=r"/qemu/103/status/stop$")
     first = stdio(env).start().ready()
     first.send(rpc(2, "tools/call", {"name": "vm_stop", "arguments": {"vmid": 103}}))
-    _stop_sent(fsim)
+    stop_sent(fsim)
     time.sleep(1.0)
     first.signal(signal.SIGTERM)
     status, took = first.wait()
@@ -280,7 +108,7 @@ def test_a_call_past_the_grace_period_is_interrupted_then_settled_by_the_next_ru
     def settled() -> list[dict[str, Any]]:
         return [r for r in records(env.config.audit_path, rid) if r["outcome"] == "reconciled"]
 
-    done = _wait_until(settled, 30, "the next run to settle the interrupted call")
+    done = wait_until(settled, 30, "the next run to settle the interrupted call")
     assert len(done) == 1 and done[0]["body"]["proxmox"] == "ok", done
     assert len(posts(fsim, STOP_PATH)) == 1  # looked up, never sent again
     assert second.proc is not None and second.proc.stdin is not None
@@ -298,7 +126,7 @@ def test_a_crashed_runs_call_is_settled_by_the_next_stdio_run(tmp_path: Path, fs
     fsim.set_faults(answer_delay_ms=8000, answer_delay_path=r"/qemu/103/status/stop$")
     first = stdio(env).start().ready()
     first.send(rpc(2, "tools/call", {"name": "vm_stop", "arguments": {"vmid": 103}}))
-    _stop_sent(fsim)
+    stop_sent(fsim)
     first.signal(signal.SIGKILL)
     first.wait()
     first.cleanup()  # its OPA, orphaned by the kill
@@ -307,7 +135,7 @@ def test_a_crashed_runs_call_is_settled_by_the_next_stdio_run(tmp_path: Path, fs
 
     fsim.set_faults(answer_delay_ms=0, answer_delay_path=None)
     second = stdio(env).start().ready()
-    done = _wait_until(
+    done = wait_until(
         lambda: [r for r in records(env.config.audit_path, rid) if r["outcome"] == "reconciled"],
         30,
         "the next run to settle the crashed run's call",
@@ -324,7 +152,7 @@ def test_a_crashed_runs_call_is_settled_by_the_next_stdio_run(tmp_path: Path, fs
 def test_sighup_when_idle_stops_and_leaves_no_opa(tmp_path: Path, fsim: Any, stdio: Any) -> None:
     env = _env(tmp_path, fsim, grace=5)
     gw = stdio(env).start().ready()
-    assert gw.opa_pids and all(_running(p) for p in gw.opa_pids)
+    assert gw.opa_pids and all(running(p) for p in gw.opa_pids)
     gw.signal(signal.SIGHUP)
     status, took = gw.wait()
     assert status == 0, (status, gw.stderr()[-3000:])
@@ -345,7 +173,7 @@ def test_a_closed_stdout_ends_the_server_after_the_running_call(tmp_path: Path, 
     gw.send(INITIALIZE)
     assert json.loads(gw.proc.stdout.readline())["id"] == 1
     gw.send(rpc(2, "tools/call", {"name": "vm_stop", "arguments": {"vmid": 103}}))
-    _stop_sent(fsim)
+    stop_sent(fsim)
     gw.opa_pid()
     gw.proc.stdout.close()  # the only read end: pvegate's writes now fail (EPIPE)
     gw.send(rpc(3, "ping"))  # its reply is the first write to fail
@@ -367,7 +195,7 @@ def test_a_second_signal_cuts_the_running_call_off_at_once(tmp_path: Path, fsim:
     fsim.set_faults(answer_delay_ms=15000, answer_delay_path=r"/qemu/103/status/stop$")
     gw = stdio(env).start().ready()
     gw.send(rpc(2, "tools/call", {"name": "vm_stop", "arguments": {"vmid": 103}}))
-    _stop_sent(fsim)
+    stop_sent(fsim)
     gw.signal(signal.SIGTERM)
     time.sleep(1.0)
     assert gw.proc is not None and gw.proc.poll() is None  # the first one waits for the call
@@ -398,7 +226,7 @@ def test_a_signal_while_opa_starts_stops_the_start_up_cleanly(tmp_path: Path, st
     state = tmp_path / raw["state_dir"]  # relative to the configuration file
     env = SimpleNamespace(config_path=write(tmp_path, raw), config=SimpleNamespace(state_dir=state))
     gw = stdio(env).start()
-    _wait_until(lambda: (p := gw.opa_pid()) is not None and _running(p), 60, "OPA to start")
+    wait_until(lambda: (p := gw.opa_pid()) is not None and running(p), 60, "OPA to start")
     time.sleep(0.3)  # well inside the wait for OPA to be ready
     assert gw.proc is not None and gw.proc.poll() is None
     gw.signal(signal.SIGTERM)
