@@ -77,7 +77,8 @@ def check_state_dir(path: Path, setting: str = "state_dir") -> None:
         raise StartupError(f"{setting} {path} is not a writable directory: {_reason(exc)}") from exc
 
 
-def check_secrets(config: Config) -> None:
+def _read_at_check(config: Config) -> list[SecretRef]:
+    """The secrets check_secrets reads (each must be there and not empty)."""
     refs: list[SecretRef] = [c.token for c in config.clusters.values()]
     # metrics.token too: otherwise first read at the first scrape, and a mistyped path only ever answers 401
     refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.metrics.token) if r is not None]
@@ -85,7 +86,22 @@ def check_secrets(config: Config) -> None:
     console = config.console
     if console.enabled:  # read once OPA runs and the audit is open: a bad one must not get that far
         refs += [r for r in (console.session_key, console.client_secret) if r is not None]
-    for ref in refs:
+    return refs
+
+
+def secret_refs(config: Config) -> list[SecretRef]:
+    """Every secret `pvegate serve` reads at start: check_secrets's, the state key, the database's password
+    and an external OPA's token (`pvegate config check --files` looks each up without reading it)."""
+    refs = _read_at_check(config)
+    refs += [r for r in (config.state_key, config.storage.password) if r is not None]
+    if config.opa.mode == "external" and config.opa.token is not None:
+        refs.append(config.opa.token)
+    return refs
+
+
+def check_secrets(config: Config) -> None:
+    console = config.console
+    for ref in _read_at_check(config):
         try:
             if not ref.read():
                 raise StartupError(f"{ref.setting}: the secret is empty")

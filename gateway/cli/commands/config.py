@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import Config, ConfigError, SecretRef, load, service_secret_refs
+from gateway.core.config import Config, ConfigError, load
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -23,7 +23,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.files:
         # serve's own read-only start checks (gateway/server.py), so the two cannot disagree; then the
         # secrets and the directories serve writes, checked here without creating anything
-        from gateway.server import StartupError, check_files, check_ssh_keys, check_tls
+        from gateway.server import StartupError, check_files, check_ssh_keys, check_tls, secret_refs
 
         found: list[str] = []
         try:
@@ -32,7 +32,7 @@ def _check(args: argparse.Namespace) -> int:
             check_tls(config)
         except StartupError as exc:
             found.append(str(exc))
-        found += [p for ref in _secret_refs(config) if (p := ref.unavailable()) is not None]
+        found += [p for ref in secret_refs(config) if (p := ref.unavailable()) is not None]
         found += _write_dir_problems(config)
         if found:
             for line in dict.fromkeys(found):
@@ -40,19 +40,6 @@ def _check(args: argparse.Namespace) -> int:
             return 1
     print(f"{args.file}: OK")
     return 0
-
-
-def _secret_refs(config: Config) -> list[SecretRef]:
-    """Every secret `pvegate serve` reads at start (gateway/server.py check_secrets), external OPA's token too."""
-    refs: list[SecretRef] = [c.token for c in config.clusters.values()]
-    refs += [r for r in (config.auth.hs256_secret, config.admin.token, config.metrics.token) if r is not None]
-    refs += [r for r in (config.state_key, config.storage.password) if r is not None]
-    if config.opa.mode == "external" and config.opa.token is not None:
-        refs.append(config.opa.token)
-    refs += service_secret_refs(config.opa.services)
-    if config.console.enabled:
-        refs += [r for r in (config.console.session_key, config.console.client_secret) if r is not None]
-    return refs
 
 
 def _write_dir_problems(config: Config) -> list[str]:
