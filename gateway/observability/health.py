@@ -56,6 +56,7 @@ import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.config import HealthConfig
+from gateway.policy.bundle_status import log_mask_guard
 from gateway.policy.catalog_refs import catalog_problems
 from gateway.policy.decisions import PolicyError
 from gateway.policy.opa_guard import opa_is_open_async, open_access_message
@@ -257,7 +258,7 @@ class HealthMonitor:
             reason = decision.deny[0] if decision.deny else "no decision"
             if reason.startswith(_FAIL_PREFIX) and reason.endswith(")"):
                 reason = reason[len(_FAIL_PREFIX) : -1]
-            if self.opa_error is None:
+            if self.opa_error is None and reason != self._log_mask_refusal():  # (that one is logged once)
                 log.error("readiness: OPA gave no usable decision (%s)", reason)
             self.opa_error = reason
             self.metrics.opa_probe_failures_total.inc()
@@ -441,7 +442,10 @@ class HealthMonitor:
         }
         data = self.decisions.data_check
         policy_detail: str | None
-        if self.revision is None:
+        if (unmasked := self._log_mask_refusal()) is not None:
+            # every call is refused unsent (decisions.py), at once: not only from the next probe on
+            policy_detail = unmasked
+        elif self.revision is None:
             if self.opa_ok_at is None:
                 policy_detail = "unknown until OPA answers"
             elif self.sidecar is not None and self.sidecar.bundle_mode:
@@ -529,6 +533,12 @@ class HealthMonitor:
                 "open_calls": r.open_calls(),
             }
         return checks
+
+    def _log_mask_refusal(self) -> str | None:
+        """Why every call is refused unsent while the managed OPA logs decisions and its active bundle's
+        mask does not remove the tool arguments (bundle_status.LogMaskGuard), or None."""
+        guard = None if self.sidecar is None else log_mask_guard(self.sidecar.url)
+        return None if guard is None else guard.refusal
 
     def clusters_view(self, private: bool = False) -> dict[str, dict[str, Any]]:
         now = time.monotonic()

@@ -61,6 +61,90 @@ def activations_seen(url: str) -> int:
     return _activations.get(url.rstrip("/"), 0)
 
 
+# --- the decision log's mask, again at each activation -------------------------------------------
+
+# the decision log must never hold the tool arguments (passwords, keys): system.log.mask removes them
+MASKED_PATH = "/input/arguments"
+LOG_MASK_PATH = "/v1/data/system/log/mask"  # a GET: a query that carries no input
+UNMASKED_REFUSAL = (
+    "the active policy bundle's data.system.log.mask does not remove tool arguments; decision logs are on: "
+    "refusing every call until a bundle with the mask is active"
+)
+
+
+def masks_arguments(mask: Any) -> bool:
+    """Whether `data.system.log.mask` (OPA's answer: a list for the partial set) removes the tool
+    arguments from decision logs: it holds "/input/arguments" (or all of "/input"), as a path or as
+    a {"op": "remove", "path": ...} entry."""
+    if not isinstance(mask, list):
+        return False
+    for entry in mask:
+        path = entry.get("path") if isinstance(entry, dict) and entry.get("op", "remove") == "remove" else entry
+        if path in (MASKED_PATH, "/input"):
+            return True
+    return False
+
+
+def log_mask_answer(r: httpx.Response) -> bool:
+    """Whether OPA's answer to GET LOG_MASK_PATH removes the tool arguments: the one reading of it, at
+    a managed OPA's start (OPASidecar.check_log_mask) and at each bundle activation (LogMaskGuard).
+    Raises httpx.HTTPError or ValueError when the answer is unusable (the callers fail closed)."""
+    r.raise_for_status()
+    body = r.json()
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    return masks_arguments(body.get("result"))
+
+
+@dataclass
+class LogMaskGuard:
+    """Whether the OPA at one address may be sent a call's input, with its decision log on.
+
+    OPA's bundle plugin activates a new bundle on its own: one without the mask (signed, but built
+    elsewhere) would have every decision's arguments logged until the next restart. So each
+    activation (seen by the status poll, or by a decision client's revision check, whichever first)
+    has the mask asked again, and while it does not remove the arguments every query is refused
+    before it is sent (DecisionClient.query)."""
+
+    checked_for: int = -1  # the activation count (activations_seen) the mask was last asked at
+    refusal: str | None = None
+
+    def stale(self, url: str) -> bool:
+        return self.checked_for != activations_seen(url)
+
+    def record(self, masked: bool, activation: int) -> None:
+        self.checked_for = activation
+        if not masked and self.refusal is None:
+            log.error("refusing every call: %s", UNMASKED_REFUSAL)
+        elif masked and self.refusal is not None:
+            log.warning(
+                "the active policy bundle's data.system.log.mask removes tool arguments again: calls are decided again"
+            )
+        self.refusal = None if masked else UNMASKED_REFUSAL
+
+    async def ask(self, url: str, client: httpx.AsyncClient, headers: dict[str, str] | None = None) -> str | None:
+        """Ask OPA's mask now (no input sent) and record it; the refusal, or None. Raises httpx.HTTPError or
+        ValueError when OPA gives no usable answer (nothing is recorded: the mask stays to be asked)."""
+        activation = activations_seen(url)  # before the query: an activation during it is asked again
+        self.record(log_mask_answer(await client.get(LOG_MASK_PATH, headers=headers or {})), activation)
+        return self.refusal
+
+
+# per OPA address: set by a managed OPA's start with decision logs on (console or upload)
+_log_masks: dict[str, LogMaskGuard] = {}
+
+
+def require_log_mask(url: str, activation: int) -> None:
+    """The OPA at `url` logs decisions, and its mask removed the arguments at `activation` (its start's check)."""
+    guard = _log_masks.setdefault(url.rstrip("/"), LogMaskGuard())
+    guard.record(True, activation)
+
+
+def log_mask_guard(url: str) -> LogMaskGuard | None:
+    """The mask guard of the OPA at `url`, or None when its decisions are not logged (as far as the gateway knows)."""
+    return _log_masks.get(url.rstrip("/"))
+
+
 @dataclass
 class BundleState:
     name: str
@@ -230,6 +314,9 @@ class PolicyStatus:
                     self._built_from(await manifests())  # an activation: its manifest says when it was built
             else:  # no status API, or no bundle plugin (a bundle loaded once): the loaded manifests
                 self._from_manifests(await manifests())
+            guard = log_mask_guard(self.url)
+            if guard is not None and guard.stale(self.url):  # an activation with decision logs on: its mask
+                await guard.ask(self.url, client, headers)
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             self.reachable = False
             self.problem = f"OPA status unavailable: {type(exc).__name__}"

@@ -22,12 +22,13 @@ from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import fastjsonschema
+import httpx
 import jsonschema
 from opa_client.opa_async import AsyncOpaClient
 
 from gateway.core.jsonenc import holds_encoded, splice
-from gateway.policy.bundle_status import activations_seen
-from gateway.policy.opa_address import aiohttp_connector, http_base
+from gateway.policy.bundle_status import UNMASKED_REFUSAL, LogMaskGuard, activations_seen, log_mask_guard
+from gateway.policy.opa_address import aiohttp_connector, http_base, httpx_async_client
 
 CONTRACT_VERSION = 1
 DECISION_PATH = "pvegate/decision"
@@ -231,6 +232,11 @@ class DecisionClient:
         self.data_check: DataCheck | None = None
         self._data_check_lock = asyncio.Lock()
         self.timeout = timeout_ms / 1000.0
+        self._token = token
+        # the revision key the decision log's mask was last asked for (bundle_status.LogMaskGuard)
+        self._mask_key: str | None = None
+        self._mask_asked = False
+        self._mask_lock = asyncio.Lock()
         parts = urlsplit(http_base(self.url))
         self._opa = _OpaClient(
             address=self.url,  # a unix:// address is the managed sidecar's socket
@@ -273,6 +279,12 @@ class DecisionClient:
         `Encoded` values at the input's top level (a listing's catalog) are sent as they are."""
         if self.refusal is not None:
             raise PolicyError(self.refusal)
+        guard = log_mask_guard(self.url)
+        if guard is not None:  # OPA logs decisions: never an input while its mask may not remove the arguments
+            if guard.stale(self.url):  # an activation since the mask was last asked: ask first, without input
+                await self._ask_log_mask(guard)
+            if guard.refusal is not None:
+                raise PolicyError(guard.refusal)
         package, _, rule = path.rpartition("/")
         try:
             await self._ensure_open()
@@ -295,6 +307,26 @@ class DecisionClient:
         if not isinstance(envelope, dict) or "result" not in envelope:
             raise PolicyError(f"policy result undefined for data.{path.replace('/', '.')}")
         return envelope["result"], envelope
+
+    @property
+    def log_mask_refusal(self) -> str | None:
+        """Set while OPA logs decisions and the active bundle's mask does not remove the tool arguments:
+        every query is refused unsent (readiness shows it)."""
+        guard = log_mask_guard(self.url)
+        return None if guard is None else guard.refusal
+
+    async def _ask_log_mask(self, guard: LogMaskGuard, force: bool = False) -> None:
+        """Ask OPA's `data.system.log.mask` (a GET: no input, so nothing of a call is logged) and record it
+        in `guard`. Raises PolicyError when OPA gives no usable answer (the call fails closed, unsent)."""
+        async with self._mask_lock:
+            if not force and not guard.stale(self.url):
+                return  # asked meanwhile (another call, the status poll)
+            headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+            try:
+                async with httpx_async_client(self.url, timeout=self.timeout) as client:
+                    await guard.ask(self.url, client, headers)
+            except (httpx.HTTPError, ValueError, OSError) as exc:
+                raise PolicyError(f"cannot read data.system.log.mask from OPA: {type(exc).__name__}") from exc
 
     async def _query_encoded(self, path: str, body: bytes) -> Any:
         """query_rule with the body already encoded (the client's only way is to encode a dict itself):
@@ -356,6 +388,14 @@ class DecisionClient:
         Raises PolicyError (`policy data check unavailable: ...`) when OPA gives no usable check."""
         check = self.data_check
         key = self.revision_key(revision)
+        guard = log_mask_guard(self.url)
+        if guard is not None and (not self._mask_asked or self._mask_key != key):
+            # a revision this client has not seen: OPA may have activated a bundle the status poll has
+            # not reported yet. This answer is logged already; the next query is refused if need be.
+            await self._ask_log_mask(guard, force=True)
+            self._mask_key, self._mask_asked = key, True
+            if guard.refusal is not None:
+                raise PolicyError(guard.refusal)
         if check is None or check.revision != key:
             try:
                 check = await self.check_data(key)
@@ -440,14 +480,19 @@ class DecisionClient:
         may open what), in words a signed-in person may read: OPA's own text stays in /admin/health."""
         try:
             result, envelope = await self.query(CONSOLE_PATH, input_doc)
-        except PolicyError:
-            return Unanswered("the policy decision is unavailable")
+        except PolicyError as exc:
+            # the mask's refusal is the gateway's own words: said as it is
+            return Unanswered(
+                UNMASKED_REFUSAL if str(exc) == UNMASKED_REFUSAL else "the policy decision is unavailable"
+            )
         if not isinstance(result, list) or not all(isinstance(n, str) for n in result):
             return Unanswered("the policy's answer does not match the contract")
         try:
             check = await self.checked_data(self._provenance(envelope))
-        except PolicyError:
-            return Unanswered("the policy data could not be checked")
+        except PolicyError as exc:
+            return Unanswered(
+                UNMASKED_REFUSAL if str(exc) == UNMASKED_REFUSAL else "the policy data could not be checked"
+            )
         if not check.valid:
             return Unanswered("the policy data is invalid (`pvegate policy check` and /admin/health say where)")
         return frozenset(result)

@@ -43,7 +43,15 @@ from gateway.core import processes, yamlread
 from gateway.core.config import ConfigError, SecretRef
 from gateway.core.keys import opa_keys_problems
 from gateway.policy import optimized
-from gateway.policy.bundle_status import BundleFileServer
+from gateway.policy.bundle_status import (
+    LOG_MASK_PATH,
+    BundleFileServer,
+    activations_seen,
+    log_mask_answer,
+    require_log_mask,
+)
+from gateway.policy.bundle_status import MASKED_PATH as MASKED_PATH  # re-exported: bundle build reads it here
+from gateway.policy.bundle_status import masks_arguments as masks_arguments  # re-exported likewise
 from gateway.policy.errors import OPAUnavailable as OPAUnavailable  # re-exported: its callers import it here
 from gateway.policy.opa_address import httpx_client, unix_address
 from gateway.policy.revision import files_revision, policy_files
@@ -176,23 +184,6 @@ def check_keys(keys: dict[str, Any]) -> None:
     (core/keys.py). The configuration's load refuses them first; this guards every other caller."""
     if problems := opa_keys_problems(keys):
         raise OPAUnavailable(problems[0])
-
-
-# the decision log must never hold the tool arguments (passwords, keys): system.log.mask removes them
-MASKED_PATH = "/input/arguments"
-
-
-def masks_arguments(mask: Any) -> bool:
-    """Whether `data.system.log.mask` (OPA's answer: a list for the partial set) removes the tool
-    arguments from decision logs: it holds "/input/arguments" (or all of "/input"), as a path or as
-    a {"op": "remove", "path": ...} entry."""
-    if not isinstance(mask, list):
-        return False
-    for entry in mask:
-        path = entry.get("path") if isinstance(entry, dict) and entry.get("op", "remove") == "remove" else entry
-        if path in (MASKED_PATH, "/input"):
-            return True
-    return False
 
 
 class PidRecord(NamedTuple):
@@ -511,20 +502,21 @@ class OPASidecar:
         loaded policy whose `data.system.log.mask` does not remove the tool arguments: OPA would log
         every call's arguments, passwords included. Asked of the running OPA, so a bundle's policy
         counts as much as a directory's."""
+        activation = activations_seen(self.url)  # before the query: an activation during it is asked again
         try:
             with self.client(timeout=10.0) as client:
-                r = client.get("/v1/data/system/log/mask")
-            r.raise_for_status()
-            mask = r.json().get("result")
+                masked = log_mask_answer(client.get(LOG_MASK_PATH))
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             raise OPAUnavailable(f"cannot read data.system.log.mask from OPA: {type(exc).__name__}") from None
-        if not masks_arguments(mask):
+        if not masked:
             setting = "opa.decision_logs" if self.decision_logs else "opa.decision_logs_upload"
             raise OPAUnavailable(
                 f"{setting} is on but the policy's data.system.log.mask (package system.log, rule mask; "
                 f'policies/system/log/log.rego) does not hold "{MASKED_PATH}": OPA would log every '
                 "call's tool arguments, passwords included; not starting"
             )
+        # a bundle OPA activates later has its mask asked again (bundle_status.LogMaskGuard)
+        require_log_mask(self.url, activation)
 
     def _build_optimized(self) -> None:
         """The policy directory partially evaluated with its data, from the files as they are now."""
