@@ -347,7 +347,8 @@ def get_network_iface(ctx: Ctx) -> Any:
     row = next((i for i in ifaces if i.get("iface") == name), None)
     if row is None:
         raise ApiError(500, f"interface '{name}' does not exist")
-    return dict(row)
+    # PVE answers the parsed stanza: only the list's hash_to_array adds the `iface` key
+    return {k: v for k, v in row.items() if k != "iface"}
 
 
 @route("DELETE", "/nodes/{node}/network")

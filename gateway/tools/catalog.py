@@ -228,6 +228,9 @@ def _check_secret_names(tool: Tool, where: str) -> None:
     for key in tool.secret_output:
         if key not in fields:
             raise CatalogError(f"{where}: secret_output {key!r} is not one of its output fields")
+    for key in tool.output.get("undocumented") or []:  # a typo would exempt nothing from `pvegate check`
+        if key not in fields:
+            raise CatalogError(f"{where}: output.undocumented {key!r} is not one of its output fields")
     if tool.connector == "ssh":  # its output is the command's own JSON (Docker's): no schema here describes it
         return
     # Proxmox's names (the shipped schemas, or their names kept in the user cache) only for a name

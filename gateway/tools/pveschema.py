@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.pve_schema import load_tree
 from gateway.tools.catalog import Catalog
+from gateway.tools.runtimes.reducers import REDUCER_FIELDS, ReducerFields
 from gateway.tools.tool import Tool, parse_release
 
 GUEST_TYPES = ("qemu", "lxc")
@@ -87,7 +88,58 @@ def check_tool(tool: Tool, schema: PveSchema) -> list[str]:
         for ph in re.findall(r"\{([^}]+)\}", path):
             if ph not in props:
                 problems.append(f"{tool.name}: {method} {path} has no path parameter {ph!r}")
-    return problems
+    return problems + _output_problems(tool, schema)
+
+
+def _documented(info: dict[str, Any]) -> set[str] | None:
+    """The fields the schema documents for an endpoint's answer (a list's rows); None: it documents none."""
+    returns = info.get("returns") or {}
+    if returns.get("type") == "array" or "items" in returns:
+        returns = returns.get("items") or {}
+    props = returns.get("properties")
+    return set(props) if isinstance(props, dict) and props else None
+
+
+def _has(fields: set[str], name: str) -> bool:
+    return name in fields or re.sub(r"[0-9]+$", "[n]", name) in fields  # net0: PVE's net[n]
+
+
+def _output_problems(tool: Tool, schema: PveSchema) -> list[str]:
+    """Output fields that can never be in the answer: in none of the fields the schema documents for
+    the endpoint (any guest type's: one projection serves both), nor declared Proxmox's undocumented
+    ones (output.undocumented), nor added by the runtime (fan_out, per_row, envelope) or the reducer
+    (REDUCER_FIELDS). A projected field that is never there silently yields nothing (a typo)."""
+    fields = tool.output.get("fields") or []
+    if not fields:
+        return []
+    known: set[str] = set()
+    for method, path, _ in expansions(tool):
+        info = schema.endpoints.get((method, path))
+        documented = None if info is None else _documented(info)
+        if documented is None:  # an unknown endpoint (reported above) or untyped returns: nothing to check against
+            return []
+        known |= documented
+    spec = tool.spec
+    known |= set(tool.output.get("undocumented") or [])
+    if spec.get("fan_out"):
+        known.add("node")
+    if spec.get("per_row"):
+        known |= {spec["per_row"]["as"], f"{spec['per_row']['as']}_error"}
+    why = ""
+    if reducer := tool.output.get("reducer"):
+        shaped = REDUCER_FIELDS.get(reducer, ReducerFields())
+        known = set(shaped.adds) if shaped.replaces else (known - shaped.drops) | shaped.adds
+        why = f", after its reducer {reducer}" + (" (which builds a new answer)" if shaped.replaces else "")
+    if wrap := tool.output.get("wrap"):
+        known, why = {wrap}, f"{why}, wrapped in {wrap!r}"
+    known |= set(spec.get("envelope") or ())
+    endpoint = f"{spec['method']} {spec['path']}"
+    return [
+        f"{tool.name}: output field {f!r} is not in the answer of {endpoint}{why} as {schema.source} documents it "
+        "(a typo? a field Proxmox returns undocumented is declared in output.undocumented)"
+        for f in fields
+        if not _has(known, f)
+    ]
 
 
 def applies(tool: Tool, schema: PveSchema) -> bool:

@@ -12,6 +12,7 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -798,3 +799,33 @@ from gateway.tools.runtimes.tasklog import task_log_tail  # noqa: E402  (task fa
 
 TRANSFORMS.update(subscription=subscription, acme_account=acme_account)
 COMPOSITES["task_log_tail"] = task_log_tail
+
+
+@dataclass(frozen=True)
+class ReducerFields:
+    """What a TRANSFORMS reducer does to the fields of Proxmox's answer (of each row, for a list), for
+    `pvegate check` (pveschema.py): an output field it adds is no typo, one it drops yields nothing."""
+
+    adds: frozenset[str] = frozenset()
+    drops: frozenset[str] = frozenset()
+    replaces: bool = False  # a new answer: only `adds` exist, none of Proxmox's fields pass through
+
+
+# Every TRANSFORMS reducer, declared (tests/connectors/test_output_fields.py): change it with the reducer.
+REDUCER_FIELDS: dict[str, ReducerFields] = {
+    "node_capacity": ReducerFields(
+        adds=frozenset({"node", "cpu", "memory", "rootfs", "swap", "loadavg", "uptime", "pveversion", "kversion"}),
+        replaces=True,
+    ),
+    "nodes": ReducerFields(
+        adds=frozenset({"rootfs", "pveversion", "pve_version", "kernel", "details_unavailable"}),
+        drops=frozenset({"node_status", "node_status_error", "ssl_fingerprint"}),
+    ),
+    "guest_config": ReducerFields(adds=frozenset({"config", "networks"}), replaces=True),
+    "guests": ReducerFields(),
+    "storage": ReducerFields(adds=frozenset({"available", "space_unknown_reason"}), drops=frozenset({"avail"})),
+    "snapshots": ReducerFields(adds=frozenset({"age_hours"})),
+    "apt_repositories": ReducerFields(),
+    "subscription": ReducerFields(),
+    "acme_account": ReducerFields(),
+}
