@@ -618,14 +618,15 @@ class TargetResolver:
     async def _backed_up(self, volume: Any, cluster: str) -> dict[str, Any]:
         """The guest a backup volume was taken of, as the cluster knows it now: a restore copies it,
         so a binding must cover it as it covers a clone's source. Gone (or unreadable): node, pool
-        and tags unknown, which a scoped binding does not cover."""
+        and tags unknown, which a scoped binding does not cover; its pool is not known (pool_known
+        false, not "in no pool"): it may have been in a pool a deny fences, which then holds."""
         vmid = backup_vmid(volume)
         out: dict[str, Any] = {
             "cluster": cluster,
             "node": None,
             "vmid": vmid,
             "pool": None,
-            "pool_known": True,
+            "pool_known": False,
             "tags": [],
         }
         if vmid is None or cluster not in self.clients:

@@ -46,13 +46,33 @@ visible_tools contains name if {
 # (unions and intersections of the per-value indexes below), and only a
 # selector that names tools or tags tests the tools of that set one by one.
 # Its answer is, for every tool, that of rbac.tool_visible,
-# rbac.blanket_denied and guardrails.hidden_from_list (the tests compare them).
+# rbac.blanket_denied and guardrails.hidden_from_list, for a composite tool
+# for each of its leaves too (the tests compare them).
 
 # listed: the positions of the tools some role of the lister grants and does
-# not deny, that no role bound without a scope denies (rbac.blanket_roles), and
-# that no guard rail hides
+# not deny, that no role bound without a scope denies (rbac.blanket_roles), that
+# no guard rail hides, and (a composite) none of whose leaves is hidden
 # regal ignore:prefer-set-or-object-rule
-listed := ((granted - blanket_denied) - agent_hidden) - deny_rule_hidden
+listed := (((granted - blanket_denied) - agent_hidden) - deny_rule_hidden) - leaf_hidden
+
+# leaf_hidden: the composite tools (input.tools[i].uses) a leaf of which the
+# listing would hide: the decision denies a composite wherever a leaf is not
+# granted or is denied (rbac composite.rego), so such a one is denied on every
+# target. Only the composites' leaves are tested, tool by tool: a handful.
+# regal ignore:prefer-set-or-object-rule
+leaf_hidden := {i |
+	some i, t in input.tools
+	some leaf in t.uses
+	not leaf_listable(leaf)
+}
+
+# leaf_listable(leaf): the listing's tests for one tool (rbac.tool_visible,
+# rbac.blanket_denied, guardrails.hidden_from_list)
+leaf_listable(leaf) if {
+	rbac.tool_visible(leaf)
+	not rbac.blanket_denied(leaf)
+	not guardrails.hidden_from_list(leaf)
+}
 
 # granted: some role of the lister allows the tool and does not deny it
 # regal ignore:prefer-set-or-object-rule

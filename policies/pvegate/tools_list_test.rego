@@ -53,8 +53,16 @@ test_empty_data_lists_nothing if {
 # The listing works on sets of tools; for every principal and role set below it
 # must list exactly the tools the full per-tool test admits.
 # (evaluate it with the listing as input)
+# (a composite tool also needs each of its leaves to pass it: composite.rego)
 per_tool(tools) := {t.name |
 	some t in tools
+	per_tool_visible(t)
+	every leaf in object.get(t, "uses", []) {
+		per_tool_visible(leaf)
+	}
+}
+
+per_tool_visible(t) if {
 	rbac.tool_visible(t)
 	not guardrails.hidden_from_list(t)
 	not rbac.blanket_denied(t)
@@ -199,4 +207,73 @@ test_blanket_deny_by_tag_and_by_any_name if {
 		with data.data.guardrails.deny_rules as []
 	not "get_node_network" in w
 	"list_nodes" in w
+}
+
+# --- a composite tool is listed only where its leaves could be called -------------------
+# (the decision denies a composite wherever a leaf is denied or not granted: composite.rego)
+
+docker_leaf := fx.tool("lxc_docker_inspect", "container", "read", "guest", ["docker", "ssh"])
+
+compose_stack := object.union(
+	fx.tool("inspect_compose_stack", "container", "read", "guest", []),
+	{"connector": "composite", "uses": [fx.guest_config_tool, docker_leaf]},
+)
+
+composite_catalog := array.concat(catalog, [docker_leaf, compose_stack])
+
+# the contractors group's role denies the docker leaf, bound with `scope`
+leaf_denied_visible(scope, rules) := listed_for(fx.contractor, scope, rules)
+
+listed_for(p, scope, rules) := v if {
+	v := pvegate.visible_tools with input as fx.listing_input(p, composite_catalog)
+		with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+		with data.data.bindings as restricted_binding(scope)
+		with data.data.guardrails.deny_rules as rules
+}
+
+test_a_composite_whose_leaf_is_denied_everywhere_is_hidden if {
+	operator := object.union(fx.contractor, {"groups": []})
+	"inspect_compose_stack" in pvegate.visible_tools with input as fx.listing_input(operator, composite_catalog)
+		with data.data.guardrails.deny_rules as []
+
+	# a role bound without a scope denies the leaf: the composite is denied on every target
+	v := leaf_denied_visible({}, [])
+	not "lxc_docker_inspect" in v
+	not "inspect_compose_stack" in v
+	"get_guest_config" in v
+
+	# so does a deny rule that ignores the target
+	w := leaf_denied_visible({"scope": {"pools": ["web"]}}, [{"name": "no-docker", "tools": ["lxc_docker_inspect"]}])
+	not "inspect_compose_stack" in w
+
+	# a leaf no role of the lister grants: denied on every target too
+	viewer_only := pvegate.visible_tools with input as fx.listing_input(fx.viewer, composite_catalog)
+		with data.data.roles.viewer as {"allow": [{"tools": ["get_guest_config", "inspect_compose_stack"]}]}
+	viewer_only == {"get_guest_config"}
+
+	# and the decision agrees: the call is denied
+	d := pvegate.decision with input as fx.call(fx.contractor, compose_stack, fx.prod_guest)
+		with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+		with data.data.bindings as restricted_binding({})
+		with data.data.guardrails.deny_rules as []
+	d.allow == false
+	"rbac.composite_leaf_not_granted" in {r.code | some r in d.deny_reasons}
+}
+
+test_a_composite_whose_leaf_is_denied_in_one_pool_is_listed if {
+	# denied only on pool web's guests: callable elsewhere, so listed
+	v := leaf_denied_visible({"scope": {"pools": ["web"]}}, [])
+	"lxc_docker_inspect" in v
+	"inspect_compose_stack" in v
+}
+
+test_listing_of_composites_agrees_with_per_tool_test if {
+	every scope in [{}, {"scope": {"pools": ["web"]}}] {
+		every p in [fx.contractor, fx.agent, fx.viewer, fx.admin] {
+			listed_for(p, scope, []) == per_tool(composite_catalog) with input as fx.listing_input(p, composite_catalog)
+				with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+				with data.data.bindings as restricted_binding(scope)
+				with data.data.guardrails.deny_rules as []
+		}
+	}
 }

@@ -4,7 +4,8 @@
 # move (the HA manager picks the node), a backup's guest that is gone or could not be read,
 # a volume whose owner could not be looked up — may be on a node the deny fences: a
 # node-scoped deny holds there (fail closed), as it does on a prune whose reach is unknown.
-# (A pool the gateway cannot see is pool_known false: the hidden-pool rules cover it.)
+# (A pool the gateway cannot see is pool_known false — a hidden pool, or a backup's guest that
+# is gone or could not be read: the hidden-pool rules in rbac.rego make a pool-scoped deny hold.)
 package pvegate.rbac
 
 deny_applies(b, target) if {

@@ -101,3 +101,23 @@ test_a_node_scoped_deny_holds_where_a_reached_guests_node_is_not_known if {
 	# a known node elsewhere: no fence
 	count(fence_reasons(pve2, fx.guest_migrate, into(fx.lab_guest, {"node": "pve3"}))) == 0
 }
+
+test_a_pool_scoped_deny_holds_on_a_restore_whose_backups_guest_is_gone if {
+	# the gateway cannot tell the pool of a backup's guest that is gone or could not be read
+	# (pool null, pool_known false): it may have been in the fenced pool (fail closed)
+	gone := {"cluster": "default", "node": null, "vmid": 101, "pool": null, "pool_known": false, "tags": []}
+	prod := {"pools": ["prod"]}
+	fx.has_reason(
+		fence_reasons(prod, restore_tool, object.union(new_lab_guest, {"backup_of": gone})),
+		"role \"fence\" (binding \"fenced\") forbids tool \"vm_restore\" in pool prod",
+	)
+	fx.has_reason(fence_reasons(prod, restore_tool, object.union(new_lab_guest, {"backup_of": gone})), "or the guest is gone")
+
+	# nor does a pool-scoped grant cover it
+	restore_org_reasons := rbac.deny with input as fx.call(fx.nobody, restore_tool, object.union(new_lab_guest, {"backup_of": gone}))
+		with data.data as restore_org
+	fx.has_reason(restore_org_reasons, "no role of principal")
+
+	# a guest known to be in no pool stays outside the fence
+	count(fence_reasons(prod, restore_tool, from_backup_of(new_lab_guest, 101, null))) == 0
+}

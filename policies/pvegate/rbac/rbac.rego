@@ -272,7 +272,8 @@ deny_roles contains b.role if some b in hidden_pool_deny_bindings
 # Proxmox hides a guest's pool from a token without Pool.Audit on it: the guest is listed
 # as in no pool, and the gateway says its pool is not known (pool_known false on the target,
 # its destination, the guest a backup was taken of, a volume's owner, a guest a prune
-# reaches). A pool-scoped binding's allow does not cover such a guest (its pool, null, is in
+# reaches). The same holds for the guest a backup was taken of when it is gone or could not
+# be read: it may have been in any pool. A pool-scoped binding's allow does not cover such a guest (its pool, null, is in
 # no list); its deny must not be escaped that way: a binding that would apply were the hidden
 # pool one of its pools counts for denial (deny overrides allow).
 
@@ -369,7 +370,8 @@ denials contains lib.reason("rbac.role_denies", sprintf("data.roles.%s.deny", [b
 	msg := sprintf(
 		concat("", [
 			"role %q (binding %q) forbids tool %q in pool %s, and Proxmox hides the guest's pool from ",
-			"the gateway's token (it needs Pool.Audit): the guest may be there",
+			"the gateway's token (it needs Pool.Audit), or the guest is gone or could not be read: ",
+			"the guest may be there",
 		]),
 		[b.role, object.get(b, "name", "unnamed"), input.tool.name, concat(" or ", b.scope.pools)],
 	)
