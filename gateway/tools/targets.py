@@ -598,7 +598,9 @@ class TargetResolver:
             "vmid": owner[1] if owner else None,
             "node": None,
             "pool": None,
-            "pool_known": True,
+            # a guest's volume whose owner is not known (its name ambiguous, the lookup failed) may be a
+            # fenced pool's: not known, so a pool-scoped deny holds; nobody's (no owner in its name): in no pool
+            "pool_known": owner is None,
             "tags": [],
             "exists": None,
         }
@@ -610,6 +612,7 @@ class TargetResolver:
         except Exception:  # unknown facts: the policy refuses to destroy what it cannot check
             return out
         out["exists"] = row is not None
+        out["pool_known"] = True  # an orphan's (no such guest) is in no pool; a listed guest's, below
         if row is not None:
             out.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
             out["pool_known"] = await self._pool_known(cluster, index, row)

@@ -99,3 +99,41 @@ def test_a_backups_guest_that_is_listed_keeps_its_pool(genv: DevEnv, gsim: Any) 
     listed = backed_up(genv, archive_of(gsim, 101))
     row = gsim.state()["guests"]["101"]
     assert (listed["node"], listed["pool"], listed["pool_known"]) == (row["node"], row.get("pool"), True), listed
+
+
+def owned_by(env: DevEnv, volume: str, api_url: str | None = None, cluster: str = "default") -> dict[str, Any]:
+    """target.volume_of as the gateway resolves it for `volume` (the simulator's API, or `api_url`)."""
+
+    async def run() -> dict[str, Any]:
+        config = env.config.clusters["default"]
+        if api_url is not None:
+            config = dataclasses.replace(config, api_url=api_url, timeout=2.0)
+        client = PveApiClient(config)
+        try:
+            return await TargetResolver({"default": client}, ttl=3600)._volume_owner(volume, cluster)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_a_volume_whose_owner_cannot_be_looked_up_has_no_known_pool(genv: DevEnv, gsim: Any) -> None:
+    """Found in review: the owner lookup failing left pool_known true ("in no pool"), so a pool-scoped
+    deny did not hold on deleting a fenced pool's disk while the cluster could not be read."""
+    closed = f"https://127.0.0.1:{free_port()}/api2/json"
+    unread = owned_by(genv, "local-lvm:vm-101-disk-0", api_url=closed)
+    assert (unread["vmid"], unread["exists"], unread["pool"], unread["pool_known"]) == (101, None, None, False), unread
+    elsewhere = owned_by(genv, "local-lvm:vm-101-disk-0", cluster="elsewhere")
+    assert (elsewhere["exists"], elsewhere["pool_known"]) == (None, False), elsewhere
+    ambiguous = owned_by(genv, "local:101/vm-102-disk-0.qcow2")  # two ids that disagree: nobody can tell whose
+    assert (ambiguous["vmid"], ambiguous["pool_known"]) == (None, False), ambiguous
+
+
+def test_a_volume_nobody_owns_or_an_orphan_is_in_no_pool(genv: DevEnv, gsim: Any) -> None:
+    iso = owned_by(genv, "local:iso/debian.iso")
+    assert (iso["content"], iso["pool_known"]) == (None, True), iso
+    orphan = owned_by(genv, f"local-lvm:vm-{GONE}-disk-0")
+    assert (orphan["exists"], orphan["pool"], orphan["pool_known"]) == (False, None, True), orphan
+    listed = owned_by(genv, "local-lvm:vm-101-disk-0")
+    row = gsim.state()["guests"]["101"]
+    assert (listed["exists"], listed["pool"], listed["pool_known"]) == (True, row.get("pool"), True), listed
