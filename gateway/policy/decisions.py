@@ -315,18 +315,25 @@ class DecisionClient:
         guard = log_mask_guard(self.url)
         return None if guard is None else guard.refusal
 
-    async def _ask_log_mask(self, guard: LogMaskGuard, force: bool = False) -> None:
+    async def _ask_log_mask(self, guard: LogMaskGuard, revision: tuple[str | None] | None = None) -> None:
         """Ask OPA's `data.system.log.mask` (a GET: no input, so nothing of a call is logged) and record it
-        in `guard`. Raises PolicyError when OPA gives no usable answer (the call fails closed, unsent)."""
+        in `guard`: when an activation is not asked yet, or (`revision`: a revision key in a 1-tuple) for a
+        revision this client has not asked it for. Once per activation or revision however many calls wait
+        here: each rechecks under the lock. Raises PolicyError when OPA gives no usable answer (the call
+        fails closed, unsent; nothing is recorded, so the next call asks again)."""
         async with self._mask_lock:
-            if not force and not guard.stale(self.url):
+            if revision is None and not guard.stale(self.url):
                 return  # asked meanwhile (another call, the status poll)
+            if revision is not None and self._mask_asked and self._mask_key == revision[0]:
+                return  # another call asked it for this revision meanwhile
             headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
             try:
                 async with httpx_async_client(self.url, timeout=self.timeout) as client:
                     await guard.ask(self.url, client, headers)
             except (httpx.HTTPError, ValueError, OSError) as exc:
                 raise PolicyError(f"cannot read data.system.log.mask from OPA: {type(exc).__name__}") from exc
+            if revision is not None:
+                self._mask_key, self._mask_asked = revision[0], True
 
     async def _query_encoded(self, path: str, body: bytes) -> Any:
         """query_rule with the body already encoded (the client's only way is to encode a dict itself):
@@ -392,8 +399,7 @@ class DecisionClient:
         if guard is not None and (not self._mask_asked or self._mask_key != key):
             # a revision this client has not seen: OPA may have activated a bundle the status poll has
             # not reported yet. This answer is logged already; the next query is refused if need be.
-            await self._ask_log_mask(guard, force=True)
-            self._mask_key, self._mask_asked = key, True
+            await self._ask_log_mask(guard, (key,))
             if guard.refusal is not None:
                 raise PolicyError(guard.refusal)
         if check is None or check.revision != key:
