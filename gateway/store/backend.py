@@ -15,8 +15,10 @@ starts, takes every call open in the audit for an earlier (crashed) run's and se
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from gateway.core.config import Config, ConfigError
@@ -71,9 +73,14 @@ def hold_sqlite_audit(config: Config) -> AuditLock | None:
     if config.storage.postgresql:
         return None
     path = lock_path(config.audit_path)
-    # O_CLOEXEC: OPA, which outlives a killed gateway, must not inherit the lock
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # O_CLOEXEC: OPA, which outlives a killed gateway, must not inherit the lock. O_NOFOLLOW and a
+    # regular file with one link: the pid is written into it, and a link planted in the directory must
+    # not have a gateway (often root) write into another file
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(errno.EPERM, "not a regular file of its own (a link?); remove it", str(path))
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
