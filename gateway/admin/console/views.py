@@ -964,23 +964,29 @@ async def _export_lines(
             after = int(rows[-1]["seq"])
         yield _json_line({EXPORT_END: {"records": sent, "up_to_seq": end}})
         ended = True  # only once the trailer was taken: a client gone before it has no whole export
-        await cut(None, sent)
+        whole = _record_apart(cut, None, sent)
+        if whole is not None:  # shielded: a client gone meanwhile does not cancel its `ok`
+            await asyncio.shield(whole)
     finally:
         if not ended:
             log.warning("console: audit export stopped before its end, after %d record(s)", sent)
-            _record_cut_apart(cut, sent)
+            _record_apart(cut, "the stream stopped before its end", sent)
 
 
-def _record_cut_apart(cut: Callable[[str | None, int], Coroutine[Any, Any, None]], sent: int) -> None:
-    """An export stopped before its end (cancelled, or closed at a yield) recorded as cut in a task of its
-    own, so the cancellation does not stop the record."""
+def _record_apart(
+    cut: Callable[[str | None, int], Coroutine[Any, Any, None]], reason: str | None, sent: int
+) -> asyncio.Task[None] | None:
+    """An export's end recorded in a task of its own (`ok`, reason None; else cut: cancelled, or closed at
+    a yield), so a cancellation does not stop the record; None outside an event loop (the process
+    ending: nothing can be written)."""
     try:
         loop = asyncio.get_running_loop()
-    except RuntimeError:  # closed outside the event loop (the process ending): nothing can be written
-        return
-    task = loop.create_task(cut("the stream stopped before its end", sent))
+    except RuntimeError:
+        return None
+    task = loop.create_task(cut(reason, sent))
     _cut_records.add(task)
     task.add_done_callback(_cut_records.discard)
+    return task
 
 
 def _json_line(doc: dict[str, Any]) -> str:
