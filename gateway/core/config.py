@@ -60,14 +60,18 @@ class SecretRef:
         raise ConfigError(f"{self.setting}: names neither a file nor an environment variable")
 
     def unavailable(self) -> str | None:
-        """Why read() would fail, found without reading the secret (`pvegate config check --files`):
-        the file opened and closed, the variable looked up; None when it is there."""
+        """Why read() would fail or give an empty secret, which `pvegate serve` refuses
+        (`pvegate config check --files`): the file opened and read only to find it blank, the
+        variable looked up; None when it is there. Never says what the secret is."""
+        empty = f"{self.setting}: the secret is empty"
         if self.file is not None:
             try:
                 if not os.access(self.file, os.R_OK):
                     raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-                with self.file.open("rb"):
-                    pass
+                with self.file.open("rb") as fh:
+                    # blank as read() sees it (it strips): serve's start refuses it
+                    if not fh.read().strip():
+                        return empty
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 if _looks_like_a_secret(self.file):
@@ -79,10 +83,10 @@ class SecretRef:
             return None
         if self.env is not None:
             try:
-                self.read()
+                value = self.read()
             except ConfigError as exc:  # the variable's name only, never its value
                 return str(exc)
-            return None
+            return None if value else empty
         return f"{self.setting}: names neither a file nor an environment variable"
 
     def __repr__(self) -> str:  # never print secret material, only where it is (not a secret pasted there)

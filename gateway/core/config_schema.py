@@ -186,8 +186,10 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
         # value is the secret, never shown
         yield None, path, f"{hint or 'expected {file: PATH} or {env: NAME}'}, got {_kind_of(value)} {_NOT_SHOWN}"
     elif kind in ("type", "pattern") and sub.get("x-no-echo"):
-        # a value that may carry a credential (an HTTP header's): said what it is, never what it says
-        yield None, path, f"{hint or 'expected a string'}, got {_kind_of(value)} (the value is not shown)"
+        # a value that may carry a credential (an HTTP header's, or a header line pasted where a mapping
+        # belongs): said what was expected and what kind it is, never what it says
+        expected = hint or (f"expected {_type_words(error.validator_value)}" if kind == "type" else "expected a string")
+        yield None, path, f"{expected}, got {_kind_of(value)} (the value is not shown)"
     elif sub.get("x-header-name"):
         yield None, *_header_name(path, str(value))
     elif kind == "additionalProperties" and isinstance(value, dict):
@@ -208,9 +210,7 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
         options = " or ".join(f"{k}:" for k in sub.get("properties", {}))
         yield None, path, f"expected exactly one of {options}"
     elif kind == "type":
-        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
-        words = " or ".join(str(_TYPE_WORDS.get(t, t)) for t in types if t != "null" or len(types) == 1)
-        yield None, path, f"expected {words}, got {_show(value)}"
+        yield None, path, f"expected {_type_words(error.validator_value)}, got {_show(value)}"
     elif kind == "enum":
         choices = [str(o) for o in error.validator_value]
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
@@ -233,6 +233,12 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
         yield None, path, f"{_show(value)} does not match the expected form {error.validator_value}"
     else:
         yield None, path, error.message
+
+
+def _type_words(expected: Any) -> str:
+    """A `type` keyword's value in words: `a mapping`, `a string or a list`."""
+    types = expected if isinstance(expected, list) else [expected]
+    return " or ".join(str(_TYPE_WORDS.get(t, t)) for t in types if t != "null" or len(types) == 1)
 
 
 _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization")

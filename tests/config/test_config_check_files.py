@@ -133,3 +133,26 @@ def test_a_state_dir_serve_would_make_passes_and_is_not_made(base: dict[str, Any
     code, _, err = run(capsys, "config", "check", "--files", str(write(tmp_path, base)))
     assert code == 0, err
     assert not (tmp_path / "var").exists()
+
+
+@pytest.mark.parametrize("content", ["", " \n\t\n"])
+def test_an_empty_secret_file_is_refused_as_serve_refuses_it(
+    base: dict[str, Any], tmp_path: Path, capsys: Any, content: str
+) -> None:
+    path = write(tmp_path, base)
+    (tmp_path / "secrets" / "pve-token").write_text(content)
+    code, out, err = run(capsys, "config", "check", "--files", str(path))
+    assert code == 1, out
+    assert f"{path}: clusters.default.token: the secret is empty" in err, err
+
+
+@pytest.mark.parametrize("value", ["", "  \n"])
+def test_an_empty_secret_variable_is_refused_as_serve_refuses_it(
+    base: dict[str, Any], tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("PVEGATE_TEST_EMPTY_PVE_TOKEN", value)
+    base["clusters"][0]["token"] = {"env": "PVEGATE_TEST_EMPTY_PVE_TOKEN"}
+    path = write(tmp_path, base)
+    code, out, err = run(capsys, "config", "check", "--files", str(path))
+    assert code == 1, out
+    assert f"{path}: clusters.default.token: the secret is empty" in err, err

@@ -28,22 +28,131 @@ def _secret_free(found: list[str]) -> None:
     assert all(SECRET not in line for line in found), found
 
 
+def test_a_credential_plugin_is_refused_naming_the_supported_methods(base: dict[str, Any]) -> None:
+    found = problems(_service(base, credentials={"plugin": SECRET}))
+    assert len(found) == 1 and found[0].startswith(f"{AT}.credentials.plugin: "), found
+    assert "bearer, oauth2, client_tls" in found[0], found
+    _secret_free(found)
+
+
+# the metadata-server forms: the platform gives OPA its credentials, nothing secret sits in the file
 @pytest.mark.parametrize(
-    ("method", "value"),
+    "credentials",
     [
-        ("s3_signing", {"environment_credentials": {}, "static_credentials": {"aws_secret_access_key": SECRET}}),
-        ("gcp_metadata", {"audience": "opa", "token_path": "/x"}),
-        ("azure_managed_identity", {"client_id": SECRET}),
-        ("plugin", SECRET),
+        {"s3_signing": {"metadata_credentials": {"aws_region": "eu-west-1"}}},
+        {
+            "s3_signing": {
+                "metadata_credentials": {"aws_region": "eu-west-1", "iam_role": "opa-bundles"},
+                "service": "s3",
+                "signature_version": "4",
+            }
+        },
+        {"gcp_metadata": {"audience": "https://storage.googleapis.com"}},
+        {
+            "gcp_metadata": {
+                "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"],
+                "endpoint": "http://metadata.google.internal",
+                "access_token_path": "/computeMetadata/v1/instance/service-accounts/default/token",
+                "identity_token_path": "/computeMetadata/v1/instance/service-accounts/default/identity",
+            }
+        },
+        {"azure_managed_identity": {}},
+        {
+            "azure_managed_identity": {
+                "endpoint": "http://169.254.169.254/metadata/identity/oauth2/token",
+                "api_version": "2018-02-01",
+                "resource": "https://storage.azure.com/",
+                "object_id": "obj",
+                "client_id": "cid",
+                "mi_res_id": "/subscriptions/s/resourceGroups/g",
+                "use_app_service_msi": False,
+            }
+        },
     ],
 )
-def test_an_unsupported_method_is_refused_naming_the_supported_ones(
-    base: dict[str, Any], method: str, value: Any
+def test_a_metadata_server_method_loads(base: dict[str, Any], tmp_path: Path, credentials: dict[str, Any]) -> None:
+    load(write(tmp_path, _service(base, credentials=credentials)))
+
+
+@pytest.mark.parametrize(
+    ("s3_signing", "named"),
+    [
+        ({"environment_credentials": {}}, "environment_credentials"),
+        ({"profile_credentials": {"path": "/root/.aws/credentials", "profile": "p"}}, "profile_credentials"),
+        ({"web_identity_credentials": {"aws_region": "eu-west-1"}}, "web_identity_credentials"),
+        ({"assume_role_credentials": {"iam_role_arn": "arn:x"}}, "assume_role_credentials"),
+        ({"aws_secret_access_key": SECRET}, "aws_secret_access_key"),
+        ({"aws_access_key_id": SECRET}, "aws_access_key_id"),
+        ({"aws_session_token": SECRET}, "aws_session_token"),
+        (
+            {"metadata_credentials": {"aws_region": "eu-west-1", "aws_secret_access_key": SECRET}},
+            "metadata_credentials.aws_secret_access_key",
+        ),
+    ],
+)
+def test_an_aws_form_needing_a_secret_is_refused_by_name(
+    base: dict[str, Any], s3_signing: dict[str, Any], named: str
 ) -> None:
-    found = problems(_service(base, credentials={method: value}))
-    assert len(found) == 1, found
-    assert found[0].startswith(f"{AT}.credentials.{method}: ")
-    assert "bearer, oauth2 or client_tls" in found[0], found
+    doc = {"metadata_credentials": {"aws_region": "eu-west-1"}, **s3_signing}
+    found = problems(_service(base, credentials={"s3_signing": doc}))
+    assert found and all(line.startswith(f"{AT}.credentials.s3_signing.{named}: ") for line in found), found
+    assert "metadata_credentials" in found[0], found
+    _secret_free(found)
+
+
+@pytest.mark.parametrize(
+    ("credentials", "named"),
+    [
+        (
+            {"s3_signing": {"metadata_credentials": {"aws_region": "r", "iam_rol": "x"}}},
+            "s3_signing.metadata_credentials.iam_rol",
+        ),
+        ({"s3_signing": {"metadata_credential": {"aws_region": "r"}}}, "s3_signing.metadata_credential"),
+        ({"s3_signing": {"metadata_credentials": {"aws_region": "r"}, "sevice": "s3"}}, "s3_signing.sevice"),
+        ({"gcp_metadata": {"audiance": "opa"}}, "gcp_metadata.audiance"),
+        ({"azure_managed_identity": {"clientid": "c"}}, "azure_managed_identity.clientid"),
+    ],
+)
+def test_a_mistyped_key_in_a_metadata_method_is_refused(
+    base: dict[str, Any], credentials: dict[str, Any], named: str
+) -> None:
+    found = problems(_service(base, credentials=credentials))
+    assert any(line.startswith(f"{AT}.credentials.{named}: unknown setting") for line in found), found
+
+
+def test_s3_signing_needs_metadata_credentials(base: dict[str, Any]) -> None:
+    found = problems(_service(base, credentials={"s3_signing": {"service": "s3"}}))
+    assert any(f"{AT}.credentials.s3_signing.metadata_credentials: required" in line for line in found), found
+
+
+LINE = f"Authorization: Bearer {SECRET}"  # a whole header line pasted where a mapping belongs
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"headers": LINE},
+        {"credentials": LINE},
+        *({"credentials": {method: LINE}} for method in ("bearer", "oauth2", "client_tls")),
+        *({"credentials": {method: LINE}} for method in ("s3_signing", "gcp_metadata", "azure_managed_identity")),
+        *(
+            {
+                "credentials": {
+                    "oauth2": {
+                        "token_url": "https://idp/token",
+                        "client_id": "opa",
+                        "client_secret": {"env": "S"},
+                        field: LINE,
+                    }
+                }
+            }
+            for field in ("additional_headers", "additional_parameters")
+        ),
+    ],
+)
+def test_a_string_where_a_mapping_belongs_is_not_echoed(base: dict[str, Any], entry: dict[str, Any]) -> None:
+    found = problems(_service(base, **entry))
+    assert any("expected a mapping, got a string" in line for line in found), found
     _secret_free(found)
 
 
