@@ -60,6 +60,12 @@ UNRECORDED_LOOKBACK_SECONDS = 7 * 86400
 # decided_by of a pending request ended because the policy now asks other approvers, more of them or
 # a shorter lifetime for its call (state 'expired'; the note names the request that replaces it)
 POLICY_CHANGE = "policy change"
+# a committed transition's record, written once whoever writes it (its own writer, a catch-up): the outcomes that
+# are that record, and whether it is the principal's own (a vote: one per voter)
+EXPIRED: tuple[tuple[str, ...], bool] = (("expired",), False)
+VOTED: tuple[tuple[str, ...], bool] = (("approved", "denied"), True)
+WITHDRAWN: tuple[tuple[str, ...], bool] = (("withdrawn",), False)
+REQUESTED: tuple[tuple[str, ...], bool] = (("requested",), False)  # under the held call's request id
 
 
 def rfc3339(ts: float) -> str:
@@ -352,6 +358,29 @@ class ApprovalStore:
             "AND a.principal = v.approver AND a.outcome IN ('approved', 'denied'))",
             since,
         )
+
+    async def unrecorded_withdrawals(self, since: float) -> list[dict[str, Any]]:
+        """Requests withdrawn (by `withdraw`) since `since` whose `approval` record `withdrawn` the audit lacks: the
+        withdrawal was committed, then its record failed or the process died. One withdrawn by `release` (asked for
+        while a call held it: used_at kept) has its record under that call's request id, so it is not one."""
+        return await self.database.fetch(
+            "SELECT id, decided_by, decided_at, note FROM approval_requests r WHERE r.state = 'withdrawn' "
+            "AND r.used_at IS NULL AND r.decided_at >= ? AND NOT EXISTS (SELECT 1 FROM audit a "
+            "WHERE a.request_id = r.id AND a.kind = 'approval' AND a.outcome = 'withdrawn')",
+            since,
+        )
+
+    async def unrecorded_requests(self, since: float) -> list[str]:
+        """Requests created since `since` whose `approval` record `requested` (under the held call's request id,
+        which made one request at most) the audit lacks: the request was committed, then its record failed or the
+        process died, so approvers could vote on a request the audit never mentioned."""
+        rows = await self.database.fetch(
+            "SELECT id FROM approval_requests r WHERE r.created_at >= ? AND NOT EXISTS (SELECT 1 FROM audit a "
+            "WHERE a.request_id = r.request_id AND a.kind = 'approval' AND a.outcome = 'requested') "
+            "ORDER BY created_at",
+            since,
+        )
+        return [str(r["id"]) for r in rows]
 
     async def get(self, request_id: str) -> ApprovalRequest:
         rows = await self.database.fetch("SELECT * FROM approval_requests WHERE id = ?", request_id)
@@ -838,30 +867,36 @@ class Approvals:
             state="pending",
         )
         pending, created, superseded = await self.store.find_or_replace(candidate)
-        for old_id, note in superseded:  # held under an older policy: its approvers are not the ones asked now
+        try:
+            for old_id, note in superseded:  # held under an older policy: its approvers are not the ones asked now
+                await self._audit(
+                    req.request_id,
+                    "approval",
+                    req.principal.sub,
+                    tool.name,
+                    "superseded",
+                    {"approval_id": old_id, "superseded_by": pending.id, "note": note},
+                    target,
+                )
             await self._audit(
                 req.request_id,
                 "approval",
                 req.principal.sub,
                 tool.name,
-                "superseded",
-                {"approval_id": old_id, "superseded_by": pending.id, "note": note},
+                "requested" if created else "pending_reused",
+                {
+                    "approval_id": pending.id,
+                    "expires_at": rfc3339(pending.expires_at),
+                    "reason": reason,
+                    "codes": decision.approval_codes,
+                },
                 target,
+                REQUESTED if created else None,
             )
-        await self._audit(
-            req.request_id,
-            "approval",
-            req.principal.sub,
-            tool.name,
-            "requested" if created else "pending_reused",
-            {
-                "approval_id": pending.id,
-                "expires_at": rfc3339(pending.expires_at),
-                "reason": reason,
-                "codes": decision.approval_codes,
-            },
-            target,
-        )
+        except BaseException:
+            # a committed request without its record: the next sweep writes it (and a superseded one's, `expired`)
+            self._unrecorded = self._unrecorded or created or bool(superseded)
+            raise
         return self.held(pending, tool.name, reason, decision.approval_codes)
 
     def held(self, pending: ApprovalRequest, tool: str, reason: str, codes: list[str]) -> CallResult:
@@ -957,8 +992,9 @@ class Approvals:
         if self.opa_note is not None:
             body["opa"] = self.opa_note
         outcome = {"approve": "approved", "deny": "denied"}[verdict] if out.ok else f"{verdict}_refused"
-        try:
-            await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target)
+        try:  # a committed vote's record: a replica's catch-up may be writing it too (VOTED)
+            once = VOTED if out.ok else None
+            await self._audit(approval_id, "approval", approver.sub, req.tool, outcome, body, req.target, once)
         except BaseException:
             self._unrecorded = True  # a committed vote without its record: the next sweep writes it
             raise
@@ -969,22 +1005,30 @@ class Approvals:
             return VoteOutcome(False, reasons=["approvals are not enabled on this gateway"])
         req = await self.store.get(approval_id)
         out = await self.store.withdraw(approval_id, by, note)
-        await self._audit(
-            approval_id,
-            "approval",
-            by,
-            req.tool,
-            "withdrawn" if out.ok else "withdraw_refused",
-            {"approval_id": approval_id, "reasons": out.reasons, "note": note},
-            req.target,
-        )
+        try:
+            await self._audit(
+                approval_id,
+                "approval",
+                by,
+                req.tool,
+                "withdrawn" if out.ok else "withdraw_refused",
+                {"approval_id": approval_id, "reasons": out.reasons, "note": note},
+                req.target,
+                WITHDRAWN if out.ok else None,
+            )
+        except BaseException:
+            self._unrecorded = out.ok or self._unrecorded  # a committed withdrawal without its record: the next sweep
+            raise
         return out
 
     async def expire_due(self) -> list[str]:
         """The store's sweep (pending requests and unused approvals past their expiry), each expiry an
         `approval` record `expired` in the audit as every other transition is. Returns the ids. At a process's
-        first sweep, and after a record failed, it also writes the records missing for committed expiries and
-        votes (unrecorded_expiries, unrecorded_votes)."""
+        first sweep, and after a record failed, it also writes the records missing for committed expiries, votes
+        and withdrawals, and for requests created (unrecorded_requests, unrecorded_expiries, unrecorded_votes,
+        unrecorded_withdrawals). Each such record is
+        appended only if the audit still lacks it, tested under the chain's append lock (`append_if_absent`),
+        and so is the transition's own record: of a replica's catch-up and the writer it raced, one writes it."""
         if self.store is None:
             return []
         expired = await self.store.expire_due_rows()
@@ -996,15 +1040,19 @@ class Approvals:
         try:
             if catch_up:
                 since = time.time() - UNRECORDED_LOOKBACK_SECONDS
+                for approval_id in await self.store.unrecorded_requests(since):  # first: what the others refer to
+                    await self._record_late_request(await self.store.get(approval_id))
                 for approval_id in await self.store.unrecorded_expiries(since):
                     if approval_id not in ids:  # committed earlier, unrecorded: read once, here
                         expired.append(Expiry.from_request(await self.store.get(approval_id)))
                         ids.append(approval_id)
                 for vote in await self.store.unrecorded_votes(since):
                     await self._record_late_vote(vote)
+                for withdrawal in await self.store.unrecorded_withdrawals(since):
+                    await self._record_late_withdrawal(withdrawal)
             for e in expired:
                 body = {"approval_id": e.id, "was": e.was, "expired_at": rfc3339(e.until)}
-                await self._audit(e.id, "approval", e.requester, e.tool, "expired", body, e.target)
+                await self._audit(e.id, "approval", e.requester, e.tool, "expired", body, e.target, EXPIRED)
         except BaseException:
             self._unrecorded = True  # the next sweep writes what this one could not
             raise
@@ -1025,7 +1073,33 @@ class Approvals:
             "recorded_late": "the vote was taken, its record could not be written then",
         }
         outcome = {"approve": "approved", "deny": "denied"}.get(verdict, verdict)
-        await self._audit(approval_id, "approval", str(vote["approver"]), req.tool, outcome, body, req.target)
+        await self._audit(approval_id, "approval", str(vote["approver"]), req.tool, outcome, body, req.target, VOTED)
+
+    async def _record_late_request(self, req: ApprovalRequest) -> None:
+        """A committed request's record, written by a later sweep (its own failed): what is asked, of whom."""
+        body = {
+            "approval_id": req.id,
+            "expires_at": rfc3339(req.expires_at),
+            "reason": req.reason,
+            "codes": [],
+            "created_at": rfc3339(req.created_at),
+            "recorded_late": "the request was made, its record could not be written then",
+        }
+        await self._audit(req.request_id, "approval", req.requester, req.tool, "requested", body, req.target, REQUESTED)
+
+    async def _record_late_withdrawal(self, row: dict[str, Any]) -> None:
+        """A committed withdrawal's record, written by a later sweep (its own failed): who withdrew it, and when."""
+        assert self.store is not None
+        req = await self.store.get(str(row["id"]))
+        body = {
+            "approval_id": req.id,
+            "reasons": [],
+            "note": row["note"],
+            "withdrawn_at": rfc3339(float(row["decided_at"])),
+            "recorded_late": "the withdrawal was made, its record could not be written then",
+        }
+        who = str(row["decided_by"])
+        await self._audit(req.id, "approval", who, req.tool, "withdrawn", body, req.target, WITHDRAWN)
 
     async def _audit(
         self,
@@ -1036,9 +1110,17 @@ class Approvals:
         outcome: str,
         body: dict[str, Any],
         target: dict[str, Any] | None = None,
+        once: tuple[tuple[str, ...], bool] | None = None,
     ) -> None:
-        if self.audit is not None:
-            await self.audit.append(AuditRecord(request_id, kind, who, tool, _audit_target(target), outcome, body))
+        """Append a record; with `once` (outcomes, same principal): only if the audit lacks one such record of
+        this request (a committed transition's record, which a replica's catch-up may write too)."""
+        if self.audit is None:
+            return
+        record = AuditRecord(request_id, kind, who, tool, _audit_target(target), outcome, body)
+        if once is None:
+            await self.audit.append(record)
+        else:
+            await self.audit.append_if_absent(record, once[0], same_principal=once[1])
 
     async def close(self) -> None:
         if self.store is not None:

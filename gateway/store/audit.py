@@ -33,7 +33,7 @@ import sqlite3
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -348,7 +348,34 @@ class AuditClosed(Exception):
 
 # (request_id, kind, principal, tool, target, outcome, body): a record as stored, before seq and hashes
 _Row = tuple[str, str, str | None, str | None, str | None, str | None, str]
-_Batch = tuple[tuple[_Row, ...], "asyncio.Future[None]"]
+
+
+@dataclass(frozen=True)
+class _IfAbsent:
+    """A row written only if the chain holds no record of its request and kind with one of `outcomes` (by its
+    principal, when `same_principal`): checked under the chain's append lock, so of two writers of one record
+    (a transition's own writer, another replica's catch-up) one writes it."""
+
+    row: _Row
+    outcomes: tuple[str, ...]
+    same_principal: bool
+
+    def matches(self, row: _Row) -> bool:
+        mine = self.row
+        return row[:2] == mine[:2] and row[5] in self.outcomes and (not self.same_principal or row[2] == mine[2])
+
+    def exists_sql(self) -> tuple[str, list[Any]]:
+        sql = "SELECT 1 FROM audit WHERE request_id = ? AND kind = ? AND outcome IN ("
+        sql += ", ".join("?" for _ in self.outcomes) + ")"
+        args: list[Any] = [self.row[0], self.row[1], *self.outcomes]
+        if self.same_principal:
+            sql += " AND principal = ?"
+            args.append(self.row[2])
+        return sql + " LIMIT 1", args
+
+
+_Entry = _Row | _IfAbsent
+_Batch = tuple[tuple[_Entry, ...], "asyncio.Future[None]"]
 
 
 def utf8_safe(text: str) -> str:
@@ -422,6 +449,25 @@ _PG_INSERT = (
     "$7::text[], $8::text[], $9::text[], $10::text[], $11::text[]) "
     "WHERE NOT EXISTS (SELECT 1 FROM audit WHERE seq > $12::bigint)"
 )
+
+
+def _present_dropped(entries: list[_Entry], exists: Callable[[str, list[Any]], bool]) -> list[_Row]:
+    """The rows to write: each _IfAbsent whose record the chain (`exists`, under the append lock) or an earlier
+    row of this commit already holds is dropped."""
+    rows: list[_Row] = []
+    for entry in entries:
+        if isinstance(entry, _IfAbsent):
+            if any(entry.matches(r) for r in rows) or exists(*entry.exists_sql()):
+                continue
+            entry = entry.row
+        rows.append(entry)
+    return rows
+
+
+def _pg_placeholders(sql: str) -> str:
+    """`?` placeholders as PostgreSQL's $1, $2, ..."""
+    n = iter(range(1, sql.count("?") + 1))
+    return re.sub(r"\?", lambda _: f"${next(n)}", sql)
 
 
 async def _pg_past_head(conn: Any, head: int) -> None:
@@ -772,6 +818,18 @@ class AuditLog:
         await asyncio.shield(fut)  # a cancelled caller must not un-write a queued record
         return replica
 
+    async def append_if_absent(self, record: AuditRecord, outcomes: Sequence[str], *, same_principal: bool) -> None:
+        """Append `record` unless the chain already holds a record of its request_id and kind with an outcome in
+        `outcomes` (and its principal, when `same_principal`), tested under the chain's append lock (SQLite: the
+        writer's BEGIN IMMEDIATE; PostgreSQL: the head row, locked by every replica's commit). For a committed
+        transition's record that a replica's catch-up may write too: whichever commits first writes it."""
+        if self._writer is None or self._writer.done():
+            raise AuditClosed("audit log is not open")
+        row = _IfAbsent(self._prepare(record, CALL_SECRETS.get(), self.replica_id), tuple(outcomes), same_principal)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._queue.put(((row,), fut))
+        await asyncio.shield(fut)
+
     def _prepare(self, rec: AuditRecord, extra: tuple[str, ...], replica: str | None) -> _Row:
         """The record's stored columns: scrubbed of secrets, serialised, and storable as UTF-8.
 
@@ -860,11 +918,11 @@ class AuditLog:
                 continue
             _settle([(rows, fut)], None)
 
-    async def _commit(self, records: list[_Row]) -> None:
+    async def _commit(self, entries: list[_Entry]) -> None:
         try:
             if self._pgdb is not None:
                 try:
-                    moved = await self._commit_pg(records)
+                    moved, records = await self._commit_pg(entries)
                 except (AuditIntegrityError, AuditClosed, AuditStoreError):
                     raise
                 except Exception as exc:
@@ -872,7 +930,7 @@ class AuditLog:
                         raise
                     raise AuditStoreError(_pg_store_problem(exc)) from exc
             else:
-                moved = await self._in_thread(self._commit_sqlite, records)
+                moved, records = await self._in_thread(self._commit_sqlite, entries)
         except BaseException as exc:
             self._head = None  # whatever was read or written, check it afresh next time
             if isinstance(exc, Exception):  # for readiness and metrics
@@ -906,8 +964,9 @@ class AuditLog:
         head = seal.key.signed_text("head", {"db": seal.db_id, "seq": seq, "hash": prev, "ts": time.time()})
         return rows, head
 
-    def _commit_sqlite(self, records: list[_Row]) -> tuple[str, int, str] | None:
-        """One whole commit, in the writer's thread: one trip from the event loop."""
+    def _commit_sqlite(self, entries: list[_Entry]) -> tuple[tuple[str, int, str] | None, list[_Row]]:
+        """One whole commit, in the writer's thread: one trip from the event loop. Returns the new head and the
+        rows written (an _IfAbsent whose record exists is not)."""
         con = self._con
         if con is None:
             raise AuditClosed("audit log is not open")
@@ -915,6 +974,7 @@ class AuditLog:
         try:
             got = con.execute("SELECT value FROM audit_meta WHERE key = 'head'").fetchone()
             seq, prev = self._continue_from(None if got is None else str(got[0]))
+            records = _present_dropped(entries, lambda sql, args: con.execute(sql, args).fetchone() is not None)
             # a row past the head (added by another hand, in a gap or not) refuses the commit, a probe's too:
             # readiness sees what every call meets (one lookup on the primary key, under the write lock)
             got = con.execute("SELECT min(seq) FROM audit WHERE seq > ?", (seq,)).fetchone()
@@ -946,17 +1006,17 @@ class AuditLog:
                 with contextlib.suppress(Exception):
                     con.execute("ROLLBACK")
             raise
-        return moved
+        return moved, records
 
-    async def _commit_pg(self, records: list[_Row]) -> tuple[str, int, str] | None:
+    async def _commit_pg(self, entries: list[_Entry]) -> tuple[tuple[str, int, str] | None, list[_Row]]:
         pool = self._pgdb.pool
         conn = await pool.acquire(timeout=ACQUIRE_TIMEOUT)
         try:
-            if not records or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
+            if not entries or time.monotonic() - self._beat_at >= HEARTBEAT_SECONDS:
                 # a probe writes the heartbeat (a real committed write that leaves the chain alone), a commit
                 # when one is due: in a statement of its own, before the head row is waited for
                 await self._beat_on(conn)
-            moved = await self._commit_on(conn, records)
+            moved, records = await self._commit_on(conn, entries)
         except BaseException as exc:
             # the error that ended the commit is the one to tell (a connection the server closed is already
             # back in the pool: terminating or releasing it again raises)
@@ -967,7 +1027,7 @@ class AuditLog:
             raise
         # committed: the records are in the chain, so a connection that fails after COMMIT fails nobody
         await release_committed(pool, conn)
-        return moved
+        return moved, records
 
     async def _beat_on(self, conn: Any) -> None:
         """Renew this replica's heartbeat (autocommit); a row found too old marks the name lost."""
@@ -977,7 +1037,7 @@ class AuditLog:
         if not held and name == self.replica_id:  # not renamed meanwhile: the beat loop renames it
             self._lost_name = name
 
-    async def _commit_on(self, conn: Any, records: list[_Row]) -> tuple[str, int, str] | None:
+    async def _commit_on(self, conn: Any, entries: list[_Entry]) -> tuple[tuple[str, int, str] | None, list[_Row]]:
         import asyncpg
 
         moved = None
@@ -994,6 +1054,14 @@ class AuditLog:
                     "`pvegate audit archive` or `checkpoint` still running)"
                 ) from exc
             seq, prev = self._continue_from(text)
+            records: list[_Row] = []
+            for entry in entries:  # an _IfAbsent is tested here, under the head row's lock
+                if isinstance(entry, _IfAbsent):
+                    sql, args = entry.exists_sql()
+                    if any(entry.matches(r) for r in records) or await conn.fetchval(_pg_placeholders(sql), *args):
+                        continue
+                    entry = entry.row
+                records.append(entry)
             if records:
                 rows, head = self._chain(records, seq, prev)
                 try:
@@ -1009,7 +1077,7 @@ class AuditLog:
                 moved = (head, rows[-1][0], rows[-1][-1])
             else:  # a readiness probe: a row past the head refuses it as it refuses every commit
                 await _pg_past_head(conn, seq)
-        return moved
+        return moved, records
 
     async def hold(self, replica: str | None) -> None:
         """Right before a mutation decided under `replica` is sent (PostgreSQL): renew this replica's
