@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,22 +55,31 @@ def backed_up(
     tool = Catalog.load(REPO_ROOT / "connectors").get("vm_restore")
     assert tool is not None and tool.target.get("backup_of") == "archive"
 
-    async def run() -> dict[str, Any]:
+    async def run(resolver: TargetResolver) -> dict[str, Any]:
+        if alone:
+            return await resolver._backed_up(archive, cluster)
+        args = tool.validate({"node": "pve1", "vmid": 190, "archive": archive, "pool": "lab"})
+        return dict((await resolver.resolve(tool, args, cluster))["backup_of"])
+
+    return resolving(env, api_url, run)
+
+
+def resolving(
+    env: DevEnv, api_url: str | None, run: Callable[[TargetResolver], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """`run` with the gateway's own target resolver on the simulator's cluster (or at `api_url`)."""
+
+    async def go() -> dict[str, Any]:
         config = env.config.clusters["default"]
         if api_url is not None:
             config = dataclasses.replace(config, api_url=api_url, timeout=2.0)
         client = PveApiClient(config)
         try:
-            resolver = TargetResolver({"default": client}, ttl=3600)
-            if alone:
-                return await resolver._backed_up(archive, cluster)
-            args = tool.validate({"node": "pve1", "vmid": 190, "archive": archive, "pool": "lab"})
-            target = await resolver.resolve(tool, args, cluster)
-            return dict(target["backup_of"])
+            return await run(TargetResolver({"default": client}, ttl=3600))
         finally:
             await client.close()
 
-    return asyncio.run(run())
+    return asyncio.run(go())
 
 
 def archive_of(sim: Any, vmid: int) -> str:
@@ -104,17 +113,7 @@ def test_a_backups_guest_that_is_listed_keeps_its_pool(genv: DevEnv, gsim: Any) 
 def owned_by(env: DevEnv, volume: str, api_url: str | None = None, cluster: str = "default") -> dict[str, Any]:
     """target.volume_of as the gateway resolves it for `volume` (the simulator's API, or `api_url`)."""
 
-    async def run() -> dict[str, Any]:
-        config = env.config.clusters["default"]
-        if api_url is not None:
-            config = dataclasses.replace(config, api_url=api_url, timeout=2.0)
-        client = PveApiClient(config)
-        try:
-            return await TargetResolver({"default": client}, ttl=3600)._volume_owner(volume, cluster)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
+    return resolving(env, api_url, lambda resolver: resolver._volume_owner(volume, cluster))
 
 
 def test_a_volume_whose_owner_cannot_be_looked_up_has_no_known_pool(genv: DevEnv, gsim: Any) -> None:
