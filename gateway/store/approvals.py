@@ -53,6 +53,7 @@ APPROVAL_META_KEY = "pvegate/approval"  # the one-time token an agent presents o
 APPROVAL_REQUEST_META = "pvegate/approval_request"
 APPROVAL_ID_META = "pvegate/approval_id"  # on a pending result: what the hand-off shows
 APPROVAL_URL_META = "pvegate/approval_url"
+WITHDRAWN_WHILE_HELD = "asked for while this call held the approval: ended, not given back"  # a release's record
 TOKEN_BYTES = 32  # 256 bits
 STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
 # how far back a sweep looks for expiries whose audit record is missing (UNRECORDED: at start, after a failure)
@@ -66,6 +67,11 @@ EXPIRED: tuple[tuple[str, ...], bool] = (("expired",), False)
 VOTED: tuple[tuple[str, ...], bool] = (("approved", "denied"), True)
 WITHDRAWN: tuple[tuple[str, ...], bool] = (("withdrawn",), False)
 REQUESTED: tuple[tuple[str, ...], bool] = (("requested",), False)  # under the held call's request id
+# under the superseding call's request id (naming the superseded request): a call supersedes one request at most,
+# since find_or_replace leaves a call one live pending request (see pending_result for older data's several)
+SUPERSEDED: tuple[tuple[str, ...], bool] = (("superseded",), False)
+# under the releasing call's request id: a call holds one approval, and gives it back (or ends it) once
+RELEASED: tuple[tuple[str, ...], bool] = (("released", "withdrawn"), False)
 
 
 def rfc3339(ts: float) -> str:
@@ -289,6 +295,18 @@ def _voter_groups(votes: list[dict[str, Any]]) -> list[str]:
 # expiry to the moment it was used, which no approval has otherwise (a token is consumed only
 # before its expiry), so no column is needed for the mark.
 WITHDRAWN_IN_USE = "(token_expires_at IS NOT NULL AND used_at IS NOT NULL AND token_expires_at <= used_at)"
+# A request (alias r) superseded by find_or_replace: expired by a policy change while pending (no token: an approved
+# request expiring keeps its voter as decided_by). One placeholder: POLICY_CHANGE.
+SUPERSEDED_ROW = "(COALESCE(r.decided_by, '') = ? AND r.token_expires_at IS NULL)"
+
+
+def _names(body: Any, approval_id: str) -> bool:
+    """Whether a `superseded` record's body is about `approval_id` (its bodies name the new request too)."""
+    try:
+        doc = json.loads(str(body))
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("approval_id") == approval_id
 
 
 class ApprovalStore:
@@ -340,13 +358,52 @@ class ApprovalStore:
     async def unrecorded_expiries(self, since: float) -> list[str]:
         """Requests expired since `since` (the gateway's clock) whose `approval` record `expired` the audit
         lacks: the sweep that expired them stopped before writing it (the audit refused writes, or the
-        process died). The audit lives in the same database (SQLite file or PostgreSQL), so one query."""
+        process died). The audit lives in the same database (SQLite file or PostgreSQL), so one query. A request
+        superseded after a policy change is no expiry: its record is `superseded` (unrecorded_supersessions)."""
         rows = await self.database.fetch(
-            "SELECT id FROM approval_requests r WHERE r.state = 'expired' AND r.decided_at >= ? AND NOT EXISTS "
+            "SELECT id FROM approval_requests r WHERE r.state = 'expired' AND r.decided_at >= ? "  # noqa: S608
+            f"AND NOT {SUPERSEDED_ROW} AND NOT EXISTS "
             "(SELECT 1 FROM audit a WHERE a.request_id = r.id AND a.kind = 'approval' AND a.outcome = 'expired')",
             since,
+            POLICY_CHANGE,
         )
         return [str(r["id"]) for r in rows]
+
+    async def unrecorded_supersessions(self, since: float) -> list[dict[str, Any]]:
+        """Requests superseded (find_or_replace) since `since` whose `approval` record `superseded` the audit lacks:
+        the supersession was committed, then its record failed or the process died. That record is under the
+        superseding call's request id, naming the request in its body: the call is found as the request it created
+        in the same transaction (its call, and created_at equal to the supersession's decided_at: one clock
+        reading); its `superseded` records are read and matched here. A request `expired` on record (what a
+        catch-up wrote for a supersession before) is recorded too. Each: id, requester, tool, target, note,
+        decided_at, new_id and by_call (the superseding request and its call; None if none was created then)."""
+        rows = await self.database.fetch(
+            "SELECT r.id, r.requester, r.tool, r.target, r.note, r.decided_at, "  # noqa: S608 - fixed text
+            "n.id AS new_id, n.request_id AS by_call "
+            "FROM approval_requests r LEFT JOIN approval_requests n ON n.requester = r.requester AND n.tool = r.tool "
+            "AND n.arguments_digest = r.arguments_digest AND n.target_key = r.target_key "
+            "AND n.created_at = r.decided_at AND n.id <> r.id "
+            f"WHERE r.state = 'expired' AND r.decided_at >= ? AND {SUPERSEDED_ROW} AND NOT EXISTS "
+            "(SELECT 1 FROM audit a WHERE a.request_id = r.id AND a.kind = 'approval' "
+            "AND a.outcome IN ('expired', 'superseded')) ORDER BY r.decided_at, r.id",
+            since,
+            POLICY_CHANGE,
+        )
+        missing: list[dict[str, Any]] = []
+        for row in rows:
+            if row["by_call"] is not None:
+                found = await self.database.fetch(
+                    "SELECT body FROM audit WHERE request_id = ? AND kind = 'approval' AND outcome = 'superseded'",
+                    row["by_call"],
+                )
+            else:  # no request was created then (older data): the call is unknown, so look at every such record
+                found = await self.database.fetch(
+                    "SELECT body FROM audit WHERE kind = 'approval' AND outcome = 'superseded' AND body LIKE ?",
+                    f"%{row['id']}%",
+                )
+            if not any(_names(r["body"], str(row["id"])) for r in found):
+                missing.append(row)
+        return missing
 
     async def unrecorded_votes(self, since: float) -> list[dict[str, Any]]:
         """Votes cast since `since` whose `approval` record (`approved` or `denied`, by the voter) the audit
@@ -369,6 +426,51 @@ class ApprovalStore:
             "WHERE a.request_id = r.id AND a.kind = 'approval' AND a.outcome = 'withdrawn')",
             since,
         )
+
+    async def unrecorded_releases(self, since: float) -> list[dict[str, Any]]:
+        """Approvals a call consumed since `since` and `release`d (given back, or ended withdrawn) whose `approval`
+        record (`released` or `withdrawn`, under the call's request id) the audit lacks: the release was committed,
+        then its record failed or the process died. A give-back leaves no mark on the row (used_by_request is
+        cleared), so releases are found from the calls' `consumed` records: a call that consumed an approval it no
+        longer holds gave it back, since only `release` ends a hold (a call that was sent keeps it used for good).
+        Each: request_id (the call's), principal, approval_id, outcome ('released' or 'withdrawn'), decided_at."""
+        rows = await self.database.fetch(
+            "SELECT a.request_id, a.principal, a.body FROM audit a "
+            "WHERE a.kind = 'approval' AND a.outcome = 'consumed' AND a.ts >= ? "
+            "AND NOT EXISTS (SELECT 1 FROM audit b WHERE b.request_id = a.request_id AND b.kind = 'approval' "
+            "AND b.outcome IN ('released', 'withdrawn')) AND NOT EXISTS "
+            "(SELECT 1 FROM approval_requests r WHERE r.state = 'used' AND r.used_by_request = a.request_id) "
+            "ORDER BY a.seq",
+            since,
+        )
+        missing: list[dict[str, Any]] = []
+        for row in rows:
+            call = str(row["request_id"])
+            try:
+                doc = json.loads(str(row["body"]))
+            except ValueError:
+                continue
+            approval_id = doc.get("approval_id") if isinstance(doc, dict) else None
+            if not isinstance(approval_id, str) or approval_id == call:  # a redeem without a request id: no holder
+                continue
+            try:
+                req = await self.get(approval_id)
+            except NotFound:
+                continue
+            if req.state == "used" and req.used_by_request == call:  # held still (or sent): nothing given back
+                continue
+            # ended by the release, the row keeps its holder (WITHDRAWN_IN_USE); a give-back clears it
+            ended = req.state == "withdrawn" and req.used_by_request == call
+            missing.append(
+                {
+                    "request_id": call,
+                    "principal": row["principal"],
+                    "approval_id": approval_id,
+                    "outcome": "withdrawn" if ended else "released",
+                    "decided_at": req.decided_at if ended else None,
+                }
+            )
+        return missing
 
     async def unrecorded_requests(self, since: float) -> list[str]:
         """Requests created since `since` whose `approval` record `requested` (under the held call's request id,
@@ -787,10 +889,13 @@ class Approvals:
             return False
         body: dict[str, Any] = {"approval_id": approval_id, "why": why}
         if state == "withdrawn":  # its withdrawal was asked for while this call held it
-            body["withdrawn"] = "asked for while this call held the approval: ended, not given back"
-        await self._audit(
-            request_id, "approval", principal.sub, tool, "released" if state == "approved" else state, body, target
-        )
+            body["withdrawn"] = WITHDRAWN_WHILE_HELD
+        outcome = "released" if state == "approved" else state
+        try:  # a committed release's record: a replica's catch-up may be writing it too (RELEASED)
+            await self._audit(request_id, "approval", principal.sub, tool, outcome, body, target, RELEASED)
+        except BaseException:
+            self._unrecorded = True  # a committed release without its record: the next sweep writes it
+            raise
         return state == "approved"
 
     async def waiting(
@@ -867,6 +972,10 @@ class Approvals:
             state="pending",
         )
         pending, created, superseded = await self.store.find_or_replace(candidate)
+        # a replica's catch-up may write a supersession's record too (unrecorded_supersessions): under this call's
+        # id, so of the two one writes it. Several superseded at once (only from data older than find_or_replace:
+        # it leaves a call one live request) are appended as before, since `once` tells them apart by call only.
+        once = SUPERSEDED if created and len(superseded) == 1 else None
         try:
             for old_id, note in superseded:  # held under an older policy: its approvers are not the ones asked now
                 await self._audit(
@@ -877,6 +986,7 @@ class Approvals:
                     "superseded",
                     {"approval_id": old_id, "superseded_by": pending.id, "note": note},
                     target,
+                    once,
                 )
             await self._audit(
                 req.request_id,
@@ -894,7 +1004,7 @@ class Approvals:
                 REQUESTED if created else None,
             )
         except BaseException:
-            # a committed request without its record: the next sweep writes it (and a superseded one's, `expired`)
+            # a committed request without its record: the next sweep writes it (and a superseded one's, `superseded`)
             self._unrecorded = self._unrecorded or created or bool(superseded)
             raise
         return self.held(pending, tool.name, reason, decision.approval_codes)
@@ -1024,9 +1134,9 @@ class Approvals:
     async def expire_due(self) -> list[str]:
         """The store's sweep (pending requests and unused approvals past their expiry), each expiry an
         `approval` record `expired` in the audit as every other transition is. Returns the ids. At a process's
-        first sweep, and after a record failed, it also writes the records missing for committed expiries, votes
-        and withdrawals, and for requests created (unrecorded_requests, unrecorded_expiries, unrecorded_votes,
-        unrecorded_withdrawals). Each such record is
+        first sweep, and after a record failed, it also writes the records missing for committed expiries, votes,
+        withdrawals, supersessions and releases, and for requests created (unrecorded_requests, unrecorded_expiries,
+        unrecorded_votes, unrecorded_withdrawals, unrecorded_supersessions, unrecorded_releases). Each such record is
         appended only if the audit still lacks it, tested under the chain's append lock (`append_if_absent`),
         and so is the transition's own record: of a replica's catch-up and the writer it raced, one writes it."""
         if self.store is None:
@@ -1050,6 +1160,10 @@ class Approvals:
                     await self._record_late_vote(vote)
                 for withdrawal in await self.store.unrecorded_withdrawals(since):
                     await self._record_late_withdrawal(withdrawal)
+                for supersession in await self.store.unrecorded_supersessions(since):
+                    await self._record_late_supersession(supersession)
+                for release in await self.store.unrecorded_releases(since):
+                    await self._record_late_release(release)
             for e in expired:
                 body = {"approval_id": e.id, "was": e.was, "expired_at": rfc3339(e.until)}
                 await self._audit(e.id, "approval", e.requester, e.tool, "expired", body, e.target, EXPIRED)
@@ -1100,6 +1214,40 @@ class Approvals:
         }
         who = str(row["decided_by"])
         await self._audit(req.id, "approval", who, req.tool, "withdrawn", body, req.target, WITHDRAWN)
+
+    async def _record_late_supersession(self, row: dict[str, Any]) -> None:
+        """A committed supersession's record, written by a later sweep (its own failed). The record that failed
+        (`superseded`, under the superseding call's request id, with its fields), not an `expired` one: the request
+        did not run out, a policy change ended it, and this is what the record of a supersession written in time
+        says and what a catch-up recognises. Its call unknown (no request created then: older data), it is written
+        under the request's own id, where an expiry's record would be."""
+        old_id = str(row["id"])
+        body = {
+            "approval_id": old_id,
+            "superseded_by": None if row["new_id"] is None else str(row["new_id"]),
+            "note": row["note"],
+            "superseded_at": rfc3339(float(row["decided_at"])),
+            "recorded_late": "the request was superseded, its record could not be written then",
+        }
+        call = old_id if row["by_call"] is None else str(row["by_call"])
+        target = json.loads(str(row["target"]))
+        who, tool = str(row["requester"]), str(row["tool"])
+        await self._audit(call, "approval", who, tool, "superseded", body, target, SUPERSEDED)
+
+    async def _record_late_release(self, row: dict[str, Any]) -> None:
+        """A committed release's record, written by a later sweep (its own failed): the approval given back (or
+        ended, its withdrawal asked for while the call held it), under the call's request id, by its caller."""
+        assert self.store is not None
+        req = await self.store.get(str(row["approval_id"]))
+        body: dict[str, Any] = {
+            "approval_id": req.id,
+            "recorded_late": "the approval was released, its record could not be written then",
+        }
+        if row["outcome"] == "withdrawn":
+            body["withdrawn"] = WITHDRAWN_WHILE_HELD
+            body["withdrawn_at"] = rfc3339(float(row["decided_at"]))
+        who, outcome = str(row["principal"]), str(row["outcome"])
+        await self._audit(str(row["request_id"]), "approval", who, req.tool, outcome, body, req.target, RELEASED)
 
     async def _audit(
         self,
