@@ -126,7 +126,16 @@ def _admin_secret(request: Request) -> str | None:
     return secret or None
 
 
+def _authorization_repeated(request: Request) -> bool:
+    """One token per request (RFC 6750 §2): with two Authorization headers the first would be checked and
+    the other left to whoever reads the last one, so a request carrying two is taken as carrying none."""
+    headers: list[tuple[bytes, bytes]] = request.scope["headers"]
+    return sum(k.lower() == b"authorization" for k, _ in headers) > 1
+
+
 def _bearer(request: Request) -> str | None:
+    if _authorization_repeated(request):
+        return None
     scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
@@ -168,6 +177,8 @@ async def operator(request: Request) -> JSONResponse | None:
     """None if the request carries the admin token, else the error response (audited)."""
     if _is_admin_token(request):
         return None
+    if _authorization_repeated(request):
+        return await _auth_failure(request, 401, "invalid_request", "the Authorization header appears more than once")
     why = "missing bearer credential" if _bearer(request) is None else "operator endpoints need the admin token"
     return await _auth_failure(request, 401, "invalid_token", why)
 
@@ -181,6 +192,8 @@ async def approver(request: Request) -> Principal | JSONResponse:
             "wrong_credential",
             "the admin token cannot vote on approvals: use the approver's own bearer token",
         )
+    if _authorization_repeated(request):
+        return await _auth_failure(request, 401, "invalid_request", "the Authorization header appears more than once")
     authn: Authenticator = request.app.state.authenticator
     try:
         return await authn.authenticate(request.headers.get("authorization"))

@@ -55,20 +55,40 @@ MAX_NUMERIC_DATE = 253402300799  # 9999-12-31T23:59:59Z
 
 
 # Tokens that say they are not access tokens: an OpenID Connect ID token (Keycloak's payload
-# `typ: ID`) or logout token proves a sign-in to a client, it does not grant access to this
-# resource, even when its `aud` happens to be auth.audience. A token that says nothing is taken.
-ID_TOKEN_PAYLOAD_TYPES = ("id",)  # Keycloak: "Bearer" in access tokens, "ID" in ID tokens
-NOT_ACCESS_HEADER_TYPES = ("id_token+jwt", "logout+jwt")  # explicit typing (RFC 8725 §3.11)
+# `typ: ID`) or logout token proves a sign-in to a client, a refresh token is for the provider's
+# token endpoint only; none grants access to this resource, even when its `aud` happens to be
+# auth.audience. A token that says nothing is taken.
+PAYLOAD_TYPES = {  # Keycloak's payload `typ` ("Bearer" in access tokens)
+    "id": "an ID token",
+    "logout": "a logout token",  # its back-channel logout token
+    "refresh": "a refresh token",
+    "offline": "a refresh token",  # an offline token is a refresh token
+}
+HEADER_TYPES = {  # explicit typing (RFC 8725 §3.11), with or without "application/"
+    "id_token+jwt": "an ID token",
+    "logout+jwt": "a logout token",
+    "secevent+jwt": "a security event token",  # RFC 8417 §2.3 (a logout token is one)
+}
+# what makes a token an OpenID Connect Back-Channel Logout token (§2.4), whatever its `typ` says
+BACKCHANNEL_LOGOUT_EVENT = "http://schemas.openid.net/event/backchannel-logout"
 
 
-def _declared_not_access(header_typ: Any, payload_typ: Any = None) -> str | None:
-    """Which kind of token the header or payload `typ` says this is, when that is not an access token."""
+def _declared_not_access(header_typ: Any, payload: dict[str, Any] | None = None) -> str | None:
+    """Which kind of token the header `typ`, or the payload's `typ` or `events`, says this is, when
+    that is not an access token."""
     if isinstance(header_typ, str):
         media = header_typ.lower().removeprefix("application/")
-        if media.endswith(NOT_ACCESS_HEADER_TYPES):
-            return "a logout token" if media.endswith("logout+jwt") else "an ID token"
-    if isinstance(payload_typ, str) and payload_typ.lower() in ID_TOKEN_PAYLOAD_TYPES:
-        return "an ID token"
+        for suffix, what in HEADER_TYPES.items():
+            if media.endswith(suffix):
+                return what
+    if payload is None:
+        return None
+    payload_typ = payload.get("typ")
+    if isinstance(payload_typ, str) and payload_typ.lower() in PAYLOAD_TYPES:
+        return PAYLOAD_TYPES[payload_typ.lower()]
+    events = payload.get("events")
+    if isinstance(events, dict) and BACKCHANNEL_LOGOUT_EVENT in events:
+        return "a logout token"
     return None
 
 
@@ -228,7 +248,7 @@ class Authenticator:
         except (TypeError, ValueError) as exc:  # pyjwt's word for a key that does not fit the algorithm
             raise AuthError(f"the signing key cannot verify {alg} tokens") from exc
         _check_text(claims, "claim")
-        if (what := _declared_not_access(None, claims.get("typ"))) is not None:
+        if (what := _declared_not_access(None, claims)) is not None:
             raise AuthError(f"token is {what}, not an access token")
         iat = claims.get("iat")
         if isinstance(iat, (int, float)) and iat > time.time() + self.cfg.leeway_seconds:

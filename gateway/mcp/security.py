@@ -120,6 +120,13 @@ class TransportGuard:
             )
             return
         origin = headers.get("origin")
+        if origin is not None and sum(k.lower() == b"origin" for k, _ in scope["headers"]) > 1:
+            # `headers` holds the last copy, a handler reads the first: one request has one origin
+            # (RFC 6454 §7.3), so a second copy is refused, whatever either says
+            await self._refuse(
+                scope, receive, send, 403, "origin_refused", "Origin header appears more than once", source_ip
+            )
+            return
         if origin is not None and origin.rstrip("/").lower() not in self.origins:
             # A browser page from another origin (DNS rebinding, CSRF) must not reach the tools.
             await self._refuse(

@@ -81,6 +81,10 @@ async def authenticate(c: Components, request: Request) -> Principal | Response:
     authn: Authenticator = request.app.state.authenticator
     started = time.perf_counter()
     try:
+        if sum(k.lower() == b"authorization" for k, _ in request.scope["headers"]) > 1:
+            # one token per request (RFC 6750 §2): the first copy would be verified, the other left to
+            # whoever reads the last one (an intermediary), so neither is taken
+            raise AuthError("the Authorization header appears more than once", error="invalid_request")
         principal = await authn.authenticate(request.headers.get("authorization"))
     except AuthError as err:
         c.metrics.observe("authenticate", started)
@@ -197,9 +201,9 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
             return await _modern(c, principal, request, msg, version_header)
         return await _legacy(c, principal, request, msg, version_header)
     except RpcFault as fault:
-        status = _status(fault, modern.is_modern(version_header))
         if fault.id is None and msg is not None:
             fault.id = msg.id
+        status = _status(fault, modern.is_modern(version_header))
         if fault.http_status is not None:  # its own status in both eras (429 at the door, 503 without a policy)
             status = fault.http_status
         response = error_response(fault.id, fault.code, fault.message, fault.data, status=status)
@@ -212,10 +216,11 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
 
 def _status(fault: RpcFault, is_modern: bool) -> int | None:
     """Modern era: the SDK's code→status table. Handshake era: 400 for envelope faults (a routing
-    header sent twice among them), else 200."""
+    header sent twice among them) and for a fault with no id to answer (a notification refused: the
+    spec wants an HTTP error for input not accepted, and a 200 would read as a response), else 200."""
     if is_modern:
         return None
-    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST, HEADER_MISMATCH) else 200
+    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST, HEADER_MISMATCH) or fault.id is None else 200
 
 
 async def _refuse(
