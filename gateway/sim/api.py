@@ -170,6 +170,10 @@ class ApiApp:
                 await asyncio.sleep(rt.cluster.auth_failure_delay)
             return Response(status_code=401, headers=HEADERS)
         entry["token_id"] = principal.tokenid
+        # pve-http-server reads a body for POST and PUT only; any other method carrying content is
+        # refused before a handler runs (AnyEvent.pm process_header), never run without its parameters
+        if method not in ("POST", "PUT") and request.headers.get("content-length", "0").strip() not in ("", "0"):
+            return error_response(ApiError(501, f"Unexpected content for method '{method}'"))
         f = rt.faults
         delay = f.latency_for(path)
         if delay:
