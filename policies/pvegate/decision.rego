@@ -98,6 +98,8 @@ call_problems contains "input.tool.scope must be guest, node, cluster or storage
 
 call_problems contains "input.target must be an object" if target_ok == false
 
+call_problems contains "input.arguments must be an object" if arguments_ok == false
+
 call_problems contains "input.arguments_digest must be a string" if digest_ok == false
 
 call_problems contains "input.usage must hold the usage counters" if usage_ok == false
@@ -117,6 +119,12 @@ tool_scope_ok if input.tool.scope in scopes
 default target_ok := false
 
 target_ok if is_object(input.target)
+
+# (the rules reading the arguments, critical calls by argument value among them, would
+# not hold without them: a call without its arguments is not decided)
+default arguments_ok := false
+
+arguments_ok if is_object(input.arguments)
 
 default digest_ok := false
 
@@ -147,6 +155,7 @@ call_input_ok if {
 	input.tool.effect in lib.effects
 	input.tool.scope in scopes
 	is_object(input.target)
+	is_object(input.arguments)
 	is_string(input.arguments_digest)
 	is_object(input.usage)
 }

@@ -95,6 +95,28 @@ test_malformed_call_denied if {
 	}
 }
 
+# the arguments are part of the contract (decision_input.schema.json requires them):
+# without them the rules that read them (critical calls by argument value, guarded
+# tag removal, the address scope) could not hold, and a firewall turned off by an
+# admin was allowed outright instead of waiting for two approvers
+test_call_without_arguments_denied if {
+	fw_off := object.union(
+		fx.call(fx.admin, fx.tool("firewall_guest_options_set", "firewall", "write", "guest", []), fx.web_guest),
+		{"arguments": {"vmid": 101, "enable": false}},
+	)
+	pvegate.decision.approval.required with input as fw_off
+	every args in [null, "enable=0", []] {
+		d := pvegate.decision with input as object.union(fw_off, {"arguments": args})
+		d.allow == false
+		fx.has_reason(d.deny, "input.arguments must be an object")
+	}
+	d := pvegate.decision with input as json.remove(fw_off, ["arguments"])
+	d.allow == false
+	some r in d.deny_reasons
+	r.code == "input.invalid"
+	fx.has_reason(d.deny, "input.arguments must be an object")
+}
+
 test_undecidable_input_falls_back_to_deny if {
 	# non-numeric risk points make the score uncomputable
 	d := pvegate.decision with input as prod_stop with data.data.risk.effect_points.write as "twenty"

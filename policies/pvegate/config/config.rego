@@ -208,6 +208,17 @@ problems contains msg if {
 	msg := sprintf("risk.level_thresholds must rise: medium %v < high %v < critical %v", [t.medium, t.high, t.critical])
 }
 
+# (risk.score is clamped to 0-100: a higher critical threshold is never reached, so no
+# call would be critical by its score, however risky)
+problems contains msg if {
+	valid_thresholds
+	risk.level_thresholds.critical > max_risk_score
+	msg := sprintf(
+		"risk.level_thresholds.critical %v is above %d, the highest risk score: no score would ever be critical",
+		[risk.level_thresholds.critical, max_risk_score],
+	)
+}
+
 # Every place where the data breaks its JSON Schema (schema/data.json beside
 # this file, as the constant data_schema in data_schema.rego): an unknown key is
 # a misspelling that would otherwise be silently ignored, a wrong type a setting
@@ -258,6 +269,20 @@ problems contains msg if {
 	])
 }
 
+# (the schema's pattern admits a leading zero or an octet over 255, which OPA's
+# net.cidr_contains fails on: such a network contains no address, so a reserved
+# range would silently reserve nothing)
+problems contains msg if {
+	some list in ["permitted_networks", "reserved"]
+	some i, n in object.get(ip_scope, list, [])
+	is_string(n.cidr)
+	not net.cidr_is_valid(n.cidr)
+	msg := sprintf(
+		"ip_scope.%s.%d.cidr: %s is not a network OPA can read (an octet over 255 or with a leading zero?): it would match no address",
+		[list, i, n.cidr],
+	)
+}
+
 role_defined(name) if is_object(roles[name])
 
 default schema_errors := []
@@ -281,6 +306,9 @@ data_path(field, key) := concat(".", [p | some p in array.concat(parts(field), [
 parts(field) := [] if lower(field) == "(root)"
 
 parts(field) := split(field, ".") if lower(field) != "(root)"
+
+# the highest risk score (risk.score is clamped to 0-100)
+max_risk_score := 100
 
 valid_quota(q) if {
 	is_string(q.name)

@@ -68,6 +68,14 @@ test_thresholds_that_do_not_rise_are_a_problem if {
 	"risk.level_thresholds must rise: medium 25 < high 25 < critical 75" in p2
 }
 
+# a score is clamped to 0-100: a critical threshold above 100 is never reached, so no
+# call would be critical by its score
+test_critical_threshold_above_the_highest_score_is_a_problem if {
+	p := config.problems with data.data.risk.level_thresholds as {"medium": 25, "high": 50, "critical": 101}
+	p == {"risk.level_thresholds.critical 101 is above 100, the highest risk score: no score would ever be critical"}
+	count(config.problems) == 0 with data.data.risk.level_thresholds as {"medium": 25, "high": 50, "critical": 100}
+}
+
 # the security engineer's findings: a misspelled key and hours given as strings
 misspelled := object.union(data.data, {"guardrails": object.union(data.data.guardrails, {
 	"protected_tag": ["crown-jewel"],

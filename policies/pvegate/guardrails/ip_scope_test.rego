@@ -58,3 +58,30 @@ test_malformed_network_is_a_data_problem if {
 	some p in problems
 	startswith(p, "ip_scope.permitted_networks.0.cidr: ")
 }
+
+# a network the schema's pattern admits but OPA cannot read (a leading zero, an octet
+# over 255): net.cidr_contains fails on it, so a reserved range written so would
+# reserve nothing; the data check names it instead
+test_network_opa_cannot_read_is_a_data_problem if {
+	bad := object.union(data.data, {"ip_scope": {
+		"tools": ["check_ip_availability"],
+		"permitted_networks": [{"cidr": "10.10.1.0/24"}, {"cidr": "10.10.300.0/24"}],
+		"reserved": [{"cidr": "10.10.01.240/28", "reason": "DHCP pool"}],
+	}})
+	problems := data.pvegate.config.problems with data.data as bad
+	suffix := " is not a network OPA can read (an octet over 255 or with a leading zero?): it would match no address"
+	unreadable := {p |
+		some p in problems
+		endswith(p, suffix)
+	}
+	unreadable == {
+		concat("", ["ip_scope.reserved.0.cidr: 10.10.01.240/28", suffix]),
+		concat("", ["ip_scope.permitted_networks.1.cidr: 10.10.300.0/24", suffix]),
+	}
+}
+
+test_shipped_networks_are_readable if {
+	every p in data.pvegate.config.problems {
+		not startswith(p, "ip_scope.")
+	}
+}

@@ -63,20 +63,8 @@ mutation_factors contains factor if {
 # worth the critical threshold on its own; a dry run changes nothing and is scored as usual.
 # Only the critical calls that name the call's tool, or name none (index_names "*"), are
 # tested (looked up in the rule bodies: partially evaluated, OPA's rule index picks them
-# by the call's tool name)
-mutation_factors contains critical_factor(rule) if {
-	not obligations.dry_run
-	some rule in critical_index[input.tool.name]
-	lib.call_matches(rule, input.principal, input.tool, input.target)
-	arguments_match(rule)
-}
-
-mutation_factors contains critical_factor(rule) if {
-	not obligations.dry_run
-	some rule in critical_index["*"]
-	lib.call_matches(rule, input.principal, input.tool, input.target)
-	arguments_match(rule)
-}
+# by the call's tool name; critical_matches below)
+mutation_factors contains critical_factor(rule) if some rule in critical_matches
 
 mutation_factors contains factor if {
 	points := cfg.scope_points[input.tool.scope]
@@ -128,6 +116,20 @@ mutation_factors contains factor if {
 	}
 }
 
+critical_matches contains rule if {
+	not obligations.dry_run
+	some rule in critical_index[input.tool.name]
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+	arguments_match(rule)
+}
+
+critical_matches contains rule if {
+	not obligations.dry_run
+	some rule in critical_index["*"]
+	lib.call_matches(rule, input.principal, input.tool, input.target)
+	arguments_match(rule)
+}
+
 critical_factor(rule) := {
 	"name": sprintf("critical_call:%s", [rule.name]),
 	"points": cfg.level_thresholds.critical,
@@ -145,12 +147,20 @@ business_hours if lib.in_window(cfg.business_hours, lib.weekday, lib.hour_utc)
 # the factors' points, clamped to 0-100
 score := min([100, max([0, sum([f.points | some f in factor_list])])])
 
-# the lowest level whose next threshold the score stays under (the data's
-# thresholds rise: the data check refuses them otherwise, see config.problems);
-# one test decides a low score, the common case
+# the level: critical for a critical call whatever it scores (points below zero included: a
+# tag scored -30 must not bring a firewall turned off down to high, and to a single
+# approver), else the lowest level whose
+# next threshold the score stays under (the data's thresholds rise: the data check refuses
+# them otherwise, see config.problems); a read is one test of `mutation` and one comparison.
+# (The first branch gives the default's value on purpose: it must be tested before the
+# score's branches, which a default is not.)
 default level := "critical"
 
-level := "low" if {
+# regal ignore:rule-assigns-default
+level := "critical" if {
+	mutation
+	count(critical_matches) > 0
+} else := "low" if {
 	score < cfg.level_thresholds.medium
 } else := "medium" if {
 	score < cfg.level_thresholds.high

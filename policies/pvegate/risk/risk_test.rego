@@ -99,3 +99,18 @@ test_critical_calls_by_selector if {
 	critical_names(fx.call(fx.admin, fx.vm_stop, fx.lab_guest)) == {"critical_call:named", "critical_call:domain"}
 	critical_names(fx.call(fx.agent, fx.guest_config_tool, fx.prod_guest)) == set()
 }
+
+# a critical call is critical whatever else the call scores: other factors worth points
+# below zero (a tag the data scores -30) must not bring it down to high, where it would
+# wait for one approver instead of the critical level's two; a dry run stays scored
+test_critical_call_stays_critical_under_negative_points if {
+	crit := [{"name": "stop", "tools": ["vm_stop"], "reason": "r"}]
+	stop := fx.call(fx.admin, fx.vm_stop, fx.lab_guest)
+	risk.level == "critical" with input as stop with data.data.risk.critical_calls as crit
+		with data.data.risk.target_tag_points as {"lab": -60}
+	risk.score < 75 with input as stop with data.data.risk.critical_calls as crit
+		with data.data.risk.target_tag_points as {"lab": -60}
+	dry := object.union(stop, {"dry_run": true})
+	risk.level == "low" with input as dry with data.data.risk.critical_calls as crit
+		with data.data.risk.target_tag_points as {"lab": -60}
+}
