@@ -106,7 +106,11 @@ _tmp_root: Path | None = None
 
 
 def _key(opa: Path, policies: tuple[Path, ...]) -> str:
-    h = hashlib.sha256(str(opa.resolve()).encode() + b"\0" + ",".join(ENTRYPOINTS).encode())
+    # the binary by path and by what is there now: an OPA upgraded in place (its partial evaluation may
+    # differ) builds anew rather than serve the old binary's output
+    st = opa.resolve().stat()
+    binary = f"{opa.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    h = hashlib.sha256(binary.encode() + b"\0" + ",".join(ENTRYPOINTS).encode())
     for p in policies:
         files = policy_files(p) if p.is_dir() else [p]
         digest = content_digest(files, p if p.is_dir() else p.parent)
@@ -141,7 +145,8 @@ def _prune(root: Path) -> None:
 
 
 def build_cached(opa: Path, policies: tuple[Path, ...]) -> Path:
-    """build(), reused while the policy files (and the OPA binary's path) are the same."""
+    """build(), reused while the policy files and the OPA binary (its path, size and modification time) are
+    the same."""
     key = _key(opa, policies)
     with _cache_lock:
         if key in _cache and _cache[key].is_dir():

@@ -10,6 +10,7 @@ same with broken data: the data check's refusal must survive the optimisation to
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -221,6 +222,25 @@ def test_builds_are_cached_by_content_in_a_private_directory(tmp_path: Path, mon
     (tmp_path / "cache" / "pvegate" / "opa-optimized").chmod(0o777)
     elsewhere = optimized.build_cached(opa, (tree,))
     assert tmp_path / "cache" not in elsewhere.parents
+
+
+def test_an_opa_replaced_in_place_builds_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache key is the binary's path and what is there: an OPA upgraded in place must not be handed
+    the old binary's partial evaluation."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(optimized, "_cache", {})
+    opa = tmp_path / "bin" / "opa"
+    opa.parent.mkdir()
+    shutil.copy2(_opa(), opa)
+    tree = tmp_path / "policies"
+    shutil.copytree(POLICIES, tree, ignore=shutil.ignore_patterns("golden", "*_test.rego"))
+    first = optimized.build_cached(opa, (tree,))
+    assert optimized.build_cached(opa, (tree,)) == first
+    replacement = tmp_path / "opa.new"  # an upgrade: another file renamed over the path
+    shutil.copy(_opa(), replacement)
+    os.utime(replacement, ns=(1_000_000_000, 1_000_000_000))
+    os.replace(replacement, opa)
+    assert optimized.build_cached(opa, (tree,)) != first
 
 
 def _call(template: dict[str, Any], sub: str, roles: list[str], groups: list[str], kind: str) -> dict[str, Any]:
