@@ -196,6 +196,8 @@ class HealthMonitor:
     audit_probe_timed_out: bool = False
     audit_free_bytes: int | None = None
     audit_stat_error: str | None = None
+    # the audit file removed or replaced under the running gateway (AuditLog.file_problem), logged once
+    audit_file_problem: str | None = None
     cluster_states: dict[str, ClusterState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
@@ -329,6 +331,12 @@ class HealthMonitor:
             self.audit_free_bytes = None
             self.audit_stat_error = f"cannot check the audit store's free space ({exc.strerror or exc})"
             log.error("readiness: %s", self.audit_stat_error)
+        if local is not None and self.audit_stat_error is None:
+            problem = await self._audit_file_problem()
+            if problem is not None and problem != self.audit_file_problem:  # logged once, not every probe
+                log.error("readiness: %s", problem)
+            self.audit_file_problem = problem
+            self.audit_stat_error = problem
         last = self.audit.last_commit_at
         if (
             last is not None
@@ -354,6 +362,11 @@ class HealthMonitor:
             self.audit_probe_failed_at, self.audit_probe_timed_out = time.monotonic(), False
         if self.audit_probe_error:
             log.error("readiness: %s", self.audit_probe_error)
+
+    async def _audit_file_problem(self) -> str | None:
+        """Why the SQLite file at audit.path is not the one the gateway writes (removed, renamed, replaced),
+        or None: the audit's own check (AuditLog.file_problem), which calls are refused on too."""
+        return await asyncio.to_thread(self.audit.file_problem)
 
     def _probe_ok(self) -> None:
         self.audit_probe_error = self.audit_probe_public = None

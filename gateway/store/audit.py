@@ -549,6 +549,8 @@ class AuditLog:
         self.key_path = head_key or default_key_path(path)  # type: ignore[arg-type]
         # where free space is checked (the SQLite file's folder); None on PostgreSQL (the server's concern)
         self.local_dir: Path | None = None if isinstance(path, PgLocation) else path.parent
+        # SQLite: (st_dev, st_ino) of the file this process opened (file_problem)
+        self.file_id: tuple[int, int] | None = None
         # PostgreSQL: this process's name in audit_replicas and on its decision records (reconciliation's owner)
         self.replica_id: str | None = replica_name() if self.pg else None
         self._seal: Seal | None = None
@@ -732,10 +734,28 @@ class AuditLog:
             wal_mode(con)
             con.execute(f"PRAGMA synchronous={self.synchronous}")
             migrations.upgrade_sync(con, "audit", MIGRATIONS["sqlite"])
+            st = os.stat(path)
         except BaseException:
             con.close()
             raise
         self._con = con
+        self.file_id = (st.st_dev, st.st_ino)
+
+    def file_problem(self) -> str | None:
+        """SQLite: why the file at audit.path is not the one this process writes, or None (one stat). Removed,
+        renamed or replaced under a running gateway, the open connection keeps committing into the old inode:
+        records no `audit verify` reads and the next start does not find, so nothing may be written there."""
+        if self.file_id is None or isinstance(self.path, PgLocation):
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return "the audit database file is gone from audit.path (removed or renamed)"
+        except OSError as exc:
+            return f"cannot check the audit database file ({exc.strerror or type(exc).__name__})"  # no path
+        if (st.st_dev, st.st_ino) != self.file_id:
+            return "the audit database file at audit.path is not the one this gateway writes"
+        return None
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         assert self._thread is not None
