@@ -187,11 +187,27 @@ def check_ssh_keys(config: Config) -> None:
             )
 
 
+class _EncryptedKey(Exception):
+    """OpenSSL asked for the TLS key's passphrase."""
+
+
+def _no_passphrase() -> bytes:
+    # without a callback OpenSSL prompts on the controlling terminal, and the start waits there for input
+    raise _EncryptedKey
+
+
 def check_tls(config: Config) -> None:
     if config.tls.insecure_http or not (config.tls.cert and config.tls.key):
         return
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.tls.cert, config.tls.key)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            config.tls.cert, config.tls.key, password=_no_passphrase
+        )
+    except _EncryptedKey:
+        # uvicorn is given no passphrase either: it would prompt, or fail, in its turn
+        raise StartupError(
+            f"tls.key: {config.tls.key} is encrypted: pvegate has no passphrase to give; store it decrypted (mode 0600)"
+        ) from None
     except (OSError, ssl.SSLError) as exc:
         raise StartupError(
             f"tls.cert/tls.key: cannot load {config.tls.cert} and {config.tls.key}: {_reason(exc)}"

@@ -111,6 +111,18 @@ def int_range(low: int, high: int, what: str) -> Callable[[str], int]:
     return parse
 
 
+def not_blank(what: str) -> Callable[[str], str]:
+    """An argparse type: text that is not blank (a usage error otherwise, exit 2)."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"a blank {what}: {text!r}")
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pvegate", description="Policy-as-code MCP gateway for Proxmox VE", epilog=EXIT_STATUS
@@ -156,11 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("pvegate.yaml"),
         help="the gateway configuration file",
     )
-    m.add_argument("--sub", required=True, help="the subject (principal name) the token is for")
-    m.add_argument("--role", action="append", help="a role claim (repeatable)")
-    m.add_argument("--group", action="append", help="a group claim, e.g. sre-leads for approvers (repeatable)")
+    # a blank subject mints a token the gateway refuses on every request; a blank role, group or scope is none
     m.add_argument(
-        "--scope", action="append", help="an OAuth scope (repeatable); auth.required_scopes must all be present"
+        "--sub", required=True, type=not_blank("subject"), help="the subject (principal name) the token is for"
+    )
+    m.add_argument("--role", action="append", type=not_blank("role"), help="a role claim (repeatable)")
+    m.add_argument(
+        "--group",
+        action="append",
+        type=not_blank("group"),
+        help="a group claim, e.g. sre-leads for approvers (repeatable)",
+    )
+    m.add_argument(
+        "--scope",
+        action="append",
+        type=not_blank("scope"),
+        help="an OAuth scope (repeatable); auth.required_scopes must all be present",
     )
     m.add_argument(
         "--kind", default="agent", choices=["agent", "human", "service"], help="principal kind; only humans may approve"

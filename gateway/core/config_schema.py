@@ -481,13 +481,14 @@ def _jwks_url(url: str) -> list[str]:
             "auth.jwks_url: must be https (plain http only on loopback: 127.0.0.1, localhost or ::1); "
             "the keys that verify every token must not cross the network in the clear"
         ]
-    return []
+    # fetched as given (a query is the server's own): a host and a usable port, else every token is refused
+    return _base_url("auth.jwks_url", url, query_ok=True)[1]
 
 
-def _base_url(at: str, url: str) -> tuple[str | None, list[str]]:
+def _base_url(at: str, url: str, *, query_ok: bool = False) -> tuple[str | None, list[str]]:
     """(path, problems) of a base URL the gateway appends paths to: it needs a host, a port from 1 to
-    65535 if any, and no whitespace, query or fragment. Path None: nothing more to check (a user name
-    or password in it is _url_credentials' to say)."""
+    65535 if any, and no whitespace, query or fragment (`query_ok`: a URL used as given may have them).
+    Path None: nothing more to check (a user name or password in it is _url_credentials' to say)."""
     if not url.isprintable() or any(c.isspace() for c in url):
         return None, [f"{at}: {_show(url)} holds whitespace or a control character; write the URL without it"]
     try:
@@ -498,7 +499,7 @@ def _base_url(at: str, url: str) -> tuple[str | None, list[str]]:
         ]
     if "@" in parts.netloc:
         return None, []
-    if "?" in url or "#" in url:
+    if ("?" in url or "#" in url) and not query_ok:
         return None, [f"{at}: has a query or a fragment ('?' or '#'): paths are appended to it; remove them"]
     if not parts.hostname:
         return None, [f"{at}: names no host (scheme://HOST[:PORT]/...)"]
@@ -536,6 +537,19 @@ def _public_url(url: str) -> list[str]:
     return found
 
 
+def _opa_delays(at: str, section: Any) -> list[str]:
+    """OPA's own rule for a polling or reporting section, which it applies only once the managed OPA
+    starts: both delays or neither, and the min not above the max."""
+    if not isinstance(section, dict):
+        return []
+    low, high = section.get("min_delay_seconds"), section.get("max_delay_seconds")
+    if (low is None) != (high is None):
+        return [f"{at}: give both min_delay_seconds and max_delay_seconds, or neither (OPA refuses one alone)"]
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        return [f"{at}.max_delay_seconds: must be at least min_delay_seconds ({low}), got {high}"]
+    return []
+
+
 def _netloc(url: str) -> str:
     try:
         return urlsplit(url).netloc
@@ -569,11 +583,19 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
         out += _public_url(raw["public_url"])
     if isinstance(raw["auth"].get("jwks_url"), str):
         out += _jwks_url(raw["auth"]["jwks_url"])
+    # issuer identifiers clients append /.well-known/... to (RFC 8414): advertised to every MCP client
+    for i, server in enumerate(raw["auth"].get("authorization_servers") or []):
+        if isinstance(server, str):
+            out += _base_url(f"auth.authorization_servers[{i}]", server)[1]
 
     opa = raw.get("opa") or {}
     if opa.get("mode") == "external":
         if not opa.get("url"):
             out.append("opa.url: required when opa.mode is external")
+        elif isinstance(opa["url"], str):
+            # the base of OPA's /v1/data/...: the schema's pattern asks only for the scheme, and `http://` or a
+            # port out of range failed only at run time
+            out += _base_url("opa.url", opa["url"])[1]
         if not opa.get("token"):
             out.append("opa.token: required when opa.mode is external (the token OPA's API admits)")
         for key in (
@@ -638,6 +660,9 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
         upload = opa.get("decision_logs_upload") or {}
         if upload.get("service") is not None and upload["service"] not in (opa.get("services") or {}):
             out.append(f"opa.decision_logs_upload.service: {upload['service']!r} is not in opa.services")
+        for bname, entry in (opa.get("bundles") or {}).items():
+            out += _opa_delays(f"opa.bundles.{bname}.polling", entry.get("polling"))
+        out += _opa_delays("opa.decision_logs_upload.reporting", upload.get("reporting"))
 
     tls = raw.get("tls") or {}
     host = str((raw.get("listen") or {}).get("host", "127.0.0.1"))
@@ -802,10 +827,14 @@ def reference() -> str:
         "refused. An `allowed_hosts` entry must be `host` or `host:port` and an `allowed_origins` entry",
         "`http(s)://host[:port]` without the scheme's default port (`:443`, `:80`): each is compared with",
         "the whole header, so `*`, a URL as a host, a path or a bare name as an origin would never match.",
+        "An `opa.bundles.<name>.polling` or `opa.decision_logs_upload.reporting` section gives both",
+        "`min_delay_seconds` and `max_delay_seconds` or neither, the min not above the max (OPA's rule).",
         "A cluster's `api_url` must have the path `/api2/json`, and `public_url` must not end in `/mcp` (it",
-        "is the gateway's base URL); both need a host and a port (if any) from 1 to 65535, without query,",
-        "fragment or whitespace. `auth.jwks_url` must be https (http only on `127.0.0.1`, `localhost` or",
-        "`::1`), as `pvegate serve` requires, and an enabled console's `console.scopes` must include `openid`.",
+        "is the gateway's base URL); both, an external `opa.url` and each `auth.authorization_servers` entry",
+        "need a host and a port",
+        "(if any) from 1 to 65535, without query, fragment or whitespace. `auth.jwks_url` must be https (http",
+        "only on `127.0.0.1`, `localhost` or `::1`), as `pvegate serve` requires, with a host and a port (if",
+        "any) from 1 to 65535, and an enabled console's `console.scopes` must include `openid`.",
         "No URL setting may hold a user name or password. A mapping key YAML reads as something else than",
         "a string (an unquoted `on`, `yes` or `true` is a boolean, `1` a number) is refused: quote it.",
         "Every number that feeds a timeout, a sleep, a size or a count has a maximum (shown above).",
@@ -823,9 +852,10 @@ def reference() -> str:
         "configuration is valid, every secret can be read, `state_dir` (and the audit database's",
         "directory) can be created and written, the files it names can be read, each cluster's SSH",
         "private key loads without a passphrase and each pinned `host_key` is a public key, `opa.services`",
-        "credentials given as `{file:}`/`{env:}` can be read, the TLS certificate and key load, and",
-        "`listen.port` is free. The policy data a managed OPA loads from a directory is read strictly",
-        "(a key given twice refuses the start, as OPA would keep only the last). A managed OPA that",
+        "credentials given as `{file:}`/`{env:}` can be read, the TLS certificate and key load (a key that",
+        "needs a passphrase is refused, never prompted for: store it decrypted), and `listen.port` is free.",
+        "The policy data a managed OPA loads from a directory is read strictly (a key given twice refuses",
+        "the start, as OPA would keep only the last). A managed OPA that",
         "refuses to start (e.g. a bundle",
         "whose signature or digest does not verify) is quoted from its log, `state_dir/opa.log`:",
         "",

@@ -7,6 +7,7 @@ or the PostgreSQL database storage.url names, so they work whether or not a gate
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sqlite3
@@ -306,14 +307,34 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     # a file: written aside and put in place whole, so an export that stops leaves no partial file behind
     tmp = args.out.with_name(f".{args.out.name}.partial")
-    tmp.unlink(missing_ok=True)  # left by an export that was killed
     try:
-        with auditlib.private_file(tmp) as out:  # 0600 whatever the umask: it holds what the database holds
+        try:
+            tmp.unlink(missing_ok=True)  # left by an export that was killed
+            out = auditlib.private_file(tmp)  # 0600 whatever the umask: it holds what the database holds
+        except OSError as exc:
+            raise _Unwritable(exc) from exc
+        with out:
             n = 0
             for row in auditlib.iter_rows(db_path(args), _query(args)):
-                out.write(auditlib.export_line(row) + "\n")
+                try:
+                    out.write(auditlib.export_line(row) + "\n")
+                except OSError as exc:
+                    raise _Unwritable(exc) from exc
                 n += 1
-        tmp.replace(args.out)
+            try:
+                out.flush()  # a full disk said here, as the output's, not by the close
+            except OSError as exc:
+                raise _Unwritable(exc) from exc
+        try:
+            tmp.replace(args.out)
+        except OSError as exc:
+            raise _Unwritable(exc) from exc
+    except _Unwritable as exc:  # the output's problem, not the audit's; never the temporary file's name
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        why = exc.cause.strerror or str(exc.cause)
+        print(f"error: cannot write {args.out}: {why}; nothing was written", file=sys.stderr)
+        return 1
     except auditlib.AuditDataError as exc:
         tmp.unlink(missing_ok=True)
         print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
@@ -323,6 +344,14 @@ def _export(args: argparse.Namespace) -> int:
         raise
     print(f"exported {n} records", file=sys.stderr)
     return 0
+
+
+class _Unwritable(Exception):
+    """The export's output file could not be written (the audit itself was read fine)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def _archive(args: argparse.Namespace) -> int:
