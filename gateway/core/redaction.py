@@ -9,10 +9,13 @@ from typing import Any
 
 REDACTED = "[redacted]"
 
-# scheme://user:password@ up to the last '@' before a space or a quote: a password may hold '/',
-# '?' or '#' as written (apt takes such a source line), so the host is not where the userinfo is
-# sure to end. Not the USER@HOST placeholder of a hint: a word, never a credential.
-_USERINFO = re.compile(r"""([A-Za-z][A-Za-z0-9+.-]*://)(?!USER@)[^\s'"]*@""")
+# scheme://user:password@ up to the last '@' before a space: a password may hold '/', '?' or '#'
+# as written (apt takes such a source line), so the host is not where the userinfo is sure to end,
+# and a quote too (RFC 3986 allows ' among userinfo's sub-delims), so neither is a quote. A quoted
+# URL ('https://u:p@h/x' in a message, a repr) keeps its closing quote, past the last '@'; a text
+# with an '@' after it before any space loses more than the userinfo, never less. Not the USER@HOST
+# placeholder of a hint: a word, never a credential.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(?!USER@)\S*@")
 
 
 def strip_userinfo(text: str) -> str:

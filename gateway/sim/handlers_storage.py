@@ -123,7 +123,9 @@ def delete_volume(ctx: Ctx) -> Any:
         cl.touch()
         return [f"Removed volume '{v.volid}'"]
 
-    return ctx.rt.tasks.start(node, "imgdel", "", ctx.user, work).upid
+    # PVE's worker id (Content.pm delete): `<owner vmid>@<storage>` for a guest's volume, else `<storage>`
+    worker = f"{v.vmid}@{s.id}" if v.vmid is not None else s.id
+    return ctx.rt.tasks.start(node, "imgdel", worker, ctx.user, work).upid
 
 
 def _remote(url: str) -> tuple[str, int, str]:

@@ -19,7 +19,10 @@ For each open call, oldest first:
   earliest call settled, whatever pass it is); each row's UPID checked again, whole (type,
   user exactly the token id: `userfilter` is a substring match, worker id: the guest's vmid,
   or the tool's `task_worker_id` filled from the call, e.g. `103@local` for a prune, with no
-  `vmid` filter sent then; start time). Found: as
+  `vmid` filter sent then; a volume deletion's, `imgdel`: its owner (target.volume_of) and storage,
+  `103@local`, or `local` for a volume nobody owns, and a record that does not say whose volume it is
+  is `reconciled` with `proxmox: unverifiable` and the reason, never matched to a task that may be
+  another deletion's; start time). Found: as
   above (`found_by: task_list`). Nothing: `reconciled` with `proxmox: not_found` (the request
   never reached Proxmox, or Proxmox refused it before starting a task). A call that names no
   node is looked for on every node the cluster lists; while one of them is not online (its
@@ -125,6 +128,10 @@ CLOCK_SKEW_SECONDS = 120
 # be behind this call's writer's or the node's (another replica, an earlier run, a clock stepped between runs).
 # Generous: a claim read too many costs nothing, a claim missed lets one call's task be recorded as another's.
 CLAIM_MARGIN_SECONDS = 3600
+
+# The task type of a volume deletion, whose worker id is the volume's owner and storage (volume_worker_id), not
+# the target's vmid (it has none) nor a `task_worker_id` form: PVE's id depends on what the volume's name says.
+VOLUME_TASK = "imgdel"
 
 RECONCILE_LOCK = "pvegate-reconcile"  # one reconciler at a time among the replicas (AuditLog.exclusive)
 
@@ -559,7 +566,10 @@ class Reconciler:
         try:
             if task_id is None:
                 found_by = "task_list"
-                task_id = await self._search(client, cluster, call, types, claimed, before, tool)
+                try:
+                    task_id = await self._search(client, cluster, call, types, claimed, before, tool)
+                except WorkerIdUnknown as exc:
+                    return await self._worker_unknown(call, str(exc), turn)
             if task_id is None:
                 body: dict[str, Any] = {
                     "proxmox": "not_found",
@@ -603,6 +613,21 @@ class Reconciler:
             turn,
         )
         return Settled(call.request_id, call.tool, "reconciled", verdict, task_id, exit_status[:300])
+
+    async def _worker_unknown(self, call: OpenCall, why: str, turn: auditlib.Turn | None) -> Settled:
+        """A mutation without a recorded UPID whose task's worker id its records do not tell: any task of its
+        type found could be another call's (a deletion of another volume on the same node), so none is taken.
+        Final, and it says why."""
+        body: dict[str, Any] = {
+            "proxmox": "unverifiable",
+            "reason": f"the worker id of its task cannot be told ({why}): a task found could be another "
+            "call's, so none is taken; check the target",
+            "task_id": None,
+            "found_by": None,
+            "decided_at": call.ts,
+        }
+        await self._write(call, "reconciled", body, turn)
+        return Settled(call.request_id, call.tool, "reconciled", "unverifiable", None, body["reason"])
 
     async def _unverifiable(self, call: OpenCall, known: bool, turn: auditlib.Turn | None) -> Settled:
         """A mutation without a recorded UPID whose task cannot be looked for: settled, saying why."""
@@ -675,7 +700,16 @@ class Reconciler:
         `root@pam!gw-backup`'s tasks; `vmid`) only narrow the list: every candidate's UPID is checked again,
         whole. A call that names no node is looked for on every node the cluster lists; while one of them is
         not online its list cannot be read, and the task may be there: ToolError (the call is left open for a
-        later pass), never "not found"."""
+        later pass), never "not found". WorkerIdUnknown when the call's records do not tell its task's id
+        (a volume whose owner they do not say): nothing is searched."""
+        want: str | None
+        if VOLUME_TASK in types:  # a volume deletion: its owner and storage, never unchecked
+            vmid, want = None, volume_worker_id(call)
+        elif tool is not None and tool.task_worker_ids:  # None: no form fits (not checked, as for a call of no guest)
+            vmid, want = None, worker_id(tool.task_worker_ids, tool.target, call)
+        else:
+            vmid = call.target.get("vmid")
+            want = None if vmid is None else str(vmid)
         user = self.token_user(cluster)
         if user is None:
             raise ToolError(f"cannot read the token of cluster {cluster} to search its tasks")
@@ -695,11 +729,6 @@ class Reconciler:
                 )
             nodes = sorted(listed)
         since, until = self.task_window(cluster, call.ts, before)
-        if tool is not None and tool.task_worker_ids:  # None: no form fits (not checked, as for a call of no guest)
-            vmid, want = None, worker_id(tool.task_worker_ids, tool.target, call)
-        else:
-            vmid = call.target.get("vmid")
-            want = None if vmid is None else str(vmid)
         # Proxmox filters a finished task's user with its token id split off (`root@pam`, tokenid `gw`), so
         # `userfilter=root@pam!gw` would find running tasks only: the user part, the token checked in the UPID
         owner = user.partition("!")[0]
@@ -764,6 +793,10 @@ class Reconciler:
             log.warning("reconcile: the pool hold of %s not updated (%s)", request_id, type(exc).__name__)
 
 
+class WorkerIdUnknown(Exception):
+    """The worker id of a call's task cannot be told from its records: no task found may be taken as its own."""
+
+
 def worker_id(forms: tuple[str, ...], params: dict[str, str], call: OpenCall) -> str | None:
     """The worker id a call's task carries, by the tool's `task_worker_id` forms: the first form whose every
     {field} the call has, filled. A field's value is the call's recorded target's, else the argument the
@@ -785,6 +818,33 @@ def worker_id(forms: tuple[str, ...], params: dict[str, str], call: OpenCall) ->
         else:
             return form.format_map(values)  # its only braces are {field} placeholders (catalog.py)
     return None
+
+
+def volume_worker_id(call: OpenCall) -> str:
+    """The worker id of a volume deletion's task (PVE's `imgdel`; pve-storage API2/Storage/Content.pm,
+    delete: `<owner vmid>@<storage>`, or `<storage>` for a volume no guest owns), the owner read from the
+    call's target.volume_of (the guest the volume's name says owns it). Never left unchecked: another
+    deletion's task on the same node has the same type and user, and only this id tells them apart, so a
+    record that does not say whose volume it is, or on which storage, is WorkerIdUnknown."""
+    owner = _volume_owner_id(call.target.get("volume_of"))
+    storage = call.target.get("storage")
+    if not _id_part(storage):
+        raise WorkerIdUnknown("the call's record does not name the volume's storage")
+    return str(storage) if owner is None else f"{owner}@{storage}"
+
+
+def _volume_owner_id(owner: Any) -> int | None:
+    """The vmid of the guest a call's target.volume_of says owns its volume; None when it says nobody does
+    (an ISO, a template, a backup whose name has no id). WorkerIdUnknown when it does not say (a guest's
+    volume whose name does not tell which guest, no volume_of recorded: an older or edited record)."""
+    if not isinstance(owner, dict) or "content" not in owner:
+        raise WorkerIdUnknown("the call's record does not say which guest owns the volume: no target.volume_of")
+    if owner["content"] is None:
+        return None
+    vmid = owner.get("vmid")
+    if isinstance(vmid, int) and not isinstance(vmid, bool):
+        return vmid
+    raise WorkerIdUnknown("the volume's name does not say which guest owns it")
 
 
 def _id_part(value: Any) -> bool:

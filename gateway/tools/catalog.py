@@ -275,6 +275,7 @@ def _check_placeholders(tool: Tool, where: str) -> None:
         for mapping in (tool.spec.get("query") or {}, tool.spec.get("body") or {}):
             for pve_field, value in mapping.items():
                 _check_field(where, pve_field, value, schemas)
+        _check_no_body(tool, where)
         if tool.effect != "read" and not tool.dry_run:
             raise CatalogError(f"{where}: a mutation needs a dry_run description")
         # the task type is what a call whose UPID was lost is found by (reconcile.py): a search that took a
@@ -307,6 +308,26 @@ def _check_placeholders(tool: Tool, where: str) -> None:
                 raise CatalogError(f"{where}: ssh placeholder {p} must be an integer or a string with a pattern")
     if tool.connector == "composite" and tool.effect != "read":
         raise CatalogError(f"{where}: composite tools must be read-only")
+
+
+def _check_no_body(tool: Tool, where: str) -> None:
+    """A GET or DELETE sends no body: pve-http-server reads parameters from the body of a POST or PUT only and
+    answers any other method that carries one `501 Unexpected content`, before anything runs. The runtime
+    (pve_api.request_parts) puts `body` fields in the body whatever the method, and `fixed` values in a GET's
+    query but every other method's body: such a tool would fail every call."""
+    method = tool.spec.get("method")
+    if method not in ("GET", "DELETE"):
+        return
+    if tool.spec.get("body"):
+        raise CatalogError(
+            f"{where}: a {method} sends no body (Proxmox answers 501 Unexpected content): "
+            f"declare its body fields ({', '.join(sorted(tool.spec['body']))}) under `query`"
+        )
+    if method != "GET" and tool.spec.get("fixed"):
+        raise CatalogError(
+            f"{where}: `fixed` values ({', '.join(sorted(tool.spec['fixed']))}) go in a {method}'s body, which "
+            "it cannot send (Proxmox answers 501 Unexpected content): a fixed value is for a GET, POST or PUT"
+        )
 
 
 def _check_task_worker_id(tool: Tool, where: str) -> None:

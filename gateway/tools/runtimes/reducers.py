@@ -252,17 +252,8 @@ def apt_repositories(data: Any, args: dict[str, Any]) -> Any:
     return copy_document(data, leaf=_strip_userinfo_of_text)
 
 
-# strip_userinfo stops at a quote (the texts it serves quote a URL); apt takes a source's URI as
-# written, and its password may hold a quote (RFC 3986 allows ' among userinfo's sub-delims):
-# here the userinfo runs up to the last '@' before a space, quotes included
-_SOURCE_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(?!USER@)\S*@")
-
-
 def _strip_userinfo_of_text(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    text = strip_userinfo(value)
-    return _SOURCE_USERINFO.sub(r"\1***@", text) if "://" in text else text
+    return strip_userinfo(value) if isinstance(value, str) else value
 
 
 TRANSFORMS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
