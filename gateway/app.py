@@ -296,6 +296,8 @@ def create_app(
         try:
             app.state.components = built
             app.state.authenticator = authenticator or Authenticator(config.auth, resource=token_resource(config))
+            if built.health is not None:  # the keys tokens are verified with: none held, not ready
+                built.health.jwks = app.state.authenticator.jwks
             if config.console.enabled:  # the session key and client secret are read once, here
                 app.state.console = Console(built, app.state.authenticator)
             # one key for every replica (state_key or the database): a retry may reach any of them

@@ -121,6 +121,10 @@ class JwksKeys:
         self._last_attempt = float("-inf")
         self._file_mtime: float | str | None = None  # the file's mtime read last, or why it could not be
         self._flight: asyncio.Task[None] | None = None  # the one fetch under way
+        # why the last fetch failed (None: it did not, or none ended yet), for readiness (observability/health.py):
+        # `failure` in the gateway's own words or the exception's type, `failure_detail` the exception's text
+        self.failure: str | None = None
+        self.failure_detail: str | None = None
 
     def _read_file(self) -> list[_Key]:
         assert self.file is not None
@@ -154,9 +158,11 @@ class JwksKeys:
         self._keys = keys
         self._loaded_at = started
         self._file_mtime = mtime
+        self.failure = self.failure_detail = None
         log.info("loaded %d signing keys from %s", len(self._keys), self.url or self.file)
 
     def _failed(self, exc: BaseException) -> None:
+        self.failure, self.failure_detail = self._failure(exc)
         why = f"no complete answer within {self.timeout:g} s" if isinstance(exc, TimeoutError) else shown(str(exc))
         log.warning(
             "JWKS refresh from %s failed (%s: %s); keeping %d known keys",
@@ -165,6 +171,28 @@ class JwksKeys:
             why,
             len(self._keys),
         )
+
+    def _failure(self, exc: BaseException) -> tuple[str, str | None]:
+        """(what anyone may read, the rest): the gateway's own words or the exception's type, and the
+        exception's text without the URL (its query may carry a credential), cut."""
+        if isinstance(exc, TimeoutError):
+            return f"no complete answer within {self.timeout:g} s", None
+        if isinstance(exc, httpx.HTTPStatusError):  # its text names the URL
+            return f"HTTP {exc.response.status_code}", None
+        text = str(exc)
+        if self.url:
+            text = text.replace(self.url, "auth.jwks_url")
+        return type(exc).__name__, text[:200] or None
+
+    @property
+    def key_count(self) -> int:
+        """How many keys are held: none, and no token verifies."""
+        return len(self._keys)
+
+    @property
+    def loaded_at(self) -> float | None:
+        """When the fetch that gave the keys held started (monotonic), or None: no fetch has succeeded."""
+        return None if self._loaded_at == float("-inf") else self._loaded_at
 
     def _refresh_file(self, *, force: bool = False) -> None:
         """A file is read at once, without waiting on anything, whenever it changed; `force` (a token naming

@@ -21,6 +21,12 @@ a load balancer may send agents here:
   approval step, before any audit write) turns it red at once, until a commit succeeds
   again; a commit after a failed probe (the first call served once PostgreSQL is back)
   turns it green without waiting for the next probe.
+- identity: with `auth.jwks_url`, the gateway holds a signing key from it: with none (the provider down or
+  the URL wrong since the start, a JWKS without a usable key) every token is refused, so not ready. While
+  unready for it, a probe asks the key cache to fetch (gateway/auth/jwks.py: one fetch at a time, at most
+  one per min_refresh_seconds, shared with tokens naming unknown keys), so keys load without traffic.
+  Keys once held stay trusted while the provider is down (docs/identity.md): still ready, the failed
+  fetch shown in /admin/health only. Static keys (the HS256 secret, auth.jwks_file) have no such check.
 - draining: the gateway is not shutting down.
 - reconcile: the reconciler's background task (gateway/store/reconcile.py) still runs. Calls
   it leaves open (a Proxmox down, a task still running) do not make the gateway unready: they
@@ -63,6 +69,7 @@ from gateway.policy.opa_guard import opa_is_open_async, open_access_message
 from gateway.tools.targets import unknown_target
 
 if TYPE_CHECKING:
+    from gateway.auth.jwks import JwksKeys
     from gateway.observability.metrics import Metrics
     from gateway.policy.bundle_status import BundleState, PolicyStatus
     from gateway.policy.decisions import DecisionClient
@@ -79,6 +86,8 @@ PROBE_SUB = "pvegate-readiness-probe"
 PROBE_TOOL = "pvegate_readiness_probe"
 _FAIL_PREFIX = "denied: policy decision unavailable ("
 STOP_WAIT_SECONDS = 2.0  # per round of cancelling the probe loops at shutdown
+# how often the identity probe looks whether keys are missing; the key cache's rate limit bounds the fetches
+IDENTITY_PROBE_INTERVAL = 1.0
 DETAILS = "details in /admin/health"  # where /readyz sends its reader for the text it leaves out
 # the refusal of an external OPA that answers without a token names its address (opa_guard): not on /readyz
 _OPEN_OPA = re.compile(r"\S*".join(re.escape(part) for part in open_access_message("\x00").split("\x00")))
@@ -171,6 +180,8 @@ class HealthMonitor:
     draining: bool = False  # set by graceful shutdown: unready first, so the balancer moves away
     # the outcome reconciler, attached once its task runs (app.py); None: no `reconcile` check
     reconciler: Reconciler | None = None
+    # auth.jwks_url's key cache, the authenticator's own (app.py); None, or one on a file: no `identity` check
+    jwks: JwksKeys | None = None
     # what refuses calls for the audit store (Outcomes.store_problem), attached with the components
     # (components.py): the audit check is red while it refuses them
     outcomes: Outcomes | None = None
@@ -208,11 +219,15 @@ class HealthMonitor:
 
     async def start(self) -> None:
         """One round of OPA and audit probes before serving (so readiness is known at once), then loops."""
-        await asyncio.gather(self.probe_opa(), self.probe_audit())
+        await asyncio.gather(self.probe_opa(), self.probe_audit(), self.probe_identity())
         self._tasks = [
             asyncio.create_task(self._loop(self.probe_opa, self.config.opa_probe_interval), name="health-opa"),
             asyncio.create_task(self._loop(self.probe_audit, self.config.audit_probe_interval), name="health-audit"),
         ]
+        if self._identity_keys() is not None:
+            self._tasks.append(
+                asyncio.create_task(self._loop(self.probe_identity, IDENTITY_PROBE_INTERVAL), name="health-identity")
+            )
         if self.clusters and self.config.cluster_probe_interval > 0:
             self._tasks.append(
                 asyncio.create_task(
@@ -317,6 +332,20 @@ class HealthMonitor:
             else:
                 log.warning("the OPA at %s requires a token again: calls are decided again", url)
             self.decisions.refusal = refusal
+
+    def _identity_keys(self) -> JwksKeys | None:
+        """The key cache the `identity` check watches: one fetched from auth.jwks_url, else None."""
+        return self.jwks if self.jwks is not None and self.jwks.url is not None else None
+
+    async def probe_identity(self) -> None:
+        """While auth.jwks_url has given no signing key, a fetch through the key cache's own refresh: one at a
+        time, at most one per min_refresh_seconds (shared with tokens naming unknown keys, so probing adds no
+        fetch storm), waited for at most its timeout. So a gateway unready for want of keys loads them without
+        traffic. With keys held it fetches nothing: refreshing them is the tokens' business, as before."""
+        keys = self._identity_keys()
+        if keys is None or keys.key_count:
+            return
+        await keys.refresh(force=True)
 
     async def probe_audit(self) -> None:
         """A committed write when nothing else committed lately; the free space of the store's file system."""
@@ -545,7 +574,35 @@ class HealthMonitor:
                 "last_pass_age_seconds": None if r.last_pass_at is None else round(time.time() - r.last_pass_at, 3),
                 "open_calls": r.open_calls(),
             }
+        if (keys := self._identity_keys()) is not None:
+            checks["identity"] = self._identity_check(keys, now, private)
         return checks
+
+    def _identity_check(self, keys: JwksKeys, now: float, private: bool) -> dict[str, Any]:
+        """No signing key from auth.jwks_url: every token is refused (401), so not ready. The failed fetch
+        in the gateway's words or by the exception's type (/readyz), with its text (private); with keys held
+        a failed fetch refuses nothing (they stay trusted) and shows in the private view only."""
+        failure = keys.failure
+        if failure is not None and keys.failure_detail is not None:
+            failure += f": {keys.failure_detail}" if private else f"; {DETAILS}"
+        detail: str | None = None
+        if keys.key_count:
+            pass
+        elif failure is not None:
+            detail = f"no signing key loaded from auth.jwks_url (last fetch failed: {failure})"
+        elif keys.loaded_at is not None:  # it answered, with no key we can use (all skipped, or none)
+            detail = "the JWKS at auth.jwks_url holds no usable signing key"
+        else:
+            detail = "no signing key loaded from auth.jwks_url yet"
+        check: dict[str, Any] = {
+            "ok": detail is None,
+            "detail": detail,
+            "keys": keys.key_count,
+            "loaded_age_seconds": _age(keys.loaded_at, now),
+        }
+        if private:
+            check["last_fetch_error"] = failure
+        return check
 
     def _log_mask_refusal(self) -> str | None:
         """Why every call is refused unsent while the managed OPA logs decisions and its active bundle's
