@@ -58,6 +58,9 @@ TOKEN_BYTES = 32  # 256 bits
 STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
 # how far back a sweep looks for expiries whose audit record is missing (UNRECORDED: at start, after a failure)
 UNRECORDED_LOOKBACK_SECONDS = 7 * 86400
+# how far from a supersession (older data: no request created with it) its record is looked for
+SUPERSEDED_RECORD_WINDOW = 300.0
+MAX_UNRECORDED_RELEASES = 10_000  # releases whose record failed, kept for the next sweep (Approvals.release)
 # decided_by of a pending request ended because the policy now asks other approvers, more of them or
 # a shorter lifetime for its call (state 'expired'; the note names the request that replaces it)
 POLICY_CHANGE = "policy change"
@@ -396,9 +399,14 @@ class ApprovalStore:
                     "SELECT body FROM audit WHERE request_id = ? AND kind = 'approval' AND outcome = 'superseded'",
                     row["by_call"],
                 )
-            else:  # no request was created then (older data): the call is unknown, so look at every such record
+            else:  # no request was created then (older data): the call is unknown, so look at the records written
+                # right after the supersession (by time: the audit_ts index, never the whole audit)
+                at = float(row["decided_at"])
                 found = await self.database.fetch(
-                    "SELECT body FROM audit WHERE kind = 'approval' AND outcome = 'superseded' AND body LIKE ?",
+                    "SELECT body FROM audit WHERE ts >= ? AND ts <= ? AND kind = 'approval' "
+                    "AND outcome = 'superseded' AND body LIKE ?",
+                    at - SUPERSEDED_RECORD_WINDOW,
+                    at + SUPERSEDED_RECORD_WINDOW,
                     f"%{row['id']}%",
                 )
             if not any(_names(r["body"], str(row["id"])) for r in found):
@@ -426,51 +434,6 @@ class ApprovalStore:
             "WHERE a.request_id = r.id AND a.kind = 'approval' AND a.outcome = 'withdrawn')",
             since,
         )
-
-    async def unrecorded_releases(self, since: float) -> list[dict[str, Any]]:
-        """Approvals a call consumed since `since` and `release`d (given back, or ended withdrawn) whose `approval`
-        record (`released` or `withdrawn`, under the call's request id) the audit lacks: the release was committed,
-        then its record failed or the process died. A give-back leaves no mark on the row (used_by_request is
-        cleared), so releases are found from the calls' `consumed` records: a call that consumed an approval it no
-        longer holds gave it back, since only `release` ends a hold (a call that was sent keeps it used for good).
-        Each: request_id (the call's), principal, approval_id, outcome ('released' or 'withdrawn'), decided_at."""
-        rows = await self.database.fetch(
-            "SELECT a.request_id, a.principal, a.body FROM audit a "
-            "WHERE a.kind = 'approval' AND a.outcome = 'consumed' AND a.ts >= ? "
-            "AND NOT EXISTS (SELECT 1 FROM audit b WHERE b.request_id = a.request_id AND b.kind = 'approval' "
-            "AND b.outcome IN ('released', 'withdrawn')) AND NOT EXISTS "
-            "(SELECT 1 FROM approval_requests r WHERE r.state = 'used' AND r.used_by_request = a.request_id) "
-            "ORDER BY a.seq",
-            since,
-        )
-        missing: list[dict[str, Any]] = []
-        for row in rows:
-            call = str(row["request_id"])
-            try:
-                doc = json.loads(str(row["body"]))
-            except ValueError:
-                continue
-            approval_id = doc.get("approval_id") if isinstance(doc, dict) else None
-            if not isinstance(approval_id, str) or approval_id == call:  # a redeem without a request id: no holder
-                continue
-            try:
-                req = await self.get(approval_id)
-            except NotFound:
-                continue
-            if req.state == "used" and req.used_by_request == call:  # held still (or sent): nothing given back
-                continue
-            # ended by the release, the row keeps its holder (WITHDRAWN_IN_USE); a give-back clears it
-            ended = req.state == "withdrawn" and req.used_by_request == call
-            missing.append(
-                {
-                    "request_id": call,
-                    "principal": row["principal"],
-                    "approval_id": approval_id,
-                    "outcome": "withdrawn" if ended else "released",
-                    "decided_at": req.decided_at if ended else None,
-                }
-            )
-        return missing
 
     async def unrecorded_requests(self, since: float) -> list[str]:
         """Requests created since `since` whose `approval` record `requested` (under the held call's request id,
@@ -842,6 +805,12 @@ class Approvals:
         # look for expiries whose record is missing at the next sweep: at start (the last run may have died
         # between the two), and after a sweep whose records could not all be written
         self._unrecorded = True
+        # releases committed by this process whose record failed, written by the next sweep. A give-back
+        # leaves no trace on the approval's row, and finding one from the audit's `consumed` records means
+        # reading the audit by time (millions of rows, holding the approvals database meanwhile): so only
+        # this process knows them, and one that dies between a release and its record leaves it unrecorded
+        # (docs/approvals.md). Bounded: a store failing for long keeps the newest.
+        self._unrecorded_releases: dict[str, dict[str, Any]] = {}
 
     # --- the agent side --------------------------------------------------------------
 
@@ -891,10 +860,24 @@ class Approvals:
         if state == "withdrawn":  # its withdrawal was asked for while this call held it
             body["withdrawn"] = WITHDRAWN_WHILE_HELD
         outcome = "released" if state == "approved" else state
-        try:  # a committed release's record: a replica's catch-up may be writing it too (RELEASED)
+        try:  # appended only if absent (RELEASED): the retry below may meet a record written after all
             await self._audit(request_id, "approval", principal.sub, tool, outcome, body, target, RELEASED)
         except BaseException:
-            self._unrecorded = True  # a committed release without its record: the next sweep writes it
+            # a committed release without its record: the next sweep writes it
+            late = {**body, "recorded_late": "the approval was released, its record could not be written then"}
+            if state == "withdrawn":
+                late["ended_at"] = rfc3339(time.time())  # when the release ended it (its withdrawal was asked earlier)
+            pending = self._unrecorded_releases
+            pending[request_id] = {
+                "who": principal.sub,
+                "tool": tool,
+                "outcome": outcome,
+                "body": late,
+                "target": target,
+            }
+            while len(pending) > MAX_UNRECORDED_RELEASES:
+                del pending[next(iter(pending))]
+            self._unrecorded = True
             raise
         return state == "approved"
 
@@ -1135,8 +1118,9 @@ class Approvals:
         """The store's sweep (pending requests and unused approvals past their expiry), each expiry an
         `approval` record `expired` in the audit as every other transition is. Returns the ids. At a process's
         first sweep, and after a record failed, it also writes the records missing for committed expiries, votes,
-        withdrawals, supersessions and releases, and for requests created (unrecorded_requests, unrecorded_expiries,
-        unrecorded_votes, unrecorded_withdrawals, unrecorded_supersessions, unrecorded_releases). Each such record is
+        withdrawals and supersessions, and for requests created (unrecorded_requests, unrecorded_expiries,
+        unrecorded_votes, unrecorded_withdrawals, unrecorded_supersessions), and this process's releases whose
+        record failed. Each such record is
         appended only if the audit still lacks it, tested under the chain's append lock (`append_if_absent`),
         and so is the transition's own record: of a replica's catch-up and the writer it raced, one writes it."""
         if self.store is None:
@@ -1162,8 +1146,12 @@ class Approvals:
                     await self._record_late_withdrawal(withdrawal)
                 for supersession in await self.store.unrecorded_supersessions(since):
                     await self._record_late_supersession(supersession)
-                for release in await self.store.unrecorded_releases(since):
-                    await self._record_late_release(release)
+                for call in list(self._unrecorded_releases):
+                    r = self._unrecorded_releases[call]
+                    await self._audit(
+                        call, "approval", r["who"], r["tool"], r["outcome"], r["body"], r["target"], RELEASED
+                    )
+                    del self._unrecorded_releases[call]
             for e in expired:
                 body = {"approval_id": e.id, "was": e.was, "expired_at": rfc3339(e.until)}
                 await self._audit(e.id, "approval", e.requester, e.tool, "expired", body, e.target, EXPIRED)
@@ -1233,21 +1221,6 @@ class Approvals:
         target = json.loads(str(row["target"]))
         who, tool = str(row["requester"]), str(row["tool"])
         await self._audit(call, "approval", who, tool, "superseded", body, target, SUPERSEDED)
-
-    async def _record_late_release(self, row: dict[str, Any]) -> None:
-        """A committed release's record, written by a later sweep (its own failed): the approval given back (or
-        ended, its withdrawal asked for while the call held it), under the call's request id, by its caller."""
-        assert self.store is not None
-        req = await self.store.get(str(row["approval_id"]))
-        body: dict[str, Any] = {
-            "approval_id": req.id,
-            "recorded_late": "the approval was released, its record could not be written then",
-        }
-        if row["outcome"] == "withdrawn":
-            body["withdrawn"] = WITHDRAWN_WHILE_HELD
-            body["withdrawn_at"] = rfc3339(float(row["decided_at"]))
-        who, outcome = str(row["principal"]), str(row["outcome"])
-        await self._audit(str(row["request_id"]), "approval", who, req.tool, outcome, body, req.target, RELEASED)
 
     async def _audit(
         self,
