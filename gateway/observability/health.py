@@ -524,10 +524,12 @@ class HealthMonitor:
                 policy["bundles"] = [_public_bundle(b) for _, b in sorted(st.bundles.items())]
         commit_age = _age(self.audit.last_commit_at, now)
         refused = None if self.outcomes is None else self.outcomes.store_problem(check_space=False)
-        if self.audit.last_error:
+        if self.audit_file_problem:  # its own words (no path), before the failed writes it explains
+            audit_detail: str | None = self.audit_file_problem
+        elif self.audit.last_error:
             # "Type: text" (AuditLog._commit): the text of a database's error may name its host, role or file
             shown = self.audit.last_error if private else _with_details(_type_of(self.audit.last_error))
-            audit_detail: str | None = f"audit store refuses writes ({shown})"
+            audit_detail = f"audit store refuses writes ({shown})"
         elif self._probe_error_stands():
             audit_detail = self.audit_probe_error
             if not private:

@@ -992,6 +992,10 @@ class AuditLog:
             raise AuditClosed("audit log is not open")
         con.execute("BEGIN IMMEDIATE")
         try:
+            # the file removed or replaced under the gateway: a commit would go where no one reads it (one stat
+            # per commit, in this thread; the records stay with their callers, refused, and readiness says why)
+            if (gone := self.file_problem()) is not None:
+                raise AuditStoreError(gone)
             got = con.execute("SELECT value FROM audit_meta WHERE key = 'head'").fetchone()
             seq, prev = self._continue_from(None if got is None else str(got[0]))
             records = _present_dropped(entries, lambda sql, args: con.execute(sql, args).fetchone() is not None)

@@ -138,8 +138,6 @@ class Outcomes:
             return f"the last audit write failed ({self.last_store_error})"
         if not check_space or self.audit.local_dir is None:  # PostgreSQL: its disk is the server's
             return None
-        if (gone := self.audit.file_problem()) is not None:  # records written now would be lost
-            return gone
         try:
             free = free_bytes(self.audit.local_dir)
         except OSError as exc:

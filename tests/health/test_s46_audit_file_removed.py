@@ -97,6 +97,7 @@ async def test_calls_are_refused_while_the_audit_file_is_gone(hsim: Any, tmp_pat
             finally:
                 aside.rename(db)
             assert len(audit_rows(db)) == before  # the refused call wrote nothing where no one would read it
+            await wait_for(http, base + "/readyz", _ready, timeout=10)  # the store's failure held a moment
             assert not result_of(await call(http, base + "/mcp", token, "list_nodes")).get("isError")
     finally:
         gw.stop()
