@@ -26,6 +26,7 @@ from gateway.core.principal import Principal
 from gateway.mcp import handoff, methods, modern, principal_limits
 from gateway.mcp.jsonrpc import (
     HEADER_MISMATCH,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -217,10 +218,15 @@ async def _handle_mcp(c: Components, request: Request) -> Response:
 def _status(fault: RpcFault, is_modern: bool) -> int | None:
     """Modern era: the SDK's code→status table. Handshake era: 400 for envelope faults (a routing
     header sent twice among them) and for a fault with no id to answer (a notification refused: the
-    spec wants an HTTP error for input not accepted, and a 200 would read as a response), else 200."""
+    spec wants an HTTP error for input not accepted, and a 200 would read as a response; 500 when the fault
+    is the gateway's own), else 200."""
     if is_modern:
         return None
-    return 400 if fault.code in (PARSE_ERROR, INVALID_REQUEST, HEADER_MISMATCH) or fault.id is None else 200
+    if fault.code in (PARSE_ERROR, INVALID_REQUEST, HEADER_MISMATCH):
+        return 400
+    if fault.id is None:
+        return 500 if fault.code == INTERNAL_ERROR else 400
+    return 200
 
 
 async def _refuse(

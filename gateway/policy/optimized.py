@@ -109,7 +109,8 @@ def _key(opa: Path, policies: tuple[Path, ...]) -> str:
     # the binary by path and by what is there now: an OPA upgraded in place (its partial evaluation may
     # differ) builds anew rather than serve the old binary's output
     st = opa.resolve().stat()
-    binary = f"{opa.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    # (ctime too: an overwrite in place that keeps size and mtime, `cp -p`, still changes it)
+    binary = f"{opa.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
     h = hashlib.sha256(binary.encode() + b"\0" + ",".join(ENTRYPOINTS).encode())
     for p in policies:
         files = policy_files(p) if p.is_dir() else [p]
