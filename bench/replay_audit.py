@@ -59,7 +59,10 @@ def synthetic_inputs(n: int, seed: int = 7) -> list[dict[str, Any]]:
     rnd = random.Random(seed)
     catalog = Catalog.load(REPO_ROOT / "connectors")
     tools = [t for name in TOOLS if (t := catalog.get(name)) is not None]
+    # the week before the last Monday 00:00 UTC: recent, and the same weekdays and hours whatever the time of the
+    # run (from `now` itself, a run in business hours drew no off-hours call, and so no held critical one)
     now = time.time()
+    now -= now % 86400 + datetime.fromtimestamp(now, tz=UTC).weekday() * 86400
     out = []
     for i in range(n):
         p = rnd.choice(PRINCIPALS)
