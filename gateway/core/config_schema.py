@@ -537,6 +537,22 @@ def _public_url(url: str) -> list[str]:
     return found
 
 
+def _listen_host(host: str) -> list[str]:
+    """listen.host is handed to getaddrinfo as it is: a host with a port, brackets or a scheme only
+    failed when `serve` started (cannot resolve). An IPv6 address is written bare (`::1`)."""
+    try:
+        ipaddress.ip_address(host)
+        return []
+    except ValueError:
+        pass
+    if re.fullmatch(r"[\w.-]+", host):
+        return []
+    return [
+        f"listen.host: {_show(host)} is not an address to bind: give a host name or IP address alone "
+        "(an IPv6 one without brackets, e.g. ::1); the port goes in listen.port"
+    ]
+
+
 def _opa_delays(at: str, section: Any) -> list[str]:
     """OPA's own rule for a polling or reporting section, which it applies only once the managed OPA
     starts: both delays or neither, and the min not above the max."""
@@ -555,6 +571,14 @@ def _netloc(url: str) -> str:
         return urlsplit(url).netloc
     except ValueError:  # not a URL urlsplit can read: the schema's pattern and the loader say so
         return ""
+
+
+def _splits(url: str) -> bool:
+    try:
+        urlsplit(url)
+    except ValueError:
+        return False
+    return True
 
 
 def _consistency(raw: dict[str, Any]) -> list[str]:
@@ -664,10 +688,18 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
             out += _opa_delays(f"opa.bundles.{bname}.polling", entry.get("polling"))
         out += _opa_delays("opa.decision_logs_upload.reporting", upload.get("reporting"))
 
+    console = raw.get("console") or {}
+    if isinstance(console.get("issuer"), str) and _splits(console["issuer"]):
+        # the base of ISSUER/.well-known/openid-configuration; checked while disabled too, so a typo shows
+        # now and not as every sign-in failing once enabled (one urlsplit cannot read: config._console says why)
+        out += _base_url("console.issuer", console["issuer"])[1]
+
     tls = raw.get("tls") or {}
     host = str((raw.get("listen") or {}).get("host", "127.0.0.1"))
+    bad_host = _listen_host(host)
+    out += bad_host
     if tls.get("insecure_http"):
-        if not is_loopback(host):
+        if not bad_host and not is_loopback(host):
             out.append(f"tls.insecure_http: plain HTTP is only allowed on a loopback listen.host, not {host}")
         if tls.get("cert") or tls.get("key"):
             out.append("tls.insecure_http: true, so tls.cert and tls.key are not used; give one or the other")
@@ -830,11 +862,12 @@ def reference() -> str:
         "An `opa.bundles.<name>.polling` or `opa.decision_logs_upload.reporting` section gives both",
         "`min_delay_seconds` and `max_delay_seconds` or neither, the min not above the max (OPA's rule).",
         "A cluster's `api_url` must have the path `/api2/json`, and `public_url` must not end in `/mcp` (it",
-        "is the gateway's base URL); both, an external `opa.url` and each `auth.authorization_servers` entry",
-        "need a host and a port",
+        "is the gateway's base URL); both, an external `opa.url`, each `auth.authorization_servers` entry",
+        "and `console.issuer` need a host and a port",
         "(if any) from 1 to 65535, without query, fragment or whitespace. `auth.jwks_url` must be https (http",
         "only on `127.0.0.1`, `localhost` or `::1`), as `pvegate serve` requires, with a host and a port (if",
         "any) from 1 to 65535, and an enabled console's `console.scopes` must include `openid`.",
+        "`listen.host` is a host name or IP address alone (`::1`, not `[::1]`; no port: that is `listen.port`).",
         "No URL setting may hold a user name or password. A mapping key YAML reads as something else than",
         "a string (an unquoted `on`, `yes` or `true` is a boolean, `1` a number) is refused: quote it.",
         "Every number that feeds a timeout, a sleep, a size or a count has a maximum (shown above).",

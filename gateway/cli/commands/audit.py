@@ -78,12 +78,16 @@ def parse_age(text: str) -> float:
 
 def db_path(args: argparse.Namespace) -> Path | PgLocation:
     """--db, else where the configuration's storage.url puts the audit (a SQLite file or PostgreSQL)."""
-    if args.db is not None:
-        return Path(args.db)
     from gateway.core.config import load
 
-    where: Path | PgLocation = audit_location(load(args.config))
+    where: Path | PgLocation = Path(args.db) if args.db is not None else audit_location(load(args.config))
+    if isinstance(where, Path) and where.is_dir():  # SQLite would say only "disk I/O error"
+        raise NotAnAuditDatabase(f"{where} is a directory, not an audit database")
     return where
+
+
+class NotAnAuditDatabase(OSError):
+    """The audit path names something that is no database file (a directory): one sentence, no errno."""
 
 
 def key_path(args: argparse.Namespace) -> Path:
@@ -197,8 +201,15 @@ VERIFY_CANNOT_CHECK = 2
 
 
 def _verify(args: argparse.Namespace) -> int:
-    db, key = db_path(args), key_path(args)  # a configuration that cannot be loaded: main() says it, exit 2
-    result = auditlib.verify(db, [Path(a) for a in args.archive or []], key=key, checkpoint=args.checkpoint)
+    try:
+        db = db_path(args)  # a configuration that cannot be loaded: main() says it, exit 2
+    except NotAnAuditDatabase as exc:
+        # as for a missing file: the database may have been deleted or replaced, a finding (exit 1), never
+        # "cannot check"; the sentence says what is there instead
+        result = auditlib.VerifyResult(ok=False, checked=0, problem=str(exc))
+    else:
+        key = key_path(args)
+        result = auditlib.verify(db, [Path(a) for a in args.archive or []], key=key, checkpoint=args.checkpoint)
     if result.unreachable:  # nothing was checked: not a finding about the audit (PostgreSQL down, ...)
         if args.json:
             print(json.dumps(result.as_dict(), indent=1))
@@ -248,7 +259,8 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _readable(fn: Any) -> Any:
-    """A reading command: a store that cannot be read (no file, PostgreSQL down) is a sentence, exit 1."""
+    """A reading command: a store that cannot be read (no file, a directory, PostgreSQL down) is a sentence,
+    exit 1."""
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -355,7 +367,11 @@ class _Unwritable(Exception):
 
 
 def _archive(args: argparse.Namespace) -> int:
-    path = db_path(args)
+    try:
+        path = db_path(args)
+    except NotAnAuditDatabase as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     age, conf_dir = _archive_defaults(args)
     age = args.older_than if args.older_than is not None else age
     if age is None:

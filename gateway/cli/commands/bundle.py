@@ -33,10 +33,26 @@ def _key_dir(text: str) -> Path:
 
 
 def _keygen(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    if out.exists() and not out.is_dir():  # --force replaces a key pair, never a file named as the directory
+        print(
+            f"error: --out {out} is a file, not a directory: the key pair is written into a directory "
+            "(keygen never replaces a file)",
+            file=sys.stderr,
+        )
+        return 1
     try:
-        priv, pub = keygen(args.out, force=args.force)
-    except (BundleError, OSError) as exc:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way above it, no permission: said without the raw [Errno N]
+        print(f"error: cannot create the directory {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
+        priv, pub = keygen(out, force=args.force)
+    except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: cannot write the key pair in {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"signing key (keep secret): {priv}\nverification key: {pub}")
     return 0

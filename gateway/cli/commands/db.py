@@ -224,6 +224,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load(args.config)
     db = database(cfg, read_only=args.db_command == "status")
     print(f"database: {_where(db)}")
+    if isinstance(db, SqliteDatabase) and db.path.is_dir():  # SQLite would say only "disk I/O error"
+        print(f"error: {db.path} is a directory, not an audit database (audit.path)", file=sys.stderr)
+        return 1
     try:
         if args.db_command == "status":
             return asyncio.run(_status(db))
