@@ -428,7 +428,12 @@ async def _unspent(
     try:
         await c.approvals.release(approval["id"], req.principal, tool, target, req.request_id, why)
     except STORE_ERRORS as exc:  # the refusal stands as it was; the approval stays used
-        log.warning("approval %s not given back after request %s was refused: %r", approval["id"], req.request_id, exc)
+        log.warning(
+            "approval %s: its give-back after request %s was refused failed or was not recorded: %r",
+            approval["id"],
+            req.request_id,
+            exc,
+        )
 
 
 async def _refuse(

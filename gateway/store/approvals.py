@@ -20,9 +20,12 @@ audit chain.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import json
+import logging
 import math
 import secrets
 import time
@@ -47,6 +50,8 @@ from gateway.store.db import Database, SqliteDatabase, database
 from gateway.store.migrations import check
 from gateway.tools.tool import Tool
 
+log = logging.getLogger("pvegate.approvals")
+
 APPROVAL_META_KEY = "pvegate/approval"  # the one-time token an agent presents on its retry
 # Set only by the transport, from a verified (HMAC-sealed, principal- and call-bound)
 # requestState after a URL elicitation: the approval id to redeem without a token.
@@ -60,6 +65,7 @@ STATES = ("pending", "approved", "denied", "withdrawn", "expired", "used")
 UNRECORDED_LOOKBACK_SECONDS = 7 * 86400
 # how far from a supersession (older data: no request created with it) its record is looked for
 SUPERSEDED_RECORD_WINDOW = 300.0
+CLOSE_RECORD_SECONDS = 2.0  # at close: how long the releases still unrecorded are tried once more
 MAX_UNRECORDED_RELEASES = 10_000  # releases whose record failed, kept for the next sweep (Approvals.release)
 # decided_by of a pending request ended because the policy now asks other approvers, more of them or
 # a shorter lifetime for its call (state 'expired'; the note names the request that replaces it)
@@ -432,6 +438,19 @@ class ApprovalStore:
             "SELECT id, decided_by, decided_at, note FROM approval_requests r WHERE r.state = 'withdrawn' "
             "AND r.used_at IS NULL AND r.decided_at >= ? AND NOT EXISTS (SELECT 1 FROM audit a "
             "WHERE a.request_id = r.id AND a.kind = 'approval' AND a.outcome = 'withdrawn')",
+            since,
+        )
+
+    async def unrecorded_ended_releases(self, since: float) -> list[dict[str, Any]]:
+        """Approvals a call's `release` ended withdrawn since `since` (their withdrawal was asked for while the call
+        held them: the row keeps its holder) whose `approval` record `withdrawn`, under that call's request id, the
+        audit lacks: the release was committed, then its record failed or the process died. A plain give-back
+        leaves no such trace (Approvals.release keeps those in memory)."""
+        return await self.database.fetch(
+            "SELECT id, requester, tool, target, decided_at, used_by_request FROM approval_requests r "
+            "WHERE r.state = 'withdrawn' AND r.used_by_request IS NOT NULL AND r.decided_at >= ? AND NOT EXISTS "
+            "(SELECT 1 FROM audit a WHERE a.request_id = r.used_by_request AND a.kind = 'approval' "
+            "AND a.outcome = 'withdrawn')",
             since,
         )
 
@@ -864,9 +883,11 @@ class Approvals:
             await self._audit(request_id, "approval", principal.sub, tool, outcome, body, target, RELEASED)
         except BaseException:
             # a committed release without its record: the next sweep writes it
-            late = {**body, "recorded_late": "the approval was released, its record could not be written then"}
-            if state == "withdrawn":
-                late["ended_at"] = rfc3339(time.time())  # when the release ended it (its withdrawal was asked earlier)
+            late = {
+                **body,
+                "released_at": rfc3339(time.time()),  # a retry's `consumed` may be recorded before this does
+                "recorded_late": "the approval was released, its record could not be written then",
+            }
             pending = self._unrecorded_releases
             pending[request_id] = {
                 "who": principal.sub,
@@ -876,7 +897,9 @@ class Approvals:
                 "target": target,
             }
             while len(pending) > MAX_UNRECORDED_RELEASES:
-                del pending[next(iter(pending))]
+                dropped = next(iter(pending))
+                log.error("approval release of request %s dropped unrecorded: too many waiting", dropped)
+                del pending[dropped]
             self._unrecorded = True
             raise
         return state == "approved"
@@ -1146,12 +1169,9 @@ class Approvals:
                     await self._record_late_withdrawal(withdrawal)
                 for supersession in await self.store.unrecorded_supersessions(since):
                     await self._record_late_supersession(supersession)
-                for call in list(self._unrecorded_releases):
-                    r = self._unrecorded_releases[call]
-                    await self._audit(
-                        call, "approval", r["who"], r["tool"], r["outcome"], r["body"], r["target"], RELEASED
-                    )
-                    del self._unrecorded_releases[call]
+                for row in await self.store.unrecorded_ended_releases(since):
+                    await self._record_late_ended_release(row)
+                await self._record_late_releases()
             for e in expired:
                 body = {"approval_id": e.id, "was": e.was, "expired_at": rfc3339(e.until)}
                 await self._audit(e.id, "approval", e.requester, e.tool, "expired", body, e.target, EXPIRED)
@@ -1222,6 +1242,31 @@ class Approvals:
         who, tool = str(row["requester"]), str(row["tool"])
         await self._audit(call, "approval", who, tool, "superseded", body, target, SUPERSEDED)
 
+    async def _record_late_releases(self) -> None:
+        """This process's releases whose record failed (Approvals.release), each once: a sweep running at the same
+        time (they run inside calls) may have written and dropped one meanwhile."""
+        pending = self._unrecorded_releases
+        for call in list(pending):
+            r = pending.get(call)
+            if r is None:
+                continue
+            await self._audit(call, "approval", r["who"], r["tool"], r["outcome"], r["body"], r["target"], RELEASED)
+            if pending.get(call) is r:
+                del pending[call]
+
+    async def _record_late_ended_release(self, row: dict[str, Any]) -> None:
+        """A release that ended an approval withdrawn (unrecorded_ended_releases), written by a later sweep: under
+        the call's request id, by the approval's requester (the one who consumed it)."""
+        body = {
+            "approval_id": str(row["id"]),
+            "withdrawn": WITHDRAWN_WHILE_HELD,
+            "released_at": rfc3339(float(row["decided_at"])),
+            "recorded_late": "the approval was released, its record could not be written then",
+        }
+        target = json.loads(str(row["target"]))
+        who, call = str(row["requester"]), str(row["used_by_request"])
+        await self._audit(call, "approval", who, str(row["tool"]), "withdrawn", body, target, RELEASED)
+
     async def _audit(
         self,
         request_id: str,
@@ -1244,6 +1289,15 @@ class Approvals:
             await self.audit.append_if_absent(record, once[0], same_principal=once[1])
 
     async def close(self) -> None:
+        if self._unrecorded_releases and self.audit is not None:  # a last try, bounded: a stop forgets them
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._record_late_releases(), CLOSE_RECORD_SECONDS)
+        for call, r in self._unrecorded_releases.items():
+            log.error(
+                "approval %s: its release by request %s is not recorded in the audit (the store refused the record)",
+                r["body"].get("approval_id"),
+                call,
+            )
         if self.store is not None:
             await self.store.close()
 

@@ -347,7 +347,7 @@ async def test_s46_a_release_whose_record_failed_is_recorded_by_the_next_sweep_o
     body = json.loads(str(rows[1]["body"]))
     assert body["approval_id"] == aid and body["recorded_late"], body
     if withdrawn:
-        assert body["ended_at"] and body["withdrawn"]
+        assert body["released_at"] and body["withdrawn"]
     # the withdrawal's own refusal is under the approval's id; no `withdrawn` record was added there
     assert "withdrawn" not in [r["outcome"] for r in audit_rows(path, aid) if r["kind"] == "approval"]
 
@@ -388,3 +388,33 @@ async def test_s46_a_catch_up_between_a_release_and_its_record_leaves_one_record
     assert await _release(replicas.a, aid, "call-1")
     (rec,) = await replicas.under("call-1", "released")
     assert rec["body"]["approval_id"] == aid and "recorded_late" not in rec["body"]
+
+
+async def test_s46_a_release_that_ended_an_approval_is_recorded_by_a_new_process_once(tmp_path: Path) -> None:
+    """A withdrawal asked for while a call held the approval, made real by the call's release, whose record failed
+    and whose process then died: the row keeps its holder, so the next process's first sweep writes the
+    `withdrawn` record under the call's id, once. (A plain give-back leaves no trace a new process could find.)"""
+    path = tmp_path / "audit.db"
+    store = ApprovalStore(SqliteDatabase(path))
+    await store.open()
+    approvals = Approvals(store, await _reopened(path))
+    try:
+        assert await approvals.expire_due() == []
+        aid = await _consumed(approvals, "call-1")
+        assert not (await approvals.withdraw(aid, "operator", "changed my mind")).ok
+        assert approvals.audit is not None
+        await approvals.audit.close()
+        with pytest.raises(AuditClosed):
+            await _release(approvals, aid, "call-1")
+        # the process dies here: its memory of the release is gone
+        for _ in range(2):
+            restarted = Approvals(store, await _reopened(path))
+            await restarted.expire_due()
+            assert restarted.audit is not None
+            await restarted.audit.close()
+    finally:
+        await store.close()
+    rows = [r for r in audit_rows(path, "call-1") if r["kind"] == "approval"]
+    assert [(r["principal"], r["outcome"]) for r in rows] == [("agent", "consumed"), ("agent", "withdrawn")], rows
+    body = json.loads(str(rows[1]["body"]))
+    assert body["approval_id"] == aid and body["recorded_late"] and body["withdrawn"] and body["released_at"], body
