@@ -296,7 +296,9 @@ def create_app(
         try:
             app.state.components = built
             app.state.authenticator = authenticator or Authenticator(config.auth, resource=token_resource(config))
-            if built.health is not None:  # the keys tokens are verified with: none held, not ready
+            # the keys tokens are verified with: none held, not ready; unless HS256 tokens are taken too (their
+            # secret verifies them whatever the provider does), or the JWKS is never used
+            if built.health is not None and not any(a.upper().startswith("HS") for a in config.auth.algorithms):
                 built.health.jwks = app.state.authenticator.jwks
             if config.console.enabled:  # the session key and client secret are read once, here
                 app.state.console = Console(built, app.state.authenticator)

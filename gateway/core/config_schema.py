@@ -689,9 +689,9 @@ def _consistency(raw: dict[str, Any]) -> list[str]:
         out += _opa_delays("opa.decision_logs_upload.reporting", upload.get("reporting"))
 
     console = raw.get("console") or {}
-    if isinstance(console.get("issuer"), str) and _splits(console["issuer"]):
-        # the base of ISSUER/.well-known/openid-configuration; checked while disabled too, so a typo shows
-        # now and not as every sign-in failing once enabled (one urlsplit cannot read: config._console says why)
+    if console.get("enabled") is True and isinstance(console.get("issuer"), str) and _splits(console["issuer"]):
+        # the base of ISSUER/.well-known/openid-configuration (one urlsplit cannot read: config._console says why);
+        # a disabled console's issuer may be a placeholder, as it loaded before this check
         out += _base_url("console.issuer", console["issuer"])[1]
 
     tls = raw.get("tls") or {}

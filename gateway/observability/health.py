@@ -21,8 +21,9 @@ a load balancer may send agents here:
   approval step, before any audit write) turns it red at once, until a commit succeeds
   again; a commit after a failed probe (the first call served once PostgreSQL is back)
   turns it green without waiting for the next probe.
-- identity: with `auth.jwks_url`, the gateway holds a signing key from it: with none (the provider down or
-  the URL wrong since the start, a JWKS without a usable key) every token is refused, so not ready. While
+- identity: with `auth.jwks_url` (and no HS256 accepted), the gateway holds a signing key from it: with
+  none (the provider down or the URL wrong since the start, a JWKS without a usable key) every token is
+  refused, so not ready. While
   unready for it, a probe asks the key cache to fetch (gateway/auth/jwks.py: one fetch at a time, at most
   one per min_refresh_seconds, shared with tokens naming unknown keys), so keys load without traffic.
   Keys once held stay trusted while the provider is down (docs/identity.md): still ready, the failed

@@ -235,3 +235,18 @@ async def test_a_jwks_file_has_no_identity_check(hsim: Any, tmp_path: Path) -> N
         r, _ = await wait_for(http, base + "/readyz", _ready, timeout=20)
         assert "identity" not in r.json()["checks"]
         assert (await tools_list(http, env, idp.token(kid, iss=ISSUER, aud=AUDIENCE))).status_code == 200
+
+
+async def test_hs256_accepted_too_keeps_an_unreachable_jwks_from_readiness(hsim: Any, tmp_path: Path) -> None:
+    """With HS256 accepted beside the provider's keys, its secret verifies tokens whatever the provider does:
+    the replica serves, so it stays ready (a balancer would pull a working gateway)."""
+    provider = Provider(IdP())  # down
+    env = health_env(tmp_path, hsim)
+    raw = yaml.safe_load(env.config_path.read_text())
+    raw["auth"].update(algorithms=["HS256", "RS256"], jwks_url=provider.url)
+    env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = dataclasses.replace(env, config=load(env.config_path))
+    async with serving(env, tmp_path / "gateway.log") as (http, base):
+        r, _ = await wait_for(http, base + "/readyz", _ready, timeout=20)
+        assert "identity" not in r.json()["checks"]
+        assert (await tools_list(http, env, env.token("hs-agent", ["operator"]))).status_code == 200
