@@ -101,6 +101,7 @@ class JwksKeys:
         timeout: float = 5.0,
         max_stale_seconds: float = MAX_STALE_SECONDS,
         max_bytes: int = MAX_JWKS_BYTES,
+        algorithms: tuple[str, ...] | None = None,
     ) -> None:
         if bool(url) == bool(file):
             raise ValueError("exactly one of jwks_url and jwks_file")
@@ -114,6 +115,7 @@ class JwksKeys:
         self.timeout = timeout  # the whole fetch: connecting, the headers and every byte of the body
         self.max_stale_seconds = max_stale_seconds
         self.max_bytes = max_bytes
+        self.algorithms = algorithms  # the ones tokens may use (auth.algorithms); None: any (key_count)
         self._keys: list[_Key] = []
         self.generation = 0  # bumped whenever the key set changes
         self._loaded_at = float("-inf")  # when the fetch that gave the current keys started
@@ -186,8 +188,14 @@ class JwksKeys:
 
     @property
     def key_count(self) -> int:
-        """How many keys are held: none, and no token verifies."""
-        return len(self._keys)
+        """How many keys held can verify a token of an accepted algorithm: none, and no token verifies (an
+        `oct` or EC key when only RS256 is accepted is held, and of no use)."""
+        if self.algorithms is None:
+            return len(self._keys)
+        return sum(
+            any(k.kty in ALG_KEY_TYPES.get(a, ()) and (k.alg is None or k.alg == a) for a in self.algorithms)
+            for k in self._keys
+        )
 
     @property
     def loaded_at(self) -> float | None:

@@ -150,7 +150,12 @@ class Authenticator:
         self.audiences = [cfg.audience] + ([resource] if resource and resource != cfg.audience else [])
         self._hs_secret = cfg.hs256_secret.read() if cfg.hs256_secret else None
         if jwks is None and (cfg.jwks_url or cfg.jwks_file):
-            jwks = JwksKeys(url=cfg.jwks_url, file=cfg.jwks_file, cache_seconds=float(cfg.jwks_cache_seconds))
+            jwks = JwksKeys(
+                url=cfg.jwks_url,
+                file=cfg.jwks_file,
+                cache_seconds=float(cfg.jwks_cache_seconds),
+                algorithms=tuple(cfg.algorithms),
+            )
         self.jwks = jwks
         # sha256(token) -> what verifying it gave: a signature check, claim checks and a Principal
         # per call cost ~0.2 ms; agents send the same token until it expires

@@ -250,3 +250,19 @@ async def test_hs256_accepted_too_keeps_an_unreachable_jwks_from_readiness(hsim:
         r, _ = await wait_for(http, base + "/readyz", _ready, timeout=20)
         assert "identity" not in r.json()["checks"]
         assert (await tools_list(http, env, env.token("hs-agent", ["operator"]))).status_code == 200
+
+
+async def test_a_jwks_with_no_key_for_the_accepted_algorithms_is_unready(hsim: Any, tmp_path: Path) -> None:
+    """Keys held that no accepted algorithm can use (an EC key, RS256 accepted) verify no token: not ready."""
+    idp = IdP()
+    ec = idp.add("ES256", kid="ec1")
+    provider = Provider(idp)
+    provider.up()
+    env = jwks_env(tmp_path, hsim, provider)
+    try:
+        async with serving(env, tmp_path / "gateway.log") as (http, base):
+            r, _ = await wait_for(http, base + "/readyz", lambda r: r.status_code == 503, timeout=20)
+            assert "identity: the JWKS at auth.jwks_url holds no usable signing key" in r.json()["reasons"], r.text
+            assert (await tools_list(http, env, idp.token(ec, iss=ISSUER, aud=AUDIENCE))).status_code == 401
+    finally:
+        provider.down()
