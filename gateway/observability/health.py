@@ -361,12 +361,12 @@ class HealthMonitor:
             self.audit_free_bytes = None
             self.audit_stat_error = f"cannot check the audit store's free space ({exc.strerror or exc})"
             log.error("readiness: %s", self.audit_stat_error)
-        if local is not None and self.audit_stat_error is None:
+        if local is not None:  # before the probe's write, which it makes fail: the cause is named, not the effect
             problem = await self._audit_file_problem()
             if problem is not None and problem != self.audit_file_problem:  # logged once, not every probe
                 log.error("readiness: %s", problem)
             self.audit_file_problem = problem
-            self.audit_stat_error = problem
+            self.audit_stat_error = self.audit_stat_error or problem
         last = self.audit.last_commit_at
         if (
             last is not None

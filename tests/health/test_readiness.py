@@ -248,7 +248,8 @@ async def test_audit_disk_below_the_free_space_floor_is_red(hsim: Any, tmp_path:
 
 async def test_an_audit_directory_that_cannot_be_checked_is_red(hsim: Any, tmp_path: Path) -> None:
     """Calls are refused when the store's free space cannot be checked (its directory renamed or gone):
-    readiness said ready all the while, the open file still taking the probe's commit."""
+    readiness said ready all the while, the open file still taking the probe's commit. (Commits are refused
+    too now, the file being gone from audit.path: readiness names that, the cause, not the failed commit.)"""
     store = tmp_path / "store"
     env = health_env(tmp_path / "gw", hsim, audit={"path": str(store / "audit.db")})
     gw = GatewayThread(env.config).start()
@@ -260,7 +261,7 @@ async def test_an_audit_directory_that_cannot_be_checked_is_red(hsim: Any, tmp_p
             try:
                 red, _ = await wait_for(http, base + "/readyz", _unready, timeout=10)
                 reasons = red.json()["reasons"]
-                gone = "audit: cannot check the audit store's free space (No such file or directory)"
+                gone = "audit: the audit database file is gone from audit.path (removed or renamed)"
                 assert reasons == [gone], reasons
             finally:
                 (tmp_path / "moved").rename(store)
