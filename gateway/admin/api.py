@@ -43,6 +43,7 @@ from starlette.routing import Route
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
 from gateway.core.config import ConfigError
+from gateway.core.headers import repeated as header_repeated
 from gateway.core.principal import Principal
 from gateway.core.text import describe, encodable, may_hold_unencodable, unencodable_path
 from gateway.observability import metrics as metricslib
@@ -129,8 +130,7 @@ def _admin_secret(request: Request) -> str | None:
 def _authorization_repeated(request: Request) -> bool:
     """One token per request (RFC 6750 §2): with two Authorization headers the first would be checked and
     the other left to whoever reads the last one, so a request carrying two is taken as carrying none."""
-    headers: list[tuple[bytes, bytes]] = request.scope["headers"]
-    return sum(k.lower() == b"authorization" for k, _ in headers) > 1
+    return header_repeated(request.scope["headers"], b"authorization")
 
 
 def _bearer(request: Request) -> str | None:

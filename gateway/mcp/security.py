@@ -20,6 +20,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.config import Config
+from gateway.core.headers import repeated as header_repeated
 from gateway.core.origins import as_host, host_values, origin_values, url_origin
 from gateway.core.text import quoted
 from gateway.mcp.jsonrpc import INVALID_REQUEST, error_response
@@ -120,7 +121,7 @@ class TransportGuard:
             )
             return
         origin = headers.get("origin")
-        if origin is not None and sum(k.lower() == b"origin" for k, _ in scope["headers"]) > 1:
+        if origin is not None and header_repeated(scope["headers"], b"origin"):
             # `headers` holds the last copy, a handler reads the first: one request has one origin
             # (RFC 6454 §7.3), so a second copy is refused, whatever either says
             await self._refuse(

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
+from gateway.core.headers import repeated as header_repeated
 from gateway.core.principal import Principal
 from gateway.mcp import handoff, methods, modern, principal_limits
 from gateway.mcp.jsonrpc import (
@@ -82,7 +83,7 @@ async def authenticate(c: Components, request: Request) -> Principal | Response:
     authn: Authenticator = request.app.state.authenticator
     started = time.perf_counter()
     try:
-        if sum(k.lower() == b"authorization" for k, _ in request.scope["headers"]) > 1:
+        if header_repeated(request.scope["headers"], b"authorization"):
             # one token per request (RFC 6750 §2): the first copy would be verified, the other left to
             # whoever reads the last one (an intermediary), so neither is taken
             raise AuthError("the Authorization header appears more than once", error="invalid_request")
