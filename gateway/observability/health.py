@@ -365,8 +365,7 @@ class HealthMonitor:
             problem = await self._audit_file_problem()
             if problem is not None and problem != self.audit_file_problem:  # logged once, not every probe
                 log.error("readiness: %s", problem)
-            self.audit_file_problem = problem
-            self.audit_stat_error = self.audit_stat_error or problem
+            self.audit_file_problem = problem  # shown before any other audit detail (status)
         last = self.audit.last_commit_at
         if (
             last is not None

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -117,9 +117,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @asynccontextmanager
-async def serving(env: DevEnv, log: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
-    """`pvegate serve` as its own process (stdout and stderr to `log`), once /readyz says ready:
-    an HTTPS client and the base URL; terminated on the way out."""
+async def serving(
+    env: DevEnv, log: Path, until: Literal["readyz", "livez"] = "readyz"
+) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """`pvegate serve` as its own process (stdout and stderr to `log`), once `until` answers 200: /readyz
+    (ready), or /livez for a test of a gateway that may well start unready. An HTTPS client and the base
+    URL; terminated on the way out."""
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "pvegate"), "serve", "--config", str(env.config_path)],
@@ -134,11 +137,12 @@ async def serving(env: DevEnv, log: Path) -> AsyncIterator[tuple[httpx.AsyncClie
             while True:
                 assert proc.poll() is None, log.read_text()[-2000:]
                 try:
-                    await wait_for(http, base + "/readyz", lambda r: r.status_code == 200, timeout=1)
-                    break
-                except Exception:
-                    assert time.monotonic() < deadline, log.read_text()[-2000:]
-                    await asyncio.sleep(0.2)
+                    if (await http.get(f"{base}/{until}")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()[-2000:]
+                await asyncio.sleep(0.2)
             yield http, base
     finally:
         proc.terminate()

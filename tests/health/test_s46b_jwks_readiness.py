@@ -12,11 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,7 @@ import yaml
 from gateway.core.config import load
 from gateway.dev.devenv import AUDIENCE, ISSUER, DevEnv
 from tests.auth.keys import IdP
-from tests.health.conftest import ROOT, base_url, health_env, http_client, wait_for
+from tests.health.conftest import health_env, serving, wait_for
 from tests.support import free_port
 
 REASON = "identity: no signing key loaded from auth.jwks_url (last fetch failed: "
@@ -87,36 +84,6 @@ def jwks_env(tmp_path: Path, sim: Any, provider: Provider) -> DevEnv:
     return dataclasses.replace(env, config=load(env.config_path))
 
 
-@asynccontextmanager
-async def serving(env: DevEnv, log: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
-    """`pvegate serve` as its own process, once it answers /livez (it may well be unready): an HTTPS client
-    and the base URL; terminated on the way out."""
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "pvegate"), "serve", "--config", str(env.config_path)],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-    try:
-        async with http_client(env) as http:
-            base = base_url(env.config)
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log.read_text()[-2000:]
-                try:
-                    if (await http.get(base + "/livez")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, log.read_text()[-2000:]
-                await asyncio.sleep(0.2)
-            yield http, base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 async def tools_list(http: httpx.AsyncClient, env: DevEnv, token: str) -> httpx.Response:
     return await http.post(
         env.url,
@@ -148,7 +115,7 @@ async def test_no_signing_key_is_unready_until_keys_load_and_an_outage_after_kee
     env = jwks_env(tmp_path, hsim, provider)
     token = idp.token(kid, iss=ISSUER, aud=AUDIENCE)
     try:
-        async with serving(env, tmp_path / "gateway.log") as (http, base):
+        async with serving(env, tmp_path / "gateway.log", until="livez") as (http, base):
             # no key ever loaded: every token is refused, and readiness says so, in the gateway's own words
             r = await http.get(base + "/readyz")
             assert r.status_code == 503, r.text
@@ -202,7 +169,7 @@ async def test_an_unready_gateway_asks_the_provider_boundedly(hsim: Any, tmp_pat
     provider.up()
     env = jwks_env(tmp_path, hsim, provider)
     try:
-        async with serving(env, tmp_path / "gateway.log") as (http, base):
+        async with serving(env, tmp_path / "gateway.log", until="livez") as (http, base):
             started = time.monotonic()
             r = await http.get(base + "/readyz")
             assert r.status_code == 503 and REASON + "HTTP 503)" in r.json()["reasons"], r.text
@@ -231,7 +198,7 @@ async def test_a_jwks_file_has_no_identity_check(hsim: Any, tmp_path: Path) -> N
     raw["auth"].update(algorithms=["RS256"], jwks_file=str(idp.write(tmp_path / "jwks.json")))
     env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dataclasses.replace(env, config=load(env.config_path))
-    async with serving(env, tmp_path / "gateway.log") as (http, base):
+    async with serving(env, tmp_path / "gateway.log", until="livez") as (http, base):
         r, _ = await wait_for(http, base + "/readyz", _ready, timeout=20)
         assert "identity" not in r.json()["checks"]
         assert (await tools_list(http, env, idp.token(kid, iss=ISSUER, aud=AUDIENCE))).status_code == 200
@@ -246,7 +213,7 @@ async def test_hs256_accepted_too_keeps_an_unreachable_jwks_from_readiness(hsim:
     raw["auth"].update(algorithms=["HS256", "RS256"], jwks_url=provider.url)
     env.config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dataclasses.replace(env, config=load(env.config_path))
-    async with serving(env, tmp_path / "gateway.log") as (http, base):
+    async with serving(env, tmp_path / "gateway.log", until="livez") as (http, base):
         r, _ = await wait_for(http, base + "/readyz", _ready, timeout=20)
         assert "identity" not in r.json()["checks"]
         assert (await tools_list(http, env, env.token("hs-agent", ["operator"]))).status_code == 200
@@ -260,7 +227,7 @@ async def test_a_jwks_with_no_key_for_the_accepted_algorithms_is_unready(hsim: A
     provider.up()
     env = jwks_env(tmp_path, hsim, provider)
     try:
-        async with serving(env, tmp_path / "gateway.log") as (http, base):
+        async with serving(env, tmp_path / "gateway.log", until="livez") as (http, base):
             r, _ = await wait_for(http, base + "/readyz", lambda r: r.status_code == 503, timeout=20)
             assert "identity: the JWKS at auth.jwks_url holds no usable signing key" in r.json()["reasons"], r.text
             assert (await tools_list(http, env, idp.token(ec, iss=ISSUER, aud=AUDIENCE))).status_code == 401
