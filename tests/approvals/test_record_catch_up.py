@@ -12,19 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import pytest
 
 from gateway.store.approvals import Approvals, ApprovalStore, Expiry, VoteOutcome
-from gateway.store.audit import AuditClosed, AuditLog
-from gateway.store.db import PostgresDatabase, SqliteDatabase
-from gateway.store.pgsync import PgLocation
-from tests.pgserver import PostgresServer
-from tests.store.auditstore import new_pg_database
+from gateway.store.audit import AuditClosed
+from gateway.store.db import SqliteDatabase
+from tests.approvals.replicas import Replicas, catch_up_when_writes_resume, reopened, replicas_on
 from tests.store.test_stores import request
 from tests.support import audit_rows
 
@@ -58,94 +53,17 @@ class Paused(ApprovalStore):
         return ids
 
 
-@dataclass
-class Replicas:
-    a: Approvals
-    b: Approvals  # a replica starting up: its first sweep catches up
-    records: Callable[[str, str], Awaitable[list[dict[str, Any]]]]  # (approval id, outcome) -> bodies
-
-    @property
-    def store_a(self) -> Paused:
-        assert isinstance(self.a.store, Paused)
-        return self.a.store
-
-
-async def _sqlite_replicas(tmp_path: Path) -> tuple[Replicas, Callable[[], Awaitable[None]]]:
-    path = tmp_path / "audit.db"
-    audit = AuditLog(path)  # one SQLite audit per host (its writer lock): the replicas share it
-    await audit.open()
-    stores = [Paused(SqliteDatabase(path)), Paused(SqliteDatabase(path))]
-    for s in stores:
-        await s.open()
-
-    async def records(aid: str, outcome: str) -> list[dict[str, Any]]:
-        rows = audit_rows(path, aid)
-        return [json.loads(str(r["body"])) for r in rows if r["kind"] == "approval" and r["outcome"] == outcome]
-
-    async def close() -> None:
-        await audit.close()
-        for s in stores:
-            await s.close()
-
-    return Replicas(Approvals(stores[0], audit), Approvals(stores[1], audit), records), close
-
-
-async def _pg_replicas(postgres: PostgresServer, tmp_path: Path) -> tuple[Replicas, Callable[[], Awaitable[None]]]:
-    key = tmp_path / "audit-head.key"
-    url = await new_pg_database(postgres, key=key)
-    made: list[Approvals] = []
-    for _ in range(2):
-        store = Paused(PostgresDatabase(url))
-        await store.open()
-        audit = AuditLog(PgLocation(url), head_key=key)
-        await audit.open()
-        made.append(Approvals(store, audit))
-
-    async def records(aid: str, outcome: str) -> list[dict[str, Any]]:
-        con = await asyncpg.connect(url)
-        try:
-            rows = await con.fetch(
-                "SELECT body FROM audit WHERE request_id = $1 AND kind = 'approval' AND outcome = $2 ORDER BY seq",
-                aid,
-                outcome,
-            )
-        finally:
-            await con.close()
-        return [json.loads(str(r["body"])) for r in rows]
-
-    async def close() -> None:
-        for r in made:
-            if r.audit is not None:
-                await r.audit.close()
-            await r.close()
-
-    return Replicas(made[0], made[1], records), close
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
-async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
-    if request.param == "postgres":
-        made, close = await _pg_replicas(request.getfixturevalue("postgres"), tmp_path)
-    else:
-        made, close = await _sqlite_replicas(tmp_path)
-    try:
-        assert await made.a.expire_due() == []  # A's start-up sweep: B's comes in each test
+async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas[Paused]]:
+    async with replicas_on(request, tmp_path, Paused) as made:
         yield made
-    finally:
-        await close()
-
-
-async def _reopened(path: Path) -> AuditLog:
-    audit = AuditLog(path)
-    await audit.open()
-    return audit
 
 
 async def test_a_withdrawal_whose_record_failed_is_recorded_by_the_next_sweep_once(tmp_path: Path) -> None:
     path = tmp_path / "audit.db"
     store = ApprovalStore(SqliteDatabase(path))
     await store.open()
-    approvals = Approvals(store, await _reopened(path))
+    approvals = Approvals(store, await reopened(path))
     try:
         assert await approvals.expire_due() == []  # the start-up sweep
         req, _ = await store.find_or_create(request())
@@ -154,14 +72,7 @@ async def test_a_withdrawal_whose_record_failed_is_recorded_by_the_next_sweep_on
         with pytest.raises(AuditClosed):
             await approvals.withdraw(req.id, "alice", "not needed")
         assert (await store.get(req.id)).state == "withdrawn"  # committed before its record failed
-        approvals.audit = await _reopened(path)  # the audit takes writes again
-        await approvals.expire_due()
-        await approvals.expire_due()  # once
-        await approvals.audit.close()
-        restarted = Approvals(store, await _reopened(path))  # and a later process's first sweep: still once
-        await restarted.expire_due()
-        assert restarted.audit is not None
-        await restarted.audit.close()
+        await catch_up_when_writes_resume(approvals, path)
     finally:
         await store.close()
     rows = [r for r in audit_rows(path, req.id) if r["kind"] == "approval"]
@@ -175,12 +86,12 @@ async def test_a_withdrawal_recorded_in_time_is_not_recorded_again_at_the_next_s
     store = ApprovalStore(SqliteDatabase(path))
     await store.open()
     try:
-        approvals = Approvals(store, await _reopened(path))
+        approvals = Approvals(store, await reopened(path))
         req, _ = await store.find_or_create(request())
         assert (await approvals.withdraw(req.id, "alice")).ok
         assert approvals.audit is not None
         await approvals.audit.close()
-        restarted = Approvals(store, await _reopened(path))
+        restarted = Approvals(store, await reopened(path))
         await restarted.expire_due()
         assert restarted.audit is not None
         await restarted.audit.close()
@@ -190,7 +101,7 @@ async def test_a_withdrawal_recorded_in_time_is_not_recorded_again_at_the_next_s
     assert outcomes == ["withdrawn"]
 
 
-async def test_a_catch_up_between_an_expiry_and_its_record_leaves_one_record(replicas: Replicas) -> None:
+async def test_a_catch_up_between_an_expiry_and_its_record_leaves_one_record(replicas: Replicas[Paused]) -> None:
     """A expires a request and stalls before its record; B starts, and its first sweep finds the expiry
     unrecorded and records it; then A writes its own: still one `expired` record."""
     req, _ = await replicas.store_a.find_or_create(request(expires_in=1))
@@ -204,7 +115,7 @@ async def test_a_catch_up_between_an_expiry_and_its_record_leaves_one_record(rep
     assert len(await replicas.records(req.id, "expired")) == 1
 
 
-async def test_a_catch_up_whose_record_is_written_meanwhile_leaves_one_record(replicas: Replicas) -> None:
+async def test_a_catch_up_whose_record_is_written_meanwhile_leaves_one_record(replicas: Replicas[Paused]) -> None:
     """B's first sweep finds A's expiry unrecorded; before B appends, A writes its record: B's append, tested
     again under the chain's append lock, writes nothing."""
     req, _ = await replicas.store_a.find_or_create(request(expires_in=1))
@@ -234,7 +145,7 @@ async def test_a_catch_up_whose_record_is_written_meanwhile_leaves_one_record(re
     assert len(await replicas.records(req.id, "expired")) == 1
 
 
-async def test_a_catch_up_between_a_withdrawal_and_its_record_leaves_one_record(replicas: Replicas) -> None:
+async def test_a_catch_up_between_a_withdrawal_and_its_record_leaves_one_record(replicas: Replicas[Paused]) -> None:
     req, _ = await replicas.store_a.find_or_create(request())
 
     async def b_starts() -> None:
@@ -255,7 +166,7 @@ async def test_a_request_left_unrecorded_by_a_dead_process_is_recorded_at_the_ne
         req, created = await store.find_or_create(request())  # its record: never written
         assert created
         for _ in range(2):  # two starts: one record
-            restarted = Approvals(store, await _reopened(path))
+            restarted = Approvals(store, await reopened(path))
             await restarted.expire_due()
             assert restarted.audit is not None
             await restarted.audit.close()
@@ -281,7 +192,7 @@ async def test_a_held_call_whose_request_record_failed_is_recorded_by_the_next_s
     path = tmp_path / "audit.db"
     store = ApprovalStore(SqliteDatabase(path))
     await store.open()
-    approvals = Approvals(store, await _reopened(path))
+    approvals = Approvals(store, await reopened(path))
     try:
         assert await approvals.expire_due() == []  # the start-up sweep
         assert approvals.audit is not None
@@ -291,7 +202,7 @@ async def test_a_held_call_whose_request_record_failed_is_recorded_by_the_next_s
         with pytest.raises(AuditClosed):
             await approvals.pending_result(call, tool, {"vmid": 100}, "digest", {"cluster": "c", "vmid": 100}, decision)
         (pending,) = await store.list("pending")  # committed before its record failed
-        approvals.audit = await _reopened(path)
+        approvals.audit = await reopened(path)
         await approvals.expire_due()
         await approvals.expire_due()  # once
         await approvals.audit.close()

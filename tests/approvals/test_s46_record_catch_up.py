@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
 from gateway.core.calls import CallRequest
@@ -32,13 +30,11 @@ from gateway.store.approvals import (
     Approvals,
     ApprovalStore,
 )
-from gateway.store.audit import AuditClosed, AuditLog
-from gateway.store.db import PostgresDatabase, SqliteDatabase
-from gateway.store.pgsync import PgLocation
+from gateway.store.audit import AuditClosed
+from gateway.store.db import SqliteDatabase
 from gateway.tools.catalog import Catalog
 from gateway.tools.tool import Tool
-from tests.pgserver import PostgresServer
-from tests.store.auditstore import new_pg_database
+from tests.approvals.replicas import Replicas, catch_up_when_writes_resume, parsed, reopened, replicas_on
 from tests.store.test_stores import DIGEST, TARGET, approved, person
 from tests.support import audit_rows
 
@@ -94,92 +90,10 @@ class Paused(ApprovalStore):
         return await self._looked(await super().unrecorded_supersessions(since))
 
 
-@dataclass
-class Replicas:
-    a: Approvals
-    b: Approvals  # a replica starting up (or this one restarted): its first sweep catches up
-    rows: Callable[[], Awaitable[list[dict[str, Any]]]]  # every `approval` record: request_id, outcome, body
-
-    def store(self, which: Approvals) -> Paused:
-        assert isinstance(which.store, Paused)
-        return which.store
-
-    async def ends(self, approval_id: str) -> list[dict[str, Any]]:
-        """The records ending `approval_id` by a supersession (or an expiry), wherever they are keyed."""
-        return [r for r in await self.rows() if r["outcome"] in END and r["body"].get("approval_id") == approval_id]
-
-    async def under(self, call_id: str, outcome: str) -> list[dict[str, Any]]:
-        return [r for r in await self.rows() if r["request_id"] == call_id and r["outcome"] == outcome]
-
-
-def _parsed(rows: list[Any]) -> list[dict[str, Any]]:
-    return [{"request_id": r["request_id"], "outcome": r["outcome"], "body": json.loads(str(r["body"]))} for r in rows]
-
-
-async def _sqlite_replicas(tmp_path: Path) -> tuple[Replicas, Callable[[], Awaitable[None]]]:
-    path = tmp_path / "audit.db"
-    audit = AuditLog(path)  # one SQLite audit per host (its writer lock): the replicas share it
-    await audit.open()
-    stores = [Paused(SqliteDatabase(path)), Paused(SqliteDatabase(path))]
-    for s in stores:
-        await s.open()
-
-    async def rows() -> list[dict[str, Any]]:
-        return _parsed([r for r in audit_rows(path) if r["kind"] == "approval"])
-
-    async def close() -> None:
-        await audit.close()
-        for s in stores:
-            await s.close()
-
-    return Replicas(Approvals(stores[0], audit), Approvals(stores[1], audit), rows), close
-
-
-async def _pg_replicas(postgres: PostgresServer, tmp_path: Path) -> tuple[Replicas, Callable[[], Awaitable[None]]]:
-    key = tmp_path / "audit-head.key"
-    url = await new_pg_database(postgres, key=key)
-    made: list[Approvals] = []
-    for _ in range(2):
-        store = Paused(PostgresDatabase(url))
-        await store.open()
-        audit = AuditLog(PgLocation(url), head_key=key)
-        await audit.open()
-        made.append(Approvals(store, audit))
-
-    async def rows() -> list[dict[str, Any]]:
-        con = await asyncpg.connect(url)
-        try:
-            found = await con.fetch("SELECT request_id, outcome, body FROM audit WHERE kind = 'approval' ORDER BY seq")
-        finally:
-            await con.close()
-        return _parsed(list(found))
-
-    async def close() -> None:
-        for r in made:
-            if r.audit is not None:
-                await r.audit.close()
-            await r.close()
-
-    return Replicas(made[0], made[1], rows), close
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
-async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
-    if request.param == "postgres":
-        made, close = await _pg_replicas(request.getfixturevalue("postgres"), tmp_path)
-    else:
-        made, close = await _sqlite_replicas(tmp_path)
-    try:
-        assert await made.a.expire_due() == []  # A's start-up sweep: B's comes in each test
+async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas[Paused]]:
+    async with replicas_on(request, tmp_path, Paused) as made:
         yield made
-    finally:
-        await close()
-
-
-async def _reopened(path: Path) -> AuditLog:
-    audit = AuditLog(path)
-    await audit.open()
-    return audit
 
 
 async def _superseded(store: ApprovalStore) -> tuple[str, str]:
@@ -190,18 +104,25 @@ async def _superseded(store: ApprovalStore) -> tuple[str, str]:
     return old.id, new.id
 
 
+async def _ends(replicas: Replicas[Paused], approval_id: str) -> list[dict[str, Any]]:
+    """The records ending `approval_id` by a supersession (or an expiry), wherever they are keyed."""
+    return [r for r in await replicas.rows() if r["outcome"] in END and r["body"].get("approval_id") == approval_id]
+
+
 # --- supersessions ---------------------------------------------------------------------------
 
 
-async def test_s46_a_supersession_recorded_in_time_is_not_recorded_again_by_a_new_process(replicas: Replicas) -> None:
+async def test_s46_a_supersession_recorded_in_time_is_not_recorded_again_by_a_new_process(
+    replicas: Replicas[Paused],
+) -> None:
     """The live process writes `superseded`; a new process's first sweep (fresh store and audit objects on the
     same database, as after a restart) writes no `expired` record for the superseded request."""
     await _hold(replicas.a, "call-1", ["sre-leads"])
     await _hold(replicas.a, "call-2", ["ops-approvers"])  # the rollout: other approvers
-    old, new = await _superseded(replicas.store(replicas.a))
+    old, new = await _superseded(replicas.store_a)
     await replicas.b.expire_due()  # the new process's first sweep
     await replicas.b.expire_due()
-    ends = await replicas.ends(old)
+    ends = await _ends(replicas, old)
     assert [(r["request_id"], r["outcome"]) for r in ends] == [("call-2", "superseded")], ends
     assert ends[0]["body"]["superseded_by"] == new
 
@@ -213,7 +134,7 @@ async def test_s46_a_supersession_whose_record_failed_is_recorded_by_the_next_sw
     path = tmp_path / "audit.db"
     store = ApprovalStore(SqliteDatabase(path))
     await store.open()
-    approvals = Approvals(store, await _reopened(path))
+    approvals = Approvals(store, await reopened(path))
     try:
         await _hold(approvals, "call-1", ["sre-leads"])
         assert approvals.audit is not None
@@ -221,18 +142,11 @@ async def test_s46_a_supersession_whose_record_failed_is_recorded_by_the_next_sw
         with pytest.raises(AuditClosed):
             await _hold(approvals, "call-2", ["ops-approvers"])
         old, new = await _superseded(store)  # committed before its record failed
-        approvals.audit = await _reopened(path)  # the audit takes writes again
-        await approvals.expire_due()
-        await approvals.expire_due()  # once
-        await approvals.audit.close()
-        restarted = Approvals(store, await _reopened(path))  # and a later process's first sweep: still once
-        await restarted.expire_due()
-        assert restarted.audit is not None
-        await restarted.audit.close()
+        await catch_up_when_writes_resume(approvals, path)
         note = (await store.get(old)).note
     finally:
         await store.close()
-    rows = _parsed([r for r in audit_rows(path) if r["kind"] == "approval"])
+    rows = parsed([r for r in audit_rows(path) if r["kind"] == "approval"])
     ends = [r for r in rows if r["outcome"] in END and r["body"].get("approval_id") == old]
     assert [(r["request_id"], r["outcome"]) for r in ends] == [("call-2", "superseded")], ends
     body = ends[0]["body"]
@@ -241,7 +155,9 @@ async def test_s46_a_supersession_whose_record_failed_is_recorded_by_the_next_sw
     assert [r["outcome"] for r in rows if r["request_id"] == "call-2"] == ["requested", "superseded"], rows
 
 
-async def test_s46_a_catch_up_between_a_supersession_and_its_record_leaves_one_record(replicas: Replicas) -> None:
+async def test_s46_a_catch_up_between_a_supersession_and_its_record_leaves_one_record(
+    replicas: Replicas[Paused],
+) -> None:
     """A supersedes a request and stalls before its records; B starts, and its first sweep records what is missing;
     then A writes its own: one `superseded` record, and no `expired` one."""
     await _hold(replicas.a, "call-1", ["sre-leads"])
@@ -249,17 +165,17 @@ async def test_s46_a_catch_up_between_a_supersession_and_its_record_leaves_one_r
     async def b_starts() -> None:
         await replicas.b.expire_due()
 
-    replicas.store(replicas.a).after_commit = b_starts
+    replicas.store_a.after_commit = b_starts
     await _hold(replicas.a, "call-2", ["ops-approvers"])
-    old, _new = await _superseded(replicas.store(replicas.a))
-    ends = await replicas.ends(old)
+    old, _new = await _superseded(replicas.store_a)
+    ends = await _ends(replicas, old)
     assert [r["outcome"] for r in ends] == ["superseded"], ends
     assert ends[0]["request_id"] == "call-2" and ends[0]["body"]["recorded_late"]  # B's: A's own was not added
     assert len(await replicas.under("call-2", "requested")) == 1
 
 
 async def test_s46_a_supersession_catch_up_whose_record_is_written_meanwhile_leaves_one_record(
-    replicas: Replicas,
+    replicas: Replicas[Paused],
 ) -> None:
     """B's first sweep finds A's supersession unrecorded; before B appends, A writes its record: B's append, tested
     again under the chain's append lock, writes nothing."""
@@ -270,7 +186,7 @@ async def test_s46_a_supersession_catch_up_whose_record_is_written_meanwhile_lea
         committed.set()
         await go.wait()
 
-    replicas.store(replicas.a).after_commit = a_stalls
+    replicas.store_a.after_commit = a_stalls
     a = asyncio.create_task(_hold(replicas.a, "call-2", ["ops-approvers"]))
     await committed.wait()
 
@@ -281,14 +197,14 @@ async def test_s46_a_supersession_catch_up_whose_record_is_written_meanwhile_lea
         go.set()
         await a
 
-    replicas.store(replicas.b).after_lookup = a_records_now
+    replicas.store_b.after_lookup = a_records_now
     try:
         await replicas.b.expire_due()
     finally:
         go.set()
         await asyncio.gather(a, return_exceptions=True)
-    old, _new = await _superseded(replicas.store(replicas.a))
-    ends = await replicas.ends(old)
+    old, _new = await _superseded(replicas.store_a)
+    ends = await _ends(replicas, old)
     assert looked and [r["outcome"] for r in ends] == ["superseded"], ends
     assert "recorded_late" not in ends[0]["body"]  # A's: B's append found it
 
@@ -319,7 +235,7 @@ async def test_s46_a_release_whose_record_failed_is_recorded_by_the_next_sweep_o
     path = tmp_path / "audit.db"
     store = ApprovalStore(SqliteDatabase(path))
     await store.open()
-    approvals = Approvals(store, await _reopened(path))
+    approvals = Approvals(store, await reopened(path))
     try:
         assert await approvals.expire_due() == []  # the start-up sweep
         aid = await _consumed(approvals, "call-1")
@@ -331,14 +247,7 @@ async def test_s46_a_release_whose_record_failed_is_recorded_by_the_next_sweep_o
             await _release(approvals, aid, "call-1")
         state = (await store.get(aid)).state  # committed before its record failed
         assert state == ("withdrawn" if withdrawn else "approved")
-        approvals.audit = await _reopened(path)  # the audit takes writes again
-        await approvals.expire_due()
-        await approvals.expire_due()  # once
-        await approvals.audit.close()
-        restarted = Approvals(store, await _reopened(path))  # and a later process's first sweep: still once
-        await restarted.expire_due()
-        assert restarted.audit is not None
-        await restarted.audit.close()
+        await catch_up_when_writes_resume(approvals, path)
     finally:
         await store.close()
     rows = [r for r in audit_rows(path, "call-1") if r["kind"] == "approval"]
@@ -353,7 +262,7 @@ async def test_s46_a_release_whose_record_failed_is_recorded_by_the_next_sweep_o
 
 
 async def test_s46_a_release_recorded_in_time_or_a_sent_call_adds_nothing_at_the_next_start(
-    replicas: Replicas,
+    replicas: Replicas[Paused],
 ) -> None:
     """Given back and recorded; consumed and sent (it stays used); given back, consumed again and sent: a new
     process's first sweep writes no record for any of them."""
@@ -362,7 +271,7 @@ async def test_s46_a_release_recorded_in_time_or_a_sent_call_adds_nothing_at_the
     sent = await _consumed(replicas.a, "call-2")
     again = await _consumed(replicas.a, "call-3")
     assert await _release(replicas.a, again, "call-3")
-    store = replicas.store(replicas.a)
+    store = replicas.store_a
     facts, _ = await replicas.a.redeem(
         {"pvegate/approval_request": again}, person("agent"), "vm_shutdown", DIGEST, TARGET, request_id="call-4"
     )
@@ -375,7 +284,7 @@ async def test_s46_a_release_recorded_in_time_or_a_sent_call_adds_nothing_at_the
     assert (await store.get(sent)).state == "used"
 
 
-async def test_s46_a_catch_up_between_a_release_and_its_record_leaves_one_record(replicas: Replicas) -> None:
+async def test_s46_a_catch_up_between_a_release_and_its_record_leaves_one_record(replicas: Replicas[Paused]) -> None:
     """Another process's sweep between a release's commit and its record writes nothing for it (a give-back
     leaves no trace it could find without reading the audit by time): the releasing process's own record,
     once."""
@@ -384,7 +293,7 @@ async def test_s46_a_catch_up_between_a_release_and_its_record_leaves_one_record
     async def b_starts() -> None:
         await replicas.b.expire_due()
 
-    replicas.store(replicas.a).after_commit = b_starts
+    replicas.store_a.after_commit = b_starts
     assert await _release(replicas.a, aid, "call-1")
     (rec,) = await replicas.under("call-1", "released")
     assert rec["body"]["approval_id"] == aid and "recorded_late" not in rec["body"]
@@ -397,7 +306,7 @@ async def test_s46_a_release_that_ended_an_approval_is_recorded_by_a_new_process
     path = tmp_path / "audit.db"
     store = ApprovalStore(SqliteDatabase(path))
     await store.open()
-    approvals = Approvals(store, await _reopened(path))
+    approvals = Approvals(store, await reopened(path))
     try:
         assert await approvals.expire_due() == []
         aid = await _consumed(approvals, "call-1")
@@ -408,7 +317,7 @@ async def test_s46_a_release_that_ended_an_approval_is_recorded_by_a_new_process
             await _release(approvals, aid, "call-1")
         # the process dies here: its memory of the release is gone
         for _ in range(2):
-            restarted = Approvals(store, await _reopened(path))
+            restarted = Approvals(store, await reopened(path))
             await restarted.expire_due()
             assert restarted.audit is not None
             await restarted.audit.close()
