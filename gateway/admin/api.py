@@ -42,6 +42,7 @@ from starlette.routing import Route
 
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
+from gateway.core import jsonread
 from gateway.core.config import ConfigError
 from gateway.core.headers import repeated as header_repeated
 from gateway.core.principal import Principal
@@ -232,7 +233,10 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     if not raw.strip():
         return {}
     try:
-        doc = json.loads(raw)
+        # UTF-8 (RFC 8259 §8.1), surrogatepass as json.loads(bytes): a lone surrogate escape is named below
+        doc = jsonread.loads(raw.decode("utf-8", "surrogatepass"), unique_names=True)
+    except jsonread.NotJson as exc:  # NaN, 1e400, a name twice (`decision` approve and deny): never guessed
+        return _err(400, "invalid_request", f"body must be JSON: {exc}")
     except (ValueError, RecursionError):  # nesting deeper than the parser's limit is the client's mistake too
         return _err(400, "invalid_request", "body must be JSON")
     if not isinstance(doc, dict):

@@ -103,7 +103,8 @@ class _StrictJWT(jwt.PyJWT):
     def _decode_payload(self, decoded: dict[str, Any]) -> dict[str, Any]:
         raw = decoded["payload"]
         try:
-            payload = jsonread.loads(raw.decode() if isinstance(raw, bytes) else raw)
+            # a claim named twice (RFC 7519 §4: names MUST be unique) is refused, not read as its last copy
+            payload = jsonread.loads(raw.decode() if isinstance(raw, bytes) else raw, unique_names=True)
         except jsonread.NotJson as exc:  # NaN, Infinity or 1e400 in any claim: never passed on to OPA
             raise _ClaimTypeError(f"token payload is not JSON: {exc}") from exc
         except ValueError as exc:  # as PyJWT's own _decode_payload (UTF-8 is RFC 7519's encoding)

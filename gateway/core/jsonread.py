@@ -29,7 +29,24 @@ def _finite(literal: str) -> float:
     return value
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) == len(pairs):
+        return doc
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in seen:
+            break
+        seen.add(name)
+    shown = name if len(name) <= 40 else name[:40] + "..."
+    raise NotJson(f"the name {json.dumps(shown)} appears more than once in one object")  # escaped: ASCII only
+
+
 _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)
+# RFC 8259 §4 leaves an object with a name twice to each parser (Python keeps the last copy, others the first
+# or refuse it); I-JSON (RFC 7493 §2.3) forbids it. A request read one way here and another by a proxy or a
+# log reader in front is refused instead.
+_UNIQUE_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite, object_pairs_hook=_unique)
 
 
 def _deeper_than(doc: Any, limit: int) -> bool:
@@ -45,12 +62,13 @@ def _deeper_than(doc: Any, limit: int) -> bool:
     return False
 
 
-def loads(text: str, max_depth: int | None = None) -> Any:
+def loads(text: str, max_depth: int | None = None, unique_names: bool = False) -> Any:
     """`text` as strict JSON. NotJson for NaN/Infinity, an out-of-range number, nesting beyond
-    `max_depth` (or beyond what Python's parser can recurse into); json.JSONDecodeError for
-    malformed text; ValueError for an integer literal longer than Python converts."""
+    `max_depth` (or beyond what Python's parser can recurse into), and with `unique_names` an object
+    naming a member twice (a request's body, a token's claims); json.JSONDecodeError for malformed
+    text; ValueError for an integer literal longer than Python converts."""
     try:
-        doc = _DECODER.decode(text)
+        doc = (_UNIQUE_DECODER if unique_names else _DECODER).decode(text)
     except RecursionError as exc:
         raise NotJson("nested too deeply") from exc
     # Fewer brackets than the limit cannot nest beyond it: most documents skip the walk.

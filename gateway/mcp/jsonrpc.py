@@ -133,8 +133,8 @@ def parse_message(body: bytes) -> Message:
     if text.startswith("\ufeff"):
         raise RpcFault(PARSE_ERROR, "Parse error: the body starts with a byte order mark (JSON text has none)")
     try:
-        doc = jsonread.loads(text, max_depth=MAX_DEPTH)
-    except jsonread.NotJson as exc:  # NaN, Infinity, 1e400, nesting beyond MAX_DEPTH
+        doc = jsonread.loads(text, max_depth=MAX_DEPTH, unique_names=True)
+    except jsonread.NotJson as exc:  # NaN, Infinity, 1e400, nesting beyond MAX_DEPTH, a name twice
         raise RpcFault(PARSE_ERROR, f"Parse error: {exc}") from exc
     except ValueError as exc:  # malformed, or an integer literal too long to convert
         raise RpcFault(PARSE_ERROR, "Parse error: the body is not valid JSON") from exc

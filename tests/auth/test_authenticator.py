@@ -95,7 +95,8 @@ def signed_payload(payload: bytes) -> str:
 def numeric_date_payload(name: str) -> str:
     """The case's payload, made when the test runs (its valid claims expire: see above)."""
     now = int(time.time())
-    body = json.dumps(claims_for())[1:-1]  # the valid claims, then one that overrides (the last one counts)
+    # the valid claims with one replaced by the case's literal: a claim named twice is refused as such (below)
+    claims = claims_for()
     cases = {
         "exp_huge": ("exp", str(10**400)),  # a 500 before: float() overflowed
         "exp_string": ("exp", f'"{now + 600}"'),  # PyJWT's int() took it
@@ -110,7 +111,8 @@ def numeric_date_payload(name: str) -> str:
         "nbf_null": ("nbf", "null"),
     }
     claim, value = cases[name]
-    return "{" + body + f', "{claim}": {value}' + "}"
+    claims[claim] = "@value@"
+    return json.dumps(claims).replace('"@value@"', value)
 
 
 NUMERIC_DATE_CASES = [
@@ -143,6 +145,27 @@ def test_a_number_json_cannot_carry_is_refused_in_any_claim(tmp_path: Path, idp:
     err = refused(make_auth(tmp_path, idp), signed_payload(body.encode()))
     assert err.status == 401 and err.error == "invalid_token", err
     assert "token payload is not JSON" in str(err), str(err)
+
+
+@pytest.mark.parametrize("claim", ["sub", "roles", "aud", "exp", "department"])
+def test_a_claim_named_twice_is_refused(tmp_path: Path, idp: IdP, claim: str) -> None:
+    """RFC 7519 §4: claim names MUST be unique, a parser MUST refuse a duplicate or take the last one. The
+    last was taken: an issuer signing two `sub` (or two `roles`) meant one of them, and which is not ours to
+    guess. Both copies valid on their own, so only the duplicate is at fault."""
+    claims = claims_for()
+    if claim not in claims:
+        claims[claim] = "ops"
+    second = {
+        "sub": '"someone-else"',
+        "roles": '["admin"]',
+        "aud": json.dumps(AUDIENCE),
+        "exp": str(int(time.time()) + 60),
+    }
+    value = second.get(claim, '"dev"')
+    body = json.dumps(claims)[:-1] + f', "{claim}": {value}' + "}"
+    err = refused(make_auth(tmp_path, idp), signed_payload(body.encode()))
+    assert err.status == 401 and err.error == "invalid_token", err
+    assert f'the name "{claim}" appears more than once' in str(err), str(err)
 
 
 def test_small_leeway_tolerates_clock_skew(tmp_path: Path, idp: IdP) -> None:

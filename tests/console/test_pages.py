@@ -297,6 +297,11 @@ def test_what_if_decides_without_dispatching(erin: Browser, cenv: DevEnv, csim: 
     # the person's mistakes, never a 500: nesting past the parser's limit, a lone surrogate (key or value)
     deep = carol.post("/admin/whatif", {**form, "arguments": "[" * 4000})
     assert deep.status_code < 500 and "arguments must be a JSON object" in deep.text
+    # what a live call's body is refused for: a name twice (read as its last copy before), NaN
+    twice = carol.post("/admin/whatif", {**form, "arguments": '{"vmid": 100, "vmid": 101}'})
+    assert twice.status_code < 500 and "the name &#34;vmid&#34; appears more than once" in twice.text, twice.text
+    nan = carol.post("/admin/whatif", {**form, "arguments": '{"vmid": NaN}'})
+    assert nan.status_code < 500 and "NaN is not a JSON value" in nan.text
     for args in ('{"vmid": 100, "\\ud800": 1}', '{"vmid": 100, "description": "\\ud800x"}'):
         odd = carol.post("/admin/whatif", {**form, "tool": "guest_config_update", "arguments": args})
         assert odd.status_code < 500 and "is not valid Unicode text" in odd.text, (args, odd.status_code)

@@ -58,3 +58,25 @@ def test_malformed_text_is_still_a_decode_error() -> None:
 def test_ordinary_json_reads_as_json_does() -> None:
     text = '{"a": [1, 2.5, -0.0, 1e300, "x", null, true, false], "b": {}}'
     assert loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ('{"a": 1, "a": 2}', "a"),
+        ('{"params": {"name": "vm_list", "arguments": {}, "name": "vm_destroy"}}', "name"),
+        ('[{"x": 1}, {"y": 1, "y": 1}]', "y"),  # the same value twice is still two copies
+        ('{"' + "k" * 60 + '": 1, "' + "k" * 60 + '": 2}', "k" * 40 + "..."),
+        ('{"\\u0000": 1, "\\u0000": 2}', "\\u0000"),  # named escaped: a reason never carries a control
+    ],
+)
+def test_a_name_twice_in_one_object_is_refused_when_asked(text: str, name: str) -> None:
+    with pytest.raises(NotJson) as err:
+        loads(text, unique_names=True)
+    assert str(err.value) == f'the name "{name}" appears more than once in one object'
+    loads(text)  # not asked: Python's reading, the last copy (a Proxmox answer, a command's output)
+
+
+def test_the_same_name_in_different_objects_is_fine() -> None:
+    doc = {"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}
+    assert loads(json.dumps(doc), unique_names=True) == doc

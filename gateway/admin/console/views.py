@@ -37,6 +37,7 @@ from gateway.admin.console.session import Session, Sessions, csrf_ok, same_origi
 from gateway.auth import identity
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
+from gateway.core import jsonread
 from gateway.core.calls import CallRequest
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
@@ -1172,7 +1173,9 @@ async def whatif_page(request: Request) -> Response:
         if tool is None:
             raise ValueError(f"unknown tool {params.get('tool')!r}")
         try:
-            raw_args = json.loads(params.get("arguments") or "{}")
+            raw_args = jsonread.loads(params.get("arguments") or "{}", unique_names=True)
+        except jsonread.NotJson as exc:  # NaN, 1e400, a name twice: what a live call's body is refused for
+            raise ValueError(f"arguments must be a JSON object: {exc}") from exc
         except (ValueError, RecursionError) as exc:  # nesting past the parser's limit: the person's mistake too
             raise ValueError("arguments must be a JSON object") from exc
         if (where := unencodable_path(raw_args)) is not None:  # a lone surrogate: refused, never echoed
