@@ -53,7 +53,11 @@ visible_tools contains name if {
 # not deny, that no role bound without a scope denies (rbac.blanket_roles), that
 # no guard rail hides, and (a composite) none of whose leaves is hidden
 # regal ignore:prefer-set-or-object-rule
-listed := (((granted - blanket_denied) - agent_hidden) - deny_rule_hidden) - leaf_hidden
+listed := listable - leaf_hidden
+
+# listable: the positions of the tools the listing lists as tools of their own
+# regal ignore:prefer-set-or-object-rule
+listable := ((granted - blanket_denied) - agent_hidden) - deny_rule_hidden
 
 # leaf_hidden: the composite tools (input.tools[i].uses) a leaf of which the
 # listing would hide: the decision denies a composite wherever a leaf is not
@@ -63,8 +67,21 @@ listed := (((granted - blanket_denied) - agent_hidden) - deny_rule_hidden) - lea
 leaf_hidden := {i |
 	some i, t in input.tools
 	some leaf in t.uses
-	not leaf_listable(leaf)
+	not leaf_listed(leaf)
 }
+
+# leaf_listed(leaf): the leaf is listable as a tool of its own (the same view at
+# a position in listable: what leaf_listable would answer, from the sets above,
+# without testing it tool by tool), or, a leaf the input does not list as it
+# is, leaf_listable says so
+leaf_listed(leaf) if {
+	leaf in listable_views
+} else if {
+	leaf_listable(leaf)
+}
+
+# regal ignore:prefer-set-or-object-rule
+listable_views := {input.tools[i] | some i in listable}
 
 # leaf_listable(leaf): the listing's tests for one tool (rbac.tool_visible,
 # rbac.blanket_denied, guardrails.hidden_from_list)

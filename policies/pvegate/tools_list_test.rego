@@ -277,3 +277,41 @@ test_listing_of_composites_agrees_with_per_tool_test if {
 		}
 	}
 }
+
+# A leaf is answered from the listing's own sets when the input lists it as a
+# tool with the same view; otherwise (not in the catalog sent, or sent with
+# another view) it is tested on its own, and the answers agree either way.
+listed_in(p, scope, tools) := v if {
+	v := pvegate.visible_tools with input as fx.listing_input(p, tools)
+		with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+		with data.data.bindings as restricted_binding(scope)
+		with data.data.guardrails.deny_rules as []
+}
+
+per_tool_in(p, scope, tools) := v if {
+	v := per_tool(tools) with input as fx.listing_input(p, tools)
+		with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+		with data.data.bindings as restricted_binding(scope)
+		with data.data.guardrails.deny_rules as []
+}
+
+# the docker leaf as the composite names it, and as a tool with another view
+other_view_leaf := object.union(docker_leaf, {"tags": ["docker"]})
+
+test_a_leaf_not_listed_as_itself_is_tested_on_its_own if {
+	without_leaf := array.concat(catalog, [compose_stack])
+
+	# denied wherever the contractor calls it: hidden; denied only in pool web: listed
+	not "inspect_compose_stack" in listed_in(fx.contractor, {}, without_leaf)
+	"inspect_compose_stack" in listed_in(fx.contractor, {"scope": {"pools": ["web"]}}, without_leaf)
+	other_view := array.concat(catalog, [other_view_leaf, compose_stack])
+	not "inspect_compose_stack" in listed_in(fx.contractor, {}, other_view)
+
+	every tools in [without_leaf, other_view] {
+		every scope in [{}, {"scope": {"pools": ["web"]}}] {
+			every p in [fx.contractor, fx.agent, fx.viewer, fx.admin] {
+				listed_in(p, scope, tools) == per_tool_in(p, scope, tools)
+			}
+		}
+	}
+}
