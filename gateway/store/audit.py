@@ -23,6 +23,7 @@ import base64
 import concurrent.futures
 import contextlib
 import contextvars
+import fcntl
 import hashlib
 import json
 import logging
@@ -2482,6 +2483,12 @@ class ArchiveResult:
     last_hash: str | None = None
 
 
+# The first record (of any kind) of every allowed call still open: where an archive's cut must stop.
+_OPEN_CALLS_FIRST_SQL = f"""
+SELECT MIN(a.seq) FROM audit a WHERE a.request_id IN (SELECT o.request_id FROM ({OPEN_CALLS_SQL}) o)
+"""  # noqa: S608 - fixed text
+
+
 def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path | None = None) -> ArchiveResult:
     """Move records older than `before` to a JSONL file and delete them, keeping the chain verifiable.
 
@@ -2497,6 +2504,32 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
     """
     head_key = HeadKey.load(_key_for(path, key))
     out_dir = out_dir.resolve()  # listed as is: verify, run from any directory, finds the file by it
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing directory keeps its mode
+    with _archive_turn(out_dir):
+        return _archive(path, before, out_dir, head_key)
+
+
+@contextlib.contextmanager
+def _archive_turn(out_dir: Path) -> Iterator[None]:
+    """One archive at a time into a directory, from its snapshot to its commit: two runs started together
+    (a timer and an operator) read the same chain and write the same file name, and the one refused at the
+    commit would remove (or have overwritten) the file the other just listed, whose records are deleted.
+    A lock on the directory itself (flock: freed when the process dies), so it leaves nothing in it."""
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"refusing to archive: another `pvegate audit archive` is writing to {out_dir}; run again when it "
+                "is done"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # frees the lock
+
+
+def _archive(path: Path | PgLocation, before: float, out_dir: Path, head_key: HeadKey) -> ArchiveResult:
     con = connect(path)
     try:
         con.execute("BEGIN")  # a snapshot: appends go on, and are not seen
@@ -2514,10 +2547,12 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             start = (0, GENESIS) if signed is None else _point(signed, "archive anchor")
             anchor = {"seq": start[0], "hash": start[1]}
             cut = con.execute("SELECT MAX(seq) FROM audit WHERE ts < ?", (before,)).fetchone()[0]
-            # an allowed call with no settling record yet stays, with all that follows it: reconciliation reads
-            # its decision from the database to settle it, whatever its age
-            oldest = con.execute(OPEN_CALLS_SQL + " LIMIT 1", (-math.inf, math.inf)).fetchone()
-            if cut is not None and oldest is not None and int(oldest[0]) <= cut:
+            # an allowed call with no settling record yet stays, with all its records and all that follows them:
+            # reconciliation reads its decision, and its `received` record (before the decision: its target,
+            # arguments, effect), from the database to settle it, whatever its age; without the target its
+            # task search would take another call's task
+            oldest = con.execute(_OPEN_CALLS_FIRST_SQL, (-math.inf, math.inf)).fetchone()
+            if cut is not None and oldest is not None and oldest[0] is not None and int(oldest[0]) <= cut:
                 cut = int(oldest[0]) - 1  # at or below the anchor: nothing to archive
             rows = (
                 []
@@ -2533,7 +2568,6 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             if not checker.feed(r):  # never archive (and so launder) a broken chain
                 raise ValueError(f"refusing to archive: {checker.problem}")
         last = {"seq": rows[-1]["seq"], "hash": rows[-1]["hash"]}
-        out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing directory keeps its mode
         name = f"audit-{rows[0]['seq']:012d}-{last['seq']:012d}.jsonl"
         final = out_dir / name
         tmp = out_dir / (name + ".tmp")
@@ -2558,6 +2592,7 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
                 digest.update((text + "\n").encode())
             fh.flush()
             os.fsync(fh.fileno())
+            mine = os.fstat(fh.fileno())
         tmp.replace(final)
         _fsync_dir(out_dir)
 
@@ -2568,7 +2603,12 @@ def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path 
             moved = (None if got is None else str(got[0])) != meta.get("anchor")
             if moved or end is None or str(end[0]) != last["hash"]:
                 con.execute("ROLLBACK")
-                final.unlink(missing_ok=True)  # nothing was deleted: the records are all still in the database
+                # nothing was deleted: the records are all still in the database. Only this run's own file is
+                # removed: one put there by another run (a directory shared by hosts) may be the listed archive
+                with contextlib.suppress(FileNotFoundError):
+                    now = os.stat(final, follow_symlinks=False)
+                    if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                        final.unlink()
                 raise ValueError("refusing to archive: another archive moved the chain's anchor meanwhile; run again")
             listed = _meta(con, "archives") or []
             listed.append({"file": str(final), "sha256": digest.hexdigest(), **header})

@@ -1,0 +1,38 @@
+"""`audit archive` stops before an open call (an allowed decision with no settling record) so reconciliation
+can still settle it; it must keep the whole call, not only its decision. Its `received` record comes before
+the decision and is where reconciliation reads the call's target (cluster, node, vmid), arguments, effect and
+dry run: archived away, the task search runs without the guest's vmid and takes any task of the tool's type
+by the gateway's token in the window (another call's) for this one."""
+
+from __future__ import annotations
+
+import time
+
+from gateway.store import audit as auditlib
+from gateway.store import reconcile
+from gateway.store.audit import AuditRecord
+from tests.store.auditstore import Store, off
+
+TARGET = {"cluster": "default", "kind": "qemu", "node": "pve1", "vmid": 100}
+
+
+async def test_archive_keeps_the_received_record_of_an_open_call(store: Store) -> None:
+    log = store.log()
+    await log.open()
+    try:
+        # a settled call first, so there is something to archive
+        for kind, outcome in (("received", None), ("decision", "allow"), ("result", "ok")):
+            await log.append(AuditRecord("r0", kind, "alice", "start_vm", "default/qemu/101", outcome, {}))
+        received = {"target": TARGET, "arguments": {"vmid": 100}, "effect": "mutate", "dry_run": False}
+        await log.append(AuditRecord("r1", "received", "alice", "start_vm", "default/qemu/100", None, received))
+        await log.append(AuditRecord("r1", "decision", "alice", "start_vm", "default/qemu/100", "allow", {}))
+    finally:
+        await log.close()
+    res = off(auditlib.archive, store.where, time.time() + 1, store.root / "arch", key=store.key)
+    assert res.file is not None and res.last_seq == 3, res  # r0 only
+    calls = off(reconcile.open_calls, store.where, None, None)
+    assert [c.request_id for c in calls] == ["r1"]
+    call = calls[0]
+    assert call.target == TARGET, f"the open call lost its target to the archive: {call.target}"
+    assert call.effect == "mutate"
+    assert off(auditlib.verify, store.where, key=store.key).ok
