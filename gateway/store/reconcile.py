@@ -471,7 +471,10 @@ class Reconciler:
             if not turn:
                 return None
             settled = await self.run_once(time.time(), since=since, only=mine, turn=turn, own=True)
-        outcomes.unsettled -= {s.request_id for s in settled if s.action != "open"}
+        # settled ones leave; `in_flight` ones stay: this process still runs them (its answer not yet out of the
+        # pipeline: a task that outlived the wait is added before its `running` result), and dropped now their
+        # task's end would never be recorded by this process
+        outcomes.unsettled -= {s.request_id for s in settled if s.action not in ("open", "in_flight")}
         # ids no longer open (settled elsewhere: another replica, by hand) leave the set too, and their holds
         gone = mine - {s.request_id for s in settled} | {s.request_id for s in settled if s.action == "already_settled"}
         outcomes.unsettled -= gone
