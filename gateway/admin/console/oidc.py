@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -201,9 +202,12 @@ class Provider:
         if ((isinstance(aud, list) and len(aud) > 1) or azp is not None) and azp != self.cfg.client_id:
             raise SignInError("the ID token was issued to another client (azp)")
         auth_time = claims.get("auth_time")
-        if not isinstance(auth_time, int | float) or isinstance(auth_time, bool):
+        if not isinstance(auth_time, int | float) or isinstance(auth_time, bool) or not math.isfinite(auth_time):
             raise SignInError("the ID token has no auth_time (when you authenticated): step-up cannot be checked")
         now = time.time() if now is None else now
+        # a sign-in later than now would pass every step-up limit for the session's whole life: refused
+        if float(auth_time) > now + LEEWAY:
+            raise SignInError("the ID token's auth_time is in the future (is the provider's clock right?)")
         if login.max_age is not None and now - float(auth_time) > login.max_age + LEEWAY:
             raise SignInError("the identity provider did not ask you to sign in again (auth_time too old)")
         return claims

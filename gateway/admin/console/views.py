@@ -303,7 +303,10 @@ async def guard(request: Request, section: str) -> Session | Response:
 
 
 def _to_login(request: Request) -> Response:
-    nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if request.method == "GET":
+        nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    else:  # a form's URL may take only its POST (the vote's): sign-in returns to the page the form is on
+        nxt = request.url.path.removesuffix("/vote")
     return RedirectResponse(f"/admin/login?{urlencode({'next': nxt})}", status_code=303, headers=SECURITY_HEADERS)
 
 
@@ -418,17 +421,39 @@ async def _principal(console: Console, id_claims: dict[str, Any], access_token: 
 
 
 async def logout(request: Request) -> Response:
-    session = await signed_in(request)
+    console = _console(request)
+    # not signed_in(): when the database cannot say whether this session was signed out, every other page
+    # takes it as signed out, but a sign-out must still clear this browser's cookie and say what it could
+    # not record (below), not pass for a request without a session and leave the cookie to live again
+    session, _ = console.sessions.read(request)
+    if session is not None and console.signouts is not None:
+        try:
+            if await console.signouts.signed_out(session.sid, session.sub, session.started):
+                session = None  # ended already: a copy of its cookie signs nothing out (nor everyone)
+        except STORE_ERRORS as exc:
+            log.warning("console: cannot check sign-outs (%s): signing out all the same", exc)
     if session is None:
-        return RedirectResponse("/admin/login", status_code=303, headers=SECURITY_HEADERS)
+        # ended already (timed out, signed out elsewhere, a cookie that does not verify): signed out is what
+        # was asked, and it is so. Never off to /admin/login: that starts a sign-in, and the provider's own
+        # session (single sign-on) would send the browser straight back signed in again
+        request.state.console_session = None
+        if not same_origin(request, console.c.config.public_url):  # another site's form clears nothing here
+            return render(
+                request, "message.html", 403, title="Refused", message="This form was not sent from the console."
+            )
+        end = await console.provider.end_session_url()
+        response = render(request, "message.html", title="Signed out", message="You are signed out.", end_session=end)
+        console.sessions.clear(response)
+        return response
+    request.state.console_session = session
+    request.state.console_renew = False
     form = await _form(request)
     if isinstance(form, Response):
         return form
     everywhere = form.get("everywhere") == "1"  # every session of this person, in every browser
     action = "sign_out_everywhere" if everywhere else "sign_out"
-    if not (same_origin(request, _console(request).c.config.public_url) and csrf_ok(session, form.get("csrf"))):
+    if not (same_origin(request, console.c.config.public_url) and csrf_ok(session, form.get("csrf"))):
         return await _csrf_refused(request, session, action)
-    console = _console(request)
     message = "You are signed out everywhere." if everywhere else "You are signed out."
     outcome = "ok"
     body: dict[str, Any] = {}
