@@ -331,6 +331,14 @@ async def login(request: Request) -> Response:
     return response
 
 
+def _provider_text(value: str | None, limit: int) -> str:
+    """An error text on the callback's query: whoever holds this browser's sign-in cookie can choose it (its
+    state is readable there), so it is cut and what a reader would not see as itself is escaped before it
+    reaches the refusal's audit row and the page."""
+    text = visible(value or "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 async def callback(request: Request) -> Response:
     console = _console(request)
     stored = console.sessions.read_login(request)
@@ -342,7 +350,8 @@ async def callback(request: Request) -> Response:
         if not p.get("state") or p.get("state") != attempt.state:
             raise SignInError("the sign-in answer does not belong to this browser's attempt (state)")
         if p.get("error"):
-            raise SignInError(f"the identity provider refused: {p.get('error')} {p.get('error_description') or ''}")
+            said = f"{_provider_text(p.get('error'), 64)} {_provider_text(p.get('error_description'), 300)}"
+            raise SignInError(f"the identity provider refused: {said.rstrip()}")
         code = p.get("code")
         if not code:
             raise SignInError("the identity provider sent no code")
