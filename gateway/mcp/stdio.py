@@ -50,7 +50,14 @@ from gateway.store.outcomes import AUDIT_UNAVAILABLE, STORE_ERRORS, AuditUnavail
 log = logging.getLogger("pvegate.stdio")
 
 ISSUER = "pvegate-local"  # principal.iss of a local principal: no token issued it
-TOO_LONG = b"\x00too long"  # what _Lines.next gives for a line over the limit (a real line has no NUL)
+
+
+class _TooLong:
+    """What _Lines.next gives for a line over the limit: no bytes at all, so no line a client sends can
+    pass for it (a byte string marker did: a 9-byte line of its bytes was refused as over-long)."""
+
+
+TOO_LONG = _TooLong()
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 
 
@@ -185,7 +192,7 @@ class _Lines:
         except (ValueError, OSError):
             self.reader = None
 
-    async def next(self) -> bytes | None:
+    async def next(self) -> bytes | _TooLong | None:
         """The next line (without its newline), TOO_LONG for an over-long one, None at end of input."""
         if self.reader is None:
             line = await asyncio.to_thread(self.stream.readline, self.limit + 2)
@@ -211,7 +218,7 @@ class _Lines:
                     return TOO_LONG
         return self._within(line.rstrip(b"\r\n"))
 
-    def _within(self, line: bytes) -> bytes:
+    def _within(self, line: bytes) -> bytes | _TooLong:
         """The line, or TOO_LONG past `limit` bytes (the readers let one byte more through: their bound
         counts the newline), as HTTP refuses a body past max_body_bytes."""
         return TOO_LONG if len(line) > self.limit else line
@@ -237,11 +244,13 @@ async def serve_stdio(
     out = stdout or sys.stdout.buffer
     lines = _Lines(stdin or sys.stdin.buffer, c.config.max_body_bytes)
     await lines.open()
+    stopping = stop if stop is not None else asyncio.Event()
+    writer = _Out(out, stopping)
+    await writer.open()
     session = StdioSession(c, principal)
     write_lock = asyncio.Lock()
     slots = asyncio.Semaphore(max(1, c.config.max_inflight_per_client))
     running: set[asyncio.Task[None]] = set()
-    stopping = stop if stop is not None else asyncio.Event()
     gone = False  # stdout takes no more writes: the client has gone
 
     async def reply(doc: dict[str, Any]) -> None:
@@ -251,24 +260,26 @@ async def serve_stdio(
                 return
             data = encode(doc) + b"\n"  # outside the try: only a failed write means the client has gone
             try:
-                out.write(data)
-                out.flush()
+                await writer.write(data)
             except (OSError, ValueError) as exc:  # EPIPE: the client closed its end (ValueError: stdout closed)
                 gone = True
                 log.warning("stdout is closed (%s): no more input is read; calls running finish", type(exc).__name__)
-                _discard(out)
+                writer.discard()
                 stopping.set()
 
     async def one(line: bytes) -> None:
+        # the slot is held until the reply is written: a client that reads no replies gets no more
+        # requests read, rather than replies piling up in memory
         try:
-            doc = await session.handle(line)  # answers its own failures too
-        except Exception:  # a last resort: never a stack trace on stdout; the log has it
-            log.exception("internal error handling a stdio message")
-            doc = None
+            try:
+                doc = await session.handle(line)  # answers its own failures too
+            except Exception:  # a last resort: never a stack trace on stdout; the log has it
+                log.exception("internal error handling a stdio message")
+                doc = None
+            if doc is not None:
+                await reply(doc)
         finally:
             slots.release()
-        if doc is not None:
-            await reply(doc)
 
     async def too_long() -> None:
         try:
@@ -280,10 +291,10 @@ async def serve_stdio(
         """Until the end of input; cancelled on `stop`. Its awaits (the next line, a free slot) are
         safe to cancel: whatever a message starts runs in a task of its own."""
         while (line := await lines.next()) is not None:
-            if line != TOO_LONG and not line.strip():
+            if isinstance(line, bytes) and not line.strip():
                 continue
             await slots.acquire()
-            task = asyncio.create_task(one(line) if line != TOO_LONG else too_long())
+            task = asyncio.create_task(one(line) if isinstance(line, bytes) else too_long())
             running.add(task)
             task.add_done_callback(running.discard)
 
@@ -304,8 +315,7 @@ async def serve_stdio(
     await _until(stopping, running)
     if stopping.is_set():
         await _finish(c, running)
-    with contextlib.suppress(OSError, ValueError):
-        out.flush()
+    await writer.close()
 
 
 async def _until(stop: asyncio.Event, tasks: set[asyncio.Task[None]]) -> None:
@@ -321,6 +331,7 @@ async def _until(stop: asyncio.Event, tasks: set[asyncio.Task[None]]) -> None:
 
 
 CUT_WAIT_SECONDS = 10.0  # after the cut: for the calls cut off to record `interrupted` and answer
+DRAIN_AFTER_STOP_SECONDS = 2.0  # after a stop: for the replies queued to reach a client that reads
 
 
 async def _finish(c: Components, running: set[asyncio.Task[None]]) -> None:
@@ -345,6 +356,118 @@ async def _finish(c: Components, running: set[asyncio.Task[None]]) -> None:
     if pending:
         await asyncio.gather(*pending, return_exceptions=True)
     await outcomes.flush()
+
+
+class _OutProtocol(asyncio.BaseProtocol):
+    """Flow control of stdout's pipe: paused while its buffer is over the high-water mark."""
+
+    def __init__(self) -> None:
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.lost = asyncio.Event()
+        self.error: Exception | None = None
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.error = exc
+        self.lost.set()
+        self.writable.set()
+
+
+class _Out:
+    """Replies to stdout. A pipe or a socket is written through the event loop: a client that stops
+    reading holds back the replies, never the process (a blocking write from the loop froze it whole,
+    found in review: no call made progress and a stop signal was never handled, so the client's
+    SIGTERM went unheard until it killed the process). Written through a duplicate of the descriptor,
+    so that closing it never frees fd 1 for another file. Anything else (a regular file, /dev/null, a
+    terminal, a test's buffer) is written as it is: it takes what it is given."""
+
+    def __init__(self, stream: BinaryIO, stopping: asyncio.Event) -> None:
+        self.stream = stream
+        self.stopping = stopping  # after a stop a reply no longer waits for the client to read
+        self.transport: asyncio.WriteTransport | None = None
+        self.protocol: _OutProtocol | None = None
+
+    async def open(self) -> None:
+        try:
+            fd = self.stream.fileno()
+            mode = os.fstat(fd).st_mode
+        except (OSError, ValueError):
+            return
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()  # whatever was buffered before goes first
+            dup = os.fdopen(os.dup(fd), "wb", buffering=0)
+            try:
+                loop = asyncio.get_running_loop()
+                transport, protocol = await loop.connect_write_pipe(_OutProtocol, dup)
+            except (OSError, ValueError):
+                dup.close()
+                return
+            self.transport, self.protocol = transport, protocol
+
+    async def write(self, data: bytes) -> None:
+        """Written, or queued while the client catches up (after a stop: queued, not waited for);
+        OSError once the client has gone."""
+        if self.transport is None or self.protocol is None:
+            self.stream.write(data)
+            self.stream.flush()
+            return
+        if self.protocol.lost.is_set() or self.transport.is_closing():
+            raise BrokenPipeError("stdout is closed")
+        self.transport.write(data)
+        if not self.protocol.writable.is_set():
+            waiting = asyncio.create_task(_wait_event(self.protocol.writable))
+            try:
+                await _until(self.stopping, {waiting})
+            finally:
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+        if self.protocol.lost.is_set():
+            raise self.protocol.error if isinstance(self.protocol.error, OSError) else BrokenPipeError()
+
+    def discard(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():  # closing: lost is on its way
+            self.transport.abort()
+        _discard(self.stream)
+
+    async def close(self) -> None:
+        """What is queued is written before the end, while the client reads it; after a stop, for
+        DRAIN_AFTER_STOP_SECONDS at most (the calls' outcomes are recorded: only replies are lost)."""
+        stopping = self.stopping
+        if self.transport is None or self.protocol is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.flush()
+            return
+        self.transport.close()  # writes what is queued, then lost
+        lost = self.protocol.lost
+        if not stopping.is_set():  # until it is written, or a stop
+            waiting = asyncio.create_task(_wait_event(lost))
+            try:
+                await _until(stopping, {waiting})
+            finally:
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+        if not lost.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lost.wait(), DRAIN_AFTER_STOP_SECONDS)
+        if not lost.is_set():
+            log.warning("stdout takes no more: %d byte(s) of replies dropped", self.transport.get_write_buffer_size())
+            self.transport.abort()
+        with contextlib.suppress(OSError, ValueError):  # the loop made it non-blocking: as it was for what follows
+            os.set_blocking(self.stream.fileno(), True)
+
+
+async def _wait_event(event: asyncio.Event) -> None:
+    await event.wait()
 
 
 def _discard(stream: BinaryIO) -> None:
