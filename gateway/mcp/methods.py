@@ -62,12 +62,14 @@ def raw_meta_lacks_token(meta: dict[str, Any]) -> bool:
     return meta.get("pvegate/approval") is None  # an explicit one-time token takes precedence
 
 
-def request_digest(x: Exchange, name: str, arguments: Any) -> str:
-    """What a requestState is bound to: the tool and its exact arguments (the approval binding's
-    digest, the tool's sensitive arguments counted as redacted: it is stored for the legacy handoff)."""
+def request_digest(x: Exchange, name: str, arguments: Any, dry_run: bool) -> str:
+    """What a requestState is bound to: the tool, its exact arguments and whether it is a dry run (the
+    approval binding's digest, the tool's sensitive arguments counted as redacted: it is stored for the
+    legacy handoff). A rehearsal and the real call are two approvals, so two hand-offs."""
     tool = x.c.catalog.get(name)
     sensitive = tool.sensitive if tool is not None else ()
-    return arguments_digest(name, arguments if isinstance(arguments, dict) else {}, sensitive=sensitive)
+    args = arguments if isinstance(arguments, dict) else {}
+    return arguments_digest(name, args, dry_run=dry_run, sensitive=sensitive)
 
 
 # a tools/call's outcomes (CallResult.outcome) that count against its principal's refusal budget: denied
@@ -144,7 +146,7 @@ def _tool_fragments(catalog: Catalog, original_shape: bool) -> tuple[tuple[str, 
 
 
 async def _keep_retry_handle(
-    x: Exchange, name: str, arguments: Any, approval_id: str, state: ApprovalState | None
+    x: Exchange, name: str, arguments: Any, dry_run: bool, approval_id: str, state: ApprovalState | None
 ) -> None:
     """A retry refused before anything was sent gives its approval back (pipeline `_unspent`); the
     handle it came with must then work again, or the approval is stranded: a requestState is spent
@@ -163,7 +165,7 @@ async def _keep_retry_handle(
     if state is not None:
         await x.states.give_back(state)
     else:
-        await x.states.remember(x.principal, request_digest(x, name, arguments), approval_id)
+        await x.states.remember(x.principal, request_digest(x, name, arguments, dry_run), approval_id)
 
 
 def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
@@ -225,13 +227,16 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(meta.get("dry_run", False), bool):  # "false", 0 or [] must not turn a dry run on
         raise RpcFault(INVALID_PARAMS, 'Invalid params: "_meta.dry_run" must be true or false')
     meta.pop(handoff.APPROVAL_REQUEST_META, None)  # only a verified requestState may set this
+    dry_run: bool = meta.get("dry_run", False)
     request_id = uuid.uuid4().hex
     logs.bind(request_id, x.principal.sub, name)  # every log line of this call carries them
     retry = x.modern and params.get("requestState") is not None
     state: ApprovalState | None = None
     if retry:
         try:
-            state = await x.states.redeem(params["requestState"], x.principal, request_digest(x, name, arguments))
+            state = await x.states.redeem(
+                params["requestState"], x.principal, request_digest(x, name, arguments, dry_run)
+            )
         except StateError as exc:
             await x.c.audit.append(
                 AuditRecord(
@@ -245,26 +250,26 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             ) from exc
         meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
     elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
-        recalled = await x.states.recall(x.principal, request_digest(x, name, arguments))
+        recalled = await x.states.recall(x.principal, request_digest(x, name, arguments, dry_run))
         if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
             meta[handoff.APPROVAL_REQUEST_META] = recalled
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
     result = await _run(x, req)
     if retry and result.outcome != "allowed":
-        await _keep_retry_handle(x, name, arguments, str(meta[handoff.APPROVAL_REQUEST_META]), state)
+        await _keep_retry_handle(x, name, arguments, dry_run, str(meta[handoff.APPROVAL_REQUEST_META]), state)
     if result.outcome in REFUSED_OUTCOMES:
         x.c.principal_limits.refused(x.principal.sub)
     aid = handoff.approval_id(result)
     # also after a retry: one made before the approver voted is held again, with a fresh handle
     if result.outcome == "pending_approval" and aid and x.url_elicitation:
         if x.modern:
-            token = x.states.mint(x.principal, request_digest(x, name, arguments), aid)
+            token = x.states.mint(x.principal, request_digest(x, name, arguments, dry_run), aid)
             out = handoff.input_required(x.c.config, result, aid, token)
             out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
             return out
         if x.version >= "2025-11-25":
-            await x.states.remember(x.principal, request_digest(x, name, arguments), aid)
+            await x.states.remember(x.principal, request_digest(x, name, arguments, dry_run), aid)
             raise RpcFault(
                 URL_ELICITATION_REQUIRED,
                 "This call needs a human approval: open the URL, then retry the call",

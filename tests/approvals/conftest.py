@@ -35,6 +35,14 @@ APPROVAL_RULES = [
         "min_approvals": 2,
     },
     {
+        "name": "test-rehearsal-too",  # tests/mcp/test_s47_handoff_dry_run.py: a dry run needs its own approval
+        "tools": ["vm_resume"],
+        "target_tags": ["prod"],
+        "reason": "resuming prod needs an approval, rehearsed or not",
+        "approver_groups": ["sre-leads"],
+        "include_dry_run": True,
+    },
+    {
         "name": "test-short-lived",
         "tools": ["vm_suspend"],
         "target_tags": ["prod"],
