@@ -184,5 +184,5 @@ async def test_approval_api_refuses_a_deeply_nested_body(nested: bytes, advgw: G
     async with client(advenv, connections=1) as http:
         r = await http.post(url, content=nested, headers=h)
         control = await http.post(url, content=b'{"note":"fine"}', headers=h)
-    assert r.status_code == 400 and r.json()["detail"] == "body must be JSON", r.text
+    assert r.status_code == 400 and r.json()["detail"] == "body must be JSON: nested too deeply", r.text
     assert control.status_code == 404, control.text

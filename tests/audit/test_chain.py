@@ -174,7 +174,7 @@ async def test_archive_keeps_chain_verifiable_across_the_cut(db: Path, tmp_path:
 
 def test_archive_refuses_a_broken_chain(tmp_path: Path) -> None:
     db = tmp_path / "p.db"
-    asyncio.run(_filled(db, 10))
+    asyncio.run(_filled(db, 10, "deny"))  # settled calls: an open one keeps all its records (and what follows)
     first = auditlib.search(db, auditlib.Query(limit=1))[0]
     sqlite_exec(db, "UPDATE audit SET ts = ts - 1000 WHERE seq <= 8")  # hashes break: archive must refuse
     with pytest.raises(ValueError, match="refusing to archive"):
@@ -358,7 +358,7 @@ def test_archive_refuses_when_another_moved_the_anchor_meanwhile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = tmp_path / "race.db"
-    asyncio.run(_filled(db, 5))
+    asyncio.run(_filled(db, 5, "deny"))
     line = auditlib._archive_line
     inner: list[auditlib.ArchiveResult] = []
     started: list[int] = []
