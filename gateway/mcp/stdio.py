@@ -247,75 +247,80 @@ async def serve_stdio(
     stopping = stop if stop is not None else asyncio.Event()
     writer = _Out(out, stopping)
     await writer.open()
-    session = StdioSession(c, principal)
-    write_lock = asyncio.Lock()
-    slots = asyncio.Semaphore(max(1, c.config.max_inflight_per_client))
-    running: set[asyncio.Task[None]] = set()
-    gone = False  # stdout takes no more writes: the client has gone
-
-    async def reply(doc: dict[str, Any]) -> None:
-        nonlocal gone
-        async with write_lock:
-            if gone:
-                return
-            data = encode(doc) + b"\n"  # outside the try: only a failed write means the client has gone
-            try:
-                await writer.write(data)
-            except (OSError, ValueError) as exc:  # EPIPE: the client closed its end (ValueError: stdout closed)
-                gone = True
-                log.warning("stdout is closed (%s): no more input is read; calls running finish", type(exc).__name__)
-                writer.discard()
-                stopping.set()
-
-    async def one(line: bytes) -> None:
-        # the slot is held until the reply is written: a client that reads no replies gets no more
-        # requests read, rather than replies piling up in memory
-        try:
-            try:
-                doc = await session.handle(line)  # answers its own failures too
-            except Exception:  # a last resort: never a stack trace on stdout; the log has it
-                log.exception("internal error handling a stdio message")
-                doc = None
-            if doc is not None:
-                await reply(doc)
-        finally:
-            slots.release()
-
-    async def too_long() -> None:
-        try:
-            await reply(await session.refuse_too_long(c.config.max_body_bytes))
-        finally:
-            slots.release()
-
-    async def read() -> None:
-        """Until the end of input; cancelled on `stop`. Its awaits (the next line, a free slot) are
-        safe to cancel: whatever a message starts runs in a task of its own."""
-        while (line := await lines.next()) is not None:
-            if isinstance(line, bytes) and not line.strip():
-                continue
-            await slots.acquire()
-            task = asyncio.create_task(one(line) if isinstance(line, bytes) else too_long())
-            running.add(task)
-            task.add_done_callback(running.discard)
-
-    if on_ready is not None:
-        await on_ready()
-    reading = asyncio.create_task(read(), name="stdio-read")
     try:
-        await _until(stopping, {reading})
-    finally:
-        reading.cancel()  # a stop: no more input is read
+        session = StdioSession(c, principal)
+        write_lock = asyncio.Lock()
+        slots = asyncio.Semaphore(max(1, c.config.max_inflight_per_client))
+        running: set[asyncio.Task[None]] = set()
+        gone = False  # stdout takes no more writes: the client has gone
+
+        async def reply(doc: dict[str, Any]) -> None:
+            nonlocal gone
+            async with write_lock:
+                if gone:
+                    return
+                data = encode(doc) + b"\n"  # outside the try: only a failed write means the client has gone
+                try:
+                    await writer.write(data)
+                except (OSError, ValueError) as exc:  # EPIPE: the client closed its end (ValueError: stdout closed)
+                    gone = True
+                    log.warning(
+                        "stdout is closed (%s): no more input is read; calls running finish", type(exc).__name__
+                    )
+                    writer.discard()
+                    stopping.set()
+
+        async def one(line: bytes) -> None:
+            # the slot is held until the reply is written: a client that reads no replies gets no more
+            # requests read, rather than replies piling up in memory
+            try:
+                try:
+                    doc = await session.handle(line)  # answers its own failures too
+                except Exception:  # a last resort: never a stack trace on stdout; the log has it
+                    log.exception("internal error handling a stdio message")
+                    doc = None
+                if doc is not None:
+                    await reply(doc)
+            finally:
+                slots.release()
+
+        async def too_long() -> None:
+            try:
+                await reply(await session.refuse_too_long(c.config.max_body_bytes))
+            finally:
+                slots.release()
+
+        async def read() -> None:
+            """Until the end of input; cancelled on `stop`. Its awaits (the next line, a free slot) are
+            safe to cancel: whatever a message starts runs in a task of its own."""
+            while (line := await lines.next()) is not None:
+                if isinstance(line, bytes) and not line.strip():
+                    continue
+                await slots.acquire()
+                task = asyncio.create_task(one(line) if isinstance(line, bytes) else too_long())
+                running.add(task)
+                task.add_done_callback(running.discard)
+
+        if on_ready is not None:
+            await on_ready()
+        reading = asyncio.create_task(read(), name="stdio-read")
         try:
-            await reading
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # stdin failing (EIO on a hung-up tty) ends input as its close does
-            log.warning("stdin failed (%s): no more input is read; calls running finish", type(exc).__name__)
-    # stdin closed: let what was asked finish (its audit rows included), unless a stop comes meanwhile
-    await _until(stopping, running)
-    if stopping.is_set():
-        await _finish(c, running)
-    await writer.close()
+            await _until(stopping, {reading})
+        finally:
+            reading.cancel()  # a stop: no more input is read
+            try:
+                await reading
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # stdin failing (EIO on a hung-up tty) ends input as its close does
+                log.warning("stdin failed (%s): no more input is read; calls running finish", type(exc).__name__)
+        # stdin closed: let what was asked finish (its audit rows included), unless a stop comes meanwhile
+        await _until(stopping, running)
+        if stopping.is_set():
+            await _finish(c, running)
+        await writer.close()
+    finally:  # a stdout the loop made non-blocking is given back as it was, however this ends
+        writer.restore()
 
 
 async def _until(stop: asyncio.Event, tasks: set[asyncio.Task[None]]) -> None:
@@ -380,7 +385,7 @@ class _OutProtocol(asyncio.BaseProtocol):
 
 
 class _Out:
-    """Replies to stdout. A pipe or a socket is written through the event loop: a client that stops
+    """Replies to stdout. A pipe is written through the event loop: a client that stops
     reading holds back the replies, never the process (a blocking write from the loop froze it whole,
     found in review: no call made progress and a stop signal was never handled, so the client's
     SIGTERM went unheard until it killed the process). Written through a duplicate of the descriptor,
@@ -399,7 +404,9 @@ class _Out:
             mode = os.fstat(fd).st_mode
         except (OSError, ValueError):
             return
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        # a pipe only: a socket's write transport takes any readable event for the peer closing, and a
+        # socket is often stdin too (socat, inetd, systemd Accept=yes), whose requests are readable on it
+        if not stat.S_ISFIFO(mode):
             return
         with contextlib.suppress(OSError, ValueError):
             self.stream.flush()  # whatever was buffered before goes first
@@ -462,7 +469,12 @@ class _Out:
         if not lost.is_set():
             log.warning("stdout takes no more: %d byte(s) of replies dropped", self.transport.get_write_buffer_size())
             self.transport.abort()
-        with contextlib.suppress(OSError, ValueError):  # the loop made it non-blocking: as it was for what follows
+
+    def restore(self) -> None:
+        """The loop made stdout's open file non-blocking, for every process sharing it: blocking again."""
+        if self.transport is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
             os.set_blocking(self.stream.fileno(), True)
 
 
