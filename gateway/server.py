@@ -482,7 +482,9 @@ def keep_freed_heap(trim_mib: int = 64, mmap_mib: int = 16) -> bool:
     cached listing of 659 tools, docs/performance.md). Set, both are fixed: buffers under `mmap_mib`
     come from the heap, and up to `trim_mib` of its free top stays mapped (RSS may keep that much).
     An operator's own MALLOC_* or GLIBC_TUNABLES settings win; on other C libraries, nothing is done."""
-    if any(name in os.environ for name in _OPERATOR_MALLOC_SETTINGS):
+    if any(name in os.environ for name in _OPERATOR_MALLOC_SETTINGS[:-1]) or "glibc.malloc." in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    ):  # the operator's own malloc settings (GLIBC_TUNABLES also carries others: glibc.pthread.rseq=0)
         return False
     try:
         libc = ctypes.CDLL(None)

@@ -2524,6 +2524,13 @@ def _archive_turn(out_dir: Path) -> Iterator[None]:
                 f"refusing to archive: another `pvegate audit archive` is writing to {out_dir}; run again when it "
                 "is done"
             ) from None
+        except OSError as exc:  # a file system that cannot lock a directory (NFS): the commit's check remains
+            log.warning(
+                "audit archive: cannot lock %s (%s); runs are not kept apart, a run refused at its commit still "
+                "removes only its own file",
+                out_dir,
+                exc.strerror or exc,
+            )
         yield
     finally:
         os.close(fd)  # frees the lock

@@ -91,4 +91,8 @@ def test_an_operators_malloc_settings_win(monkeypatch: pytest.MonkeyPatch) -> No
             assert keep_freed_heap() is False
     for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES"):
         monkeypatch.delenv(name, raising=False)
-    assert keep_freed_heap() is (platform.libc_ver()[0] == "glibc")  # set here, in the test's own process
+    glibc = platform.libc_ver()[0] == "glibc"
+    with monkeypatch.context() as m:  # GLIBC_TUNABLES without a malloc setting leaves malloc ours to set
+        m.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+        assert keep_freed_heap() is glibc
+    assert keep_freed_heap() is glibc  # set here, in the test's own process

@@ -47,6 +47,14 @@ def pkce_pair() -> tuple[str, str]:
     return verifier, challenge
 
 
+def _finite(value: int | float) -> bool:
+    """A number a float holds (an int of 400 digits does not: math.isfinite would raise OverflowError)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class Login:
     """What one browser's sign-in attempt must find again at the callback."""
@@ -202,7 +210,7 @@ class Provider:
         if ((isinstance(aud, list) and len(aud) > 1) or azp is not None) and azp != self.cfg.client_id:
             raise SignInError("the ID token was issued to another client (azp)")
         auth_time = claims.get("auth_time")
-        if not isinstance(auth_time, int | float) or isinstance(auth_time, bool) or not math.isfinite(auth_time):
+        if not isinstance(auth_time, int | float) or isinstance(auth_time, bool) or not _finite(auth_time):
             raise SignInError("the ID token has no auth_time (when you authenticated): step-up cannot be checked")
         now = time.time() if now is None else now
         # a sign-in later than now would pass every step-up limit for the session's whole life: refused
