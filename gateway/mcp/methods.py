@@ -145,9 +145,7 @@ def _tool_fragments(catalog: Catalog, original_shape: bool) -> tuple[tuple[str, 
     return fragments
 
 
-async def _keep_retry_handle(
-    x: Exchange, name: str, arguments: Any, dry_run: bool, approval_id: str, state: ApprovalState | None
-) -> None:
+async def _keep_retry_handle(x: Exchange, digest: str, approval_id: str, state: ApprovalState | None) -> None:
     """A retry refused before anything was sent gives its approval back (pipeline `_unspent`); the
     handle it came with must then work again, or the approval is stranded: a requestState is spent
     on redemption, a 2025-11-25 hand-off taken on recall (found by a review: the client was told
@@ -165,7 +163,7 @@ async def _keep_retry_handle(
     if state is not None:
         await x.states.give_back(state)
     else:
-        await x.states.remember(x.principal, request_digest(x, name, arguments, dry_run), approval_id)
+        await x.states.remember(x.principal, digest, approval_id)
 
 
 def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
@@ -231,12 +229,12 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     request_id = uuid.uuid4().hex
     logs.bind(request_id, x.principal.sub, name)  # every log line of this call carries them
     retry = x.modern and params.get("requestState") is not None
+    # what a hand-off is bound to: computed once, and only when one may be used or made
+    digest = request_digest(x, name, arguments, dry_run) if retry or x.url_elicitation else ""
     state: ApprovalState | None = None
     if retry:
         try:
-            state = await x.states.redeem(
-                params["requestState"], x.principal, request_digest(x, name, arguments, dry_run)
-            )
+            state = await x.states.redeem(params["requestState"], x.principal, digest)
         except StateError as exc:
             await x.c.audit.append(
                 AuditRecord(
@@ -250,26 +248,26 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             ) from exc
         meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
     elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
-        recalled = await x.states.recall(x.principal, request_digest(x, name, arguments, dry_run))
+        recalled = await x.states.recall(x.principal, digest)
         if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
             meta[handoff.APPROVAL_REQUEST_META] = recalled
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
     result = await _run(x, req)
     if retry and result.outcome != "allowed":
-        await _keep_retry_handle(x, name, arguments, dry_run, str(meta[handoff.APPROVAL_REQUEST_META]), state)
+        await _keep_retry_handle(x, digest, str(meta[handoff.APPROVAL_REQUEST_META]), state)
     if result.outcome in REFUSED_OUTCOMES:
         x.c.principal_limits.refused(x.principal.sub)
     aid = handoff.approval_id(result)
     # also after a retry: one made before the approver voted is held again, with a fresh handle
     if result.outcome == "pending_approval" and aid and x.url_elicitation:
         if x.modern:
-            token = x.states.mint(x.principal, request_digest(x, name, arguments, dry_run), aid)
+            token = x.states.mint(x.principal, digest, aid)
             out = handoff.input_required(x.c.config, result, aid, token)
             out["_meta"] = {"pvegate/request_id": request_id, "pvegate/outcome": result.outcome, **result.meta}
             return out
         if x.version >= "2025-11-25":
-            await x.states.remember(x.principal, request_digest(x, name, arguments, dry_run), aid)
+            await x.states.remember(x.principal, digest, aid)
             raise RpcFault(
                 URL_ELICITATION_REQUIRED,
                 "This call needs a human approval: open the URL, then retry the call",
