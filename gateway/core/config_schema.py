@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from gateway.core.redaction import strip_userinfo
+from gateway.core.text import cut
 
 SCHEMA_NAME = "config.schema.json"
 
@@ -109,7 +110,7 @@ def _show(value: Any) -> str:
         # covers a second URL in the value
         value = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://).*@", r"\1***@", value, flags=re.S)
     text = redact(repr(value))
-    return text if len(text) <= 60 else text[:57] + "..."
+    return cut(text, 60)
 
 
 _NOT_SHOWN = "(not shown: a secret is read from a file or an environment variable, never written here)"

@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any
 
+from gateway.core.text import cut
+
 
 class NotJson(ValueError):
     """Parsed as JSON by Python, but not JSON (a constant, a number out of a double's range), or
@@ -38,8 +40,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         if name in seen:
             break
         seen.add(name)
-    shown = name if len(name) <= 40 else name[:40] + "..."
-    raise NotJson(f"the name {json.dumps(shown)} appears more than once in one object")  # escaped: ASCII only
+    raise NotJson(f"the name {json.dumps(cut(name, 43))} appears more than once in one object")  # escaped: ASCII only
 
 
 _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)

@@ -65,10 +65,15 @@ def unencodable_path(doc: Any) -> tuple[str | int, ...] | None:
 QUOTED_MAX = 200
 
 
+def cut(text: str, limit: int) -> str:
+    """`text`, or its first characters and "...": never longer than `limit` (an ASCII mark: a cut text may
+    end up in a header)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def quoted(value: Any, limit: int = QUOTED_MAX) -> str:
     """repr() of a client's value, cut to `limit` characters: safe in a refusal, a header and the audit."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(repr(value), limit)
 
 
 def describe(path: tuple[str | int, ...]) -> str:
@@ -82,9 +87,7 @@ def describe(path: tuple[str | int, ...]) -> str:
             out += f".{part}" if out else part
         else:
             out += f"[{escaped(part)}]"
-    if len(out) > QUOTED_MAX:
-        out = out[: QUOTED_MAX - 3] + "..."
-    return out or "(the document)"
+    return cut(out, QUOTED_MAX) or "(the document)"
 
 
 # what a reader does not see as itself, or sees reorder the text around it: controls (C0 but tab, newline and

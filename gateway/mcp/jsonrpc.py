@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from gateway.core import jsonread
 from gateway.core.jsonenc import dumps, holds_encoded, splice
-from gateway.core.text import describe, may_hold_unencodable, unencodable_path
+from gateway.core.text import cut, describe, may_hold_unencodable, unencodable_path
 
 __all__ = [
     "HEADER_MISMATCH",
@@ -64,8 +64,7 @@ class RpcFault(Exception):
         http_status: int | None = None,
         retry_after: int | None = None,
     ) -> None:
-        if len(message) > MESSAGE_MAX:  # it may quote the client's text (a method name): audited and echoed
-            message = message[:MESSAGE_MAX] + "…"
+        message = cut(message, MESSAGE_MAX)  # it may quote the client's text (a method name): audited and echoed
         super().__init__(message)
         self.code = code
         self.message = message

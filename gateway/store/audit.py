@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from gateway.core.config import Config, ConfigError, service_secret_refs
 from gateway.core.redaction import REDACTED, redact_keys, redact_path
-from gateway.core.text import one_line
+from gateway.core.text import cut, one_line
 from gateway.store import migrations
 from gateway.store.audit_seal import (
     AuditKeyError,
@@ -1782,8 +1782,7 @@ def _shown(value: Any, limit: int = 80) -> str:
     """A column's value as a line may print it (undecodable bytes escaped, never an encoding error)."""
     text = value if isinstance(value, str) else repr(value)
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    text = text if len(text) <= limit else text[:limit] + "…"
-    return one_line(text)  # a newline or terminal escape in it would forge a line of the listing
+    return one_line(cut(text, limit))  # a newline or terminal escape in it would forge a line of the listing
 
 
 class ChainChecker:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.core.canonical import digest_json
 from gateway.core.redaction import redact_keys
+from gateway.core.text import cut
 
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
@@ -219,7 +220,7 @@ def _explain(e: Any) -> str:
 
 
 def _short(message: str, limit: int = 200) -> str:
-    return message if len(message) <= limit else message[:limit] + "…"
+    return cut(message, limit)
 
 
 def arguments_digest(

@@ -41,7 +41,7 @@ from gateway.core import jsonread
 from gateway.core.calls import CallRequest
 from gateway.core.config import ConfigError
 from gateway.core.principal import Principal
-from gateway.core.text import describe, encodable, unencodable_path, visible
+from gateway.core.text import cut, describe, encodable, unencodable_path, visible
 from gateway.observability import metrics as metricslib
 from gateway.pipeline import policy_input
 from gateway.policy.decisions import CONTRACT_VERSION, PolicyError, Unanswered
@@ -335,8 +335,7 @@ def _provider_text(value: str | None, limit: int) -> str:
     """An error text on the callback's query: whoever holds this browser's sign-in cookie can choose it (its
     state is readable there), so it is cut and what a reader would not see as itself is escaped before it
     reaches the refusal's audit row and the page."""
-    text = visible(value or "")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(visible(value or ""), limit)
 
 
 async def callback(request: Request) -> Response:

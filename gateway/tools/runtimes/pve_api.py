@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway.core.config import ClusterConfig
+from gateway.core.text import cut
 from gateway.tools.runtimes.base import (
     AnswerLost,
     CallContext,
@@ -128,7 +129,7 @@ class Scrub:
 
     def __call__(self, text: str, limit: int = UPSTREAM_TEXT_MAX) -> str:
         text = self._re.sub("[redacted]", text)
-        return text if len(text) <= limit else text[:limit] + "…"
+        return cut(text, limit)
 
 
 def _no_task(data: Any, values: dict[str, Any], clean: Callable[[str, int], str]) -> str:
@@ -144,7 +145,7 @@ def _no_task(data: Any, values: dict[str, Any], clean: Callable[[str, int], str]
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= UPSTREAM_TEXT_MAX else text[:UPSTREAM_TEXT_MAX] + "…"
+    return cut(text, UPSTREAM_TEXT_MAX)
 
 
 def _connect_failure(exc: BaseException, cluster: ClusterConfig, clean: Callable[[str], str] = _cut) -> UpstreamError:
