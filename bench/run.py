@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.dev.devenv import DevEnv, make_env  # noqa: E402
+from gateway.dev.devenv import DevEnv, make_env, synthetic_connectors  # noqa: E402
 from gateway.policy.opa_sidecar import free_port  # noqa: E402
 from gateway.sim.harness import SimHandle, start_simulator  # noqa: E402
 
@@ -317,27 +317,6 @@ def bench_connectors(dest: Path) -> Path:
     """The real connector files plus BENCH_TOOL."""
     shutil.copytree(ROOT / "connectors", dest)
     (dest / "zz-bench.yaml").write_text(yaml.safe_dump({"tools": [BENCH_TOOL]}, sort_keys=False))
-    return dest
-
-
-def synthetic_connectors(dest: Path, n: int) -> Path:
-    """The real connector files plus n synthetic read tools (a principal that can read sees all)."""
-    shutil.copytree(ROOT / "connectors", dest)
-    tools = [
-        {
-            "name": f"synthetic_read_{i:03d}",
-            "title": f"Synthetic read {i}",
-            "description": "Benchmark-only tool: lists the cluster nodes (generated, not shipped).",
-            "domain": "node",
-            "effect": "read",
-            "scope": "cluster",
-            "tags": ["inventory"],
-            "pve_api": {"method": "GET", "path": "/nodes"},
-            "output": {"list": True, "fields": ["node", "status"]},
-        }
-        for i in range(n)
-    ]
-    (dest / "zz-synthetic.yaml").write_text(yaml.safe_dump({"tools": tools}, sort_keys=False))
     return dest
 
 

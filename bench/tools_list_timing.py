@@ -24,9 +24,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from run import BENCH, Proc, start_gateway, synthetic_connectors, wrk
+from run import BENCH, Proc, start_gateway, wrk
 
-from gateway.dev.devenv import make_env
+from gateway.dev.devenv import make_env, synthetic_connectors
 from gateway.policy.opa_sidecar import free_port
 from gateway.sim.harness import start_simulator
 

@@ -7,6 +7,7 @@ the same configuration a user would write by hand.
 from __future__ import annotations
 
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 ISSUER = "pvegate-dev"
 AUDIENCE = "pvegate-mcp"
+SHIPPED_CONNECTORS = Path(__file__).resolve().parents[2] / "connectors"
 
 
 @dataclass
@@ -92,7 +94,7 @@ def make_env(
         "opa": opa or {"mode": "managed"},
         "admin": {"token": {"file": str(admin_file)}},
         "clusters": [cluster_entry(name, sim, secrets_dir) for name, sim in sims.items()],
-        "connectors_dir": str(Path(__file__).resolve().parents[2] / "connectors"),
+        "connectors_dir": str(SHIPPED_CONNECTORS),
         "state_dir": str(workdir / "state"),
         # Every auth failure its own audit row here (production: 20 per client address and minute, the rest
         # counted and summarised): tests send many from 127.0.0.1 and check each one's record.
@@ -120,3 +122,26 @@ def make_env(
         url=f"https://127.0.0.1:{port}/mcp",
         jwt_secret=jwt_file.read_text().strip(),
     )
+
+
+def synthetic_connectors(dest: Path, n: int) -> Path:
+    """The shipped connector files plus `n` generated read tools (never shipped), at `dest`: a catalog as
+    large as the benchmark's tools/list measures, for it and the tests that watch that listing. A principal
+    that may read node inventory sees all of them."""
+    shutil.copytree(SHIPPED_CONNECTORS, dest)
+    tools = [
+        {
+            "name": f"synthetic_read_{i:03d}",
+            "title": f"Synthetic read {i}",
+            "description": "Generated for a benchmark or test, not shipped: lists the cluster nodes.",
+            "domain": "node",
+            "effect": "read",
+            "scope": "cluster",
+            "tags": ["inventory"],
+            "pve_api": {"method": "GET", "path": "/nodes"},
+            "output": {"list": True, "fields": ["node", "status"]},
+        }
+        for i in range(n)
+    ]
+    (dest / "zz-synthetic.yaml").write_text(yaml.safe_dump({"tools": tools}, sort_keys=False))
+    return dest

@@ -7,39 +7,16 @@ the freed top of its heap back to the kernel after each one, so every listing fa
 from __future__ import annotations
 
 import platform
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from gateway.policy.opa_sidecar import REPO_ROOT
+from gateway.dev.devenv import synthetic_connectors
 from gateway.server import keep_freed_heap
 from tests.health.conftest import health_env, serving
 
 LISTINGS = 20
-
-
-def _with_synthetic_tools(dest: Path, n: int) -> Path:
-    """The shipped connectors and `n` read tools more: a catalog as large as the benchmark's."""
-    shutil.copytree(REPO_ROOT / "connectors", dest)
-    tools = [
-        {
-            "name": f"synthetic_read_{i:03d}",
-            "title": f"Synthetic read {i}",
-            "description": "Test-only tool: lists the cluster nodes (generated, not shipped).",
-            "domain": "node",
-            "effect": "read",
-            "scope": "cluster",
-            "tags": ["inventory"],
-            "pve_api": {"method": "GET", "path": "/nodes"},
-            "output": {"list": True, "fields": ["node", "status"]},
-        }
-        for i in range(n)
-    ]
-    (dest / "zz-synthetic.yaml").write_text(yaml.safe_dump({"tools": tools}, sort_keys=False))
-    return dest
 
 
 def _serve_pid(config_path: Path) -> int:
@@ -61,7 +38,7 @@ def _minor_faults(pid: int) -> int:
 
 
 async def test_serve_keeps_the_pages_a_large_listing_frees(hsim: Any, tmp_path: Path) -> None:
-    connectors = _with_synthetic_tools(tmp_path / "connectors", 500)
+    connectors = synthetic_connectors(tmp_path / "connectors", 500)
     env = health_env(tmp_path / "gw", hsim, connectors_dir=str(connectors), tools_list_cache_seconds=300)
     token = env.token("heap-lister", ["operator"], kind="service")
     headers = {
