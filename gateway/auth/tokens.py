@@ -92,11 +92,11 @@ def _declared_not_access(header_typ: Any, payload: dict[str, Any] | None = None)
     return None
 
 
-class _ClaimTypeError(jwt.DecodeError):
+class ClaimTypeError(jwt.DecodeError):
     """A time claim that is not a NumericDate we take, or a payload with NaN/Infinity."""
 
 
-class _StrictJWT(jwt.PyJWT):
+class StrictJWT(jwt.PyJWT):
     """PyJWT with the payload held to JSON and the time claims to numbers in range; checked
     after the signature (the payload is decoded only then) and before PyJWT reads the claims."""
 
@@ -106,7 +106,7 @@ class _StrictJWT(jwt.PyJWT):
             # a claim named twice (RFC 7519 §4: names MUST be unique) is refused, not read as its last copy
             payload = jsonread.loads(raw.decode() if isinstance(raw, bytes) else raw, unique_names=True)
         except jsonread.NotJson as exc:  # NaN, Infinity or 1e400 in any claim: never passed on to OPA
-            raise _ClaimTypeError(f"token payload is not JSON: {exc}") from exc
+            raise ClaimTypeError(f"token payload is not JSON: {exc}") from exc
         except ValueError as exc:  # as PyJWT's own _decode_payload (UTF-8 is RFC 7519's encoding)
             raise jwt.DecodeError(f"Invalid payload string: {exc}") from exc
         if not isinstance(payload, dict):
@@ -117,11 +117,12 @@ class _StrictJWT(jwt.PyJWT):
             value = payload[name]
             # RFC 7519 allows a fraction; 1e400 parses as inf and fails the range
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_NUMERIC_DATE:
-                raise _ClaimTypeError(f"token {name} claim must be a number (seconds since 1970, before year 10000)")
+                raise ClaimTypeError(f"token {name} claim must be a number (seconds since 1970, before year 10000)")
         return payload
 
 
-_JWT = _StrictJWT()
+# every token the gateway verifies goes through this: access tokens here, ID tokens in the console
+STRICT_JWT = StrictJWT()
 
 
 # how many verified tokens are remembered (the most recently used); a token is verified again
@@ -226,7 +227,7 @@ class Authenticator:
         """Verify the token: the Principal, its exp (None when not a number), the algorithm."""
         alg, key = await self._key_for(token)
         try:
-            claims: dict[str, Any] = _JWT.decode(
+            claims: dict[str, Any] = STRICT_JWT.decode(
                 token,
                 key=key,
                 algorithms=[alg],  # the one configured algorithm this key serves
@@ -247,7 +248,7 @@ class Authenticator:
             raise AuthError("token signature does not verify") from exc
         except jwt.MissingRequiredClaimError as exc:
             raise AuthError(f"token lacks the {exc.claim!r} claim") from exc
-        except _ClaimTypeError as exc:
+        except ClaimTypeError as exc:
             raise AuthError(str(exc)) from exc
         except jwt.PyJWTError as exc:
             raise AuthError(f"invalid token: {type(exc).__name__}") from exc

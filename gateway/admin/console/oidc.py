@@ -25,6 +25,7 @@ import httpx
 import jwt
 
 from gateway.auth.jwks import ALG_KEY_TYPES, JwksKeys, KeyUnavailable
+from gateway.auth.tokens import STRICT_JWT, ClaimTypeError
 from gateway.core.config import ConsoleConfig
 
 DISCOVERY_TTL = 3600.0
@@ -189,7 +190,9 @@ class Provider:
         except KeyUnavailable as exc:
             raise SignInError(f"the ID token's signing key is unknown ({exc})") from exc
         try:
-            claims: dict[str, Any] = jwt.decode(
+            # held to JSON as access tokens are: a claim named twice (a second sub or nonce) is refused, not
+            # read as its last copy, and NaN or Infinity in any claim is no number
+            claims: dict[str, Any] = STRICT_JWT.decode(
                 token,
                 key=key,
                 algorithms=[alg],
@@ -200,6 +203,8 @@ class Provider:
             )
         except jwt.MissingRequiredClaimError as exc:
             raise SignInError(f"the ID token lacks the {exc.claim!r} claim") from exc
+        except ClaimTypeError as exc:
+            raise SignInError(f"the ID token is refused: {exc}") from exc
         except jwt.PyJWTError as exc:
             raise SignInError(f"the ID token does not verify ({type(exc).__name__})") from exc
         nonce = claims.get("nonce")  # absent, or another attempt's: not this browser's sign-in
