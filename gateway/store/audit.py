@@ -2482,10 +2482,19 @@ class ArchiveResult:
     last_hash: str | None = None
 
 
-# The first record (of any kind) of every allowed call still open: where an archive's cut must stop.
+# The first record (of any kind) of every allowed call still open, and when it was written: where an archive's
+# cut must stop.
 _OPEN_CALLS_FIRST_SQL = f"""
-SELECT MIN(a.seq) FROM audit a WHERE a.request_id IN (SELECT o.request_id FROM ({OPEN_CALLS_SQL}) o)
+SELECT MIN(a.seq), MIN(a.ts) FROM audit a WHERE a.request_id IN (SELECT o.request_id FROM ({OPEN_CALLS_SQL}) o)
 """  # noqa: S608 - fixed text
+
+# How far before the earliest call a reconciliation pass settles it reads the records naming UPIDs (its
+# claimed tasks, reconcile.claimed_tasks): a task a call could be matched to starts from the clock skew before
+# its decision (the node's clock), and the record that claims it for another call (that call's dispatch or
+# result) was stamped by its writer's clock, which may be behind this call's writer's or the node's (another
+# replica, an earlier run, a clock stepped between runs). Generous: a claim read too many costs nothing, a
+# claim missed lets one call's task be recorded as another's. The archive keeps these records too.
+CLAIM_MARGIN_SECONDS = 3600
 
 
 def archive(path: Path | PgLocation, before: float, out_dir: Path, *, key: Path | None = None) -> ArchiveResult:
@@ -2558,8 +2567,14 @@ def _archive(path: Path | PgLocation, before: float, out_dir: Path, head_key: He
             # arguments, effect), from the database to settle it, whatever its age; without the target its
             # task search would take another call's task
             oldest = con.execute(_OPEN_CALLS_FIRST_SQL, (-math.inf, math.inf)).fetchone()
-            if cut is not None and oldest is not None and oldest[0] is not None and int(oldest[0]) <= cut:
-                cut = int(oldest[0]) - 1  # at or below the anchor: nothing to archive
+            if cut is not None and oldest is not None and oldest[0] is not None:
+                cut = min(cut, int(oldest[0]) - 1)  # at or below the anchor: nothing to archive
+                # and the task claims its search reads, from the margin before it (claimed_tasks): archived, a
+                # task another call started and recorded could be taken for this one's
+                claims = con.execute(
+                    "SELECT MAX(seq) FROM audit WHERE ts < ?", (float(oldest[1]) - CLAIM_MARGIN_SECONDS,)
+                )
+                cut = min(cut, int(claims.fetchone()[0] or 0))
             rows = (
                 []
                 if cut is None

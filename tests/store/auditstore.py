@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from gateway.store import audit as auditlib
 from gateway.store.audit import AuditLog, sign_fresh
 from gateway.store.audit_seal import HeadKey
 from gateway.store.db import PostgresDatabase
@@ -45,6 +47,26 @@ async def sign_new_chain(url: str, key: Path) -> None:
         await sign_fresh(db, HeadKey.load(key))
     finally:
         await db.close()
+
+
+class AuditClock:
+    """audit.py's `time` with time() set by the test (`AuditClock.install(monkeypatch)`): the records' ts, which
+    the chain covers, so a test cannot change them after they are written."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def time(self) -> float:
+        return self.now
+
+    @classmethod
+    def install(cls, monkeypatch: Any) -> AuditClock:
+        clock = cls()
+        monkeypatch.setattr(auditlib, "time", clock)
+        return clock
 
 
 def off(fn: Any, *args: Any, **kw: Any) -> Any:

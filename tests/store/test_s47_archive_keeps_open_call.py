@@ -8,26 +8,34 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from gateway.store import audit as auditlib
 from gateway.store import reconcile
 from gateway.store.audit import AuditRecord
-from tests.store.auditstore import Store, off
+from tests.store.auditstore import AuditClock, Store, off
 
 TARGET = {"cluster": "default", "kind": "qemu", "node": "pve1", "vmid": 100}
 
 
-async def test_archive_keeps_the_received_record_of_an_open_call(store: Store) -> None:
+async def test_archive_keeps_the_received_record_of_an_open_call(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = AuditClock.install(monkeypatch)
+    now = clock.now
     log = store.log()
     await log.open()
     try:
-        # a settled call first, so there is something to archive
+        # a settled call first, so there is something to archive (two hours before: past the task claims'
+        # margin the archive also keeps, test_s48_archive_keeps_task_claims.py)
+        clock.now = now - 7200
         for kind, outcome in (("received", None), ("decision", "allow"), ("result", "ok")):
             await log.append(AuditRecord("r0", kind, "alice", "start_vm", "default/qemu/101", outcome, {}))
+        clock.now = now
         received = {"target": TARGET, "arguments": {"vmid": 100}, "effect": "mutate", "dry_run": False}
         await log.append(AuditRecord("r1", "received", "alice", "start_vm", "default/qemu/100", None, received))
         await log.append(AuditRecord("r1", "decision", "alice", "start_vm", "default/qemu/100", "allow", {}))
     finally:
         await log.close()
+        monkeypatch.undo()
     res = off(auditlib.archive, store.where, time.time() + 1, store.root / "arch", key=store.key)
     assert res.file is not None and res.last_seq == 3, res  # r0 only
     calls = off(reconcile.open_calls, store.where, None, None)
