@@ -98,6 +98,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from gateway.core import text
 from gateway.core.config import Config, ConfigError
 from gateway.core.redaction import REDACTED
 from gateway.store import audit as auditlib
@@ -122,12 +123,9 @@ TASK_LIST_LIMIT = 500
 # How far the gateway's clock may be from a Proxmox node's when a call's task is looked for in the node's
 # task list (decision times are the gateway's clock, task start times the node's): Reconciler.task_window.
 CLOCK_SKEW_SECONDS = 120
-# How far before the earliest call a pass settles the records naming UPIDs (claimed_tasks) are read: a task a
-# call could be matched to starts from CLOCK_SKEW_SECONDS before its decision (the node's clock), and the record
-# that claims it for another call (that call's dispatch or result) was stamped by its writer's clock, which may
-# be behind this call's writer's or the node's (another replica, an earlier run, a clock stepped between runs).
-# Generous: a claim read too many costs nothing, a claim missed lets one call's task be recorded as another's.
-CLAIM_MARGIN_SECONDS = 3600
+# How far before the earliest call a pass settles the records naming UPIDs (claimed_tasks) are read: why, with
+# the archive that keeps them, at auditlib.CLAIM_MARGIN_SECONDS.
+CLAIM_MARGIN_SECONDS = auditlib.CLAIM_MARGIN_SECONDS
 
 # The task type of a volume deletion, whose worker id is the volume's owner and storage (volume_worker_id), not
 # the target's vmid (it has none) nor a `task_worker_id` form: PVE's id depends on what the volume's name says.
@@ -530,6 +528,14 @@ class Reconciler:
                 call, "reconciled", {"proxmox": "unverifiable", "reason": why, "task_id": call.task_id}, turn
             )
             return Settled(call.request_id, call.tool, "reconciled", "unverifiable", call.task_id, why)
+        if call.task_id is not None and UPID_RE.fullmatch(call.task_id) is None:
+            # a recorded task id that is no UPID (the gateway records only whole ones: an older release's record,
+            # or one changed outside it) names no node to ask: left open, every pass would fail on it again and
+            # the call never settle. Final, and it says why; the id is kept, cut, for a person to look it up.
+            shown = text.cut(text.visible(call.task_id), 120)
+            why = f"its recorded task id {shown!r} is not a Proxmox task id (UPID): its status cannot be asked"
+            await self._write(call, "reconciled", {"proxmox": "unverifiable", "reason": why, "task_id": shown}, turn)
+            return Settled(call.request_id, call.tool, "reconciled", "unverifiable", shown, why)
         cluster = str(call.target.get("cluster") or self.config.default_cluster)
         client = self.clients.get(cluster)
         if client is None:
