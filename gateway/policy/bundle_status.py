@@ -331,7 +331,13 @@ class PolicyStatus:
         for name, st in bundles.items():
             b = self.bundles.setdefault(name, BundleState(name))
             when = st.get("last_successful_activation")
-            if isinstance(when, str) and when != b.activated_at and not when.startswith("0001-"):
+            if not isinstance(when, str) or when.startswith("0001-"):
+                # this OPA process activated no bundle (a restart whose bundle is refused or not yet
+                # downloaded): no policy decides, whatever the previous process had active
+                if b.revision is not None:
+                    log.error("bundle %s: OPA has no active revision (revision %s is gone)", name, b.revision)
+                b.revision, b.activated_at = None, None
+            elif when != b.activated_at:
                 # an activation: its revision, or none (OPA leaves out a bundle's empty revision)
                 b.revision, b.activated_at, activated = st.get("active_revision") or None, when, True
             elif st.get("active_revision"):
@@ -342,7 +348,8 @@ class PolicyStatus:
                 detail = "; ".join(str(e.get("message", e)) for e in st.get("errors") or [] if isinstance(e, dict))
                 err = f"{st.get('code', 'error')}: {st.get('message', '')}" + (f" ({detail})" if detail else "")
             if err is not None and err != b.error:
-                log.error("OPA refused bundle %s (revision %s stays active): %s", name, b.revision, err)
+                kept = f"revision {b.revision} stays active" if b.revision is not None else "no revision is active"
+                log.error("OPA refused bundle %s (%s): %s", name, kept, err)
                 b.last_error, b.last_error_at = err, time.time()
             elif err is None and b.error is not None:
                 log.warning("bundle %s activates again: revision %s", name, b.revision)
@@ -394,6 +401,31 @@ def _esc(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+class _BoundedHTTPServer(http.server.ThreadingHTTPServer):
+    """A threading HTTP server that serves at most `limit` connections at once: one more is closed
+    at once, without a thread of its own."""
+
+    def __init__(self, address: tuple[str, int], handler: Any, limit: int) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class BundleFileServer:
     """Serves one bundle file to OPA's bundle plugin on 127.0.0.1, read afresh on every request.
 
@@ -410,16 +442,27 @@ class BundleFileServer:
     `new_token()` for each OPA start, handed to OPA only in its private configuration file
     (the service's `credentials.bearer`), and never logged, neither here nor by OPA (which
     masks the Authorization header even at debug level).
+
+    Each connection is a thread of the gateway's process, and any local process can open them: one
+    that sends nothing for `idle_timeout` seconds (mid-request, or idle between requests) is closed,
+    and beyond `max_connections` at once a new one is closed unanswered (OPA retries at its next
+    poll), so no local client can hold threads of the gateway without end.
     """
 
     resource = "bundle.tar.gz"
+    max_connections = 16  # OPA needs one; a few more for its retries
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._token = secrets.token_urlsafe(32)
+        self.idle_timeout = 10.0  # seconds a connection may stay silent
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                super().setup()
+                self.connection.settimeout(server.idle_timeout)  # every read and write of the connection
+
             def _refuse(self, code: int) -> None:
                 self.send_response(code)
                 if code == 401:
@@ -460,7 +503,7 @@ class BundleFileServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # OPA's own status reports what matters; the request line is not logged either
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _BoundedHTTPServer(("127.0.0.1", 0), Handler, self.max_connections)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="pvegate-bundle-file")
 
     def __repr__(self) -> str:  # never the token

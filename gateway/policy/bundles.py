@@ -240,9 +240,35 @@ def _declares_authz(files: list[Path]) -> bool:
     )
 
 
+def _link_problem(policies: Path) -> str | None:
+    """Why a link in the policy tree must not be followed into a bundle, or None. A link that leads
+    out of the tree would have the bundle sign content no commit of the policy repository holds
+    (its manifest's git_commit and git_dirty vouching for it all the same); one that leads nowhere
+    (or round in a loop) would be left out of the copy without a word."""
+    root = policies.resolve()
+    for here, dirs, names in os.walk(policies):
+        dirs[:] = [d for d in dirs if d != ".git"]  # (as the copy leaves it out)
+        for name in [*dirs, *names]:
+            path = Path(here) / name
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve(strict=True)
+            except (OSError, RuntimeError):  # dangling, a loop
+                return f"{path} is a link that leads nowhere"
+            if not target.is_relative_to(root):
+                return f"{path} is a link to {target}, outside the policy directory {policies}"
+            if target.is_dir() and path.parent.resolve().is_relative_to(target):  # the copy would never end
+                return f"{path} is a link to {target}, a directory it is itself in"
+    return None
+
+
 def _snapshot(policies: Path, dest: Path) -> Path:
-    """A copy of the whole policy tree (links followed: the copy holds what they point at), made
-    before anything of it is checked; a git directory inside it is left out."""
+    """A copy of the whole policy tree (links within it followed: the copy holds what they point
+    at), made before anything of it is checked; a git directory inside it is left out. A link out
+    of the tree, or to nothing, is refused (_link_problem)."""
+    if (problem := _link_problem(policies)) is not None:
+        raise BundleError(f"{problem}: a bundle holds only what is in its policy tree; nothing was built")
     try:
         shutil.copytree(policies, dest, ignore=shutil.ignore_patterns(".git"), ignore_dangling_symlinks=True)
     except (OSError, shutil.Error) as exc:

@@ -4,6 +4,10 @@ An address is `http(s)://host:port` (an external OPA) or `unix:///path/opa.sock`
 sidecar: a Unix socket in a directory only the gateway's user may enter, so no other local
 user, container or browser can reach its API; see OPASidecar). This module is the one place
 that turns an address into a base URL and a transport, for httpx and for aiohttp.
+
+Every client connects to OPA itself: never through a proxy the environment names (HTTP_PROXY and
+the like; httpx would use it, aiohttp does not), which would answer for OPA (its revision, its
+status, whether its API is open).
 """
 
 from __future__ import annotations
@@ -32,12 +36,22 @@ def http_base(address: str) -> str:
     return SOCKET_BASE if socket_path(address) is not None else address.rstrip("/")
 
 
+def direct(address: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """httpx settings that reach the OPA at `address` itself: no proxy from the environment
+    (trust_env off), while an https OPA is still verified against the CA files the environment
+    names (SSL_CERT_FILE, SSL_CERT_DIR), as with trust_env on."""
+    kwargs.setdefault("trust_env", False)
+    if address.startswith("https://") and "verify" not in kwargs:
+        kwargs["verify"] = httpx.create_ssl_context(trust_env=True)
+    return kwargs
+
+
 def httpx_client(address: str, **kwargs: Any) -> httpx.Client:
     """A synchronous httpx client with `base_url` set to the OPA at `address`."""
     path = socket_path(address)
     if path is not None:
         kwargs["transport"] = httpx.HTTPTransport(uds=path)
-    return httpx.Client(base_url=http_base(address), **kwargs)
+    return httpx.Client(base_url=http_base(address), **direct(address, kwargs))
 
 
 def httpx_async_client(address: str, **kwargs: Any) -> httpx.AsyncClient:
@@ -45,7 +59,7 @@ def httpx_async_client(address: str, **kwargs: Any) -> httpx.AsyncClient:
     path = socket_path(address)
     if path is not None:
         kwargs["transport"] = httpx.AsyncHTTPTransport(uds=path)
-    return httpx.AsyncClient(base_url=http_base(address), **kwargs)
+    return httpx.AsyncClient(base_url=http_base(address), **direct(address, kwargs))
 
 
 def aiohttp_connector(address: str) -> aiohttp.BaseConnector | None:

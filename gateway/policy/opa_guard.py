@@ -5,11 +5,16 @@ to whoever reaches it, and takes writes from them: the gateway refuses to start 
 (`gateway.app.refuse_open_opa`) and, since an OPA can be restarted with other flags behind a
 running gateway, the readiness prober asks again every `health.opa_probe_interval` and the
 decision client refuses every call while the answer is yes.
+
+The question goes to OPA itself, never through a proxy the environment names (HTTP_PROXY and the
+like): a proxy's refusal (403, 407, 502) would pass for OPA wanting a token.
 """
 
 from __future__ import annotations
 
 import httpx
+
+from gateway.policy.opa_address import direct
 
 PROBE_PATH = "/v1/data/system/authz"
 
@@ -29,7 +34,7 @@ def _is_open(status: int) -> bool:
 def opa_is_open(url: str, timeout: float = 2.0) -> bool | None:
     """True: answers without a token. False: refuses. None: not reachable (nothing to conclude)."""
     try:
-        r = httpx.get(url.rstrip("/") + PROBE_PATH, timeout=timeout)
+        r = httpx.get(url.rstrip("/") + PROBE_PATH, **direct(url, {"timeout": timeout}))
     except httpx.HTTPError:
         return None
     return _is_open(r.status_code)
@@ -37,7 +42,7 @@ def opa_is_open(url: str, timeout: float = 2.0) -> bool | None:
 
 async def opa_is_open_async(url: str) -> bool | None:
     try:
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        async with httpx.AsyncClient(**direct(url, {"timeout": 2.0})) as http:
             r = await http.get(url.rstrip("/") + PROBE_PATH)
     except httpx.HTTPError:
         return None
