@@ -377,12 +377,26 @@ class SshPool:
         self._conns.clear()
 
 
+STDERR_KEPT = 65536  # of a command's stderr: only its first line is ever shown
+
+
 async def _read_capped(stream: asyncssh.SSHReader[bytes], cap: int) -> bytes:
     out = bytearray()
     while chunk := await stream.read(65536):
         out += chunk
         if len(out) > cap:
             raise ToolError(f"command output exceeded the {cap}-byte cap")
+    return bytes(out)
+
+
+async def _read_head(stream: asyncssh.SSHReader[bytes], keep: int) -> bytes:
+    """The first `keep` bytes of a stream, the rest read and dropped: stderr is for the error message,
+    so a noisy one (a warning per container) neither fails a command that succeeded nor hides the
+    message of one that failed. Reading on to its end stays bounded by the command's deadline."""
+    out = bytearray()
+    while chunk := await stream.read(65536):
+        if len(out) < keep:
+            out += chunk[: keep - len(out)]
     return bytes(out)
 
 
@@ -469,7 +483,7 @@ class SshRuntime:
                         if ctx.on_dispatch is not None:  # the command runs on the node: durable before we wait
                             await ctx.on_dispatch({"node": node, "argv": argv, "wrapper": wrapper})
                         stdout, stderr = await asyncio.gather(
-                            _read_capped(proc.stdout, ssh.max_output_bytes), _read_capped(proc.stderr, 65536)
+                            _read_capped(proc.stdout, ssh.max_output_bytes), _read_head(proc.stderr, STDERR_KEPT)
                         )
                         await proc.wait()
                         free_at = None  # its exit reported: the node has ended it
