@@ -258,6 +258,10 @@ def _check_versions(tool: Tool, where: str) -> None:
 
 def _check_placeholders(tool: Tool, where: str) -> None:
     props = set(tool.parameters["properties"])
+    locate = tool.spec.get("locate")
+    # a misspelt one would be skipped at run time, and with it the guest's type and node checks
+    if locate is not None and locate not in props:
+        raise CatalogError(f"{where}: locate names undeclared parameter {locate}")
     for p in tool.placeholders():
         if p in props or (p in DERIVED and tool.spec.get("locate")):
             continue
