@@ -14,7 +14,9 @@ no loop), so one body of code checks a chain on either backend:
   takes an advisory lock (sealers and archivers take turns) and locks the chain's head row,
   so no gateway appends until COMMIT or ROLLBACK; later reads (READ COMMITTED) see the latest.
 - A database error is raised as `PgError`, a `sqlite3.OperationalError`: the operator code
-  already turns those into a sentence, and PostgreSQL's own message is kept.
+  already turns those into a sentence, and PostgreSQL's own message is kept. So is a server
+  that cannot be reached (the socket's OSError, a timeout): the store is unavailable (the admin
+  API's 503), never an internal error.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.config import Config, SecretRef
-from gateway.store.db import SCHEMA_PROBE, pg_sql, pinned_search_path
+from gateway.store.db import SCHEMA_PROBE, pg_sql, pinned_search_path, refusal
 
 CHUNK = 1000  # rows fetched per round trip while iterating a cursor
 
@@ -129,6 +131,8 @@ class PgConnection:
             return self._loop.run_until_complete(coro)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise PgError(str(exc)) from exc
+        except OSError as exc:  # refused, reset, unreachable, timed out (TimeoutError): the store's, not a bug
+            raise PgError(refusal(exc) or f"PostgreSQL cannot be reached: {exc}") from exc
 
     @property
     def in_transaction(self) -> bool:
