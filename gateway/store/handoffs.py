@@ -2,10 +2,11 @@
 
 A `requestState` is sealed with the key every replica shares (store/shared_keys.py) and is
 single-use: its nonce is recorded here, so a replay is refused on every replica, not only on
-the one that saw it first. A 2025-11-25 client has no requestState: after the URL elicitation
-it retries the identical call, and the binding (principal + request digest -> approval id,
-short-lived, single-use) is kept here instead of in one process's memory. Expiry is on the
-database's clock.
+the one that saw it first; its expiry is checked on the database's clock there too, so a replica
+whose clock lags cannot take a token whose nonce was already swept. A 2025-11-25 client has
+no requestState: after the URL elicitation it retries the identical call, and the binding
+(principal + request digest -> approval id, short-lived, single-use) is kept here instead of
+in one process's memory. Expiry is on the database's clock.
 
 Console sign-outs live here too: the console's session is a signed cookie any replica reads,
 so signing out must be known to every replica, or a copy of the cookie would stay usable
@@ -50,10 +51,16 @@ class SharedStates:
         self.database = database
 
     async def use_once(self, nonce: str, expires_at: float) -> bool:
-        """True the first time `nonce` is presented (on any replica), False ever after."""
+        """True the first time `nonce` is presented (on any replica), False ever after; False too once its
+        token expired (`expires_at`) on the database's clock, whatever the asking replica's own clock says."""
         async with self.database.transaction() as tx:
-            # lapsed nonces can go: their requestState is refused as expired before this is asked
-            await tx.execute("DELETE FROM request_state_uses WHERE expires_at < ?", await tx.now() - 60)
+            now = await tx.now()
+            # a nonce is kept only until a minute after its token expired, on this clock: a replica whose clock
+            # lags more than that would take the token as live after its nonce was swept, and redeem it again
+            if expires_at < now:
+                return False
+            # lapsed nonces can go: their requestState is refused as expired (here, at the latest) from now on
+            await tx.execute("DELETE FROM request_state_uses WHERE expires_at < ?", now - 60)
             added = await tx.execute(
                 "INSERT INTO request_state_uses (nonce, expires_at) VALUES (?, ?) ON CONFLICT (nonce) DO NOTHING",
                 nonce,
