@@ -21,8 +21,9 @@ it would not have had: the error is on the safe side).
 On SQLite the holds are this process's (one gateway process owns the file); at start it takes
 again those of the calls its audit shows still open (Reconciler.read_earlier). On PostgreSQL
 they are rows every replica counts, taken under an advisory lock on the pool, on the database's
-clock. A replica that dies holding one (a crash, SIGKILL) leaves it to lapse, or to the
-reconciliation that settles its calls.
+clock. A replica that dies holding one (a crash, SIGKILL) leaves it to lapse (75 minutes after it was
+taken: longer than the longest call, an hour's task wait, and reconciliation's first renewal after
+it), or to the reconciliation that settles its calls.
 """
 
 from __future__ import annotations
@@ -44,9 +45,14 @@ log = logging.getLogger("pvegate.holds")
 AMOUNTS = ("guests", "cores", "memory_mib", "disk_gib")
 Amounts = dict[str, int]
 
-# how long a hold outlives its call at most: longer than any call may run (the longest task wait and
-# the shutdown grace are minutes), so a hold never lapses while its call can still be running
-DEFAULT_TTL_SECONDS = 3600.0
+# the longest a call waits on its Proxmox task: the most a connector's task_timeout may be (connector.schema.json;
+# the shipped restores and storage_download_url wait that long)
+MAX_TASK_WAIT_SECONDS = 3600.0
+# how long a hold outlives its taking at most: longer than any call may run (the longest task wait, and around
+# it the second decision, the decision's commit, the POST and the result's record) plus the time reconciliation
+# needs to find a call still running and renew its hold (its own replica's next pass, or the others' once that
+# replica is gone), so a hold never lapses while its call can still be running
+DEFAULT_TTL_SECONDS = MAX_TASK_WAIT_SECONDS + 900.0
 
 
 class HoldsUnavailable(Exception):

@@ -132,6 +132,18 @@ _COUNTS = ", ".join(
 )
 
 
+# Rows are inserted in id order on the database's clock, so the lapsed ones are the lowest ids: a reservation
+# looks at the SWEEP_BATCH oldest (an index scan of that many rows, never the table) and deletes those past
+# every window. Each reservation adds one row and may sweep a batch, so the table keeps to its last 24 hours.
+# On PostgreSQL rows another replica's transaction holds are skipped, never waited for (no lock-order deadlock
+# with a reservation pruning its own principal's rows).
+SWEEP_BATCH = 100
+_SWEEP = (
+    "DELETE FROM usage_events WHERE id IN (SELECT id FROM usage_events WHERE id IN "  # noqa: S608 - constants only
+    f"(SELECT id FROM usage_events ORDER BY id LIMIT {SWEEP_BATCH}) AND at < ?{{lock}})"
+)
+
+
 class SqlQuotas:
     """Counters shared through the database: one row per reserved call, kept 24 hours.
 
@@ -160,6 +172,11 @@ class SqlQuotas:
             now = await tx.now()
             horizon = now - WINDOWS["24h"]
             await tx.execute("DELETE FROM usage_events WHERE principal = ? AND at < ?", principal, horizon)
+            # and the oldest rows of any principal once they left every window: one that stopped calling (an
+            # agent run's own sub, a retired account) would otherwise stay for ever (see _SWEEP)
+            await tx.execute(
+                _SWEEP.format(lock=" FOR UPDATE SKIP LOCKED" if self.database.kind == "postgresql" else ""), horizon
+            )
             args: list[Any] = []
             for span in WINDOWS.values():
                 args += [tool, now - span, now - span]
