@@ -69,6 +69,7 @@ VOTE_SLOTS = "vote:"  # a voter's vote slots are counted apart from its calls' (
 
 MAX_BODY = 16_384
 DEFAULT_PAGE = 200  # GET /admin/approvals: requests per page unless `limit` says otherwise
+DEFAULT_RECORDS, MAX_RECORDS = 100, 5000  # GET /admin/audit/records: the newest records per answer
 
 # GET /admin/audit/records: the kinds and outcomes the gateway writes (docs/audit.md, "What is recorded"),
 # so that a mistyped filter is a 400, not an empty page that reads as "nothing happened". A value that is
@@ -408,6 +409,11 @@ async def audit_records(request: Request) -> Response:
     if (denied := await operator(request)) is not None:
         return denied
     p = request.query_params
+    filters = ("principal", "tool", "target", "outcome", "kind", "request_id")
+    if nul := [name for name in filters if "\x00" in (p.get(name) or "")]:
+        # PostgreSQL's text holds no NUL: its refusal would read as the store failing (a 503, the health
+        # signal told), and no record holds one on SQLite either: the request's own mistake, said as such
+        return _err(400, "invalid_request", f"{', '.join(nul)} must not contain a NUL character")
     try:
         q = auditlib.Query(
             principal=p.get("principal"),
@@ -418,19 +424,31 @@ async def audit_records(request: Request) -> Response:
             request_id=p.get("request_id"),
             since=unix_time(p["since"]) if p.get("since") else None,
             until=unix_time(p["until"]) if p.get("until") else None,
-            limit=min(int(p.get("limit", "100")), 5000),
+            limit=_records_limit(p.get("limit", str(DEFAULT_RECORDS))),
             newest_first=True,
         )
-        if q.limit is not None and q.limit < 1:  # SQLite reads a negative LIMIT as none: around the cap
-            raise ValueError("limit")
     except ValueError:
-        return _err(400, "invalid_request", "since/until are Unix times (finite numbers), limit a positive integer")
+        return _err(
+            400,
+            "invalid_request",
+            f"since/until are Unix times (finite numbers), limit an integer from 1 to {MAX_RECORDS}",
+        )
+    if q.since is not None and q.until is not None and q.until <= q.since:  # a window that holds no instant
+        return _err(400, "invalid_request", "until must be after since")
     path = _components(request).audit.path
     rows = await asyncio.to_thread(auditlib.search, path, q)
     # an empty page: say so if a kind or outcome filter can match nothing the audit writes
     if not rows and (problem := await bad_filter(path, q)) is not None:
         return _err(400, "bad_filter", problem)
     return JSONResponse({"records": [_record(r) for r in rows]})
+
+
+def _records_limit(text: str) -> int:
+    """`limit`: ASCII digits from 1 to MAX_RECORDS. Over it, refused rather than cut to it: the page has no
+    `more` flag, so a cut page would read as every match (and SQLite reads a negative LIMIT as none)."""
+    if not (text.isascii() and text.isdecimal()) or not 1 <= int(text) <= MAX_RECORDS:
+        raise ValueError("limit")
+    return int(text)
 
 
 async def bad_filter(path: Any, q: auditlib.Query) -> str | None:

@@ -32,6 +32,8 @@ from gateway.store.db import database
 from gateway.store.pgsync import audit_location
 
 TOKEN_ENV = "PVEGATE_APPROVER_TOKEN"  # noqa: S105 - the name of a variable, not a secret
+# --note: what the admin API and the console take (gateway/admin/api.py note_problem)
+NOTE_RULE = "at most 1000 characters; no control characters but tab and line breaks"
 
 
 def _opa_note(args: argparse.Namespace, cfg: Config) -> dict[str, Any] | None:
@@ -161,6 +163,16 @@ def _page_size(text: str) -> int:
     if not 1 <= n <= MAX_PAGE:
         raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_PAGE}")
     return n
+
+
+def _note(text: str) -> str:
+    """--note: the notes the admin API and the console take (no control characters but tab and line breaks, at
+    most NOTE_MAX_CHARS), refused before anything changes: stored, it is printed raw by `show` and the console."""
+    from gateway.admin.api import note_problem
+
+    if (problem := note_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -321,11 +333,11 @@ def register(sub: Any) -> None:
             "--opa-url",
             help="ask this OPA instead of starting a temporary sidecar (its API token, if any, in $PVEGATE_OPA_TOKEN)",
         )
-        v.add_argument("--note", help="a note recorded with the vote")
+        v.add_argument("--note", type=_note, help=f"a note recorded with the vote ({NOTE_RULE})")
         v.set_defaults(func=_vote(verdict))
 
     w = asub.add_parser("withdraw", help="withdraw a pending or approved request (operator)")
     common(w)
     w.add_argument("id", help="the approval request id (apr-...)")
-    w.add_argument("--note", help="why, recorded with the withdrawal")
+    w.add_argument("--note", type=_note, help=f"why, recorded with the withdrawal ({NOTE_RULE})")
     w.set_defaults(func=_withdraw)
