@@ -783,6 +783,10 @@ def _parse_time(value: str | None) -> float | None:
 def _audit_query(request: Request, limit: int | None) -> tuple[auditlib.Query, dict[str, str]]:
     p = request.query_params
     filters = {k: p[k].strip() for k in (*AUDIT_FILTERS, "since", "until") if p.get(k, "").strip()}
+    if nul := [k for k, v in filters.items() if "\x00" in v]:
+        # as the admin API's records page: PostgreSQL's text holds no NUL, and its refusal would read as the
+        # store failing; no record holds one on SQLite either. The request's own mistake, said as such
+        raise ValueError(f"{', '.join(nul)} must not contain a NUL character")
     q = auditlib.Query(
         principal=filters.get("principal"),
         tool=filters.get("tool"),
