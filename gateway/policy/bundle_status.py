@@ -30,6 +30,7 @@ import hmac
 import http.server
 import logging
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -402,28 +403,52 @@ def _esc(text: str) -> str:
 
 
 class _BoundedHTTPServer(http.server.ThreadingHTTPServer):
-    """A threading HTTP server that serves at most `limit` connections at once: one more is closed
-    at once, without a thread of its own."""
+    """A threading HTTP server with at most `limit` connections that have not shown the token yet. When
+    that many wait, a new connection closes the oldest of them (OPA's own request shows the token in its
+    first packet: a connection still waiting for it after others came is not OPA's), so no local process
+    can crowd out OPA's poll with connections it keeps half-open, nor take threads of the gateway without
+    bound (twice the limit at most, while closed ones wind down)."""
 
     def __init__(self, address: tuple[str, int], handler: Any, limit: int) -> None:
-        self._slots = threading.BoundedSemaphore(limit)
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._count = 0  # connections with a thread
+        self._waiting: dict[Any, float] = {}  # those that have not shown the token: when each came
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+        with self._lock:
+            if self._count >= self._limit and self._waiting:
+                oldest = min(self._waiting, key=self._waiting.__getitem__)
+                del self._waiting[oldest]
+                with contextlib.suppress(OSError):  # its handler's read ends; its thread frees its place
+                    oldest.shutdown(socket.SHUT_RDWR)
+            if self._count >= 2 * self._limit:  # all shown the token, or still winding down: no more threads
+                self.shutdown_request(request)
+                return
+            self._count += 1
+            self._waiting[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
-        except BaseException:  # no thread started: its slot is free again
-            self._slots.release()
+        except BaseException:  # no thread started
+            self._gone(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._gone(request)
+
+    def _gone(self, request: Any) -> None:
+        with self._lock:
+            self._count -= 1
+            self._waiting.pop(request, None)
+
+    def admitted(self, request: Any) -> None:
+        """The connection showed the token: it is OPA's, and never closed to make room."""
+        with self._lock:
+            self._waiting.pop(request, None)
 
 
 class BundleFileServer:
@@ -445,12 +470,13 @@ class BundleFileServer:
 
     Each connection is a thread of the gateway's process, and any local process can open them: one
     that sends nothing for `idle_timeout` seconds (mid-request, or idle between requests) is closed,
-    and beyond `max_connections` at once a new one is closed unanswered (OPA retries at its next
-    poll), so no local client can hold threads of the gateway without end.
+    and once `max_connections` have not shown the token, a new one closes the oldest of them
+    (_BoundedHTTPServer): no local client can hold threads of the gateway without end, nor keep
+    OPA's poll out by holding connections half-open.
     """
 
     resource = "bundle.tar.gz"
-    max_connections = 16  # OPA needs one; a few more for its retries
+    max_connections = 16  # waiting for their token at once; OPA's shows it at once
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -479,6 +505,7 @@ class BundleFileServer:
                 if not server.authorized(self.headers.get("Authorization")):
                     self._refuse(401)
                     return
+                server._server.admitted(self.connection)
                 if self.path.split("?")[0] != "/" + BundleFileServer.resource:
                     self.send_error(404)
                     return

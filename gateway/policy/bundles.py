@@ -244,22 +244,28 @@ def _link_problem(policies: Path) -> str | None:
     """Why a link in the policy tree must not be followed into a bundle, or None. A link that leads
     out of the tree would have the bundle sign content no commit of the policy repository holds
     (its manifest's git_commit and git_dirty vouching for it all the same); one that leads nowhere
-    (or round in a loop) would be left out of the copy without a word."""
+    would be left out of the copy; one back to a directory the walk came through (directly, or by
+    two links that lead to each other) would make the copy never end."""
     root = policies.resolve()
-    for here, dirs, names in os.walk(policies):
+    for here, dirs, names in os.walk(policies, followlinks=True):  # as the copy goes: through links
         dirs[:] = [d for d in dirs if d != ".git"]  # (as the copy leaves it out)
+        at = Path(here)
+        parts = at.relative_to(policies).parts
+        came_through = {(policies.joinpath(*parts[:i])).resolve() for i in range(len(parts))}
+        if at.resolve() in came_through:
+            return f"{at} leads back to {at.resolve()}, a directory it is reached through (a loop of links)"
         for name in [*dirs, *names]:
-            path = Path(here) / name
+            path = at / name
             if not path.is_symlink():
                 continue
             try:
                 target = path.resolve(strict=True)
-            except (OSError, RuntimeError):  # dangling, a loop
+            except (OSError, RuntimeError):  # dangling, or a link to itself
                 return f"{path} is a link that leads nowhere"
             if not target.is_relative_to(root):
                 return f"{path} is a link to {target}, outside the policy directory {policies}"
-            if target.is_dir() and path.parent.resolve().is_relative_to(target):  # the copy would never end
-                return f"{path} is a link to {target}, a directory it is itself in"
+            if target.is_relative_to(root / ".git"):
+                return f"{path} is a link into {root / '.git'}, which no bundle holds"
     return None
 
 
@@ -270,7 +276,10 @@ def _snapshot(policies: Path, dest: Path) -> Path:
     if (problem := _link_problem(policies)) is not None:
         raise BundleError(f"{problem}: a bundle holds only what is in its policy tree; nothing was built")
     try:
-        shutil.copytree(policies, dest, ignore=shutil.ignore_patterns(".git"), ignore_dangling_symlinks=True)
+        # every link was checked above (in the tree, leads somewhere, no loop): one the copy found dangling
+        # after all (shutil reads a relative link's target from the working directory, not the link's) is
+        # an error here, never a file silently left out
+        shutil.copytree(policies, dest, ignore=shutil.ignore_patterns(".git"))
     except (OSError, shutil.Error) as exc:
         raise BundleError(f"cannot copy the policy tree {policies}: {exc}") from None
     return dest
