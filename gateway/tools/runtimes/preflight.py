@@ -25,6 +25,18 @@ def _rows(data: Any) -> list[dict[str, Any]]:
     return [r for r in data or [] if isinstance(r, dict)]
 
 
+def _shaped(res: Any, kind: type, what: str) -> Any:
+    """`res` when it is an error or a `kind` (a list: also a fan-out's {"items": [...]}), otherwise
+    a ToolError: an answer of another shape (a string, an object for a list) is a check that could
+    not run, never read as "none pending" or "no guests running"."""
+    if isinstance(res, BaseException) or (res is None and kind is list):  # null: Proxmox's empty list
+        return res
+    inner = res.get("items") if kind is list and isinstance(res, dict) else res
+    if isinstance(inner, kind):
+        return res
+    return ToolError(f"Proxmox answered {what} with {type(res).__name__}, not a {kind.__name__}")
+
+
 def _why(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ToolError) else type(exc).__name__
 
@@ -38,6 +50,10 @@ async def upgrade_preflight(sub: Sub, args: dict[str, Any], warnings: list[str])
         sub("list_guests", {"node": node}),
         return_exceptions=True,
     )
+    updates = _shaped(updates, list, "the pending updates")
+    repos = _shaped(repos, dict, "the repositories")
+    status = _shaped(status, dict, "the node status")
+    guests = _shaped(guests, list, "the guest list")
     checks: list[dict[str, Any]] = []
     blockers: list[str] = []
 
@@ -55,7 +71,7 @@ async def upgrade_preflight(sub: Sub, args: dict[str, Any], warnings: list[str])
     kernel = sorted(str(u.get("Package")) for u in pending if str(u.get("Package", "")).startswith(KERNEL_PREFIXES))
     check("updates", updates, True, f"{len(pending)} package updates pending")
 
-    repo_errors = [] if isinstance(repos, BaseException) else list((repos or {}).get("errors") or [])
+    repo_errors = [] if isinstance(repos, BaseException) else list(repos.get("errors") or [])
     check(
         "repositories",
         repos,
@@ -65,8 +81,8 @@ async def upgrade_preflight(sub: Sub, args: dict[str, Any], warnings: list[str])
         else "; ".join(f"{e.get('path')}: {e.get('error')}" for e in repo_errors if isinstance(e, dict)),
     )
 
-    root = {} if isinstance(status, BaseException) else (status or {}).get("rootfs") or {}
-    free = root.get("available")
+    root = {} if isinstance(status, BaseException) else status.get("rootfs") or {}
+    free = root.get("available") if isinstance(root, dict) else None
     if not isinstance(status, BaseException) and not isinstance(free, int | float):
         status = ToolError("the node status has no root filesystem figures")
     check(

@@ -642,7 +642,20 @@ class PveApiRuntime:
     def finish(self, tool: Tool, data: Any, args: dict[str, Any]) -> Any:
         reducer = tool.output.get("reducer")
         if reducer:
-            data = TRANSFORMS[reducer](data, args)
+            try:
+                data = TRANSFORMS[reducer](data, args)
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+                # a read's answer of a shape the reducer does not take (a string or number where an object
+                # or list belongs): a tool error that says so, never an internal error and a traceback.
+                # (No mutation has a reducer; one that ran is not to be recorded failed.)
+                if tool.effect != "read":
+                    raise
+                # logged whole: a reducer's own bug would read the same to the client
+                log.warning("%s: reducer %s failed on the answer", tool.name, reducer, exc_info=True)
+                got = type(data).__name__
+                raise ToolError(
+                    f"{tool.name}: Proxmox answered with an unexpected shape ({got}: {type(exc).__name__})"
+                ) from exc
         if tool.output.get("wrap"):
             data = {tool.output["wrap"]: data}
         return data

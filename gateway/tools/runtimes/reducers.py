@@ -34,6 +34,19 @@ def rows(data: Any) -> list[dict[str, Any]]:
     return [r for r in data or [] if isinstance(r, dict)]
 
 
+def answer_rows(data: Any) -> list[dict[str, Any]]:
+    """`rows` of a Proxmox list answer (null: none), for the TRANSFORMS of list endpoints: any
+    other shape (a string, a number, an object) is a ToolError, never read as an empty list
+    (no guests, no storage: a check that passes on an answer it could not read)."""
+    if (
+        data is not None
+        and not isinstance(data, list)
+        and not (isinstance(data, dict) and isinstance(data.get("items"), list))
+    ):
+        raise ToolError(f"Proxmox answered with {type(data).__name__} where a list belongs")
+    return rows(data)
+
+
 def _pct(used: Any, total: Any) -> float | None:
     if isinstance(used, int | float) and isinstance(total, int | float) and total > 0:
         return round(100.0 * used / total, 1)
@@ -88,7 +101,7 @@ def _pve_version(pveversion: Any) -> str | None:
 def nodes(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
     """/nodes rows with each online node's root filesystem and PVE version (from its status)."""
     out = []
-    for r in rows(data):
+    for r in answer_rows(data):
         st = r.get("node_status")
         row = {k: v for k, v in r.items() if k not in ("node_status", "node_status_error", "ssl_fingerprint")}
         row["rootfs"] = _space(st.get("rootfs")) if isinstance(st, dict) else None
@@ -177,7 +190,7 @@ def tag_list(value: Any) -> list[str]:
 
 def guests(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    for r in rows(data):
+    for r in answer_rows(data):
         if r.get("type") not in ("qemu", "lxc"):
             continue
         if args.get("node") and r.get("node") != args["node"]:
@@ -203,7 +216,7 @@ def storage(data: Any, args: dict[str, Any]) -> dict[str, Any]:
     """Per node rows, plus each shared storage once. `available` is what Proxmox measured;
     null (with `space_unknown_reason`) when nothing measured it, never total - used, never a 0."""
     out = []
-    for r in rows(data):
+    for r in answer_rows(data):
         reason = _space_reason(r)
         row = {k: v for k, v in r.items() if k != "avail"}
         row["content"] = [c for c in str(r.get("content", "")).split(",") if c]
@@ -237,7 +250,7 @@ def storage(data: Any, args: dict[str, Any]) -> dict[str, Any]:
 def snapshots(data: Any, args: dict[str, Any]) -> list[dict[str, Any]]:
     now = time.time()
     out = []
-    for r in rows(data):
+    for r in answer_rows(data):
         if r.get("name") == "current":
             continue
         out.append({**r, "age_hours": _age_hours(r.get("snaptime"), now)})
@@ -256,6 +269,14 @@ def _strip_userinfo_of_text(value: Any) -> Any:
     return strip_userinfo(value) if isinstance(value, str) else value
 
 
+def no_userinfo(data: Any, args: dict[str, Any]) -> Any:
+    """Any answer whose text may quote a URL as Proxmox was given it: a task's log lines and
+    exit status (a download-url started in the web UI logs "starting file import from:
+    https://user:password@mirror/...", and a failed one's status quotes it again). Every
+    string loses the URLs' userinfo; a new copy."""
+    return copy_document(data, leaf=_strip_userinfo_of_text)
+
+
 TRANSFORMS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "node_capacity": node_capacity,
     "nodes": nodes,
@@ -264,6 +285,7 @@ TRANSFORMS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "storage": storage,
     "snapshots": snapshots,
     "apt_repositories": apt_repositories,
+    "no_userinfo": no_userinfo,
 }
 
 
@@ -826,6 +848,7 @@ REDUCER_FIELDS: dict[str, ReducerFields] = {
     "storage": ReducerFields(adds=frozenset({"available", "space_unknown_reason"}), drops=frozenset({"avail"})),
     "snapshots": ReducerFields(adds=frozenset({"age_hours"})),
     "apt_repositories": ReducerFields(),
+    "no_userinfo": ReducerFields(),
     "subscription": ReducerFields(),
     "acme_account": ReducerFields(),
 }
