@@ -2571,10 +2571,14 @@ def _archive(path: Path | PgLocation, before: float, out_dir: Path, head_key: He
                 cut = min(cut, int(oldest[0]) - 1)  # at or below the anchor: nothing to archive
                 # and the task claims its search reads, from the margin before it (claimed_tasks): archived, a
                 # task another call started and recorded could be taken for this one's
+                # (the first record stamped within the margin, not the last one before it: a lagging writer's
+                # record may follow a claim in seq and still be stamped before the margin)
                 claims = con.execute(
-                    "SELECT MAX(seq) FROM audit WHERE ts < ?", (float(oldest[1]) - CLAIM_MARGIN_SECONDS,)
+                    "SELECT MIN(seq) FROM audit WHERE ts >= ?", (float(oldest[1]) - CLAIM_MARGIN_SECONDS,)
                 )
-                cut = min(cut, int(claims.fetchone()[0] or 0))
+                first = claims.fetchone()[0]
+                if first is not None:
+                    cut = min(cut, int(first) - 1)
             rows = (
                 []
                 if cut is None

@@ -378,6 +378,13 @@ def _archive(args: argparse.Namespace) -> int:
         print("error: give --older-than, or set audit.retention_days in the configuration", file=sys.stderr)
         return 2
     out_dir = Path(args.out_dir) if args.out_dir else conf_dir or Path(str(path)).parent / "audit-archive"
+    if age < auditlib.CLAIM_MARGIN_SECONDS * 2:
+        print(
+            "warning: archiving records less than two hours old: a call decided after this archive is reconciled "
+            "against the task claims of the hour before it, and those archived can no longer keep another "
+            "call's task from being taken for its own",
+            file=sys.stderr,
+        )
     try:
         res = auditlib.archive(path, time.time() - age, out_dir, key=key_path(args))
     except (ValueError, AuditKeyError, auditlib.AuditIntegrityError, sqlite3.Error, OSError) as exc:
