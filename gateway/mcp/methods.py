@@ -229,8 +229,9 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     request_id = uuid.uuid4().hex
     logs.bind(request_id, x.principal.sub, name)  # every log line of this call carries them
     retry = x.modern and params.get("requestState") is not None
-    # what a hand-off is bound to: computed once, and only when one may be used or made
-    digest = request_digest(x, name, arguments, dry_run) if retry or x.url_elicitation else ""
+    # what a hand-off is bound to: computed once, and only when one is used or made (not on every call of a
+    # client that could take one)
+    digest = request_digest(x, name, arguments, dry_run) if retry else ""
     state: ApprovalState | None = None
     if retry:
         try:
@@ -248,6 +249,7 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             ) from exc
         meta[handoff.APPROVAL_REQUEST_META] = state.approval_id
     elif not x.modern and x.url_elicitation and raw_meta_lacks_token(meta):
+        digest = request_digest(x, name, arguments, dry_run)
         recalled = await x.states.recall(x.principal, digest)
         if recalled is not None:  # the retry after a -32042 URL elicitation we sent this principal
             meta[handoff.APPROVAL_REQUEST_META] = recalled
@@ -261,6 +263,7 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     aid = handoff.approval_id(result)
     # also after a retry: one made before the approver voted is held again, with a fresh handle
     if result.outcome == "pending_approval" and aid and x.url_elicitation:
+        digest = digest or request_digest(x, name, arguments, dry_run)
         if x.modern:
             token = x.states.mint(x.principal, digest, aid)
             out = handoff.input_required(x.c.config, result, aid, token)

@@ -122,8 +122,8 @@ class RequestStates:
         if not isinstance(nonce, str) or not isinstance(payload.get("a"), str):
             raise StateError("malformed")
         if self.shared is not None:
-            if not await self.shared.use_once(nonce, float(exp)):
-                raise StateError("already used")
+            if not await self.shared.use_once(nonce, float(exp)):  # its expiry is checked there too
+                raise StateError("already used, or expired by the database's clock")
             return ApprovalState(payload["a"], request_digest, nonce)
         self._prune(now)
         if nonce in self._used:
