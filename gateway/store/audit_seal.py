@@ -183,7 +183,9 @@ def write_mark(path: Path, key: HeadKey, db_id: str, seq: int) -> bool:
             return False
     doc = key.sign("mark", {"db": db_id, "seq": seq, "ts": time.time()})
     data = (json.dumps({"type": MARK_TYPE, **doc}, sort_keys=True) + "\n").encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # a name of this write's own: AuditLogs of one process (its threads) and processes on one host may write
+    # the same mark at once, and a shared temporary name let one's rename take the other's half-written file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except PermissionError:  # the directory is not the gateway's to write: the file itself may be
