@@ -154,6 +154,7 @@ class SqlQuotas:
 
     def __init__(self, database: Database) -> None:
         self.database = database
+        self._sweep = _SWEEP.format(lock=" FOR UPDATE SKIP LOCKED" if database.kind == "postgresql" else "")
 
     async def open(self) -> None:
         await self.database.open()
@@ -171,16 +172,19 @@ class SqlQuotas:
             await tx.lock(f"usage:{principal}")
             now = await tx.now()
             horizon = now - WINDOWS["24h"]
-            await tx.execute("DELETE FROM usage_events WHERE principal = ? AND at < ?", principal, horizon)
-            # and the oldest rows of any principal once they left every window: one that stopped calling (an
-            # agent run's own sub, a retired account) would otherwise stay for ever (see _SWEEP)
-            await tx.execute(
-                _SWEEP.format(lock=" FOR UPDATE SKIP LOCKED" if self.database.kind == "postgresql" else ""), horizon
-            )
+            # the oldest rows of any principal once they left every window, this principal's among them; one
+            # that stopped calling (an agent run's own sub, a retired account) would otherwise stay for ever
+            await tx.execute(self._sweep, horizon)
             args: list[Any] = []
             for span in WINDOWS.values():
                 args += [tool, now - span, now - span]
-            rows = await tx.fetch(f"SELECT {_COUNTS} FROM usage_events WHERE principal = ?", *args, principal)  # noqa: S608
+            # rows not swept yet are outside every window: the range on the index leaves them unread
+            rows = await tx.fetch(
+                f"SELECT {_COUNTS} FROM usage_events WHERE principal = ? AND at >= ?",  # noqa: S608 - constants only
+                *args,
+                principal,
+                horizon,
+            )
             row = rows[0]
             counts = {scope: {name: int(row[f"{scope}_{name}"]) for name in WINDOWS} for scope in ("tool", "all")}
             ids = await tx.fetch(
