@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from gateway.store import audit as auditlib
-from gateway.store.audit import AuditLog, sign_fresh
+from gateway.store.audit import AuditLog, AuditRecord, sign_fresh
 from gateway.store.audit_seal import HeadKey
 from gateway.store.db import PostgresDatabase
 from gateway.store.pgsync import PgLocation
@@ -67,6 +67,26 @@ class AuditClock:
         clock = cls()
         monkeypatch.setattr(auditlib, "time", clock)
         return clock
+
+
+OPEN_TARGET = {"cluster": "default", "kind": "qemu", "node": "pve1", "vmid": 100}
+
+
+async def write_settled(log: AuditLog, request_id: str, vmid: int, task: str | None = None) -> None:
+    """A call allowed and settled (`start_vm` on guest `vmid`); with `task`, its dispatch and result name
+    the UPID, as a call that started a task records its claim on it."""
+    body = {"task_id": task} if task else {}
+    steps = [("received", None, {}), ("decision", "allow", {})]
+    steps += [("dispatch", None, body)] if task else []
+    for kind, outcome, rec in [*steps, ("result", "ok", body)]:
+        await log.append(AuditRecord(request_id, kind, "alice", "start_vm", f"default/qemu/{vmid}", outcome, rec))
+
+
+async def write_open_call(log: AuditLog, request_id: str) -> None:
+    """A call allowed and never settled (`start_vm` on OPEN_TARGET): what reconciliation settles."""
+    received = {"target": OPEN_TARGET, "arguments": {"vmid": 100}, "effect": "mutate", "dry_run": False}
+    await log.append(AuditRecord(request_id, "received", "alice", "start_vm", "default/qemu/100", None, received))
+    await log.append(AuditRecord(request_id, "decision", "alice", "start_vm", "default/qemu/100", "allow", {}))
 
 
 def off(fn: Any, *args: Any, **kw: Any) -> Any:

@@ -12,10 +12,7 @@ import pytest
 
 from gateway.store import audit as auditlib
 from gateway.store import reconcile
-from gateway.store.audit import AuditRecord
-from tests.store.auditstore import AuditClock, Store, off
-
-TARGET = {"cluster": "default", "kind": "qemu", "node": "pve1", "vmid": 100}
+from tests.store.auditstore import OPEN_TARGET, AuditClock, Store, off, write_open_call, write_settled
 
 
 async def test_archive_keeps_the_received_record_of_an_open_call(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,12 +24,9 @@ async def test_archive_keeps_the_received_record_of_an_open_call(store: Store, m
         # a settled call first, so there is something to archive (two hours before: past the task claims'
         # margin the archive also keeps, test_s48_archive_keeps_task_claims.py)
         clock.now = now - 7200
-        for kind, outcome in (("received", None), ("decision", "allow"), ("result", "ok")):
-            await log.append(AuditRecord("r0", kind, "alice", "start_vm", "default/qemu/101", outcome, {}))
+        await write_settled(log, "r0", 101)
         clock.now = now
-        received = {"target": TARGET, "arguments": {"vmid": 100}, "effect": "mutate", "dry_run": False}
-        await log.append(AuditRecord("r1", "received", "alice", "start_vm", "default/qemu/100", None, received))
-        await log.append(AuditRecord("r1", "decision", "alice", "start_vm", "default/qemu/100", "allow", {}))
+        await write_open_call(log, "r1")
     finally:
         await log.close()
         monkeypatch.undo()
@@ -41,6 +35,6 @@ async def test_archive_keeps_the_received_record_of_an_open_call(store: Store, m
     calls = off(reconcile.open_calls, store.where, None, None)
     assert [c.request_id for c in calls] == ["r1"]
     call = calls[0]
-    assert call.target == TARGET, f"the open call lost its target to the archive: {call.target}"
+    assert call.target == OPEN_TARGET, f"the open call lost its target to the archive: {call.target}"
     assert call.effect == "mutate"
     assert off(auditlib.verify, store.where, key=store.key).ok

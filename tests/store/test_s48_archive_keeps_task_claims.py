@@ -14,9 +14,7 @@ import pytest
 from gateway.store import audit as auditlib
 from gateway.store import reconcile
 from gateway.store.audit import AuditRecord
-from tests.store.auditstore import AuditClock, Store, off
-
-TARGET = {"cluster": "default", "kind": "qemu", "node": "pve1", "vmid": 100}
+from tests.store.auditstore import AuditClock, Store, off, write_open_call, write_settled
 
 
 def upid(n: int) -> str:
@@ -31,26 +29,12 @@ async def test_archive_keeps_the_task_claims_an_open_call_is_reconciled_against(
     log = store.log()
     await log.open()
     try:
-
-        async def settled(request_id: str, n: int) -> None:
-            for kind, outcome, body in (
-                ("received", None, {}),
-                ("decision", "allow", {}),
-                ("dispatch", None, {"task_id": upid(n)}),
-                ("result", "ok", {"task_id": upid(n)}),
-            ):
-                await log.append(
-                    AuditRecord(request_id, kind, "alice", "start_vm", f"default/qemu/10{n}", outcome, body)
-                )
-
         clock.now = start - 3 * 3600  # long before the open call: archived
-        await settled("r-old", 1)
+        await write_settled(log, "r-old", 101, upid(1))
         clock.now = start - 1800  # half an hour before it: its task claim is read when it is reconciled
-        await settled("r-near", 2)
+        await write_settled(log, "r-near", 102, upid(2))
         clock.now = start
-        received = {"target": TARGET, "arguments": {"vmid": 100}, "effect": "mutate", "dry_run": False}
-        await log.append(AuditRecord("r-open", "received", "alice", "start_vm", "default/qemu/100", None, received))
-        await log.append(AuditRecord("r-open", "decision", "alice", "start_vm", "default/qemu/100", "allow", {}))
+        await write_open_call(log, "r-open")
     finally:
         await log.close()
     monkeypatch.undo()
@@ -75,22 +59,13 @@ async def test_a_lagging_writers_record_does_not_move_the_cut_past_a_claim(
     await log.open()
     try:
         clock.now = start - 3 * 3600
-        for kind, outcome in (("received", None), ("decision", "allow"), ("result", "ok")):
-            await log.append(AuditRecord("r-old", kind, "alice", "start_vm", "default/qemu/101", outcome, {}))
+        await write_settled(log, "r-old", 101)
         clock.now = start - 1200  # a claim twenty minutes before the open call
-        for kind, outcome, body in (
-            ("received", None, {}),
-            ("decision", "allow", {}),
-            ("dispatch", None, {"task_id": upid(2)}),
-            ("result", "ok", {"task_id": upid(2)}),
-        ):
-            await log.append(AuditRecord("r-near", kind, "alice", "start_vm", "default/qemu/102", outcome, body))
+        await write_settled(log, "r-near", 102, upid(2))
         clock.now = start - 3900  # then a refusal by a replica whose clock lags 45 minutes
         await log.append(AuditRecord("r-lag", "refusal", "bob", "start_vm", None, "denied", {}))
         clock.now = start
-        received = {"target": TARGET, "arguments": {"vmid": 100}, "effect": "mutate", "dry_run": False}
-        await log.append(AuditRecord("r-open", "received", "alice", "start_vm", "default/qemu/100", None, received))
-        await log.append(AuditRecord("r-open", "decision", "alice", "start_vm", "default/qemu/100", "allow", {}))
+        await write_open_call(log, "r-open")
     finally:
         await log.close()
     monkeypatch.undo()
