@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.config import Config, load
+from gateway.core.text import one_line, visible
 from gateway.mcp.wellknown import token_resource
 from gateway.policy.opa_sidecar import client_token
 from gateway.store.approvals import MAX_PAGE, Approvals, ApprovalStore, BadCursor, NotFound, VoteOutcome
@@ -117,23 +118,32 @@ def _approver_token(args: argparse.Namespace) -> str | None:
     return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
+def _shown(value: Any) -> str:
+    """Stored text as one line a terminal shows as it is: a requester's sub, a guest's name, a policy's reason
+    or an approver's note with an ANSI escape, a line break or a bidi override would otherwise rewrite what
+    the approver reads (a forged "approvers:" line, a hidden argument)."""
+    return one_line(visible(str(value)))
+
+
 def _print_request(view: dict[str, Any]) -> None:
     t = view["target"]
-    tdesc = "/".join(str(t.get(k)) for k in ("cluster", "node", "vmid") if t.get(k) is not None)
+    tdesc = "/".join(_shown(t.get(k)) for k in ("cluster", "node", "vmid") if t.get(k) is not None)
     print(f"{view['id']}  {view['state']}")
-    print(f"  requester:  {view['requester']}")
-    print(f"  tool:       {view['tool']}  on {tdesc or '-'}{' (' + t['name'] + ')' if t.get('name') else ''}")
+    print(f"  requester:  {_shown(view['requester'])}")
+    name = f" ({_shown(t['name'])})" if t.get("name") else ""
+    print(f"  tool:       {_shown(view['tool'])}  on {tdesc or '-'}{name}")
     print(f"  arguments:  {json.dumps(view['arguments'], sort_keys=True)}")
     print(f"  digest:     {view['arguments_digest']}")
     print(f"  risk:       {view['risk'].get('level', '?')} (score {view['risk'].get('score', '?')})")
-    print(f"  reason:     {view['reason']}")
-    got = ", ".join(a["approver"] for a in view["approvals"]) or "none"
-    print(f"  approvers:  groups {', '.join(view['approver_groups']) or '-'}; needs {view['min_approvals']}; has {got}")
+    print(f"  reason:     {_shown(view['reason'])}")
+    got = ", ".join(_shown(a["approver"]) for a in view["approvals"]) or "none"
+    groups = ", ".join(_shown(g) for g in view["approver_groups"]) or "-"
+    print(f"  approvers:  groups {groups}; needs {view['min_approvals']}; has {got}")
     print(f"  created:    {view['created_at']}   expires: {view['expires_at']}")
     if view["decided_at"]:
         print(
-            f"  decided:    {view['decided_at']} by {view['decided_by']}"
-            + (f": {view['note']}" if view["note"] else "")
+            f"  decided:    {view['decided_at']} by {_shown(view['decided_by'])}"
+            + (f": {_shown(view['note'])}" if view["note"] else "")
         )
     if view["used_at"]:
         print(f"  used:       {view['used_at']} by request {view['used_by_request']}")
@@ -193,7 +203,7 @@ def _list(args: argparse.Namespace) -> int:
         for r in items:
             v = r.view()
             print(
-                f"{v['id']}  {v['state']:9}  {v['requester']:16}  {v['tool']:22}  "
+                f"{v['id']}  {v['state']:9}  {_shown(v['requester']):16}  {_shown(v['tool']):22}  "
                 f"{len(v['approvals'])}/{v['min_approvals']}  expires {v['expires_at']}"
             )
         if not items:
