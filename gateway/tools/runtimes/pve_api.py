@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway.core.config import ClusterConfig
+from gateway.core.redaction import strip_userinfo
 from gateway.core.text import cut
 from gateway.tools.runtimes.base import (
     AnswerLost,
@@ -113,9 +114,10 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 class Scrub:
     """Upstream text made fit for a client's error: the token taken out (whole header value, the
-    token, its id, its secret, also percent-encoded, and the start of a secret cut short) and the
-    rest cut to UPSTREAM_TEXT_MAX characters. An upstream that echoes request headers (a WAF, a
-    debugging proxy) would otherwise hand the gateway's token to the agent."""
+    token, its id, its secret, also percent-encoded, and the start of a secret cut short), every
+    URL's userinfo taken out, and the rest cut to UPSTREAM_TEXT_MAX characters. An upstream that
+    echoes request headers (a WAF, a debugging proxy) would otherwise hand the gateway's token to
+    the agent, and a failed task's exit status quotes the URL it was given (a mirror's password)."""
 
     def __init__(self, token: str) -> None:
         token_id, _, secret = token.strip().partition("=")
@@ -128,7 +130,7 @@ class Scrub:
         self._re = re.compile("|".join(parts), re.IGNORECASE)
 
     def __call__(self, text: str, limit: int = UPSTREAM_TEXT_MAX) -> str:
-        text = self._re.sub("[redacted]", text)
+        text = strip_userinfo(self._re.sub("[redacted]", text))
         return cut(text, limit)
 
 
