@@ -353,6 +353,12 @@ def build(
         raise BundleError(f"signing key {signing_key} not found")
     if not policies.is_dir():
         raise BundleError(f"no policy directory {policies}")
+    if output.resolve().is_relative_to(policies.resolve()):
+        # a bundle archive inside the tree is refused by every later build and by OPA loading the tree
+        raise BundleError(
+            f"the bundle {output} would be written inside the policy directory {policies}, where OPA would load "
+            "it as policy; write it elsewhere (the default is bundles/pvegate.tar.gz); nothing was built"
+        )
     if checks and connectors is not None and not connectors.is_dir():  # said before minutes of checks
         raise BundleError(f"no connector directory {connectors}; nothing was built")
     source = git_source(policies)
