@@ -226,6 +226,7 @@ class PolicyStatus:
     reachable: bool | None = None  # None: not asked yet
     checked_at: float | None = None
     problem: str | None = None  # why the last refresh failed
+    _gone: dict[str, BundleState] = field(default_factory=dict, repr=False)  # bundles OPA stopped reporting
 
     @property
     def revision(self) -> str | None:
@@ -330,7 +331,7 @@ class PolicyStatus:
         """Read the bundle plugin's status; True when a bundle activated since the last read."""
         activated = False
         for name, st in bundles.items():
-            b = self.bundles.setdefault(name, BundleState(name))
+            b = self._state(name)
             when = st.get("last_successful_activation")
             if not isinstance(when, str) or when.startswith("0001-"):
                 # this OPA process activated no bundle (a restart whose bundle is refused or not yet
@@ -355,9 +356,27 @@ class PolicyStatus:
             elif err is None and b.error is not None:
                 log.warning("bundle %s activates again: revision %s", name, b.revision)
             b.error = err
+        activated = self._forget_all_but(bundles) or activated
         if activated:  # a revision reused by the new bundle must not keep the old data check
             note_activation(self.url)
         return activated
+
+    def _forget_all_but(self, names: dict[str, Any]) -> bool:
+        """Drop the bundles OPA no longer reports (renamed or removed in its configuration, or an OPA
+        restarted with none): their revisions decide nothing now and must not be named as if they did."""
+        gone = [n for n in self.bundles if n not in names]
+        for name in gone:
+            b = self.bundles.pop(name)
+            log.warning("bundle %s: OPA no longer reports it (revision %s)", name, b.revision)
+            # kept aside with the newest build seen, so a name that comes back with an older bundle is a rollback
+            b.revision = b.activated_at = b.manifest = b.manifest_for = None
+            self._gone[name] = b
+        return bool(gone)
+
+    def _state(self, name: str) -> BundleState:
+        if name not in self.bundles:
+            self.bundles[name] = self._gone.pop(name) if name in self._gone else BundleState(name)
+        return self.bundles[name]
 
     def _built_from(self, loaded: dict[str, Any]) -> None:
         """Each activated bundle's build time, from the manifest OPA keeps for it."""
@@ -370,8 +389,10 @@ class PolicyStatus:
     def _from_manifests(self, loaded: dict[str, Any]) -> None:
         # named as OPA names the bundle (for a bundle loaded once: the path it was given), as its
         # decisions' provenance names it, so `revision` is the audit's bundle_revision
+        if self._forget_all_but(loaded):
+            note_activation(self.url)
         for name, doc in loaded.items():
-            b = self.bundles.setdefault(name, BundleState(name))
+            b = self._state(name)
             manifest = (doc or {}).get("manifest") or {}
             revision = manifest.get("revision")
             b.revision = revision if isinstance(revision, str) and revision else None  # "": none
