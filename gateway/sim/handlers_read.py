@@ -526,11 +526,15 @@ def _task_fields(t: Task, split_token: bool = True) -> dict[str, Any]:
     return d
 
 
-def task_entry(t: Task) -> dict[str, Any]:
+def task_entry(t: Task, active_status: bool = False) -> dict[str, Any]:
+    """A task-list row. `active_status`: the node task list's rows of running tasks (source=active or
+    all) carry `status: "RUNNING"` (Tasks.pm: `$task->{status} = 'RUNNING' if !$task->{status}`)."""
     d = _task_fields(t, split_token=t.status == "stopped")
     if t.status == "stopped":
         d["status"] = t.exitstatus
         d["endtime"] = t.endtime
+    elif active_status:
+        d["status"] = "RUNNING"
     return d
 
 
@@ -564,17 +568,18 @@ def get_node_tasks(ctx: Ctx) -> Any:
             continue
         if p.get("errors") and t.exitstatus in (None, "OK"):
             continue
-        if p.get("statusfilter"):
-            cls = "ok" if t.exitstatus == "OK" else "active" if t.status == "running" else "error"
+        if p.get("statusfilter") and not p.get("errors"):
+            # upid_normalize_status_type: a running task has no status yet, so it is "unknown"
+            cls = "unknown" if t.status == "running" else "ok" if t.exitstatus == "OK" else "error"
             if str(t.exitstatus).startswith("WARNINGS"):
                 cls = "warning"
-            if cls not in str(p["statusfilter"]).split(","):
+            if cls not in str(p["statusfilter"]).lower().split(","):
                 continue
         if p.get("since") and t.starttime < int(p["since"]):
             continue
         if p.get("until") and t.starttime > int(p["until"]):
             continue
-        items.append(task_entry(t))
+        items.append(task_entry(t, active_status=True))
     return Reply(items[start : start + limit], {"total": len(items)})
 
 
@@ -584,16 +589,20 @@ def get_cluster_tasks(ctx: Ctx) -> Any:
     return [task_entry(t) for t in ts if _task_visible(ctx, t)][:2000]
 
 
+def _bad_upid(why: str) -> ApiError:
+    """PVE/API2/Tasks.pm's raise_param_exc: a 400 naming `upid`, never a handler `die` (500)."""
+    return ApiError(400, "Parameter verification failed.", {"upid": why})
+
+
 def _task(ctx: Ctx) -> Task:
     upid = str(ctx.params["upid"])
-    m = UPID_RE.match(upid)
-    if not m:
-        raise ApiError(500, f"unable to parse worker upid '{upid}'")
-    if m.group(1) != ctx.params["node"]:
-        raise ApiError(400, "Parameter verification failed.", {"upid": "upid does not belong to node"})
+    if not UPID_RE.match(upid):
+        raise _bad_upid("unable to parse worker upid")
+    # the request runs on {node} (proxyto) and looks for the task's file there: another node's task,
+    # like one rotated out of the history, is "no such task"
     t = ctx.rt.cluster.tasks.get(upid)
-    if t is None:
-        raise ApiError(500, f"no such task '{upid}'")
+    if t is None or t.node != ctx.params["node"]:
+        raise _bad_upid("no such task")
     if not _task_visible(ctx, t):
         ctx.require(f"/nodes/{t.node}", "Sys.Audit")
     return t
@@ -610,11 +619,23 @@ def get_task_status(ctx: Ctx) -> Any:
 
 @route("GET", "/nodes/{node}/tasks/{upid}/log")
 def get_task_log(ctx: Ctx) -> Any:
-    t = _task(ctx)
+    """pve-common's dump_logfile: a log file that cannot be opened (a task this node never ran, or one
+    rotated out) is one line saying so, an empty log one line "no content" (200 either way: read_task_log
+    checks only that the UPID parses); `limit=0` reads to the end."""
+    upid = str(ctx.params["upid"])
+    if not UPID_RE.match(upid):
+        raise _bad_upid("unable to parse worker upid")
+    t = ctx.rt.cluster.tasks.get(upid)
+    if t is None or t.node != ctx.params["node"]:
+        return Reply([{"n": 1, "t": "unable to open file - No such file or directory"}], {"total": 1})
+    if not _task_visible(ctx, t):
+        ctx.require(f"/nodes/{t.node}", "Sys.Audit")
     start = int(ctx.params.get("start", 0))
     limit = int(ctx.params.get("limit", 50))
+    if not t.log:
+        return Reply([{"n": 1, "t": "no content"}], {"total": 1})
     lines = [{"n": i + 1, "t": line} for i, line in enumerate(t.log)]
-    return Reply(lines[start : start + limit], {"total": len(lines)})
+    return Reply(lines[start : start + limit] if limit else lines[start:], {"total": len(lines)})
 
 
 # ---- cluster-wide --------------------------------------------------------------
