@@ -11,8 +11,9 @@ import secrets
 import ssl
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from tests.approvals.conftest import Api, write_policy_data
 from tests.support import GatewayThread, free_port
 
 STEP_UP_SECONDS = 300
+AUTH_AGE = 5.0  # seconds since a Browser's sign-in: well within the step-up limit
 
 
 def console_policy(
@@ -114,7 +116,7 @@ def cgw(cenv: DevEnv) -> Iterator[GatewayThread]:
 class Browser:
     """An HTTP client holding a console session, as a browser would after signing in."""
 
-    def __init__(self, env: DevEnv, principal: Principal | None, auth_age: float = 5.0) -> None:
+    def __init__(self, env: DevEnv, principal: Principal | None, auth_age: float = AUTH_AGE) -> None:
         self.env = env
         self.base = env.url.rsplit("/mcp", 1)[0]
         self.http = httpx.Client(
@@ -143,6 +145,24 @@ class Browser:
         self.http.close()
 
 
+class Browsers(Protocol):
+    def __call__(self, env: DevEnv, principal: Principal | None, auth_age: float = AUTH_AGE) -> Browser: ...
+
+
+@pytest.fixture
+def browsers() -> Iterator[Browsers]:
+    """Makes a test's `Browser`s (principal None: anonymous) and closes every one at its end, also
+    when an assertion failed first (a close at the end of the test body leaked the client then)."""
+    with ExitStack() as made:
+
+        def make(env: DevEnv, principal: Principal | None, auth_age: float = AUTH_AGE) -> Browser:
+            b = Browser(env, principal, auth_age)
+            made.callback(b.close)
+            return b
+
+        yield make
+
+
 def sessions_of(env: DevEnv) -> Sessions:
     cfg = env.config.console
     assert cfg.session_key is not None
@@ -169,7 +189,5 @@ def api(cgw: GatewayThread, cenv: DevEnv) -> Api:
 
 
 @pytest.fixture
-def carol(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, CAROL)
-    yield b
-    b.close()
+def carol(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(cenv, CAROL)

@@ -6,22 +6,19 @@ Real gateway, real OPA, real simulator."""
 from __future__ import annotations
 
 import html
-from collections.abc import Iterator
 
 import pytest
 
 from gateway.dev.devenv import DevEnv
-from tests.console.conftest import Browser, human
+from tests.console.conftest import Browser, Browsers, human
 from tests.support import GatewayThread
 
 FAY = human("fay", ["auditor"], [])  # her own audit_search/audit_export records: other tests read carol's
 
 
 @pytest.fixture
-def fay(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, FAY)
-    yield b
-    b.close()
+def fay(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(cenv, FAY)
 
 
 @pytest.mark.parametrize("page", ["/admin/audit", "/admin/audit/export"])

@@ -23,7 +23,7 @@ from gateway.dev.devenv import DevEnv
 from gateway.store import audit as auditlib
 from gateway.store.audit import AuditLog, AuditRecord
 from gateway.store.pgsync import audit_location
-from tests.console.conftest import Browser, console_env, console_policy, human
+from tests.console.conftest import Browser, Browsers, console_env, console_policy, human
 from tests.support import GatewayThread, audit_rows
 
 ERIN = human("erin", ["auditor"], [])  # every section
@@ -46,10 +46,8 @@ def wgw(wenv: DevEnv) -> Iterator[GatewayThread]:
 
 
 @pytest.fixture
-def erin(wgw: GatewayThread, wenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(wenv, ERIN)
-    yield b
-    b.close()
+def erin(wgw: GatewayThread, wenv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(wenv, ERIN)
 
 
 def write(env: DevEnv, records: list[AuditRecord]) -> None:
@@ -112,7 +110,7 @@ def _export_records(env: DevEnv, principal: str) -> list[dict[str, Any]]:
 
 
 def test_an_export_cut_by_a_batch_that_cannot_be_read_has_no_trailer_and_is_audited_as_cut(
-    wgw: GatewayThread, wenv: DevEnv, monkeypatch: pytest.MonkeyPatch
+    wgw: GatewayThread, wenv: DevEnv, monkeypatch: pytest.MonkeyPatch, browsers: Browsers
 ) -> None:
     """The database fails under a running export (its second batch cannot be read): the stream ends with an
     error line and no trailer, so a consumer knows it is incomplete, and the audit says the export was cut
@@ -129,11 +127,7 @@ def test_an_export_cut_by_a_batch_that_cannot_be_read_has_no_trailer_and_is_audi
         return auditlib.search(path, q)
 
     monkeypatch.setattr(views, "_export_batch", failing, raising=False)
-    browser = Browser(wenv, GUS)
-    try:
-        export = browser.get("/admin/audit/export", params={"request_id": "export-cut"})
-    finally:
-        browser.close()
+    export = browsers(wenv, GUS).get("/admin/audit/export", params={"request_id": "export-cut"})
     assert export.status_code == 200
     lines = [json.loads(x) for x in export.text.splitlines()]
     assert [line.get("request_id") for line in lines[:10]] == ["export-cut"] * 10
@@ -148,21 +142,17 @@ def test_an_export_cut_by_a_batch_that_cannot_be_read_has_no_trailer_and_is_audi
 
 
 def test_an_export_the_client_leaves_is_audited_as_cut(
-    wgw: GatewayThread, wenv: DevEnv, monkeypatch: pytest.MonkeyPatch
+    wgw: GatewayThread, wenv: DevEnv, monkeypatch: pytest.MonkeyPatch, browsers: Browsers
 ) -> None:
     """The client goes away after the first lines: the export never reached its end, and the audit says so."""
     write(wenv, decisions(EXPORT_CUT, "deny", request_id="export-left"))
     monkeypatch.setattr(views, "EXPORT_BATCH", 100, raising=False)  # many batches: the client leaves in the middle
-    browser = Browser(wenv, HAL)
-    try:
-        with browser.http.stream(
-            "GET", browser.base + "/admin/audit/export", params={"request_id": "export-left"}
-        ) as r:
-            assert r.status_code == 200
-            first = next(r.iter_lines())
-            assert json.loads(first)["request_id"] == "export-left"
-    finally:
-        browser.close()
+    browser = browsers(wenv, HAL)
+    with browser.http.stream("GET", browser.base + "/admin/audit/export", params={"request_id": "export-left"}) as r:
+        assert r.status_code == 200
+        first = next(r.iter_lines())
+        assert json.loads(first)["request_id"] == "export-left"
+    browser.close()  # the client leaves (the factory's own close at teardown is too late for the wait below)
     deadline = time.monotonic() + 20
     while len(records := _export_records(wenv, "hal")) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -21,7 +21,7 @@ import pytest
 from gateway.admin.console import views
 from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api, outcome
-from tests.console.conftest import CAROL, Browser, console_env, console_policy, human
+from tests.console.conftest import CAROL, Browser, Browsers, console_env, console_policy, human
 from tests.support import GatewayThread, sqlite_exec
 
 ERIN = human("erin", ["auditor"], [])
@@ -72,17 +72,13 @@ def api(dgw: GatewayThread, denv: DevEnv) -> Api:
 
 
 @pytest.fixture
-def carol(dgw: GatewayThread, denv: DevEnv) -> Iterator[Browser]:
-    b = Browser(denv, CAROL)
-    yield b
-    b.close()
+def carol(dgw: GatewayThread, denv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(denv, CAROL)
 
 
 @pytest.fixture
-def erin(dgw: GatewayThread, denv: DevEnv) -> Iterator[Browser]:
-    b = Browser(denv, ERIN)
-    yield b
-    b.close()
+def erin(dgw: GatewayThread, denv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(denv, ERIN)
 
 
 def pre(page: str, pid: str) -> str:
@@ -231,7 +227,9 @@ def test_a_record_with_bytes_that_are_no_text_is_shown(api: Api, erin: Browser, 
     assert len(bad) == 1 and "error" in bad[0]
 
 
-def test_a_refused_sign_in_whose_row_cannot_be_written_is_a_503(dgw: GatewayThread, denv: DevEnv) -> None:
+def test_a_refused_sign_in_whose_row_cannot_be_written_is_a_503(
+    dgw: GatewayThread, denv: DevEnv, browsers: Browsers
+) -> None:
     """Anyone may send a sign-in answer; its refusal is audited. With a row past the audit's head
     (added by another hand) every write is refused: the sign-in is refused with a 503, not a 500."""
     con = sqlite3.connect(denv.config.audit_path)
@@ -240,13 +238,11 @@ def test_a_refused_sign_in_whose_row_cannot_be_written_is_a_503(dgw: GatewayThre
     row = f"{top + 1}, 1.0, 'forged', 'decision', 'p', 't', NULL, 'allow', '{{}}', '00', '00'"
     forged = f"INSERT INTO audit VALUES ({row})"
     sqlite_exec(denv.config.audit_path, forged)
-    anonymous = Browser(denv, None)
     try:
-        r = anonymous.get("/admin/callback?state=x&code=y")
+        r = browsers(denv, None).get("/admin/callback?state=x&code=y")
         assert r.status_code == 503, (r.status_code, r.text[:500])
         assert "audit store cannot take writes" in r.text
     finally:
-        anonymous.close()
         sqlite_exec(denv.config.audit_path, f"DELETE FROM audit WHERE seq = {top + 1}")
 
 

@@ -16,7 +16,7 @@ from gateway.admin.api import note_problem
 from gateway.admin.console.session import Session, csrf_ok
 from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api
-from tests.console.conftest import CAROL, Browser
+from tests.console.conftest import CAROL, Browser, Browsers
 from tests.console.test_pages import ERIN, pending
 from tests.support import GatewayThread
 
@@ -67,11 +67,12 @@ def test_a_vote_with_a_surrogate_is_refused(api: Api, carol: Browser) -> None:
     assert r.status_code == 200 and "<b>denied</b>" in r.text, r.text[:300]
 
 
-def test_what_if_and_sign_out_with_a_surrogate_are_refused(cgw: GatewayThread, cenv: DevEnv) -> None:
-    erin = Browser(cenv, ERIN)  # the what-if is the policy section's
+def test_what_if_and_sign_out_with_a_surrogate_are_refused(
+    cgw: GatewayThread, cenv: DevEnv, browsers: Browsers
+) -> None:
+    erin = browsers(cenv, ERIN)  # the what-if is the policy section's
     form = {"csrf": erin.csrf, "tool": "vm_shutdown", "kind": "agent", "sub": SURROGATE_UTF7, "arguments": "{}"}
     refused_as_not_unicode(post_multipart(erin, "/admin/whatif", form), "sub")
     r = post_multipart(erin, "/admin/logout", {"csrf": SURROGATE_UTF7})
     refused_as_not_unicode(r, "csrf")
     assert erin.get("/admin/status").status_code == 200  # still signed in: nothing was done
-    erin.close()

@@ -8,7 +8,6 @@ import html
 import json
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from gateway.dev.devenv import DevEnv
 from gateway.store.audit import AuditLog, AuditRecord
 from gateway.store.pgsync import audit_location
 from tests.approvals.conftest import Api, outcome
-from tests.console.conftest import CAROL, STEP_UP_SECONDS, Browser, cookie_value, human
+from tests.console.conftest import CAROL, STEP_UP_SECONDS, Browser, Browsers, cookie_value, human
 from tests.support import GatewayThread, audit_rows
 
 DAVE = human("dave", ["viewer"], [])  # sees the approvals, may not vote
@@ -28,17 +27,13 @@ _timeouts = iter(range(200, 10_000))
 
 
 @pytest.fixture
-def erin(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, ERIN)
-    yield b
-    b.close()
+def erin(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(cenv, ERIN)
 
 
 @pytest.fixture
-def dave(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, DAVE)
-    yield b
-    b.close()
+def dave(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(cenv, DAVE)
 
 
 def sign_in_on_record(env: DevEnv, sub: str) -> None:
@@ -64,28 +59,26 @@ def pending(api: Api, vmid: int = 100) -> tuple[str, dict[str, Any], dict[str, A
     return str(res["structuredContent"]["approval"]["id"]), args, res
 
 
-def test_pages_need_a_session(cgw: GatewayThread, cenv: DevEnv) -> None:
-    anon = Browser(cenv, None)
+def test_pages_need_a_session(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
+    anon = browsers(cenv, None)
     for path in ("/admin/approvals", "/admin/audit", "/admin/status", "/admin/tools", "/admin/whatif"):
         r = anon.get(path)
         assert r.status_code == 303, (path, r.status_code)
         assert r.headers["location"].startswith("/admin/login?next=%2Fadmin%2F"), r.headers["location"]
     r = anon.get("/admin/")
     assert r.status_code == 200 and 'href="/admin/login"' in r.text
-    anon.close()
 
 
-def test_sign_in_with_the_provider_down_says_so(cgw: GatewayThread, cenv: DevEnv) -> None:
-    anon = Browser(cenv, None)
+def test_sign_in_with_the_provider_down_says_so(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
+    anon = browsers(cenv, None)
     r = anon.get("/admin/login?next=/admin/audit")
     assert r.status_code == 503 and "discovery document is unavailable" in r.text
     r = anon.get("/admin/callback?code=x&state=y")  # no attempt in progress in this browser
     assert r.status_code == 400 and "no attempt in progress" in r.text
-    anon.close()
 
 
-def test_forged_expired_and_stale_sessions_are_refused(cgw: GatewayThread, cenv: DevEnv) -> None:
-    b = Browser(cenv, CAROL)
+def test_forged_expired_and_stale_sessions_are_refused(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
+    b = browsers(cenv, CAROL)
     good = b.http.cookies.get(SESSION_COOKIE)
     assert b.get("/admin/approvals").status_code == 200
     b.http.cookies.set(SESSION_COOKIE, good[:-3] + "AAA", domain="127.0.0.1", path="/")
@@ -94,7 +87,6 @@ def test_forged_expired_and_stale_sessions_are_refused(cgw: GatewayThread, cenv:
     old.started = time.time() - cenv.config.console.max_session_seconds - 1
     b.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, old), domain="127.0.0.1", path="/")
     assert b.get("/admin/approvals").status_code == 303  # past the absolute lifetime
-    b.close()
 
 
 def test_security_headers_forbid_scripts(carol: Browser) -> None:
@@ -192,19 +184,17 @@ def test_a_viewer_cannot_vote_and_sees_why(api: Api, dave: Browser) -> None:
     assert "dave is not in any of the approver groups" in r.text
 
 
-def test_step_up_when_the_sign_in_is_too_old(api: Api, cgw: GatewayThread, cenv: DevEnv) -> None:
+def test_step_up_when_the_sign_in_is_too_old(api: Api, cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
     aid, _, _ = pending(api)
-    stale = Browser(cenv, CAROL, auth_age=STEP_UP_SECONDS + 60)
+    stale = browsers(cenv, CAROL, auth_age=STEP_UP_SECONDS + 60)
     page = stale.get(f"/admin/approvals/{aid}")
     assert 'id="step-up-first"' in page.text and f"max_age={STEP_UP_SECONDS}" in page.text
     r = stale.post(f"/admin/approvals/{aid}/vote", {"csrf": stale.csrf, "verdict": "approve"})
     assert r.status_code == 403 and 'id="step-up"' in r.text
     assert f"max_age={STEP_UP_SECONDS}" in r.text and "within the last 300 seconds" in r.text
-    stale.close()
-    fresh = Browser(cenv, CAROL, auth_age=1)
+    fresh = browsers(cenv, CAROL, auth_age=1)
     r = fresh.post(f"/admin/approvals/{aid}/vote", {"csrf": fresh.csrf, "verdict": "approve"})
     assert r.status_code == 200 and "<b>approved</b>" in r.text
-    fresh.close()
 
 
 def test_audit_search_detail_export_and_chain(api: Api, carol: Browser, cenv: DevEnv) -> None:
@@ -308,9 +298,9 @@ def test_what_if_decides_without_dispatching(erin: Browser, cenv: DevEnv, csim: 
     assert carol.post("/admin/whatif", {k: v for k, v in form.items() if k != "csrf"}).status_code == 403
 
 
-def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
-    b = Browser(cenv, CAROL)
-    copy = Browser(cenv, None)  # someone holding a copy of the same session cookie
+def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
+    b = browsers(cenv, CAROL)
+    copy = browsers(cenv, None)  # someone holding a copy of the same session cookie
     assert b.session is not None
     copy.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, b.session), domain="127.0.0.1", path="/")
     assert copy.get("/admin/approvals").status_code == 200
@@ -321,13 +311,11 @@ def test_sign_out_clears_the_session(cgw: GatewayThread, cenv: DevEnv) -> None:
     # the copy is refused from now on, although its signature and idle clock are still good
     refused = copy.get("/admin/approvals")
     assert refused.status_code == 303 and refused.headers["location"].startswith("/admin/login")
-    assert Browser(cenv, CAROL).get("/admin/approvals").status_code == 200  # a new sign-in is a new session
-    b.close()
-    copy.close()
+    assert browsers(cenv, CAROL).get("/admin/approvals").status_code == 200  # a new sign-in is a new session
 
 
 def test_signing_out_everywhere_ends_every_session_of_that_person(
-    cgw: GatewayThread, cenv: DevEnv, capsys: pytest.CaptureFixture[str]
+    cgw: GatewayThread, cenv: DevEnv, capsys: pytest.CaptureFixture[str], browsers: Browsers
 ) -> None:
     """From the console ("Sign out everywhere") or by the operator (`pvegate console sign-out`, e.g.
     for someone who left: the provider disabling them does not end a live session): every session
@@ -335,7 +323,7 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(
     a new sign-in works."""
     from gateway.cli import main as cli
 
-    here, laptop, erin = Browser(cenv, CAROL), Browser(cenv, CAROL), Browser(cenv, ERIN)
+    here, laptop, erin = browsers(cenv, CAROL), browsers(cenv, CAROL), browsers(cenv, ERIN)
     assert all(b.get("/admin/approvals").status_code == 200 for b in (here, laptop, erin))
     assert 'name="everywhere"' in here.get("/admin/approvals").text
     forged = here.post("/admin/logout", {"csrf": "not-this-session", "everywhere": "1"})
@@ -346,7 +334,7 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(
     assert gone.status_code == 303 and gone.headers["location"].startswith("/admin/login")
     assert erin.get("/admin/approvals").status_code == 200
     time.sleep(0.01)
-    again = Browser(cenv, CAROL)  # signed in afterwards
+    again = browsers(cenv, CAROL)  # signed in afterwards
     assert again.get("/admin/approvals").status_code == 200
 
     sign_in_on_record(cenv, "carol")
@@ -361,7 +349,7 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(
     assert "nothing was signed out" in err and "did you mean carol" in err and "--force" in err, err
     assert cli(["console", "sign-out", "--sub", "carl", "--force", "--config", str(cenv.config_path)]) == 0
     time.sleep(0.01)
-    fresh = Browser(cenv, CAROL)
+    fresh = browsers(cenv, CAROL)
     assert fresh.get("/admin/approvals").status_code == 200
     records = [
         (json.loads(row["body"])["surface"], row["outcome"])
@@ -373,11 +361,9 @@ def test_signing_out_everywhere_ends_every_session_of_that_person(
     assert records[-3:] == [("console", "csrf_refused"), ("console", "ok"), ("cli", "ok")]
     forced = [r for r in audit_rows(cenv.config.audit_path) if r["kind"] == "console" and r["principal"] == "carl"]
     assert [json.loads(r["body"])["action"] for r in forced] == ["sign_out_everywhere"]  # the forced one only
-    for b in (here, laptop, erin, again, fresh):
-        b.close()
 
 
-def test_sections_are_the_policys_to_open(dave: Browser, carol: Browser, erin: Browser) -> None:
+def test_sections_are_the_policys_to_open(dave: Browser, carol: Browser, erin: Browser, browsers: Browsers) -> None:
     r = dave.get("/admin/audit")
     assert r.status_code == 403 and "does not open the console&#39;s audit section to dave" in r.text
     assert dave.get("/admin/audit/export").status_code == 403
@@ -385,7 +371,6 @@ def test_sections_are_the_policys_to_open(dave: Browser, carol: Browser, erin: B
     assert 'href="/admin/approvals"' in page.text and 'href="/admin/audit"' not in page.text
     assert carol.get("/admin/audit").status_code == 200 and carol.get("/admin/whatif").status_code == 403
     assert all(erin.get(p).status_code == 200 for p in ("/admin/audit", "/admin/status", "/admin/whatif"))
-    nobody = Browser(carol.env, human("mallory", ["unknown"], ["nobody"]))
+    nobody = browsers(carol.env, human("mallory", ["unknown"], ["nobody"]))
     assert nobody.get("/admin/approvals").status_code == 403
     assert nobody.get("/admin/").headers["location"] == "/admin/approvals"
-    nobody.close()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.dev.devenv import DevEnv
-from tests.console.conftest import Browser, console_env, console_policy, human
+from tests.console.conftest import Browsers, console_env, console_policy, human
 from tests.support import GatewayThread
 
 ERIN = human("erin", ["auditor"], [])  # every section is open to an auditor on valid data
@@ -38,13 +38,12 @@ def bad_gw(bad_env: DevEnv) -> Iterator[GatewayThread]:
     gw.stop()
 
 
-def test_invalid_policy_data_is_said_not_blamed_on_the_persons_roles(bad_gw: GatewayThread, bad_env: DevEnv) -> None:
-    erin = Browser(bad_env, ERIN)
-    try:
-        for path in ("/admin/approvals", "/admin/audit", "/admin/status", "/admin/"):
-            r = erin.get(path)
-            assert r.status_code == 503, (path, r.status_code, r.text[:300])
-            assert "the policy data is invalid" in r.text, r.text
-            assert "does not open" not in r.text and "roles:" not in r.text
-    finally:
-        erin.close()
+def test_invalid_policy_data_is_said_not_blamed_on_the_persons_roles(
+    bad_gw: GatewayThread, bad_env: DevEnv, browsers: Browsers
+) -> None:
+    erin = browsers(bad_env, ERIN)
+    for path in ("/admin/approvals", "/admin/audit", "/admin/status", "/admin/"):
+        r = erin.get(path)
+        assert r.status_code == 503, (path, r.status_code, r.text[:300])
+        assert "the policy data is invalid" in r.text, r.text
+        assert "does not open" not in r.text and "roles:" not in r.text

@@ -12,13 +12,13 @@ from gateway.dev.devenv import DevEnv
 from gateway.store.approvals import ApprovalStore
 from gateway.store.db import database
 from tests.approvals.test_queue_paging import flood, held
-from tests.console.conftest import Browser, human
+from tests.console.conftest import Browsers, human
 from tests.support import GatewayThread
 
 CAROL = human("carol", ["approver"], ["sre-leads"])
 
 
-def test_the_open_queue_pages_to_every_live_request(cgw: GatewayThread, cenv: DevEnv) -> None:
+def test_the_open_queue_pages_to_every_live_request(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
     async def seed() -> list[str]:
         s = ApprovalStore(database(cenv.config))
         await s.open()
@@ -38,7 +38,7 @@ def test_the_open_queue_pages_to_every_live_request(cgw: GatewayThread, cenv: De
             await s.close()
 
     mine = asyncio.run(seed())
-    carol = Browser(cenv, CAROL)
+    carol = browsers(cenv, CAROL)
     try:
         page = carol.get("/admin/approvals")
         assert page.status_code == 200, page.text
@@ -60,5 +60,4 @@ def test_the_open_queue_pages_to_every_live_request(cgw: GatewayThread, cenv: De
         assert f'data-id="{mine[0]}"' in pending.text and 'id="more"' in pending.text
         assert carol.get("/admin/approvals?state=open&cursor=garbage").status_code == 400
     finally:
-        carol.close()
         asyncio.run(cleanup(mine))

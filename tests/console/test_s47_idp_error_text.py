@@ -13,7 +13,7 @@ from starlette.responses import Response
 from gateway.admin.console.oidc import Login
 from gateway.admin.console.session import LOGIN_COOKIE
 from gateway.dev.devenv import DevEnv
-from tests.console.conftest import Browser, sessions_of
+from tests.console.conftest import Browsers, sessions_of
 from tests.support import GatewayThread, audit_rows
 
 
@@ -24,16 +24,15 @@ def _login_cookie(env: DevEnv, state: str) -> str:
     return out.headers["set-cookie"].split(";", 1)[0].split("=", 1)[1]
 
 
-def test_s47_a_providers_error_text_is_cut_and_made_visible(cgw: GatewayThread, cenv: DevEnv) -> None:
-    b = Browser(cenv, None)
-    try:
-        state = "s47-state"
-        b.http.cookies.set(LOGIN_COOKIE, _login_cookie(cenv, state), domain="127.0.0.1", path="/")
-        noise = "\x1b[2J\u202e" + "x" * 20_000
-        query = urlencode({"state": state, "error": "access_denied" + "e" * 500, "error_description": noise})
-        r = b.get(f"/admin/callback?{query}")
-    finally:
-        b.close()
+def test_s47_a_providers_error_text_is_cut_and_made_visible(
+    cgw: GatewayThread, cenv: DevEnv, browsers: Browsers
+) -> None:
+    b = browsers(cenv, None)
+    state = "s47-state"
+    b.http.cookies.set(LOGIN_COOKIE, _login_cookie(cenv, state), domain="127.0.0.1", path="/")
+    noise = "\x1b[2J\u202e" + "x" * 20_000
+    query = urlencode({"state": state, "error": "access_denied" + "e" * 500, "error_description": noise})
+    r = b.get(f"/admin/callback?{query}")
     assert r.status_code < 500 and "x" * 1000 not in r.text
     rows = [
         json.loads(str(row["body"]))

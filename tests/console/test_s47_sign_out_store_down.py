@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gateway.admin.console.session import SESSION_COOKIE
 from gateway.dev.devenv import DevEnv
-from tests.console.conftest import CAROL, Browser
+from tests.console.conftest import CAROL, Browsers
 from tests.support import GatewayThread, audit_rows, sqlite_exec
 
 
@@ -35,9 +35,9 @@ def _shared_database(env: DevEnv) -> Path:
 
 
 def test_s47_a_sign_out_the_database_cannot_take_clears_the_cookie_and_says_so(
-    cgw: GatewayThread, cenv: DevEnv
+    cgw: GatewayThread, cenv: DevEnv, browsers: Browsers
 ) -> None:
-    b = Browser(cenv, CAROL)
+    b = browsers(cenv, CAROL)
     assert b.session is not None
     sid = b.session.sid
     assert b.get("/admin/approvals").status_code == 200
@@ -50,12 +50,9 @@ def test_s47_a_sign_out_the_database_cannot_take_clears_the_cookie_and_says_so(
         assert "could not record it" in r.text
         assert f'{SESSION_COOKIE}=""' in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
         # a wrong token is still refused: the cookie alone signs nothing out
-        b2 = Browser(cenv, CAROL)
-        assert b2.post("/admin/logout", {"csrf": "wrong"}).status_code == 403
-        b2.close()
+        assert browsers(cenv, CAROL).post("/admin/logout", {"csrf": "wrong"}).status_code == 403
     finally:
         sqlite_exec(db, "ALTER TABLE console_signouts_away RENAME TO console_signouts")
-        b.close()
     rows = [
         json.loads(row["body"])
         for row in audit_rows(cenv.config.audit_path)

@@ -13,7 +13,7 @@ import time
 
 from gateway.admin.console.session import LOGIN_COOKIE, SESSION_COOKIE, Session
 from gateway.dev.devenv import DevEnv
-from tests.console.conftest import CAROL, Browser, cookie_value
+from tests.console.conftest import CAROL, Browser, Browsers, cookie_value
 from tests.support import GatewayThread
 
 
@@ -27,43 +27,38 @@ def _signed_out_page(b: Browser) -> None:
     assert not any(c.startswith(f"{LOGIN_COOKIE}=") and "Max-Age=0" not in c for c in cookies), cookies
 
 
-def test_s47_signing_out_an_ended_session_starts_no_sign_in(cgw: GatewayThread, cenv: DevEnv) -> None:
+def test_s47_signing_out_an_ended_session_starts_no_sign_in(
+    cgw: GatewayThread, cenv: DevEnv, browsers: Browsers
+) -> None:
     # past its absolute lifetime
-    b = Browser(cenv, CAROL)
+    b = browsers(cenv, CAROL)
     assert b.session is not None
     old = Session.start(CAROL, "carol", time.time())
     old.started = time.time() - cenv.config.console.max_session_seconds - 1
     b.session = old
     b.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, old), domain="127.0.0.1", path="/")
     _signed_out_page(b)
-    b.close()
     # signed out already (a copy of the cookie, in another browser, signed out first)
-    first = Browser(cenv, CAROL)
+    first = browsers(cenv, CAROL)
     assert first.session is not None
-    copy = Browser(cenv, None)
+    copy = browsers(cenv, None)
     copy.session = first.session
     copy.http.cookies.set(SESSION_COOKIE, cookie_value(cenv, first.session), domain="127.0.0.1", path="/")
     assert first.post("/admin/logout", {"csrf": first.csrf}).status_code == 200
     _signed_out_page(copy)
-    first.close()
-    copy.close()
     # a cookie that does not verify, and none at all
-    forged = Browser(cenv, CAROL)
+    forged = browsers(cenv, CAROL)
     good = forged.http.cookies.get(SESSION_COOKIE)
     assert good is not None
     forged.http.cookies.set(SESSION_COOKIE, good[:-3] + "AAA", domain="127.0.0.1", path="/")
     _signed_out_page(forged)
-    forged.close()
-    anonymous = Browser(cenv, None)
-    _signed_out_page(anonymous)
-    anonymous.close()
+    _signed_out_page(browsers(cenv, None))
 
 
-def test_s47_another_sites_sign_out_form_clears_nothing(cgw: GatewayThread, cenv: DevEnv) -> None:
+def test_s47_another_sites_sign_out_form_clears_nothing(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> None:
     """Defence in depth (the transport guard refuses a foreign Origin first): no token, no cookie cleared."""
-    b = Browser(cenv, CAROL)
-    for who in (b, Browser(cenv, None)):
+    b = browsers(cenv, CAROL)
+    for who in (b, browsers(cenv, None)):
         r = who.post("/admin/logout", {"csrf": ""}, headers={"origin": "https://evil.example"})
         assert r.status_code == 403 and "set-cookie" not in r.headers
     assert b.get("/admin/approvals").status_code == 200  # still signed in
-    b.close()

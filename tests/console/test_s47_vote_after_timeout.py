@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gateway.dev.devenv import DevEnv
 from tests.approvals.conftest import Api
-from tests.console.conftest import CAROL, Browser
+from tests.console.conftest import CAROL, Browsers
 from tests.console.test_pages import pending
 from tests.support import GatewayThread
 
@@ -24,24 +24,20 @@ def _next_of(location: str) -> str:
 
 
 def test_s47_a_vote_without_a_session_returns_to_the_request_after_sign_in(
-    api: Api, cgw: GatewayThread, cenv: DevEnv
+    api: Api, cgw: GatewayThread, cenv: DevEnv, browsers: Browsers
 ) -> None:
     aid, _, _ = pending(api)
-    anonymous = Browser(cenv, None)
-    carol = Browser(cenv, CAROL)
-    try:
-        r = anonymous.post(f"/admin/approvals/{aid}/vote", {"csrf": "x", "verdict": "approve"})
-        assert r.status_code == 303
-        nxt = _next_of(r.headers["location"])
-        assert nxt == f"/admin/approvals/{aid}", nxt
-        back = carol.get(nxt)  # where the continue page takes the signed-in approver
-        assert back.status_code == 200 and 'id="decide"' in back.text, back.status_code
-        # the what-if form's page takes a GET as it is
-        r = anonymous.post("/admin/whatif", {"csrf": "x", "tool": "vm_shutdown"})
-        assert r.status_code == 303 and _next_of(r.headers["location"]) == "/admin/whatif"
-        # a page's GET keeps its query
-        r = anonymous.get("/admin/approvals?state=pending")
-        assert _next_of(r.headers["location"]) == "/admin/approvals?state=pending"
-    finally:
-        anonymous.close()
-        carol.close()
+    anonymous = browsers(cenv, None)
+    carol = browsers(cenv, CAROL)
+    r = anonymous.post(f"/admin/approvals/{aid}/vote", {"csrf": "x", "verdict": "approve"})
+    assert r.status_code == 303
+    nxt = _next_of(r.headers["location"])
+    assert nxt == f"/admin/approvals/{aid}", nxt
+    back = carol.get(nxt)  # where the continue page takes the signed-in approver
+    assert back.status_code == 200 and 'id="decide"' in back.text, back.status_code
+    # the what-if form's page takes a GET as it is
+    r = anonymous.post("/admin/whatif", {"csrf": "x", "tool": "vm_shutdown"})
+    assert r.status_code == 303 and _next_of(r.headers["location"]) == "/admin/whatif"
+    # a page's GET keeps its query
+    r = anonymous.get("/admin/approvals?state=pending")
+    assert _next_of(r.headers["location"]) == "/admin/approvals?state=pending"

@@ -5,22 +5,18 @@ page, which reads as "nothing happened". Both refuse it now with a 400 naming th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gateway.dev.devenv import DevEnv
-from tests.console.conftest import Browser, human
+from tests.console.conftest import Browser, Browsers, human
 from tests.support import GatewayThread
 
 ERIN = human("erin", ["auditor"], [])  # every section
 
 
 @pytest.fixture
-def erin(cgw: GatewayThread, cenv: DevEnv) -> Iterator[Browser]:
-    b = Browser(cenv, ERIN)
-    yield b
-    b.close()
+def erin(cgw: GatewayThread, cenv: DevEnv, browsers: Browsers) -> Browser:
+    return browsers(cenv, ERIN)
 
 
 @pytest.mark.parametrize("path", ["/admin/audit", "/admin/audit/export"])
