@@ -160,10 +160,13 @@ async def _keep_retry_handle(x: Exchange, digest: str, approval_id: str, state: 
         return
     if held.state != "approved":  # given back (release clears used_at with it)
         return
-    if state is not None:
-        await x.states.give_back(state)
-    else:
-        await x.states.remember(x.principal, digest, approval_id)
+    try:
+        if state is not None:
+            await x.states.give_back(state)
+        else:
+            await x.states.remember(x.principal, digest, approval_id)
+    except STORE_ERRORS:  # the refusal stands as it was: a new approval is the worst case
+        log.warning("approval %s: the retry's handle could not be kept", approval_id, exc_info=True)
 
 
 def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
@@ -255,7 +258,14 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
             meta[handoff.APPROVAL_REQUEST_META] = recalled
             retry = True
     req = CallRequest(request_id, x.principal, name, arguments, x.version, x.source_ip, meta)
-    result = await _run(x, req)
+    try:
+        result = await _run(x, req)
+    except AuditUnavailable:
+        # refused unsent with a 503 that asks for a retry: that retry needs its handle (a store that failed
+        # on the way keeps the approval used, and _keep_retry_handle then keeps nothing)
+        if retry:
+            await _keep_retry_handle(x, digest, str(meta[handoff.APPROVAL_REQUEST_META]), state)
+        raise
     if retry and result.outcome != "allowed":
         await _keep_retry_handle(x, digest, str(meta[handoff.APPROVAL_REQUEST_META]), state)
     if result.outcome in REFUSED_OUTCOMES:
