@@ -269,17 +269,17 @@ async def _modern(c: Components, principal: Principal, request: Request, msg: Me
 async def _legacy(
     c: Components, principal: Principal, request: Request, msg: Message, version_header: str | None
 ) -> Response:
-    if msg.is_notification:  # notifications/initialized, cancelled, ...: accepted, nothing to answer
-        return Response(status_code=202)
-    if msg.method == "initialize":
+    if msg.method == "initialize" and not msg.is_notification:
         return _initialize(request, principal, msg)
     version = version_header or DEFAULT_VERSION
-    if version not in LEGACY_VERSIONS:
+    if version not in LEGACY_VERSIONS:  # a notification too: an unsupported version is a 400 (as in 2026-07-28)
         raise RpcFault(
             INVALID_REQUEST,
             f"Unsupported protocol version: {version}; supported: {', '.join((*LEGACY_VERSIONS, *modern.SUPPORTED))}",
             id_=msg.id,
         )
+    if msg.is_notification:  # notifications/initialized, cancelled, ...: accepted, nothing to answer
+        return Response(status_code=202)
     sessions: Sessions = request.app.state.sessions
     elicit = sessions.url_elicitation(request.headers.get(SESSION_HEADER), principal)
     x = _exchange(c, principal, request, version, False, elicit)
