@@ -18,6 +18,7 @@ of theirs that began before that moment is refused, kept as long.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from gateway.store.db import Database
@@ -49,6 +50,13 @@ class SharedStates:
 
     def __init__(self, database: Database) -> None:
         self.database = database
+
+    async def now(self) -> float:
+        """The database's clock, the one sign-outs are stamped with (a session's start is compared with it)."""
+        if self.database.kind == "sqlite":  # one host's file: the same clock, no round trip
+            return time.time()
+        rows = await self.database.fetch("SELECT extract(epoch FROM clock_timestamp())::float8 AS now")
+        return float(rows[0]["now"])
 
     async def use_once(self, nonce: str, expires_at: float) -> bool:
         """True the first time `nonce` is presented (on any replica), False ever after; False too once its
@@ -129,8 +137,8 @@ class SharedStates:
         return now
 
     async def signed_out(self, sid: str, sub: str, started: float) -> bool:
-        """The session `sid` of `sub`, begun at `started` (epoch seconds), was signed out, by itself or
-        with all of its person's sessions."""
+        """The session `sid` of `sub`, begun at `started` (epoch seconds on the database's clock, now()), was
+        signed out, by itself or with all of its person's sessions."""
         rows = await self.database.fetch(
             "SELECT 1 AS gone FROM console_signouts WHERE sid = ? "
             "UNION ALL SELECT 1 AS gone FROM console_person_signouts WHERE sub = ? AND before >= ?",

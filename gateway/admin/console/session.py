@@ -53,8 +53,17 @@ class Session:
     name: str  # what the person is called on screen (preferred_username, else sub)
     auth_time: float  # when the provider last authenticated this person (step-up compares with it)
     started: float
+    # the database's clock at the sign-in (shared sign-outs are stamped on it, and a replica's own clock may
+    # run ahead of it: a session begun before a sign-out everywhere would seem begun after it); None in a
+    # cookie written before it was kept
+    db_started: float | None = None
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     sid: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+
+    @property
+    def began(self) -> float:
+        """When the session began on the database's clock, as sign-outs are compared."""
+        return self.started if self.db_started is None else self.db_started
 
     @property
     def principal(self) -> Principal:

@@ -237,7 +237,7 @@ async def signed_in(request: Request) -> Session | None:
     session, renew = console.sessions.read(request)
     if session is not None and console.signouts is not None:
         try:
-            gone = await console.signouts.signed_out(session.sid, session.sub, session.started)
+            gone = await console.signouts.signed_out(session.sid, session.sub, session.began)
         except STORE_ERRORS as exc:
             log.warning("console: cannot check sign-outs (%s): treated as signed out", exc)
             gone = True
@@ -392,6 +392,8 @@ async def callback(request: Request) -> Response:
     claims = identity.id_claims
     name = str(claims.get("preferred_username") or claims.get("email") or principal.sub)
     session = Session.start(principal, name, identity.auth_time)
+    if console.signouts is not None:  # compared with sign-outs, which every replica stamps on this clock
+        session.db_started = await console.signouts.now()
     request.state.console_session = session
     await record(
         request,
@@ -436,7 +438,7 @@ async def logout(request: Request) -> Response:
     session, _ = console.sessions.read(request)
     if session is not None and console.signouts is not None:
         try:
-            if await console.signouts.signed_out(session.sid, session.sub, session.started):
+            if await console.signouts.signed_out(session.sid, session.sub, session.began):
                 session = None  # ended already: a copy of its cookie signs nothing out (nor everyone)
         except STORE_ERRORS as exc:
             log.warning("console: cannot check sign-outs (%s): signing out all the same", exc)
@@ -469,7 +471,7 @@ async def logout(request: Request) -> Response:
         if console.signouts is not None and everywhere:
             body["before"] = await console.signouts.sign_out_person(session.sub, console.cfg.max_session_seconds)
         elif console.signouts is not None:  # a copy of the cookie is refused from now on, on every replica
-            await console.signouts.sign_out(session.sid, session.started + console.cfg.max_session_seconds)
+            await console.signouts.sign_out(session.sid, session.began + console.cfg.max_session_seconds)
     except STORE_ERRORS as exc:
         log.warning("console: sign-out of %s not recorded (%s)", session.sub, exc)
         # the audit says so: an offboarding checked there must not read as done
