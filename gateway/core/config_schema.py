@@ -124,7 +124,10 @@ def _kind_of(value: Any) -> str:
         return "a boolean"
     if isinstance(value, int | float):
         return "a number"
-    return _show(value)  # null, a mapping, a list: nothing of a secret in the words
+    if value is None or isinstance(value, dict | list):
+        return _show(value)  # null, a mapping, a list: nothing of a secret in the words
+    # !!binary bytes, a set, a date: their repr would be what was written
+    return "a value of another type"
 
 
 def _display_path(root: Any, path: Sequence[str | int]) -> str:
@@ -193,6 +196,10 @@ def _messages(error: ValidationError, root: Any) -> Iterator[tuple[str | None, s
         yield None, path, f"{expected}, got {_kind_of(value)} (the value is not shown)"
     elif sub.get("x-header-name"):
         yield None, *_header_name(path, str(value))
+    elif kind == "additionalProperties" and isinstance(value, dict) and sub.get("x-secret"):
+        # a key other than file/env in a secret's mapping is likely the secret itself (`token: {USER@REALM!ID=...}`):
+        # said once, the key never shown (nor as a key YAML read as a number: problems() skips it)
+        yield None, path, f"{hint or 'expected {file: PATH} or {env: NAME}'}, got another key {_NOT_SHOWN}"
     elif kind == "additionalProperties" and isinstance(value, dict):
         known = list(sub.get("properties", {}))
         refused: dict[str, str] = sub.get("x-refused", {})
@@ -323,8 +330,13 @@ def problems(raw: Any) -> list[str]:
     # false), and .inf is in range wherever there is no maximum: both would be used as given
     non_finite = dict(_non_finite(raw))
     mistyped: set[tuple[str | int, ...]] = set()
+    secret_maps: set[tuple[str | int, ...]] = set()  # secrets' mappings with a key of their own: never shown
     for error in _validator().iter_errors(raw):
         at = tuple(error.absolute_path)
+        if error.validator == "additionalProperties" and (error.schema if isinstance(error.schema, dict) else {}).get(
+            "x-secret"
+        ):
+            secret_maps.add(at)
         if at in non_finite and error.validator not in ("type", "enum"):
             continue  # a range problem of a non-finite number: said below, once
         if at in non_finite:
@@ -335,6 +347,8 @@ def problems(raw: Any) -> list[str]:
             where = [*at, *([key] if key is not None else [])]
             found.append((_position(raw, where), redact(f"{path}: {message}")))
     for at, key in _non_string_keys(raw):
+        if at in secret_maps:
+            continue
         found.append((_position(raw, [*at, key]), redact(_key_problem(raw, at, key))))
     for at, value in non_finite.items():
         if at not in mistyped:
