@@ -343,22 +343,33 @@ def _secret(raw: Any, base: Path, what: str) -> SecretRef:
 
 # OPA's own field inside an `opa.services` entry (passed through, so not one of our settings)
 OPA_SERVICE_CREDENTIALS = "credentials"
+# the fields under a service's `credentials` the schema gives as {file:}/{env:} ($defs/secret); any other
+# field is OPA's own, passed as written (an oauth2 `additional_parameters: {env: prod}` is a form parameter)
+SERVICE_SECRET_FIELDS = {
+    ("bearer", "token"),
+    ("oauth2", "client_secret"),
+    ("oauth2", "client_assertion"),
+    ("client_tls", "private_key_passphrase"),
+}
 
 
 def _service_secrets(services: dict[str, Any], base: Path) -> dict[str, Any]:
-    """OPA's `services`, with each value under a service's `credentials` given as `{file: ...}` or
-    `{env: ...}` a SecretRef: read when OPA's private config is written, never kept in this file."""
-
-    def walk(doc: Any, where: str) -> Any:
-        if isinstance(doc, dict):
-            if doc and doc.keys() <= {"file", "env"} and len(doc) == 1 and isinstance(next(iter(doc.values())), str):
-                return _secret(doc, base, where)
-            return {k: walk(v, f"{where}.{k}") for k, v in doc.items()}
-        return doc
-
+    """OPA's `services`, with each secret field under a service's `credentials` (SERVICE_SECRET_FIELDS)
+    a SecretRef: read when OPA's private config is written, never kept in this file."""
     key = OPA_SERVICE_CREDENTIALS
+
+    def method(name: str, kind: str, fields: Any) -> Any:
+        if not isinstance(fields, dict):
+            return fields
+        return {
+            f: _secret(v, base, f"opa.services.{name}.{key}.{kind}.{f}")
+            if (kind, f) in SERVICE_SECRET_FIELDS and isinstance(v, dict)
+            else v
+            for f, v in fields.items()
+        }
+
     return {
-        name: {**svc, key: walk(svc[key], f"opa.services.{name}.{key}")}
+        name: {**svc, key: {kind: method(name, kind, fields) for kind, fields in svc[key].items()}}
         if isinstance(svc, dict) and isinstance(svc.get(key), dict)
         else svc
         for name, svc in services.items()
