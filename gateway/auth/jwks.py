@@ -121,7 +121,9 @@ class JwksKeys:
         self._loaded_at = float("-inf")  # when the fetch that gave the current keys started
         self._settled_at = float("-inf")  # when the last fetch ended, however it ended
         self._last_attempt = float("-inf")
-        self._file_mtime: float | str | None = None  # the file's mtime read last, or why it could not be
+        # the file's identity when read last (device, inode, size, mtime, ctime), or why it could not be
+        # stat'ed: an mtime alone misses a new file with the old mtime (a Nix store path, `cp -p`, `tar x`)
+        self._file_state: tuple[int, ...] | str | None = None
         self._flight: asyncio.Task[None] | None = None  # the one fetch under way
         # why the last fetch failed (None: it did not, or none ended yet), for readiness (observability/health.py):
         # `failure` in the gateway's own words or the exception's type, `failure_detail` the exception's text
@@ -154,12 +156,12 @@ class JwksKeys:
                         raise ValueError(f"the JWKS is larger than {self.max_bytes} bytes")
         return _parse(json.loads(bytes(body)))
 
-    def _install(self, keys: list[_Key], started: float, mtime: float | str | None) -> None:
+    def _install(self, keys: list[_Key], started: float, state: tuple[int, ...] | str | None) -> None:
         if [(k.kid, k.kty, k.alg, k.key) for k in keys] != [(k.kid, k.kty, k.alg, k.key) for k in self._keys]:
             self.generation += 1  # verified-token caches drop what the old set vouched for
         self._keys = keys
         self._loaded_at = started
-        self._file_mtime = mtime
+        self._file_state = state
         self.failure = self.failure_detail = None
         log.info("loaded %d signing keys from %s", len(self._keys), self.url or self.file)
 
@@ -209,12 +211,13 @@ class JwksKeys:
         assert self.file is not None
         started = time.monotonic()
         try:
-            state: float | str = self.file.stat().st_mtime
+            st = self.file.stat()
+            state: tuple[int, ...] | str = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError as exc:
             state = f"{type(exc).__name__}: {exc.strerror}"
-        if state == self._file_mtime and not (force and started - self._last_attempt >= self.min_refresh_seconds):
+        if state == self._file_state and not (force and started - self._last_attempt >= self.min_refresh_seconds):
             return
-        self._last_attempt, self._file_mtime = started, state
+        self._last_attempt, self._file_state = started, state
         try:
             if isinstance(state, str):
                 raise OSError(state)
