@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.core.canonical import digest_json
 from gateway.core.redaction import redact_keys
-from gateway.core.text import cut
+from gateway.core.text import cut, one_line, visible
 
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
@@ -220,7 +220,9 @@ def _explain(e: Any) -> str:
 
 
 def _short(message: str, limit: int = 200) -> str:
-    return cut(message, limit)
+    """Cut, with what a reader would not see as itself escaped: an unknown argument's name is the client's
+    own text (a line break or an ANSI escape in it must not reach a log, a page or a terminal raw)."""
+    return cut(one_line(visible(message)), limit)
 
 
 def arguments_digest(
