@@ -3,10 +3,12 @@
 The data (policies/data/data.yaml, the security team's) names tools, tool tags and arguments as
 plain strings: a misspelled one (`node_rebot`, `arguments.cipasword`) matches no call, so the
 control it carries silently stops applying, and neither the data's JSON Schema nor the policy's
-own `problems` can tell, as neither knows the catalog (connectors/*.yaml, the gateway's). The
-policy answers it, `data.pvegate.config.catalog_problems` (policies/pvegate/config/catalog.rego),
-with the catalog's names, parameters and tags as its input: the same glob matching as the
-decisions use, and one query per policy revision, nothing per call.
+own `problems` can tell, as neither knows the catalog (connectors/*.yaml, the gateway's). Nor
+can they tell an argument value of another type than its parameter's (`firewall: [0]` for a
+boolean), which matches no call either. The policy answers both,
+`data.pvegate.config.catalog_problems` (policies/pvegate/config/catalog.rego), with the
+catalog's names, parameters (with their types) and tags as its input: the same glob matching as
+the decisions use, and one query per policy revision, nothing per call.
 
 These problems refuse no call: a bundle may serve gateways whose catalogs differ. `pvegate policy
 check` and `pvegate bundle build` fail on them; a gateway reports them (catalog_problems below).
@@ -45,11 +47,35 @@ class CatalogTool(Protocol):
     def tags(self) -> tuple[str, ...]: ...
 
 
+def parameter_type(schema: Any) -> dict[str, Any]:
+    """What the check reads of one parameter's JSON Schema: its `type` and its `enum` (a `const`
+    as an enum of one), for the argument values the data lists (risk.critical_calls): the call's
+    arguments are validated against this schema before the policy sees them, so a value of
+    another type (`firewall: [0]` for a boolean) matches no call."""
+    if not isinstance(schema, dict):
+        return {}
+    out: dict[str, Any] = {}
+    if "type" in schema:
+        out["type"] = schema["type"]
+    if isinstance(schema.get("enum"), list):
+        out["enum"] = schema["enum"]
+    elif "const" in schema:
+        out["enum"] = [schema["const"]]
+    return out
+
+
 def catalog_input(catalog: Iterable[CatalogTool]) -> dict[str, Any]:
-    """The policy input of catalog_problems: each tool's parameter names and tags."""
-    tools = {
-        t.name: {"parameters": sorted(t.parameters.get("properties", {})), "tags": sorted(set(t.tags))} for t in catalog
-    }
+    """The policy input of catalog_problems: each tool's parameter names, their types, and tags.
+
+    (`parameters` stays the list of names a policy older than the type check reads.)"""
+    tools: dict[str, Any] = {}
+    for t in catalog:
+        props: dict[str, Any] = t.parameters.get("properties", {})
+        tools[t.name] = {
+            "parameters": sorted(props),
+            "parameter_types": {name: parameter_type(schema) for name, schema in props.items()},
+            "tags": sorted(set(t.tags)),
+        }
     return {"catalog": tools}
 
 

@@ -5,8 +5,14 @@
 # reference the catalog the gateway serves does not know. The catalog is
 # the gateway's (connectors/*.yaml), so it comes as the input, asked once
 # per policy revision and by `pvegate policy check` / `bundle build`:
-#   {"catalog": {"<tool>": {"parameters": ["<name>", ...]}, ...}}
-# Without a catalog in the input there is nothing to report. These are not
+#   {"catalog": {"<tool>": {"parameters": ["<name>", ...],
+#                           "parameter_types": {"<name>": {"type": ..., "enum": [...]}},
+#                           "tags": ["<tag>", ...]}, ...}}
+# A listed argument value is compared exactly with the call's argument, which
+# the gateway validated against the parameter's schema first: a value of
+# another type (firewall: [0] for a boolean) matches no call either.
+# Without a catalog in the input there is nothing to report (nor any value
+# check without parameter_types: a gateway older than it). These are not
 # among `problems`: a bundle may serve gateways with other catalogs, so a
 # reference one of them does not know refuses no call (docs/policy-contract.md).
 package pvegate.config
@@ -51,6 +57,31 @@ catalog_problems contains msg if {
 	count(matched) > 0
 	not declared_by_one(matched, arg)
 	msg := sprintf("%s: no tool matching %s has a parameter %s (misspelled?)", [path, concat(", ", globs), arg])
+}
+
+# a listed argument value no tool the entry names or matches takes (of another
+# type than the parameter's, or not among its enum): it matches no call
+catalog_problems contains msg if {
+	some [path, names, arg, values] in argument_values
+	tools := typed_tools(names, arg)
+	count(tools) > 0
+	some v in values
+	not fits_one(v, tools)
+	msg := sprintf("%s: %s (%s) matches no call: the parameter is %s", [path, json.marshal(v), type_name(v), kinds(tools)])
+}
+
+# ... and a tool the entry names exactly whose parameter takes none of the values
+# others take: the entry never applies to it
+catalog_problems contains msg if {
+	some [path, names, arg, values] in argument_values
+	tools := typed_tools(names, arg)
+	some name in names
+	not lib.is_glob(name)
+	spec := tools[name]
+	not takes_one(values, spec)
+	some v in values
+	fits_one(v, tools)
+	msg := sprintf("%s: tool %s takes none of the values (its parameter %s is %s)", [path, name, arg, describe(spec)])
 }
 
 # a tool tag the data names: one tool must carry it
@@ -131,6 +162,72 @@ argument_refs contains ["ip_scope.tools", [name], "ip"] if {
 	some name in ip_scope.tools
 	is_string(name)
 }
+
+# argument_values: [path, the tool names or globs, argument name, the values]
+# of every argument condition listing values (risk.critical_calls: the only ones)
+argument_values contains [sprintf("risk.critical_calls.%d.arguments.%s", [i, arg]), selector_tools(c), arg, values] if {
+	some i, c in risk.critical_calls
+	some arg, values in c.arguments
+	is_array(values)
+}
+
+# typed_tools(names, arg): {tool: its parameter's type and enum} of the catalog's
+# tools the names or globs match that declare arg
+typed_tools(names, arg) := {t: spec |
+	some t, tool in input.catalog
+	lib.glob_any(names, t)
+	spec := tool.parameter_types[arg]
+	is_object(spec)
+}
+
+fits_one(v, tools) if {
+	some spec in tools
+	fits(v, spec)
+}
+
+takes_one(values, spec) if {
+	some v in values
+	fits(v, spec)
+}
+
+# fits(v, spec): v has the parameter's type and is among its enum (a type
+# list, or none, is not checked)
+fits(v, spec) if {
+	fits_type(v, spec)
+	fits_enum(v, spec)
+}
+
+json_types := {"integer", "number", "string", "boolean", "array", "object", "null"}
+
+fits_type(_, spec) if not object.get(spec, "type", null) in json_types
+
+fits_type(v, spec) if {
+	spec.type == "integer"
+	is_number(v)
+	round(v) == v
+}
+
+fits_type(v, spec) if {
+	spec.type != "integer"
+	type_name(v) == spec.type
+}
+
+fits_enum(_, spec) if not is_array(object.get(spec, "enum", null))
+
+fits_enum(v, spec) if v in spec.enum
+
+# what a parameter takes, in words
+describe(spec) := sprintf("one of %s", [json.marshal(spec.enum)]) if {
+	is_array(spec.enum)
+} else := spec.type if {
+	spec.type in json_types
+} else := "any value"
+
+# kinds(tools): what each tool's parameter takes, with the tools taking it
+kinds(tools) := concat("; ", {sprintf("%s for %s", [d, concat(", ", sort([t | some t, s in tools; describe(s) == d]))]) |
+	some spec in tools
+	d := describe(spec)
+})
 
 # the tool names or globs a selector matches ("*" without a tools key)
 selector_tools(sel) := [n | some n in sel.tools; is_string(n)] if is_array(sel.tools)
