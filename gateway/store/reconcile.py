@@ -1,8 +1,8 @@
 """Reconciliation: settle every allowed call whose outcome the audit does not hold.
 
 A call is *open* when it has an `allow` decision and no settling record: no `result`
-with outcome `ok`, `failed` or `reconciled`, no `interrupted` result that needs no
-follow-up, no post-decision `refusal`. That happens when the gateway died (SIGKILL, a
+with outcome `ok`, `failed`, `upstream_error` (nothing was sent) or `reconciled`, no
+`interrupted` result that needs no follow-up, no post-decision `refusal`. That happens when the gateway died (SIGKILL, a
 crash, power) or was cut off by a drain while it waited on Proxmox.
 
 For each open call, oldest first:

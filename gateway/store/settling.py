@@ -4,11 +4,13 @@ read the same text without importing each other."""
 
 
 def settles(request_id: str, seq: str) -> str:
-    """The condition on `audit r` for a record after a call's decision that settles the call."""
+    """The condition on `audit r` for a record after a call's decision that settles the call. An `upstream_error`
+    result settles it too: Proxmox could not be asked (unreachable, TLS, its 401, an open circuit), nothing was
+    sent, and a task-list search for it could only find another's task."""
     return f"""r.request_id = {request_id} AND r.seq > {seq} AND (
         r.kind = 'refusal'
         OR (r.kind = 'result' AND (
-            r.outcome IN ('ok', 'failed', 'reconciled')
+            r.outcome IN ('ok', 'failed', 'upstream_error', 'reconciled')
             OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%'))))"""
 
 
