@@ -103,6 +103,9 @@ def secret_refs(config: Config) -> list[SecretRef]:
 
 def check_secrets(config: Config) -> None:
     console = config.console
+    for ref in secret_refs(config):  # docs/deployment.md §4: readable by the gateway's user alone
+        if (exposed := ref.exposed()) is not None:
+            log.warning("%s", exposed)
     for ref in _read_at_check(config):
         try:
             if not ref.read():

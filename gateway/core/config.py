@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,22 @@ class SecretRef:
                 return str(exc)
             return None if value else empty
         return f"{self.setting}: names neither a file nor an environment variable"
+
+    def exposed(self) -> str | None:
+        """Why a secret file is open to other users (any group or other permission bit), or None. A warning,
+        not a refusal: a Kubernetes secret volume is 0644 unless its defaultMode says otherwise."""
+        if self.file is None:
+            return None
+        try:
+            mode = self.file.stat().st_mode
+        except OSError:
+            return None  # unavailable() says why
+        if not mode & 0o077:
+            return None
+        return (
+            f"{self.setting}: {self.file} is open to other users (mode {stat.S_IMODE(mode):o}): chmod 600 it "
+            "(a Kubernetes secret: defaultMode 0400)"
+        )
 
     def __repr__(self) -> str:  # never print secret material, only where it is (not a secret pasted there)
         file = "<not shown>" if self.file is not None and _looks_like_a_secret(self.file) else self.file

@@ -23,6 +23,8 @@ def minimal(root: Path) -> dict[str, Any]:
     secrets.mkdir(parents=True, exist_ok=True)
     (secrets / "pve-token").write_text("pvegate@pve!gw=00000000-0000-0000-0000-000000000000\n")
     (secrets / "jwt").write_text("a-test-signing-secret-of-some-length\n")
+    for name in ("pve-token", "jwt"):  # the gateway's user's alone, as docs/deployment.md §4 has them
+        (secrets / name).chmod(0o600)
     return {
         "listen": {"host": "127.0.0.1", "port": 8443},
         "tls": {"insecure_http": True},

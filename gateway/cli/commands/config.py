@@ -34,6 +34,8 @@ def _check(args: argparse.Namespace) -> int:
             found.append(str(exc))
         found += [p for ref in secret_refs(config) if (p := ref.unavailable()) is not None]
         found += _write_dir_problems(config)
+        for line in dict.fromkeys(w for ref in secret_refs(config) if (w := ref.exposed()) is not None):
+            print(f"{args.file}: warning: {line}", file=sys.stderr)  # as serve warns: not a refusal
         if found:
             for line in dict.fromkeys(found):
                 print(f"{args.file}: {line}", file=sys.stderr)
