@@ -143,13 +143,31 @@ def _build_parameters(raw: dict[str, Any], shared: dict[str, Any], where: str) -
     return params
 
 
+# JSON Schema 2020-12's keywords: any other key in a parameter's schema is a mistake the metaschema lets
+# pass (unknown keywords are annotations), e.g. a flow mapping's unquoted `description: a, e.g. b` split
+# at its comma into a key `e.g. b`, which every client is then sent
+SCHEMA_KEYWORDS = frozenset(
+    "$schema $id $ref $anchor $dynamicRef $dynamicAnchor $defs $comment $vocabulary type enum const multipleOf "
+    "maximum exclusiveMaximum minimum exclusiveMinimum maxLength minLength pattern maxItems minItems uniqueItems "
+    "maxContains minContains maxProperties minProperties required dependentRequired title description default "
+    "deprecated readOnly writeOnly examples format contentEncoding contentMediaType contentSchema items "
+    "prefixItems contains properties patternProperties additionalProperties propertyNames dependentSchemas "
+    "unevaluatedItems unevaluatedProperties allOf anyOf oneOf not if then else".split()
+)
+
+
 def _check_strict(params: dict[str, Any], where: str) -> None:
-    """Nothing free-form: bounded strings, ASCII-only digit classes, closed objects."""
+    """Nothing free-form: bounded strings, ASCII-only digit classes, closed objects, known keywords."""
     if params.get("additionalProperties", True) is not False:
         raise CatalogError(f"{where}: parameters must set additionalProperties: false")
     for name, schema in params.get("properties", {}).items():
         subs = [schema] + ([schema["items"]] if isinstance(schema.get("items"), dict) else [])
         for sub in subs:
+            if unknown := sorted(str(k) for k in sub if k not in SCHEMA_KEYWORDS):
+                raise CatalogError(
+                    f"{where}: parameter {name} has keys that are no JSON Schema keyword: {', '.join(unknown)} "
+                    "(a description with a comma in a {...} mapping must be quoted)"
+                )
             t = sub.get("type")
             if t == "string" and "enum" not in sub and "maxLength" not in sub:
                 raise CatalogError(f"{where}: string parameter {name} needs maxLength or enum")
