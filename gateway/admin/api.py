@@ -203,6 +203,9 @@ async def approver(request: Request) -> Principal | JSONResponse:
         return await _auth_failure(request, exc.status, exc.error, str(exc))
 
 
+AUTH_TIME_LEEWAY = 30  # seconds a provider's clock may run ahead (the console's ID tokens: oidc.LEEWAY)
+
+
 def bearer_auth_time(token: str | None) -> float | None:
     """When the holder of an already verified bearer token authenticated: its auth_time, else its iat
     (a token minted at a login is that login). The approver policy's step-up compares it."""
@@ -215,7 +218,13 @@ def bearer_auth_time(token: str | None) -> float | None:
     for claim in ("auth_time", "iat"):
         value = claims.get(claim)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                when = float(value)
+            except OverflowError:  # an int no float holds
+                return None
+            # a sign-in in the future (a provider's clock ahead, a token minted so) would pass every step-up
+            # limit for the token's life: no known sign-in time, so the step-up fails closed (as the console's)
+            return when if math.isfinite(when) and when <= time.time() + AUTH_TIME_LEEWAY else None
     return None
 
 
