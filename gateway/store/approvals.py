@@ -556,7 +556,7 @@ class ApprovalStore:
                 note = f"superseded by {rows[0]['id'] if rows else req.id}: the policy changed " + _terms_change(
                     _terms(r), _terms(req)
                 )
-                await tx.execute(
+                ended = await tx.execute(
                     "UPDATE approval_requests SET state = 'expired', decided_at = ?, decided_by = ?, note = ? "
                     "WHERE id = ? AND state = 'pending'",
                     now,
@@ -564,7 +564,10 @@ class ApprovalStore:
                     note,
                     str(r["id"]),
                 )
-                superseded.append((str(r["id"]), note))
+                # on PostgreSQL the UPDATE may have waited for a vote or sweep that ended it first (approved,
+                # denied, expired): that request was not superseded, and no record may say it was
+                if ended == 1:
+                    superseded.append((str(r["id"]), note))
             if not rows:
                 await tx.execute(
                     "INSERT INTO approval_requests (id, created_at, request_id, requester, requester_facts, tool, "
