@@ -2364,6 +2364,8 @@ class Query:
                 value = _glob_like(value)
             elif "*" in value:  # shell-style glob, e.g. --target 'default/qemu/*'
                 where.append(f"{col} GLOB ?")
+                # `[` literal, as on PostgreSQL: GLOB would read `renovate[bot]*` as a character class
+                value = value.replace("[", "[[]")
             else:
                 where.append(f"{col} = ?")
             args.append(value)
