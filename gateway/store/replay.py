@@ -170,8 +170,11 @@ class Filters:
         if self.until is not None and row["ts"] >= self.until:
             return False
         for col in ("tool", "principal", "outcome"):
-            want = getattr(self, col)
-            if want is not None and not fnmatchcase(str(row.get(col) or ""), want):
+            want, have = getattr(self, col), str(row.get(col) or "")
+            if want is None:
+                continue
+            # a glob only with a `*`, as Query.sql: `ops[1]` or `ops?` is a name, not a pattern for `ops1`
+            if not (fnmatchcase(have, want) if "*" in want else have == want):
                 return False
         return True
 
@@ -183,10 +186,22 @@ def _unpack(packed: str) -> dict[str, Any] | None:
         text = z.decompress(base64.b64decode(packed, validate=True), MAX_INPUT_BYTES + 1)
         if len(text) > MAX_INPUT_BYTES or not z.eof:
             return None
-        doc = json.loads(text)
+        # NaN, Infinity or a number past a double (1e400) is no JSON value OPA takes: no input it was asked on
+        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, binascii.Error, zlib.error, RecursionError):  # RecursionError: nested too deeply
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 def _recorded(row: dict[str, Any], skipped: Skipped) -> Recorded | None:
@@ -953,6 +968,8 @@ class UnreplayedInputs:
                 out[entrypoint].append(({"principal": principal["sub"]}, doc))
         for rec in self.pending.values():
             pending = _pending_input(rec)
+            recorded = rec.input.get("request")
+            facts = recorded if isinstance(recorded, dict) else {}  # an export's odd line: no facts, no crash
             for principal, request, _ in self.principals.values():
                 doc = {
                     "contract_version": 1,
@@ -961,7 +978,7 @@ class UnreplayedInputs:
                     # signed in at the recorded call's time: a step-up is not what is compared
                     "authentication": {"auth_time": rec.ts, "via": "bearer"},
                     "pending": pending,
-                    "request": {**(rec.input.get("request") or {}), "method": "approvals/approve",
+                    "request": {**facts, "method": "approvals/approve",
                                 "protocol_version": None, "source_ip": request.get("source_ip")},
                 }  # fmt: skip
                 name = {"approver": principal["sub"], "request_id": rec.request_id, "tool": rec.tool}
@@ -983,8 +1000,17 @@ def _pending_input(rec: Recorded) -> dict[str, Any]:
         "approver_groups": rec.approval.get("approver_groups") or [],
         "min_approvals": rec.approval.get("min_approvals"),
         "approvals_so_far": [],
-        "expires_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.ts + life)),
+        "expires_at": _rfc3339(rec.ts + life),
     }
+
+
+def _rfc3339(ts: float) -> str:
+    """`ts` as RFC 3339 UTC; a time past what the platform can show (a contract-valid ttl_seconds of
+    10**20) is the last second of year 9999: still unexpired, as the request was when recorded."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "9999-12-31T23:59:59Z"
 
 
 @dataclass
