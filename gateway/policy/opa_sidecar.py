@@ -203,6 +203,18 @@ def _recorded_dir(fields: list[str], index: int) -> Path | None:
     return Path(fields[index]) if len(fields) > index and os.path.isabs(fields[index]) else None
 
 
+def _recorded_opa(cmdline: list[bytes], socket_dir: Path | None) -> bool:
+    """Whether `cmdline` is the managed OPA a pid record names: an `opa --server` listening on the
+    record's socket. A pid outlives its process in the file (a gateway killed, the host rebooted)
+    and may since name another gateway's OPA: its socket, in a directory of random name, is not
+    the one recorded. (A record from before the socket has no directory to compare.)"""
+    if not cmdline or Path(cmdline[0].decode(errors="replace")).name != "opa" or b"--server" not in cmdline:
+        return False
+    if socket_dir is None:
+        return True
+    return os.fsencode(unix_address(str(socket_dir / "opa.sock"))) in cmdline
+
+
 def private_dir(path: Path) -> None:
     """Create `path` with mode 0700, or accept it only if it is already ours and private.
 
@@ -411,9 +423,9 @@ class OPASidecar:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             cmdline = []  # gone, or not readable: nothing to stop
-        if cmdline and Path(cmdline[0].decode(errors="replace")).name == "opa" and b"--server" in cmdline:
+        if _recorded_opa(cmdline, old_socket_dir):
             log.warning("stopping OPA pid %d left behind by a previous gateway", pid)
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or another user's
                 os.kill(pid, signal.SIGTERM)
             # let it finish shutting down (it unlinks its socket) before its directory goes
             deadline = time.monotonic() + 5
@@ -607,6 +619,7 @@ class OPASidecar:
                 await asyncio.to_thread(self.start)
                 self.restarts += 1
                 log.warning("OPA sidecar restarted (restart #%d)", self.restarts)
-            except OPAUnavailable as exc:
-                log.error("OPA restart failed: %s", exc)
+            except Exception as exc:  # any failure (an OSError too) is retried: it never ends supervision
+                reason = exc if isinstance(exc, OPAUnavailable) else f"{type(exc).__name__}: {exc}"
+                log.error("OPA restart failed: %s", reason)
                 backoff = min(backoff * 2, max_backoff)
