@@ -23,6 +23,10 @@ WINDOWS = {"1m": 60.0, "1h": 3600.0, "24h": 86400.0}
 
 
 class UsageCounters:
+    """Calls per (principal, tool) and (principal, "*"), stamped on the monotonic clock: a wall clock
+    stepped forward would empty the windows (a spent quota whole again), one stepped back would keep
+    the calls before the step in every window until it caught up (the pool holds' TTL runs on it too)."""
+
     def __init__(self) -> None:
         # array('d'): 8 bytes per kept call instead of ~20 in a list of floats (24 h are kept)
         self._calls: dict[tuple[str, str], array[float]] = defaultdict(lambda: array("d"))
@@ -35,7 +39,7 @@ class UsageCounters:
         return times
 
     def counts(self, principal: str, tool: str, now: float | None = None) -> dict[str, dict[str, int]]:
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         out: dict[str, dict[str, int]] = {}
         for scope, key in (("tool", (principal, tool)), ("all", (principal, "*"))):
             times = self._prune(key, now)
@@ -43,14 +47,14 @@ class UsageCounters:
         return out
 
     def record(self, principal: str, tool: str, when: float | None = None) -> None:
-        when = time.time() if when is None else when
+        when = time.monotonic() if when is None else when
         for key in ((principal, tool), (principal, "*")):
             bisect.insort(self._calls[key], when)
 
     def reserve(self, principal: str, tool: str) -> tuple[dict[str, dict[str, int]], float]:
         """Read the counts and take a slot in one step (no await in between), so concurrent
         calls each see the ones before them; a quota cannot be raced past."""
-        now = time.time()
+        now = time.monotonic()
         counts = self.counts(principal, tool, now)
         self.record(principal, tool, now)
         return counts, now
@@ -64,9 +68,12 @@ class UsageCounters:
                 del times[i]
 
     def load(self, calls: list[tuple[float, str, str]]) -> None:
-        """Seed the counters with (time, principal, tool) of calls executed before a restart."""
+        """Seed the counters with (time, principal, tool) of calls executed before a restart: wall-clock
+        stamps (the audit's), placed on the monotonic clock by their age; one stamped after now (the
+        clock stepped back since) counts as made now."""
+        wall, mono = time.time(), time.monotonic()
         for when, principal, tool in sorted(calls):
-            self.record(principal, tool, when)
+            self.record(principal, tool, mono - max(wall - when, 0.0))
 
 
 Counts = dict[str, dict[str, int]]
