@@ -26,7 +26,7 @@ from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, URL_ELICITATION_
 from gateway.mcp.request_state import ApprovalState, RequestStates, StateError
 from gateway.observability import logs
 from gateway.pipeline import UnknownTool, call_tool, request_facts, shown_tool_name
-from gateway.policy.decisions import CONTRACT_VERSION
+from gateway.policy.decisions import CONTRACT_VERSION, FAIL_CLOSED_CODE
 from gateway.policy.listings import listing_key
 from gateway.store.approvals import NotFound
 from gateway.store.audit import AuditRecord
@@ -78,6 +78,9 @@ def request_digest(x: Exchange, name: str, arguments: Any, dry_run: bool) -> str
 # (approval_pending), so polling is bounded too (a poll every 2 s is 30 a minute). Not failed
 # (upstream) or interrupted.
 REFUSED_OUTCOMES = frozenset({"denied", "invalid", "pending_approval"})
+# a denial that is the gateway's own fault, not the principal's: no usable policy answer (OPA down, slow,
+# undefined), or policy data the check refuses; counted, every agent would be locked out once it mends
+GATEWAY_FAULT_CODES = frozenset({FAIL_CLOSED_CODE, "data.invalid"})
 # JSON-RPC code in the implementation-defined band (-32010 to -32012 are taken: store/outcomes.py,
 # principal_limits.py): tools/list without a usable policy answer
 POLICY_UNAVAILABLE = -32013
@@ -167,6 +170,11 @@ async def _keep_retry_handle(x: Exchange, digest: str, approval_id: str, state: 
             await x.states.remember(x.principal, digest, approval_id)
     except STORE_ERRORS:  # the refusal stands as it was: a new approval is the worst case
         log.warning("approval %s: the retry's handle could not be kept", approval_id, exc_info=True)
+
+
+def _codes(result: CallResult) -> list[Any]:
+    codes = (result.structured or {}).get("codes") if isinstance(result.structured, dict) else None
+    return codes if isinstance(codes, list) else []
 
 
 def tool_result(result: CallResult, request_id: str) -> dict[str, Any]:
@@ -268,7 +276,7 @@ async def _call(x: Exchange, params: dict[str, Any]) -> dict[str, Any]:
         raise
     if retry and result.outcome != "allowed":
         await _keep_retry_handle(x, digest, str(meta[handoff.APPROVAL_REQUEST_META]), state)
-    if result.outcome in REFUSED_OUTCOMES:
+    if result.outcome in REFUSED_OUTCOMES and not GATEWAY_FAULT_CODES.intersection(_codes(result)):
         x.c.principal_limits.refused(x.principal.sub)
     aid = handoff.approval_id(result)
     # also after a retry: one made before the approver voted is held again, with a fresh handle
