@@ -295,7 +295,7 @@ async def dispatch(
     approval: dict[str, Any] | None = None,
 ) -> CallResult:
     """Run an allowed call through its connector, shape the output, audit the result (and give back
-    the call's `approval` if the runtime refused it before anything was sent).
+    the call's quota slot and `approval` if the runtime refused it before anything was sent).
 
     After the connector ran, Proxmox may have acted: result records go through
     `outcomes.settle`, which keeps them for a later write if the store is full, and
@@ -308,6 +308,7 @@ async def dispatch(
     except Refused as exc:  # nothing was sent: a refusal, not a failure
         m.observe("dispatch", t)
         await _refuse(c, req, tool.name, target, "refused", str(exc))
+        await _give_back_quota(c, flight)
         await _unspent(c, req, tool.name, target, approval, f"refused by the runtime: {exc}")
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except Interrupted as exc:
