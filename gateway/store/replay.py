@@ -173,8 +173,9 @@ class Filters:
             want, have = getattr(self, col), str(row.get(col) or "")
             if want is None:
                 continue
-            # a glob only with a `*`, as Query.sql: `ops[1]` or `ops?` is a name, not a pattern for `ops1`
-            if not (fnmatchcase(have, want) if "*" in want else have == want):
+            # a glob only with a `*`, as Query.sql: `ops[1]` or `ops?` is a name, not a pattern for `ops1`; and
+            # in a glob `[` is itself, as on both databases (`renovate[bot]*` is no character class)
+            if not (fnmatchcase(have, want.replace("[", "[[]")) if "*" in want else have == want):
                 return False
         return True
 

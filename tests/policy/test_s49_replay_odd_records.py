@@ -104,3 +104,6 @@ def test_an_export_filter_without_a_star_is_a_name(
     # a `*` still makes it a glob, as in the database
     rc, report, err = _replay(capsys, tmp_path, "--export", str(export), "--principal", "ops*")
     assert rc == 0 and report["replayed"] == len(rows), err
+    # and in a glob `[` is itself, as on both databases: `ops[1]*` is ops[1]'s, not a class matching ops1
+    rc, report, err = _replay(capsys, tmp_path, "--export", str(export), "--principal", "ops[1]*")
+    assert rc == 0 and report["replayed"] == named, err
