@@ -1,4 +1,4 @@
-"""An approval's lifetime in the policy data is bounded (31 days), as is the decision's `ttl_seconds`.
+"""An approval's lifetime in the policy data is bounded (366 days), and the decision's `ttl_seconds` (ten years).
 
 Any integer of at least 1 was taken: a `default_ttl_seconds` past what a date can hold (10**12 s is past
 the year 9999) passed `pvegate policy check`, and then every call needing an approval failed where the
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = "ttl_seconds_by_level: {low: 900, medium: 900, high: 900, critical: 600}"
 
 
-@pytest.mark.parametrize("ttl", [10**12, 2678401])
+@pytest.mark.parametrize("ttl", [10**12, 31622401])
 def test_an_approval_lifetime_past_the_bound_fails_the_check(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], ttl: int
 ) -> None:

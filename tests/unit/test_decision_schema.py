@@ -113,3 +113,10 @@ def test_compiled_and_reference_validators_agree(client: DecisionClient) -> None
 def test_refusal_names_where_the_contract_breaks(client: DecisionClient) -> None:
     problem = client.contract_problem(_set(ALLOW, ("risk", "level"), "extreme"))
     assert problem is not None and problem.startswith("decision does not match the contract at risk/level")
+
+
+def test_an_approval_lifetime_past_ten_years_breaks_the_contract(client: DecisionClient) -> None:
+    """Its expiry is written as a date: a lifetime past what one holds failed every held call (stop 49)."""
+    assert client.contract_problem(_set(PENDING, ("approval", "ttl_seconds"), 315_360_000)) is None
+    problem = client.contract_problem(_set(PENDING, ("approval", "ttl_seconds"), 10**12))
+    assert problem is not None and "approval/ttl_seconds" in problem, problem

@@ -174,14 +174,14 @@ data_schema := {
 					"type": "object",
 					"additionalProperties": false,
 					"properties": {
-						"low": {"type": "integer", "minimum": 1, "maximum": 2678400},
-						"medium": {"type": "integer", "minimum": 1, "maximum": 2678400},
-						"high": {"type": "integer", "minimum": 1, "maximum": 2678400},
-						"critical": {"type": "integer", "minimum": 1, "maximum": 2678400},
+						"low": {"type": "integer", "minimum": 1, "maximum": 31622400},
+						"medium": {"type": "integer", "minimum": 1, "maximum": 31622400},
+						"high": {"type": "integer", "minimum": 1, "maximum": 31622400},
+						"critical": {"type": "integer", "minimum": 1, "maximum": 31622400},
 					},
 				},
 				"default_min_approvals": {"type": "integer", "minimum": 1},
-				"default_ttl_seconds": {"type": "integer", "minimum": 1, "maximum": 2678400},
+				"default_ttl_seconds": {"type": "integer", "minimum": 1, "maximum": 31622400},
 				"rules": {
 					"type": "array",
 					"items": {
@@ -201,7 +201,7 @@ data_schema := {
 							"reason": {"type": "string", "minLength": 1},
 							"approver_groups": {"$ref": "#/definitions/strings"},
 							"min_approvals": {"type": "integer", "minimum": 1},
-							"ttl_seconds": {"type": "integer", "minimum": 1, "maximum": 2678400},
+							"ttl_seconds": {"type": "integer", "minimum": 1, "maximum": 31622400},
 							"include_dry_run": {"type": "boolean"},
 						},
 						"required": ["name", "reason"],
