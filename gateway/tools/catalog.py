@@ -156,18 +156,49 @@ SCHEMA_KEYWORDS = frozenset(
 )
 
 
+# keywords whose value is a schema, a list of schemas, or a mapping of names to schemas
+_SUBSCHEMA = frozenset(
+    "items contains propertyNames additionalProperties unevaluatedItems unevaluatedProperties not if then else "
+    "contentSchema".split()
+)
+_SUBSCHEMAS = frozenset("prefixItems allOf anyOf oneOf".split())
+_NAMED_SUBSCHEMAS = frozenset("properties patternProperties dependentSchemas $defs".split())
+
+
+def _unknown_keywords(schema: Any) -> list[str]:
+    """The keys of `schema` and of every schema inside it that are no JSON Schema keyword (an `x-` name is
+    an annotation of the connector author's own, taken as such)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key not in SCHEMA_KEYWORDS and not str(key).startswith("x-"):
+                found.add(str(key))
+            elif key in _SUBSCHEMA:
+                stack.append(value)
+            elif key in _SUBSCHEMAS and isinstance(value, list):
+                stack.extend(value)
+            elif key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+                stack.extend(value.values())
+    return sorted(found)
+
+
 def _check_strict(params: dict[str, Any], where: str) -> None:
     """Nothing free-form: bounded strings, ASCII-only digit classes, closed objects, known keywords."""
     if params.get("additionalProperties", True) is not False:
         raise CatalogError(f"{where}: parameters must set additionalProperties: false")
     for name, schema in params.get("properties", {}).items():
         subs = [schema] + ([schema["items"]] if isinstance(schema.get("items"), dict) else [])
+        if unknown := _unknown_keywords(schema):
+            raise CatalogError(
+                f"{where}: parameter {name} has keys that are no JSON Schema keyword: {', '.join(unknown)} "
+                "(a description with a comma in a {...} mapping must be quoted; an annotation of your own "
+                "is named x-...)"
+            )
         for sub in subs:
-            if unknown := sorted(str(k) for k in sub if k not in SCHEMA_KEYWORDS):
-                raise CatalogError(
-                    f"{where}: parameter {name} has keys that are no JSON Schema keyword: {', '.join(unknown)} "
-                    "(a description with a comma in a {...} mapping must be quoted)"
-                )
             t = sub.get("type")
             if t == "string" and "enum" not in sub and "maxLength" not in sub:
                 raise CatalogError(f"{where}: string parameter {name} needs maxLength or enum")

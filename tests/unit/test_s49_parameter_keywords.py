@@ -37,3 +37,25 @@ def test_the_shipped_parameters_hold_keywords_only() -> None:
             assert set(schema) <= SCHEMA_KEYWORDS, (tool.name, name, sorted(set(schema) - SCHEMA_KEYWORDS))
     bridge = catalog.get("vm_nic_set").parameters["properties"]["bridge"]
     assert bridge["description"] == "Bridge or SDN vnet, e.g. vmbr0.", json.dumps(bridge)
+
+
+def _one_tool(tmp_path: Path, schema: str) -> None:
+    (tmp_path / "t.yaml").write_text(
+        "tools:\n"
+        "  - name: s49_probe\n"
+        "    title: A probe\n"
+        "    effect: read\n"
+        "    domain: cluster\n"
+        "    scope: cluster\n"
+        "    description: A probe of the connector loader, naming one parameter of its own to check.\n"
+        "    pve_api: {method: GET, path: /version}\n"
+        f"    params:\n      opts: {schema}\n"
+    )
+
+
+def test_an_annotation_of_ones_own_is_x_and_nested_schemas_are_checked(tmp_path: Path) -> None:
+    _one_tool(tmp_path, '{type: string, maxLength: 8, x-note: "ours"}')
+    assert Catalog.load(tmp_path).get("s49_probe") is not None
+    _one_tool(tmp_path, "{type: array, maxItems: 2, items: {type: string, maxLength: 4, nullable: true}}")
+    with pytest.raises(CatalogError, match="parameter opts has keys that are no JSON Schema keyword: nullable"):
+        Catalog.load(tmp_path)
