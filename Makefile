@@ -29,7 +29,7 @@ tools:
 	@bash scripts/provision-keycloak.sh
 	@bash scripts/provision-chromium.sh
 
-# what the demo runs on: OPA (and Regal), the Inspector its README line uses, Keycloak with IDP=1;
+# what the demo runs on: OPA, the Inspector its README line uses, Keycloak with IDP=1;
 # not the test-only PostgreSQL, Chromium and docker-compose of `make tools`
 demo-tools:
 	@bash scripts/provision-tools.sh

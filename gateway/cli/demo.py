@@ -9,7 +9,6 @@ credentials, alice's by the realm's password-grant test client)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import html
 import os
@@ -431,9 +430,11 @@ async def _serve(oneshot: bool, port: int, kc: KeycloakServer | None) -> int:
 
 
 def run_demo(oneshot: bool = False, port: int = 8443, idp: bool = False) -> int:
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         return asyncio.run(_demo(oneshot, port, idp))
-    return 130
+    except KeyboardInterrupt:  # asyncio.run has run the demo's own clean-up by now
+        say("\n>> demo stopped: the gateway, its simulator and OPA are down")
+        return 130
 
 
 if __name__ == "__main__":

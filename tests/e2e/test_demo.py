@@ -117,3 +117,42 @@ def test_make_demo_passes_the_port_on() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].split()[-3:] == ["demo", "--port", "9443"]
+
+
+def test_ctrl_c_stops_the_demo_and_says_so(tmp_path: Path) -> None:
+    """The README: Ctrl-C stops the demo, its simulator and OPA with it. It did, and printed nothing."""
+    import signal
+    import time
+
+    demo_dir, port = tmp_path / "demo", free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "demo", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PVEGATE_DEMO_DIR": str(demo_dir)},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if "serving until Ctrl-C" in line:
+                break
+            assert time.monotonic() < deadline, "".join(seen[-40:])
+        else:
+            raise AssertionError("the demo ended before serving: " + "".join(seen[-40:]))
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, rest[-3000:]
+    assert ">> demo stopped: the gateway, its simulator and OPA are down" in rest, rest[-3000:]
+    assert "Traceback" not in rest
+    left = subprocess.run(["pgrep", "-f", str(demo_dir)], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", left.stdout
