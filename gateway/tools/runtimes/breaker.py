@@ -155,6 +155,11 @@ class CircuitBreaker:
         try:
             response = await send()
         except (NotSent, AnswerMissing) as exc:
+            if isinstance(exc, NotSent) and exc.busy:  # the gateway's own pool was full: the API was not asked
+                self._probing = False
+                if self.state == "half_open":
+                    self.state = "open"
+                raise
             await self._failed(failure_kind(exc))
             raise
         except BaseException:
@@ -207,7 +212,8 @@ class CircuitBreaker:
     async def _ask(self) -> bool:
         """The probe's answer, asked once for every caller waiting on it at the same time."""
         assert self.probe is not None
-        if self._asking is None:
+        # a finished probe no waiter collected (they all left before it ended) is an old answer: ask again
+        if self._asking is None or self._asking.done():
             self._asking = asyncio.ensure_future(self._probe_once(self.probe))
         asking = self._asking
         try:

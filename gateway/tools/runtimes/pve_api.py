@@ -325,7 +325,7 @@ class PveApiClient:
         """GET /version with the gateway's token, past the breaker and without retries (the
         readiness report's reachability probe): the HTTP status. Raises on no answer."""
         http = await self._client()
-        return (await http.request("GET", "/version")).status
+        return (await http.request("GET", "/version", probe=True)).status
 
     async def _answers(self) -> bool:
         """The breaker's probe: whether the API answers the gateway's own request."""

@@ -47,14 +47,19 @@ DEADLINE_FACTOR = 4
 # nesting deeper than this is no Proxmox answer (they nest a few levels) and would only reach
 # the recursion limit further on
 MAX_JSON_DEPTH = 64
+# the gateway's own reachability request (the breaker's probe, the readiness check: request(probe=True)) has
+# connections of its own, so callers' slow reads filling the pool never make the API look down to the gateway
+PROBE_CONNECTIONS = 2
 
 
 class NotSent(Exception):
-    """Nothing was sent. `timeout`: no connection (or free pool slot) within the timeout."""
+    """Nothing was sent. `timeout`: no connection (or free pool slot) within the timeout; `busy`: no
+    free pool slot (the gateway's own requests held them all), which says nothing about the API."""
 
-    def __init__(self, message: str, timeout: bool = False) -> None:
+    def __init__(self, message: str, timeout: bool = False, busy: bool = False) -> None:
         super().__init__(message)
-        self.timeout = timeout
+        self.timeout = timeout or busy
+        self.busy = busy
 
 
 class AnswerMissing(Exception):
@@ -122,6 +127,9 @@ class PveHttp:
             total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
         )  # `connect` covers the wait for a pooled connection too: a timeout there sent nothing
         self._limit = max_connections
+        self._wait = timeout  # for a free slot, as for a connection
+        self._slots = asyncio.Semaphore(max_connections)  # callers' requests
+        self._probe_slots = asyncio.Semaphore(PROBE_CONNECTIONS)  # the gateway's own GET /version
         self.deadline = DEADLINE_FACTOR * timeout
         self.max_answer_bytes = MAX_ANSWER_BYTES if max_answer_bytes is None else max_answer_bytes
         self._session: aiohttp.ClientSession | None = None
@@ -129,7 +137,9 @@ class PveHttp:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=self._limit, limit_per_host=self._limit),
+                connector=aiohttp.TCPConnector(
+                    ssl=self._ssl, limit=self._limit + PROBE_CONNECTIONS, limit_per_host=self._limit + PROBE_CONNECTIONS
+                ),
                 timeout=self._timeout,
                 cookie_jar=aiohttp.DummyCookieJar(),  # the API token needs no cookies: keep none
                 headers=self._headers,
@@ -143,9 +153,16 @@ class PveHttp:
         return self._session
 
     async def request(
-        self, method: str, path: str, params: dict[str, Any] | None = None, data: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None = None,
+        data: dict[str, Any] | None = None,
+        *,
+        probe: bool = False,
     ) -> Reply:
-        """`path` is already percent-encoded (render_path); the URL is used exactly as built."""
+        """`path` is already percent-encoded (render_path); the URL is used exactly as built. `probe`: the
+        gateway's own reachability request, on connections no caller's request takes."""
         url = self._base + path
         if params:
             url += ("&" if "?" in path else "?") + encode_form(params)
@@ -154,6 +171,20 @@ class PveHttp:
         if data:
             body = encode_form(data).encode()
             headers["Content-Type"] = "application/x-www-form-urlencoded"
+        slots = self._probe_slots if probe else self._slots
+        try:
+            async with asyncio.timeout(self._wait):
+                await slots.acquire()
+        except TimeoutError:
+            raise NotSent(
+                f"all {self._limit} connections to the API stayed busy for {self._wait:g}s", busy=True
+            ) from None
+        try:
+            return await self._send(method, url, headers, body)
+        finally:
+            slots.release()
+
+    async def _send(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> Reply:
         try:
             async with asyncio.timeout(self.deadline):
                 async with self._get_session().request(
