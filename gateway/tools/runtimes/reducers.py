@@ -493,11 +493,14 @@ async def check_ip_availability(sub: Sub, args: dict[str, Any], warnings: list[s
 
 
 def _agent_enabled(config: dict[str, Any] | None) -> bool:
-    """QEMU `agent` is "1", "enabled=1,fstrim_cloned_disks=1", ...; an unreadable config counts as yes."""
+    """QEMU `agent` is "1", "true", "fstrim_cloned_disks=1,enabled=yes", ...: `enabled` is the bare first
+    item or `enabled=` anywhere, a PVE boolean (1, yes, on, true in any case); an unreadable config counts as yes."""
     if config is None:
         return True
-    first = str(config.get("agent", "0")).split(",")[0]
-    return first in ("1", "enabled=1")
+    props = _props(config.get("agent", "0"))
+    first = next(iter(props), "")
+    value = props["enabled"] if "enabled" in props else first if props.get(first) == "" else "0"
+    return value.lower() in ("1", "yes", "on", "true")
 
 
 def _labels(raw: Any) -> dict[str, str]:
