@@ -15,6 +15,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from gateway.tools.runtimes.base import UpstreamError
 from gateway.tools.runtimes.pve_api import PveApiClient
 from tests.connectors.test_upstream_answers import Upstream, cluster, ok
 
@@ -46,7 +47,8 @@ async def test_a_full_pool_does_not_open_the_circuit(tmp_path: Path) -> None:
                 *(client.request("GET", "/nodes") for _ in range(2 * client.breaker.threshold)),
                 return_exceptions=True,
             )
-            assert all(isinstance(r, Exception) for r in others)  # no slot for them: failed, each alone
+            assert all(isinstance(r, UpstreamError) and r.cause == "busy" for r in others), others  # each alone
+            assert "are all busy with other calls" in str(others[0]) and "nothing was sent" in str(others[0])
             assert client.breaker.state == "closed" and client.breaker.opens == 0, client.breaker.describe()
         finally:
             for t in slow:

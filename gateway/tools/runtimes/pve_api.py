@@ -151,8 +151,15 @@ def _cut(text: str) -> str:
 
 
 def _connect_failure(exc: BaseException, cluster: ClusterConfig, clean: Callable[[str], str] = _cut) -> UpstreamError:
-    """Name why a connection to the API failed: TLS verification, or the endpoint not reachable."""
+    """Name why a connection to the API failed: TLS verification, the endpoint not reachable, or the
+    gateway's own connections to it all busy (nothing is known of the API then)."""
     where = urlsplit(cluster.api_url).netloc
+    if isinstance(exc, NotSent) and exc.busy:
+        return UpstreamError(
+            f"the gateway's connections to Proxmox cluster {cluster.name} ({where}) are all busy with other calls "
+            f"({clean(str(exc))}); nothing was sent, retry",
+            "busy",
+        )
     for e in _chain(exc):
         if isinstance(e, ssl.SSLCertVerificationError):
             trust = "the configured CA file" if cluster.ca_file else "the system CA store"
