@@ -250,6 +250,21 @@ guarded_tags contains tag if some tag in config.protected_tags
 
 guarded_tags contains tag if some tag, _ in config.risk.target_tag_points
 
+# ... and the tags the data's restrictions key on: a deny rule, approval rule, critical call or
+# quota selecting target_tags, or a binding whose role denies, scoped to guest_tags, holds on a
+# guest only while it carries the tag (untagged, the guest would escape it)
+guarded_tags contains tag if {
+	some selectors in [config.deny_rules, config.approval.rules, config.risk.critical_calls, config.quotas, config.resource_quotas]
+	some sel in selectors
+	some tag in object.get(sel, "target_tags", [])
+}
+
+guarded_tags contains tag if {
+	some b in config.bindings
+	count(object.get(config.roles, [b.role, "deny"], [])) > 0
+	some tag in object.get(b, ["scope", "guest_tags"], [])
+}
+
 # the tag list a call asks for (PVE separates tags with ';', and accepts ',' and spaces)
 requested_tags contains tag if {
 	some tag in regex.split(`[;, ]+`, input.arguments.tags)

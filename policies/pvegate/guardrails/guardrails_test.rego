@@ -169,6 +169,47 @@ test_keeping_guarded_tags_and_adding_others_allowed if {
 	count(guardrails.deny) == 0 with input as inp
 }
 
+# the tags the data's own restrictions select guests by are guarded too: untagged, the guest
+# escapes the deny rule (or approval rule, critical call, quota, scoped role deny) keyed on them
+pci_guest := object.union(fx.web_guest, {"tags": ["pci", "web"]})
+
+no_agent_destroy_pci := [{
+	"name": "no-agent-destroy-pci", "target_tags": ["pci"], "effects": ["destroy"],
+	"principal_kinds": ["agent"], "reason": "agents never destroy PCI guests",
+}]
+
+test_removing_a_deny_rules_target_tag_denied if {
+	# the rule holds on the tagged guest ...
+	del := fx.call(fx.agent, fx.guest_delete, pci_guest)
+	reasons := guardrails.deny with input as del with data.data.guardrails.deny_rules as no_agent_destroy_pci
+	fx.has_reason(reasons, "agents never destroy PCI guests")
+
+	# ... so the tag it keys on is not taken off first
+	untag := with_tags(fx.call(fx.agent, config_update, pci_guest), "web")
+	untagged := guardrails.deny with input as untag with data.data.guardrails.deny_rules as no_agent_destroy_pci
+	fx.has_reason(untagged, "removing the tag \"pci\" from guest 110")
+}
+
+test_removing_an_approval_rules_or_critical_calls_target_tag_denied if {
+	rule := [{"name": "pci-destroy", "target_tags": ["pci"], "effects": ["destroy"], "reason": "r"}]
+	untag := with_tags(fx.call(fx.agent, config_update, pci_guest), "web")
+	by_approval := guardrails.deny with input as untag with data.data.approval.rules as rule
+	fx.has_reason(by_approval, "removing the tag \"pci\" from guest 110")
+	by_critical := guardrails.deny with input as untag with data.data.risk.critical_calls as rule
+	fx.has_reason(by_critical, "removing the tag \"pci\" from guest 110")
+}
+
+test_removing_a_scoped_role_denys_guest_tag_denied if {
+	binding := {"name": "ops-no-pci-delete", "role": "operator", "token_roles": ["operator"], "scope": {"guest_tags": ["pci"]}}
+	untag := with_tags(fx.call(fx.agent, config_update, pci_guest), "web")
+	reasons := guardrails.deny with input as untag with data.data.bindings as [binding]
+	fx.has_reason(reasons, "removing the tag \"pci\" from guest 110")
+
+	# a binding whose role denies nothing only grants there: its tag may go
+	viewer := object.union(binding, {"role": "viewer"})
+	count(guardrails.deny) == 0 with input as untag with data.data.bindings as [viewer]
+}
+
 test_config_update_without_tags_is_not_a_tag_change if {
 	inp := object.union(fx.call(fx.agent, config_update, fx.protected_guest), {"arguments": {"vmid": 102, "cores": 2}})
 	count(guardrails.deny) == 0 with input as inp
