@@ -308,7 +308,8 @@ async def dispatch(
     except Refused as exc:  # nothing was sent: a refusal, not a failure
         m.observe("dispatch", t)
         await _refuse(c, req, tool.name, target, "refused", str(exc))
-        await _give_back_quota(c, flight)
+        if not (flight.dispatched or flight.task_id):  # a composite's later leaf refused: earlier ones ran
+            await _give_back_quota(c, flight)
         await _unspent(c, req, tool.name, target, approval, f"refused by the runtime: {exc}")
         return CallResult("invalid", f"{tool.name} refused: {exc}", is_error=True)
     except Interrupted as exc:

@@ -171,14 +171,12 @@ class PveHttp:
         if data:
             body = encode_form(data).encode()
             headers["Content-Type"] = "application/x-www-form-urlencoded"
-        slots = self._probe_slots if probe else self._slots
+        slots, size = (self._probe_slots, PROBE_CONNECTIONS) if probe else (self._slots, self._limit)
         try:
             async with asyncio.timeout(self._wait):
                 await slots.acquire()
         except TimeoutError:
-            raise NotSent(
-                f"all {self._limit} connections to the API stayed busy for {self._wait:g}s", busy=True
-            ) from None
+            raise NotSent(f"all {size} connections to the API stayed busy for {self._wait:g}s", busy=True) from None
         try:
             return await self._send(method, url, headers, body)
         finally:
