@@ -12,9 +12,12 @@ from gateway.core.config import load
 
 
 def _stdio(args: argparse.Namespace) -> int:
+    from gateway.observability.logs import configure
     from gateway.server import StartupError, serve_stdio_for
 
     config = load(args.config)  # a ConfigError is printed by main, one line per problem
+    # as `serve` does: log_format honoured, and client text (a tool name) kept to one line in the log
+    configure(config.log_format, logging.DEBUG if args.verbose else logging.INFO)
     try:
         serve_stdio_for(config, args.principal)
     except StartupError as exc:
