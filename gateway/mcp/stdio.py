@@ -389,14 +389,15 @@ class _Out:
     reading holds back the replies, never the process (a blocking write from the loop froze it whole,
     found in review: no call made progress and a stop signal was never handled, so the client's
     SIGTERM went unheard until it killed the process). Written through a duplicate of the descriptor,
-    so that closing it never frees fd 1 for another file. Anything else (a regular file, /dev/null, a
-    terminal, a test's buffer) is written as it is: it takes what it is given."""
+    so that closing it never frees fd 1 for another file. Any other descriptor (a socket, a terminal, a
+    regular file, /dev/null) is written whole on it (_write_fd); a test's buffer as it is."""
 
     def __init__(self, stream: BinaryIO, stopping: asyncio.Event) -> None:
         self.stream = stream
         self.stopping = stopping  # after a stop a reply no longer waits for the client to read
         self.transport: asyncio.WriteTransport | None = None
         self.protocol: _OutProtocol | None = None
+        self.fd: int | None = None  # anything else with a descriptor: written on it (_write_fd)
 
     async def open(self) -> None:
         try:
@@ -407,6 +408,9 @@ class _Out:
         # a pipe only: a socket's write transport takes any readable event for the peer closing, and a
         # socket is often stdin too (socat, inetd, systemd Accept=yes), whose requests are readable on it
         if not stat.S_ISFIFO(mode):
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.flush()  # whatever was buffered before goes first
+                self.fd = fd
             return
         with contextlib.suppress(OSError, ValueError):
             self.stream.flush()  # whatever was buffered before goes first
@@ -422,6 +426,9 @@ class _Out:
     async def write(self, data: bytes) -> None:
         """Written, or queued while the client catches up (after a stop: queued, not waited for);
         OSError once the client has gone."""
+        if self.fd is not None:
+            await self._write_fd(self.fd, data)
+            return
         if self.transport is None or self.protocol is None:
             self.stream.write(data)
             self.stream.flush()
@@ -439,6 +446,36 @@ class _Out:
                     await waiting
         if self.protocol.lost.is_set():
             raise self.protocol.error if isinstance(self.protocol.error, OSError) else BrokenPipeError()
+
+    async def _write_fd(self, fd: int, data: bytes) -> None:
+        """All of `data`, on the descriptor. A socket or terminal that is stdin too was made non-blocking by the
+        loop reading stdin: a full buffer is waited out, not taken for a client gone (found in review: through
+        the buffered stream, a socket client slow to read got one reply cut mid-line and the others dropped,
+        silently). After a stop the wait is bounded; then TimeoutError, and the client is taken as gone."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                await self._writable(fd)
+
+    async def _writable(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        loop.add_writer(fd, ready.set)
+        waiting = asyncio.create_task(_wait_event(ready))
+        try:
+            await _until(self.stopping, {waiting})
+            if not ready.is_set():  # a stop: a moment more for the client to read, not forever
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ready.wait(), DRAIN_AFTER_STOP_SECONDS)
+        finally:
+            loop.remove_writer(fd)
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        if not ready.is_set():
+            raise TimeoutError("stdout takes no more")
 
     def discard(self) -> None:
         if self.transport is not None and not self.transport.is_closing():  # closing: lost is on its way
