@@ -7,6 +7,7 @@ QEMU), the UPID comes back and the task ends with that error as exitstatus.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from gateway.sim import scenario as sc
 from gateway.sim.errors import ApiError, perm_denied
 from gateway.sim.handlers_read import config_digest
 from gateway.sim.routes import Ctx, both, kind_of, route
+from gateway.sim.schema import BOOL_TRUE
 from gateway.sim.state import Guest, Snapshot, Volume
 from gateway.sim.tags import split_tags
 
@@ -69,7 +71,7 @@ def _power(ctx: Ctx, action: str) -> Any:
     if kind == "lxc":
         if action == "start" and running:
             raise ApiError(500, f"CT {g.vmid} already running")
-        if action in ("stop", "shutdown", "reboot", "suspend") and not running:
+        if action in ("stop", "shutdown", "reboot", "suspend", "resume") and not running:
             raise ApiError(500, f"CT {g.vmid} not running")
     else:
         if action in ("suspend", "reboot", "resume") and not running:
@@ -235,6 +237,22 @@ def post_rollback(ctx: Ctx) -> Any:
 # ---- config ------------------------------------------------------------------
 
 
+def agent_enabled(value: Any) -> bool:
+    """QEMU `agent` is a property string whose default key is `enabled`, a PVE boolean: a bare item
+    (anywhere: parse_property_string gives any part without `=` to the default key) or `enabled=`,
+    written 1/yes/on/true in any case ("true", "fstrim_cloned_disks=1,enabled=yes")."""
+    if value is None:
+        return False
+    enabled = "0"
+    for part in str(value).split(","):
+        key, eq, val = part.strip().partition("=")
+        if not eq and key:
+            enabled = key
+        elif key == "enabled":
+            enabled = val
+    return enabled.lower() in BOOL_TRUE
+
+
 def sync_from_config(g: Guest) -> None:
     """Keep derived fields (name, tags, sizes) in step with the config."""
     cfg = g.config
@@ -244,8 +262,35 @@ def sync_from_config(g: Guest) -> None:
         g.cpus = int(cfg["cores"]) * int(cfg.get("sockets", 1))
     if "memory" in cfg:
         g.maxmem = int(str(cfg["memory"]).split(",")[0].replace("current=", "")) * MiB
-    g.agent = str(cfg.get("agent", "0")).split(",")[0] in ("1", "enabled=1")
+    g.agent = agent_enabled(cfg.get("agent"))
     g.template = bool(int(cfg.get("template", 0)))
+
+
+def skiplock_of(ctx: Ctx) -> bool:
+    """`skiplock` is for root@pam alone; an API token (even root@pam's) is refused with a 400."""
+    if not ctx.params.get("skiplock"):
+        return False
+    if ctx.user != "root@pam":
+        raise ApiError(400, "Parameter verification failed.", {"skiplock": "Only root may use this option."})
+    return True
+
+
+def _config_options(ctx: Ctx, g: Guest) -> set[str]:
+    """The options the guest's config schema knows (PVE's option_exists): `delete` names only these."""
+    ep = ctx.rt.schema.by_template.get(("PUT", f"/nodes/{{node}}/{g.type}/{{vmid}}/config"))
+    props = ep.params if ep is not None else {}
+    meta = {"node", "vmid", "delete", "revert", "digest", "skiplock", "force", "background_delay"}
+    return _Options({k for k in props if k not in meta})
+
+
+class _Options(set[str]):
+    """Option names, with `net[n]` standing for net0, net1, ..."""
+
+    def __contains__(self, key: object) -> bool:
+        if super().__contains__(key):
+            return True
+        m = re.fullmatch(r"([a-z_-]+?)(\d+)", str(key))
+        return m is not None and super().__contains__(f"{m.group(1)}[n]")
 
 
 def _update_config(ctx: Ctx) -> Any:
@@ -254,22 +299,37 @@ def _update_config(ctx: Ctx) -> Any:
     for k in ("node", "vmid"):
         p.pop(k, None)
     digest = p.pop("digest", None)
-    skiplock = p.pop("skiplock", None)
+    skiplock = skiplock_of(ctx)
+    p.pop("skiplock", None)
     deletes = [d for d in str(p.pop("delete", "")).replace(";", ",").split(",") if d]
     reverts = [r for r in str(p.pop("revert", "")).split(",") if r]
     p.pop("force", None)
     p.pop("background_delay", None)
+    # update_vm_api / update_pct_config check the lists before anything else: a client's mistake is a 400
+    options = _config_options(ctx, g)
+    for k in deletes:
+        if k in p:
+            raise ApiError(
+                400,
+                "Parameter verification failed.",
+                {"delete": f"you can't use '-{k}' and -delete {k}' at the same time"},
+            )
+        if k not in options:
+            raise ApiError(400, "Parameter verification failed.", {"delete": f"unknown option '{k}'"})
+    for k in reverts:
+        if k in p or k in deletes:
+            raise ApiError(
+                400,
+                "Parameter verification failed.",
+                {"revert": f"you can't use '-{k}' and '-revert {k}' at the same time"},
+            )
     if digest and digest != config_digest(g.config):
         raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
     if g.lock and not skiplock:
         check_lock(g)
     for k in deletes:
-        if k in p:
-            raise ApiError(500, f"unable to delete '{k}' - option is also set")
         disks.delete_key(ctx.rt.cluster, g, k)
     for k in reverts:
-        if k in p or k in deletes:
-            raise ApiError(500, f"unable to revert '{k}' - option is also set or deleted")
         g.pending.pop(k, None)
     for k, v in p.items():
         disks.set_key(ctx.rt.cluster, g, k, v)
@@ -318,7 +378,7 @@ def delete_guest(ctx: Ctx) -> Any:
         raise ApiError(500, f"{w} {g.vmid} is running - destroy failed")
     if g.ha and not ctx.params.get("purge"):
         raise ApiError(500, f"unable to remove {w} {g.vmid} - used in HA resources and purge parameter not set.")
-    if not ctx.params.get("skiplock"):
+    if not skiplock_of(ctx):
         check_lock(g)
 
     def begin() -> None:

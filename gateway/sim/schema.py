@@ -114,7 +114,7 @@ class Schema:
                     out[name] = raw
                 continue
             try:
-                out[name] = check_value(spec, raw)
+                out[name] = check_value(spec, raw, name)
             except ValueError as e:
                 errors[name] = str(e)
         for name, spec in props.items():
@@ -149,7 +149,55 @@ def _python_regex(pattern: str) -> str:
     return re.sub(r"\(\?\^([a-z]*):", lambda m: f"(?{m.group(1)}:" if m.group(1) else "(?:", pattern)
 
 
-def check_value(spec: dict[str, Any], raw: Any) -> Any:
+def check_property_string(fmt: dict[str, Any], sval: str, path: str) -> None:
+    """A property string (`virtio,bridge=vmbr0`, `enabled=1,type=isa`) checked as JSONSchema.pm's
+    parse_property_string and check_object do: PVE refuses a bad one with 400, so must we."""
+    res: dict[str, str] = {}
+    default_key: str | None = None
+    for part in sval.split(","):
+        if not part.strip():
+            continue
+        m = re.fullmatch(r"([^=]+)=(.+)", part)
+        if m:
+            key, value = m.group(1), m.group(2)
+            if key in res:
+                raise ValueError(f"invalid format - duplicate key in comma-separated list property: {key}")
+            sub = fmt.get(key)
+            if sub is not None and "alias" in sub:  # virtio=MAC: model=virtio, macaddr=MAC
+                if "keyAlias" in sub:
+                    if sub["keyAlias"] in res:
+                        raise ValueError(f"invalid format - key alias '{sub['keyAlias']}' is already defined")
+                    res[sub["keyAlias"]] = key
+                key = sub["alias"]
+                sub = fmt.get(key)
+            if sub is None:
+                raise ValueError(f"invalid format - invalid key in comma-separated list property: {key}")
+            res[key] = value
+        elif "=" not in part:
+            if default_key is not None:
+                raise ValueError(f"invalid format - duplicate key in comma-separated list property: {default_key}")
+            default_key = next((k for k, sub in fmt.items() if sub.get("default_key")), None)
+            if default_key is None:
+                raise ValueError("invalid format - value without key, but schema does not define a default key")
+            if default_key in res:
+                raise ValueError(f"invalid format - duplicate key in comma-separated list property: {default_key}")
+            res[default_key] = part
+        else:
+            raise ValueError("invalid format - missing key in comma-separated list property")
+    errors: dict[str, str] = {}
+    for key, value in res.items():
+        try:
+            check_value(fmt[key], value, f"{path}.{key}")
+        except ValueError as e:
+            errors[f"{path}.{key}"] = str(e)
+    for key, sub in fmt.items():  # check_prop: an alias or a boolean is never required
+        if key not in res and not sub.get("optional") and "alias" not in sub and sub.get("type") != "boolean":
+            errors[f"{path}.{key}"] = "property is missing and it is not optional"
+    if errors:
+        raise ValueError("invalid format - format error\n" + "\n".join(f"{k}: {v}" for k, v in sorted(errors.items())))
+
+
+def check_value(spec: dict[str, Any], raw: Any, path: str = "") -> Any:
     typ = spec.get("type", "string")
     sval = str(raw)
     value: Any
@@ -181,7 +229,9 @@ def check_value(spec: dict[str, Any], raw: Any) -> Any:
         if "maxLength" in spec and len(sval) > int(spec["maxLength"]):
             raise ValueError(f"value may only be {spec['maxLength']} characters long")
         fmt = spec.get("format")
-        if isinstance(fmt, str) and fmt in FORMATS and not re.fullmatch(FORMATS[fmt], sval):
+        if isinstance(fmt, dict):
+            check_property_string(fmt, sval, path)
+        elif isinstance(fmt, str) and fmt in FORMATS and not re.fullmatch(FORMATS[fmt], sval):
             raise ValueError(
                 "value does not match the regex pattern"
                 if fmt != "pve-node"

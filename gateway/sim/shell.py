@@ -248,10 +248,11 @@ def _pct_exec(rt: Runtime, node: str, args: list[str]) -> Result:
         prog = inner[0]
         if prog in ("true",):
             return Result()
+        # lxc_attach_run_command exits 127 when execvp finds no such program (126: not executable)
         return Result(
             stderr=f"lxc-attach: {vmid}: ../src/lxc/attach.c: lxc_attach_run_command: 1840 No such file "
             f'or directory - Failed to exec "{prog}"\n',
-            exit_status=255,
+            exit_status=127,
         )
     if g.docker is None:
         return Result(
