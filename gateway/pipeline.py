@@ -335,6 +335,11 @@ async def dispatch(
             c, req, tool, target, outcome, started, {"error": str(exc), "task_id": flight.task_id}
         )
         m.observe("audit", t)
+        # Proxmox could not be asked, and nothing else ran (a composite's earlier leaves may have): nothing
+        # was carried out, so neither the quota slot nor the approval is spent (a retry may present it again)
+        if isinstance(exc, UpstreamError) and tool.connector != "composite" and not flight.dispatched:
+            await _give_back_quota(c, flight)
+            await _unspent(c, req, tool.name, target, approval, f"Proxmox could not be asked: {exc}")
         return CallResult("failed", f"{tool.name} failed: {exc}", is_error=True, meta=_kept_meta(kept))
     except Exception as exc:  # a bug after the decision: the request may have reached Proxmox, so say so
         await _audit_result(
