@@ -46,8 +46,10 @@ def shape(tool: Tool, data: Any, obligations: dict[str, Any]) -> tuple[dict[str,
         {"items": data} if isinstance(data, list) else data if isinstance(data, dict) else {"value": data}
     )
     limit = obligations.get("max_items")
+    if isinstance(limit, float) and limit.is_integer():  # JSON's 5.0 is the contract's integer 5 too
+        limit = int(limit)
     items = doc.get("items")
-    if isinstance(items, list) and isinstance(limit, int) and len(items) > limit:
+    if isinstance(items, list) and isinstance(limit, int) and not isinstance(limit, bool) and len(items) > limit:
         warnings.append(f"output limited by policy to {limit} of {len(items)} items")
         doc = {**doc, "items": items[:limit]}
     if tool.secret_output and obligations.get("reveal_secrets") is not True:  # shown once: only if policy says so

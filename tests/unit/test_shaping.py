@@ -120,3 +120,11 @@ def test_a_containers_entrypoint_and_env_are_never_returned(catalog: Catalog, na
     )
     doc, _ = shape(tool, data, obligations())
     assert "S3cret" not in str(doc) and "app" in str(doc)
+
+
+def test_max_items_written_as_a_whole_float_still_cuts(catalog: Catalog) -> None:
+    """JSON's 5.0 passes the contract's integer (draft 2020-12) and OPA passes it through as written (a policy
+    data value `max_items: 2.0`): the cut was skipped and every item returned (hunt, stop 49)."""
+    tool = catalog.get("list_guests")
+    doc, warnings = shape(tool, guests(4), obligations(max_items=2.0))
+    assert len(doc["items"]) == 2 and warnings == ["output limited by policy to 2 of 4 items"], (doc, warnings)
