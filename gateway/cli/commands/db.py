@@ -46,6 +46,39 @@ async def _audit_created(db: PostgresDatabase) -> str | None:
     return str(rows[0]["value"]) if rows else None
 
 
+async def _audit_fresh(db: PostgresDatabase) -> str | None:
+    """The PostgreSQL audit chain's new-chain mark (None: none, the chain is sealed or has no tables)."""
+    if not await db.fetch("SELECT 1 AS present WHERE to_regclass('audit_meta') IS NOT NULL"):
+        return None
+    rows = await db.fetch("SELECT value FROM audit_meta WHERE key = 'fresh'")
+    return str(rows[0]["value"]) if rows else None
+
+
+def _key_id(doc_text: str) -> str | None:
+    """The key id a chain mark (`created`, a signed `fresh`) names, if any."""
+    with contextlib.suppress(ValueError, AttributeError):
+        return str(json.loads(doc_text).get("key_id") or "") or None
+    return None
+
+
+def _marked_by_another(key: HeadKey, created: str | None, fresh: str | None) -> str | None:
+    """Why `key` opens nothing on this chain (sealed, or marked new, with another key), or None."""
+    if created is not None:  # a replica sealed the chain meanwhile
+        sealed_with = _key_id(created)
+        if sealed_with is None or sealed_with == key.key_id:
+            return None
+        return f"the audit chain in the database was sealed with another audit head key (key id {sealed_with})"
+    if fresh is None:
+        return None
+    with contextlib.suppress(ValueError):
+        if key.check("fresh", json.loads(fresh)):
+            return None
+    return (
+        "the new audit chain in the database was already marked by `pvegate db upgrade` with another audit "
+        f"head key (key id {_key_id(fresh) or 'unknown'})"
+    )
+
+
 def _pg_head_key(cfg: Config, created: str | None) -> str:
     """PostgreSQL: the audit head key every replica shares. Made here, once, only for a chain not sealed yet
     (never by a replica); a sealed chain's key must be copied from where it is, a new one would not open it."""
@@ -94,13 +127,28 @@ async def _upgrade_pg(db: PostgresDatabase, cfg: Config) -> int:
             # signs the chain's mark as new: a replica seals only a chain marked so (audit.sign_fresh)
             from gateway.store.audit import sign_fresh
 
+            made = not cfg.audit_key_path.exists()
             key_line = _pg_head_key(cfg, None)
+            key = HeadKey.load(cfg.audit_key_path)
             try:
-                await sign_fresh(db, HeadKey.load(cfg.audit_key_path))
+                await sign_fresh(db, key)
+                # signed by this key, or already by another `db upgrade` (another host, or one at the same
+                # moment): a key that did not sign the mark opens nothing, and must not be handed out
+                created, fresh = await _audit_created(db), await _audit_fresh(db)
             except AuditKeyError:
                 raise
             except Exception as exc:
                 raise _Failed(f"the new audit chain's mark was not signed: {_why(exc, db.kind)}") from exc
+            if (problem := _marked_by_another(key, created, fresh)) is not None:
+                if made:
+                    with contextlib.suppress(OSError):
+                        cfg.audit_key_path.unlink()
+                path = cfg.audit_key_path
+                where = f"there was no audit head key at {path}" if made else f"{path} holds key id {key.key_id}"
+                raise _Failed(
+                    f"{problem}; {where}: copy the key the other host made there (mode 0600) and run "
+                    "`pvegate db upgrade` again"
+                )
     finally:
         await db.close()
     _versions(found)
