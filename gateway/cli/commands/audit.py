@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -317,6 +319,9 @@ def _export(args: argparse.Namespace) -> int:
             n += 1
         print(f"exported {n} records", file=sys.stderr)
         return 0
+    if args.out.is_dir():  # said before the audit is read; `.` and `/` have no name to write a file aside of
+        print(f"error: cannot write {args.out}: {os.strerror(errno.EISDIR)}; nothing was written", file=sys.stderr)
+        return 1
     # a file: written aside and put in place whole, so an export that stops leaves no partial file behind
     tmp = args.out.with_name(f".{args.out.name}.partial")
     try:
