@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.cli.commands.audit import text_arg
 from gateway.core.config import Config, load
 from gateway.store.audit import AuditLog, AuditRecord, known_secrets
 from gateway.store.audit_seal import AuditKeyError
@@ -148,7 +149,8 @@ def register(sub: Any) -> None:
         "sign-out",
         help="end every console session of a person now, on every replica (e.g. someone who left)",
     )
-    s.add_argument("--sub", required=True, help="the person's subject (the `sub` of their token)")
+    # an argument that is not UTF-8 (lone surrogates) no database takes: a usage error, not a traceback
+    s.add_argument("--sub", required=True, type=text_arg, help="the person's subject (the `sub` of their token)")
     s.add_argument(
         "--force",
         action="store_true",
