@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -135,13 +135,40 @@ def _git(where: Path, *args: str) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def git_source(policies: Path) -> dict[str, object] | None:
-    """The commit the policy tree is at, and whether the tree differs from it; None outside git."""
+def git_source(policies: Path, carried: Iterable[Path] = ()) -> dict[str, object] | None:
+    """The commit the policy tree is at, and whether the tree differs from it; None outside git.
+    `carried`: the files (relative to `policies`) the bundle holds."""
     commit = _git(policies, "rev-parse", "HEAD")
     if commit is None:
         return None
-    dirty = _git(policies, "status", "--porcelain", "--", ".")
-    return {"commit": commit, "dirty": bool(dirty)}
+    return {"commit": commit, "dirty": _dirty(policies, set(carried))}
+
+
+def _dirty(policies: Path, carried: set[Path]) -> bool:
+    """Whether the tree differs from its commit in anything, or the bundle carries a file git ignores
+    (no commit holds it, yet the manifest's git_commit would vouch for it). True when git cannot say:
+    an unknown state is never reported clean. Untracked files are listed whatever status.showUntrackedFiles
+    says."""
+    cmd = ["git", "-C", str(policies), "status", "--porcelain", "-z", "--ignored", "--untracked-files=all"]
+    try:
+        done = subprocess.run([*cmd, "--", "."], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    prefix = _git(policies, "rev-parse", "--show-prefix") or ""  # (paths are from the repository's top)
+    if done.returncode != 0:
+        return True
+    entries = iter(done.stdout.split(b"\0"))
+    for entry in entries:
+        if len(entry) < 4:
+            continue
+        status, path = entry[:2], os.fsdecode(entry[3:])
+        if b"R" in status or b"C" in status:
+            next(entries, None)  # a rename's or copy's source path follows
+        if status != b"!!":
+            return True
+        if Path(path.removeprefix(prefix)) in carried:  # an ignored file the bundle holds
+            return True
+    return False
 
 
 def run_checks(policies: Path, connectors: Path | None = None) -> tuple[bool, str]:
@@ -361,14 +388,15 @@ def build(
         )
     if checks and connectors is not None and not connectors.is_dir():  # said before minutes of checks
         raise BundleError(f"no connector directory {connectors}; nothing was built")
-    source = git_source(policies)
-    short = str(source["commit"])[:12] if source else "nogit"
     with tempfile.TemporaryDirectory(prefix="pvegate-bundle-") as tmp:
         # The tree is read once, here: the checks run on this copy and the bundle is built from it,
         # so what is signed is exactly what was checked (an edit of the tree made while the checks
         # run is in neither). The whole tree: the checks need its tests, golden cases and lint config.
         tree = _snapshot(policies, Path(tmp) / "policies")
         files = _bundle_files(tree, policies)
+        # asked after the copy: an edit made since shows as dirty, never a changed copy as clean
+        source = git_source(policies, [f.relative_to(tree) for f in files])
+        short = str(source["commit"])[:12] if source else "nogit"
         if checks:
             ok, report = run_checks(tree, connectors)
             report = report.replace(str(tree.resolve()), str(policies))  # name the tree the caller gave
