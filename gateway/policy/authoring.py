@@ -12,6 +12,7 @@ of the policy tree, so the data under test never touches the directory OPA serve
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ import yaml
 
 from gateway.core import yamlread
 from gateway.policy.catalog_refs import CatalogTool, catalog_input
+from gateway.policy.decisions import Decision, DecisionClient, PolicyError, read_data_check
 from gateway.policy.opa_sidecar import find_opa
 
 # the JSON Schema of the policy data (the policy holds the same schema as the constant
@@ -81,9 +83,16 @@ def _policy_copy(policies: Path, data_file: Path | None) -> Iterator[Path]:
         raise AuthoringError(f"{policies} is not a policy directory (no pvegate/)")
     with tempfile.TemporaryDirectory(prefix="pvegate-policy-") as tmp:
         root = Path(tmp) / "policies"
-        shutil.copytree(
-            policies, root, ignore=shutil.ignore_patterns("*_test.rego", "golden", ".*", "*.md")
-        )  # fmt: skip
+        try:
+            shutil.copytree(
+                policies, root, ignore=shutil.ignore_patterns("*_test.rego", "golden", ".*", "*.md")
+            )  # fmt: skip
+        except shutil.Error as exc:  # (an OSError) one per file: a link to nothing, a file that cannot be read
+            errors = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+            why = f"{errors[0][0]}: {errors[0][2]}" if errors and len(errors[0]) == 3 else str(exc)
+            raise AuthoringError(f"cannot copy the policy tree {policies}: {why}") from None
+        except OSError as exc:
+            raise AuthoringError(f"cannot copy the policy tree {policies}: {exc.strerror or exc}") from None
         if data_file is not None:
             shutil.rmtree(root / "data", ignore_errors=True)
             (root / "data").mkdir()
@@ -162,11 +171,13 @@ def check_data(
     return report
 
 
-# What `explain` asks OPA: the decision, and the facts and reason-producing rules behind it.
+# What `explain` asks OPA: the decision and the data check (read as the gateway reads them), and the
+# facts and reason-producing rules behind it.
 # Each fact is a comprehension, so a rule that is undefined for this input shows as [] instead
 # of making the whole answer undefined.
 EXPLAIN_QUERY = """{
-  "decision": [d | d := data.pvegate.checked_decision][0],
+  "decision": [d | d := data.pvegate.decision],
+  "data_check": [c | c := data.pvegate.data_check],
   "input_problems": [p | some p in data.pvegate.call_problems],
   "data_problems": [p | some p in data.pvegate.config.problems],
   "bindings_of_principal": sort([b.name | some b in data.pvegate.rbac.bindings_for(input.principal)]),
@@ -185,6 +196,44 @@ EXPLAIN_QUERY = """{
 }"""
 
 
+def _as_the_gateway_acts(answers: list[Any], checks: list[Any]) -> dict[str, Any]:
+    """The decision the gateway would act on (DecisionClient.decide), given the policy's decision and
+    data check (each [] when undefined): one outside the contract, or an unusable data check, is the
+    gateway's fail-closed deny (the policy's own answer kept as `policy_answer`); the data check's
+    refusal answers while the data is invalid (no check: a policy from before it, checking its data in
+    the decision); `allow` is read as the gateway reads it (a deny reason or an unmet approval wins)."""
+    answer = answers[0] if answers else None
+    problem = "policy result undefined" if answer is None else _contract().contract_problem(answer)
+    if problem is None and checks:
+        try:
+            _, refusal = read_data_check(checks[0], _contract().contract_problem)
+        except PolicyError as exc:
+            problem = f"policy data check unavailable: {exc}"
+        else:
+            answer = refusal if refusal is not None else answer
+    if problem is None and isinstance(answer, dict):  # (a contract-valid answer is an object)
+        return {**answer, "allow": Decision.from_result(answer, {}).allow}
+    problem = problem or "decision does not match the contract"
+    closed = Decision.fail_closed(problem)
+    return {
+        "allow": False,
+        "deny": list(closed.deny),
+        "deny_reasons": list(closed.deny_reasons),
+        "risk": {"score": 100, "level": "critical", "factors": []},
+        "approval": {"required": False, "satisfied": False, "reasons": []},
+        "obligations": {},
+        "quota": None,
+        "failed_closed": True,
+        "policy_answer": answer,
+    }
+
+
+@functools.cache
+def _contract() -> DecisionClient:
+    """A decision client whose schema validators alone are used: it never connects."""
+    return DecisionClient("http://127.0.0.1:1")
+
+
 def explain(
     policies: Path, input_doc: Any, data_file: Path | None = None, opa_explain: str | None = None
 ) -> dict[str, Any]:
@@ -193,6 +242,7 @@ def explain(
     with _policy_copy(policies, data_file) as root:
         out = _opa_eval(root, EXPLAIN_QUERY, input_doc)
         result: dict[str, Any] = out["result"][0]["expressions"][0]["value"]
+        result["decision"] = _as_the_gateway_acts(result["decision"], result.pop("data_check"))
         if opa_explain is not None:
             cmd = [str(find_opa()), "eval", "--data", str(root), "--stdin-input", "--format", "pretty"]
             done = subprocess.run(
