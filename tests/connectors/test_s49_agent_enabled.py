@@ -24,7 +24,7 @@ AGENT = {
 
 
 @pytest.mark.parametrize(
-    "agent", ["true", "YES", "on", "enabled=1", "fstrim_cloned_disks=1,enabled=1", "1,type=virtio"]
+    "agent", ["true", "YES", "on", "enabled=1", "fstrim_cloned_disks=1,enabled=1", "1,type=virtio", "type=isa,1"]
 )
 async def test_an_enabled_agent_is_asked(agent: str) -> None:
     answers = base(get_guest_stored_config={"config": {"agent": agent}}, vm_agent_network=AGENT)
@@ -33,7 +33,9 @@ async def test_an_enabled_agent_is_asked(agent: str) -> None:
     assert "reported by the guest agent of VM 100 (web)" in out["evidence"]
 
 
-@pytest.mark.parametrize("agent", ["0", "off", "false", "enabled=0", "enabled=no,fstrim_cloned_disks=1", ""])
+@pytest.mark.parametrize(
+    "agent", ["0", "off", "false", "enabled=0", "enabled=no,fstrim_cloned_disks=1", "", "type=isa", "type=isa,0"]
+)
 async def test_a_disabled_agent_is_not_asked(agent: str) -> None:
     answers = base(get_guest_stored_config={"config": {"agent": agent}}, vm_agent_network=ToolError("not asked"))
     out = await check_ip_availability(fake(answers), {"ip": "10.0.0.9"}, [])

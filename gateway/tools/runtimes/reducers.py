@@ -493,13 +493,14 @@ async def check_ip_availability(sub: Sub, args: dict[str, Any], warnings: list[s
 
 
 def _agent_enabled(config: dict[str, Any] | None) -> bool:
-    """QEMU `agent` is "1", "true", "fstrim_cloned_disks=1,enabled=yes", ...: `enabled` is the bare first
-    item or `enabled=` anywhere, a PVE boolean (1, yes, on, true in any case); an unreadable config counts as yes."""
+    """QEMU `agent` is "1", "true", "fstrim_cloned_disks=1,enabled=yes", ...: `enabled` is a bare item or
+    `enabled=`, anywhere, a PVE boolean (1, yes, on, true in any case); an unreadable config counts as yes."""
     if config is None:
         return True
     props = _props(config.get("agent", "0"))
-    first = next(iter(props), "")
-    value = props["enabled"] if "enabled" in props else first if props.get(first) == "" else "0"
+    # PVE's parser gives any item without `=` to the default key, wherever it stands (`type=isa,1`)
+    bare = next((k for k, v in props.items() if v == "" and k), "0")
+    value = props["enabled"] if "enabled" in props else bare
     return value.lower() in ("1", "yes", "on", "true")
 
 
