@@ -6,12 +6,15 @@ elicitation → -32042; neither → the plain pending result. Each ends with the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
 import os
 import signal
 import ssl
 import subprocess
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -49,6 +52,38 @@ def approver(api: Api) -> str:
 
 async def _accept(context: Any, params: Any) -> ElicitResult:
     return ElicitResult(action="accept")
+
+
+Post = Callable[[dict[str, Any]], httpx.Response]
+
+
+@contextlib.contextmanager
+def approved_retry(api: Api, args: dict[str, Any]) -> Iterator[tuple[Post, dict[str, Any]]]:
+    """A 2026-07-28 vm_shutdown held for approval and approved: (post, the retry's params).
+
+    The retry carries the held call's requestState and the accepted input response; nothing has
+    been sent to Proxmox yet."""
+    token = api.agent()
+    ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
+    with httpx.Client(verify=ctx, timeout=30) as http:
+
+        def post(params: dict[str, Any]) -> httpx.Response:
+            body = modern_body("tools/call", params, capabilities=URL_ELICITATION)
+            return http.post(api.env.url, json=body, headers=modern_headers(token, "tools/call", "vm_shutdown"))
+
+        first = post({"name": "vm_shutdown", "arguments": args}).json()["result"]
+        aid = first["inputRequests"]["pvegate_approval"]["params"]["url"].rsplit("/", 1)[-1]
+        assert asyncio.run(api.vote(aid, approver(api))).status_code == 200
+        responses = {"pvegate_approval": {"action": "accept"}}
+        yield (
+            post,
+            {
+                "name": "vm_shutdown",
+                "arguments": args,
+                "requestState": first["requestState"],
+                "inputResponses": responses,
+            },
+        )
 
 
 def legacy_client(api: Api) -> Any:
@@ -140,8 +175,6 @@ def test_request_state_is_single_use_and_bound_to_the_call(api: Api, asim: Any) 
         assert first["resultType"] == "input_required"
         state = first["requestState"]
         url = first["inputRequests"]["pvegate_approval"]["params"]["url"]
-        import asyncio
-
         assert asyncio.run(api.vote(url.rsplit("/", 1)[-1], approver(api))).status_code == 200
         responses = {"pvegate_approval": {"action": "accept"}}
         other_args = {**args, "timeout": args["timeout"] + 1000}
@@ -166,8 +199,6 @@ def test_request_state_is_single_use_and_bound_to_the_call(api: Api, asim: Any) 
 def test_a_retry_before_the_vote_is_held_again_and_keeps_the_approval(api: Api, asim: Any) -> None:
     """A client's "accept" of a URL elicitation means the page was opened, not approved: real clients
     retry at once. That retry must neither burn the hand-off nor orphan the approval."""
-    import asyncio
-
     args = shutdown_args()
     token = api.agent()
     ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
@@ -226,23 +257,8 @@ def test_a_retry_refused_before_sending_keeps_its_request_state(api: Api, asim: 
     """The approved retry is refused before anything is sent (OPA paused: it fails closed) and gives
     the approval back; its requestState must work again, as a token does (found by a review: it was
     spent, the client was told to call without it, and a second approval request was opened)."""
-    import asyncio
-
     args = shutdown_args()
-    token = api.agent()
-    ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
-    responses = {"pvegate_approval": {"action": "accept"}}
-
-    def post(params: dict[str, Any]) -> httpx.Response:
-        body = modern_body("tools/call", params, capabilities=URL_ELICITATION)
-        return http.post(api.env.url, json=body, headers=modern_headers(token, "tools/call", "vm_shutdown"))
-
-    with httpx.Client(verify=ctx, timeout=30) as http:
-        first = post({"name": "vm_shutdown", "arguments": args}).json()["result"]
-        state = first["requestState"]
-        aid = first["inputRequests"]["pvegate_approval"]["params"]["url"].rsplit("/", 1)[-1]
-        assert asyncio.run(api.vote(aid, approver(api))).status_code == 200
-        retry = {"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses}
+    with approved_retry(api, args) as (post, retry):
         opa = agw.components.sidecar.process
         opa.send_signal(signal.SIGSTOP)
         try:
@@ -280,8 +296,6 @@ async def test_2025_11_25_a_retry_before_the_vote_gets_the_same_elicitation(api:
 
 @pytest.mark.skipif(not CLI.exists(), reason="MCP Inspector not installed: run scripts/provision-inspector.sh")
 def test_inspector_approval_round_trip(api: Api, asim: Any) -> None:
-    import asyncio
-
     args = shutdown_args()
 
     def inspector(*extra: str) -> dict[str, Any]:

@@ -11,19 +11,15 @@ handle already; the 503 path did not.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ssl
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from tests.approvals.conftest import Api
-from tests.mcp.test_handoff import URL_ELICITATION, approver, legacy_client, shutdown_args, shutdowns
-from tests.mcp.wire import modern_body, modern_headers
+from tests.mcp.test_handoff import approved_retry, approver, legacy_client, shutdown_args, shutdowns
 
 
 @contextlib.contextmanager
@@ -41,20 +37,7 @@ def audit_full(agw: Any) -> Iterator[None]:
 
 def test_s49_request_state_survives_an_audit_unavailable_refusal(api: Api, asim: Any, agw: Any) -> None:
     args = shutdown_args()
-    token = api.agent()
-    ctx = ssl.create_default_context(cafile=str(api.env.ca_file))
-    responses = {"pvegate_approval": {"action": "accept"}}
-
-    def post(params: dict[str, Any]) -> httpx.Response:
-        body = modern_body("tools/call", params, capabilities=URL_ELICITATION)
-        return http.post(api.env.url, json=body, headers=modern_headers(token, "tools/call", "vm_shutdown"))
-
-    with httpx.Client(verify=ctx, timeout=30) as http:
-        first = post({"name": "vm_shutdown", "arguments": args}).json()["result"]
-        state = first["requestState"]
-        aid = first["inputRequests"]["pvegate_approval"]["params"]["url"].rsplit("/", 1)[-1]
-        assert asyncio.run(api.vote(aid, approver(api))).status_code == 200
-        retry = {"name": "vm_shutdown", "arguments": args, "requestState": state, "inputResponses": responses}
+    with approved_retry(api, args) as (post, retry):
         with audit_full(agw):
             refused = post(retry)
         assert refused.status_code == 503 and "Retry" in refused.json()["error"]["message"], refused.text
