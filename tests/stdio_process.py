@@ -9,11 +9,13 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,6 +44,37 @@ def rpc(id_: int, method: str, params: dict[str, Any] | None = None) -> dict[str
 INITIALIZE = rpc(1, "initialize", {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "signals", "version": "1"},
 })  # fmt: skip
+
+
+@contextlib.contextmanager
+def on_a_socket(env: DevEnv, root: Path) -> Iterator[tuple[subprocess.Popen[bytes], socket.socket, Path]]:
+    """`pvegate stdio` whose stdin and stdout are one socket (socat's EXEC:, inetd, systemd Accept=yes).
+
+    Yields the process, the test's end of the socket (60 s timeout) and the stderr file; the socket
+    is closed and the process killed at the end, whatever the test did."""
+    mine, theirs = socket.socketpair()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PVEGATE_")}
+    environ["TMPDIR"] = str(root)
+    environ["PATH"] = f"{REPO / '.tools' / 'bin'}:{environ.get('PATH', '')}"
+    err_path = root / "stdio.err"
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [*PVEGATE, "--config", str(env.config_path), "--principal", "desk-agent"],
+            stdin=theirs,
+            stdout=theirs,
+            stderr=err,
+            cwd=REPO,
+            env=environ,
+        )
+    theirs.close()
+    try:
+        mine.settimeout(60)
+        yield proc, mine, err_path
+    finally:
+        mine.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class Stdio:

@@ -7,14 +7,12 @@ shutdown(SHUT_WR)) still gets every reply."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from tests.outcomes.helpers import env_for
-from tests.stdio_process import INITIALIZE, LOCAL, PVEGATE, REPO, rpc
+from tests.stdio_process import INITIALIZE, LOCAL, on_a_socket, rpc
 
 
 def _lines(sock: socket.socket, n: int) -> list[dict[str, Any]]:
@@ -29,32 +27,12 @@ def _lines(sock: socket.socket, n: int) -> list[dict[str, Any]]:
 
 def test_s47_stdin_and_stdout_one_socket_get_their_replies(tmp_path: Path, fsim: Any) -> None:
     env = env_for(tmp_path, fsim, local_principals=LOCAL)
-    mine, theirs = socket.socketpair()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("PVEGATE_")}
-    environ["TMPDIR"] = str(tmp_path)
-    environ["PATH"] = f"{REPO / '.tools' / 'bin'}:{environ.get('PATH', '')}"
-    with (tmp_path / "stdio.err").open("wb") as err:
-        proc = subprocess.Popen(
-            [*PVEGATE, "--config", str(env.config_path), "--principal", "desk-agent"],
-            stdin=theirs,
-            stdout=theirs,
-            stderr=err,
-            cwd=REPO,
-            env=environ,
-        )
-    theirs.close()
-    try:
-        mine.settimeout(60)
+    with on_a_socket(env, tmp_path) as (proc, mine, err_path):
         mine.sendall(json.dumps(INITIALIZE).encode() + b"\n")
         (first,) = _lines(mine, 1)
         assert first["result"]["serverInfo"]["name"] == "pvegate", first
         mine.sendall(b"".join(json.dumps(rpc(i, "ping")).encode() + b"\n" for i in range(2, 6)))
         mine.shutdown(socket.SHUT_WR)  # the end of input: what was asked is still answered
         rest = _lines(mine, 4)
-        assert sorted(r["id"] for r in rest) == [2, 3, 4, 5], (rest, (tmp_path / "stdio.err").read_text()[-2000:])
-        assert proc.wait(timeout=60) == 0, (tmp_path / "stdio.err").read_text()[-2000:]
-    finally:
-        mine.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert sorted(r["id"] for r in rest) == [2, 3, 4, 5], (rest, err_path.read_text()[-2000:])
+        assert proc.wait(timeout=60) == 0, err_path.read_text()[-2000:]

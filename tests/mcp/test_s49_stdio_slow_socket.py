@@ -7,15 +7,13 @@ the process exiting 0. Now a reply is written whole on the descriptor, a full bu
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.outcomes.helpers import env_for
-from tests.stdio_process import INITIALIZE, LOCAL, PVEGATE, REPO, rpc
+from tests.stdio_process import INITIALIZE, LOCAL, on_a_socket, rpc
 
 ASKED = range(2, 12)  # ten tools/list replies: far more than a socket's buffer holds
 
@@ -29,23 +27,7 @@ def _read_all(sock: socket.socket) -> bytes:
 
 def test_s49_a_socket_client_slow_to_read_gets_every_reply_whole(tmp_path: Path, fsim: Any) -> None:
     env = env_for(tmp_path, fsim, local_principals=LOCAL)
-    mine, theirs = socket.socketpair()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("PVEGATE_")}
-    environ["TMPDIR"] = str(tmp_path)
-    environ["PATH"] = f"{REPO / '.tools' / 'bin'}:{environ.get('PATH', '')}"
-    err_path = tmp_path / "stdio.err"
-    with err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [*PVEGATE, "--config", str(env.config_path), "--principal", "desk-agent"],
-            stdin=theirs,
-            stdout=theirs,
-            stderr=err,
-            cwd=REPO,
-            env=environ,
-        )
-    theirs.close()
-    try:
-        mine.settimeout(60)
+    with on_a_socket(env, tmp_path) as (proc, mine, err_path):
         mine.sendall(json.dumps(INITIALIZE).encode() + b"\n")
         first = b""
         while not first.endswith(b"\n"):
@@ -56,11 +38,6 @@ def test_s49_a_socket_client_slow_to_read_gets_every_reply_whole(tmp_path: Path,
         mine.shutdown(socket.SHUT_WR)
         out = _read_all(mine)
         assert proc.wait(timeout=60) == 0, err_path.read_text()[-2000:]
-    finally:
-        mine.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert out.endswith(b"\n"), f"the last reply is cut: {out[-200:]!r}"
     replies = [json.loads(line) for line in out.splitlines()]  # every line a whole message
     assert sorted(r["id"] for r in replies) == list(ASKED), err_path.read_text()[-2000:]
