@@ -174,6 +174,25 @@ def test_the_catalog_is_the_connector_directory_given(
     assert "no connector directory" in capsys.readouterr().err
 
 
+def problems_from_a_sidecar(tree: Path) -> tuple[str, ...] | None:
+    """`catalog_problems` as a gateway asks it once per revision, of a managed OPA loading `tree`,
+    with the repository's connectors."""
+    sidecar = OPASidecar(policies=(tree,))
+    start_short_lived(sidecar)
+    try:
+
+        async def ask() -> tuple[str, ...] | None:
+            client = DecisionClient(sidecar.url, timeout_ms=5000, token=client_token(sidecar))
+            try:
+                return await catalog_problems(client, Catalog.load(CONNECTORS))
+            finally:
+                await client.close()
+
+        return asyncio.run(ask())
+    finally:
+        sidecar.stop()
+
+
 def test_the_gateway_asks_its_opa_with_its_catalog(tmp_path: Path) -> None:
     """What a gateway asks once per revision (gateway/policy/catalog_refs.py), from the policy as the
     managed OPA loads it (partially evaluated with its data)."""
@@ -182,19 +201,5 @@ def test_the_gateway_asks_its_opa_with_its_catalog(tmp_path: Path) -> None:
     doc = yaml.safe_load(DATA.read_text())
     _node_rebot(doc)
     (tree / "data" / "data.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    catalog = Catalog.load(CONNECTORS)
-    sidecar = OPASidecar(policies=(tree,))
-    start_short_lived(sidecar)
-    try:
-
-        async def ask() -> tuple[str, ...] | None:
-            client = DecisionClient(sidecar.url, timeout_ms=5000, token=client_token(sidecar))
-            try:
-                return await catalog_problems(client, catalog)
-            finally:
-                await client.close()
-
-        problem = "risk.critical_calls.4.tools: node_rebot names no tool in the catalog (misspelled?)"
-        assert asyncio.run(ask()) == (problem,)
-    finally:
-        sidecar.stop()
+    problem = "risk.critical_calls.4.tools: node_rebot names no tool in the catalog (misspelled?)"
+    assert problems_from_a_sidecar(tree) == (problem,)

@@ -11,7 +11,6 @@ The check runs the real OPA (data.pvegate.config.catalog_problems) with the cata
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -19,11 +18,9 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.policy.catalog_refs import catalog_input, catalog_problems
-from gateway.policy.decisions import DecisionClient
-from gateway.policy.opa_sidecar import OPASidecar, client_token
-from gateway.store.replay import start_short_lived
+from gateway.policy.catalog_refs import catalog_input
 from gateway.tools.catalog import Catalog
+from tests.policy.test_data_catalog_refs import problems_from_a_sidecar
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTORS = REPO / "connectors"
@@ -98,17 +95,4 @@ def test_the_catalog_input_carries_the_parameter_types() -> None:
 def test_the_gateway_reports_it_from_its_opa(tmp_path: Path) -> None:
     """What a gateway asks once per revision, from the policy as the managed OPA loads it."""
     tree = _policies_with(tmp_path, "[0]", tests=True)
-    sidecar = OPASidecar(policies=(tree,))
-    start_short_lived(sidecar)
-    try:
-
-        async def ask() -> tuple[str, ...] | None:
-            client = DecisionClient(sidecar.url, timeout_ms=5000, token=client_token(sidecar))
-            try:
-                return await catalog_problems(client, Catalog.load(CONNECTORS))
-            finally:
-                await client.close()
-
-        assert asyncio.run(ask()) == (PROBLEM,)
-    finally:
-        sidecar.stop()
+    assert problems_from_a_sidecar(tree) == (PROBLEM,)
