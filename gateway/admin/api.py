@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fnmatch
 import functools
 import hmac
 import html
@@ -484,7 +483,7 @@ def unix_time(text: str) -> float:
 
 async def _in_audit(path: Any, column: str, value: str, known: Collection[str]) -> bool:
     """Whether a kind or outcome filter names a value the gateway writes, or one in the audit all the same."""
-    if any(fnmatch.fnmatchcase(k, value.replace("[", "[[]")) if "*" in value else k == value for k in known):
+    if any(auditlib.filter_matches(k, value) for k in known):
         return True
     probe = auditlib.Query(kind=value, limit=1) if column == "kind" else auditlib.Query(outcome=value, limit=1)
     return bool(await asyncio.to_thread(auditlib.search, path, probe))

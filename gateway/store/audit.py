@@ -24,6 +24,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import fcntl
+import fnmatch
 import hashlib
 import json
 import logging
@@ -2364,8 +2365,7 @@ class Query:
                 value = _glob_like(value)
             elif "*" in value:  # shell-style glob, e.g. --target 'default/qemu/*'
                 where.append(f"{col} GLOB ?")
-                # `[` literal, as on PostgreSQL: GLOB would read `renovate[bot]*` as a character class
-                value = value.replace("[", "[[]")
+                value = _brackets_literal(value)
             else:
                 where.append(f"{col} = ?")
             args.append(value)
@@ -2385,6 +2385,17 @@ class Query:
             sql += " LIMIT ?"
             args.append(int(self.limit))
         return sql, args
+
+
+def filter_matches(value: str, pattern: str) -> bool:
+    """An audit filter applied in Python exactly as `Query.sql` applies it in the database: a glob
+    only when it holds a `*` (`ops[1]` or `ops?` is a name), `*` any run, `?` one character."""
+    return fnmatch.fnmatchcase(value, _brackets_literal(pattern)) if "*" in pattern else value == pattern
+
+
+def _brackets_literal(glob: str) -> str:
+    """`[` as itself, as on PostgreSQL: a glob would read `renovate[bot]*` as a character class."""
+    return glob.replace("[", "[[]")
 
 
 def _glob_like(glob: str) -> str:

@@ -49,7 +49,7 @@ from gateway.policy.bundles import BundleError, verification_key_problem, verify
 from gateway.policy.decisions import FAIL_CLOSED_CODE, Decision, DecisionClient, PolicyError, read_data_check
 from gateway.policy.opa_address import httpx_async_client
 from gateway.policy.opa_sidecar import OPASidecar, OPAUnavailable, find_opa
-from gateway.store.audit import _TS_RANGE, INPUT_FIELD, ChainChecker, Query, VerifyResult, connect
+from gateway.store.audit import _TS_RANGE, INPUT_FIELD, ChainChecker, Query, VerifyResult, connect, filter_matches
 from gateway.store.pgsync import PgLocation
 
 # outcome transitions, plus the kinds that leave the outcome alone
@@ -161,8 +161,6 @@ class Filters:
 
     def admits(self, row: dict[str, Any]) -> bool:
         """The same filters for rows read from an export file (globs as in `audit search`)."""
-        from fnmatch import fnmatchcase
-
         if row.get("kind") != "decision":
             return False
         if self.since is not None and row["ts"] < self.since:
@@ -173,9 +171,7 @@ class Filters:
             want, have = getattr(self, col), str(row.get(col) or "")
             if want is None:
                 continue
-            # a glob only with a `*`, as Query.sql: `ops[1]` or `ops?` is a name, not a pattern for `ops1`; and
-            # in a glob `[` is itself, as on both databases (`renovate[bot]*` is no character class)
-            if not (fnmatchcase(have, want.replace("[", "[[]")) if "*" in want else have == want):
+            if not filter_matches(have, want):
                 return False
         return True
 

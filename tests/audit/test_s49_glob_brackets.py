@@ -35,3 +35,18 @@ async def test_brackets_in_a_glob_are_literal_on_every_backend(store: Store) -> 
     assert found("a_*") == ["a_b"]
     rows = list(off(lambda: list(auditlib.iter_rows(store.where, auditlib.Query(principal="renovate[bot]*")))))
     assert [r["principal"] for r in rows] == ["renovate[bot]"]  # export reads the same filter
+
+
+async def test_the_python_filter_agrees_with_the_database(store: Store) -> None:  # noqa: F811
+    """Replay's export filters and the admin filter check apply `filter_matches` to rows and names the
+    database never sees; it must pick exactly what `Query.sql` picks, on each backend."""
+    log = store.log()
+    await log.open()
+    try:
+        for p in PRINCIPALS:
+            await log.append(AuditRecord(f"r-{p}", "received", p, "start_vm", "default/qemu/100", None, {}))
+    finally:
+        await log.close()
+    for pattern in ("renovate[bot]*", "user[12]*", "*]*", "a?b*", "a_*", "a%*", "*", "renovate[bot]", "a?b", "user1"):
+        in_db = [r["principal"] for r in off(auditlib.search, store.where, auditlib.Query(principal=pattern))]
+        assert [p for p in PRINCIPALS if auditlib.filter_matches(p, pattern)] == in_db, pattern
