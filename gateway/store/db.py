@@ -268,6 +268,10 @@ class Database(Protocol):
         """A read outside any transaction, fully fetched."""
         ...
 
+    async def now(self) -> float:
+        """The database's clock (epoch seconds) outside any transaction, as `Tx.now` reads it inside one."""
+        ...
+
 
 class _SqliteTx:
     for_update = ""
@@ -411,6 +415,9 @@ class SqliteDatabase:
         async with self._lock:
             return await _SqliteTx(self.db).fetch(sql, *args)
 
+    async def now(self) -> float:
+        return time.time()  # one host's file: the same clock, no round trip
+
 
 _PLACEHOLDER = re.compile(r"\?")
 
@@ -425,6 +432,10 @@ def pg_sql(sql: str) -> str:
         return f"${n}"
 
     return _PLACEHOLDER.sub(number, sql)
+
+
+# the server's clock as it runs, not the transaction's start (now()): a long transaction still reads the time
+_PG_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8 AS now"
 
 
 class _PostgresTx:
@@ -450,7 +461,7 @@ class _PostgresTx:
         await self._conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
 
     async def now(self) -> float:
-        return float(await self._conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8"))
+        return float(await self._conn.fetchval(_PG_NOW))
 
 
 class PostgresDatabase:
@@ -574,6 +585,9 @@ class PostgresDatabase:
             await pool.release(conn)
         return rows
 
+    async def now(self) -> float:
+        return float((await self.fetch(_PG_NOW))[0]["now"])
+
 
 class SharedDatabase:
     """One Database several stores use through handles (`handle()`): the gateway's quota, hold and approval
@@ -641,6 +655,9 @@ class SharedHandle:
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         return await self.shared.base.fetch(sql, *args)
+
+    async def now(self) -> float:
+        return await self.shared.base.now()
 
 
 # while set (`one_pool()`): the databases database() hands out, one per storage setting, shared

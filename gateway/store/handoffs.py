@@ -18,7 +18,6 @@ of theirs that began before that moment is refused, kept as long.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from gateway.store.db import Database
@@ -53,10 +52,7 @@ class SharedStates:
 
     async def now(self) -> float:
         """The database's clock, the one sign-outs are stamped with (a session's start is compared with it)."""
-        if self.database.kind == "sqlite":  # one host's file: the same clock, no round trip
-            return time.time()
-        rows = await self.database.fetch("SELECT extract(epoch FROM clock_timestamp())::float8 AS now")
-        return float(rows[0]["now"])
+        return await self.database.now()
 
     async def use_once(self, nonce: str, expires_at: float) -> bool:
         """True the first time `nonce` is presented (on any replica), False ever after; False too once its
