@@ -341,6 +341,10 @@ class ApprovalStore:
     async def close(self) -> None:
         await self.database.close()
 
+    async def now(self) -> float:
+        """The database's clock, the one every expiry is set and checked on (SQLite: this host's)."""
+        return await self.database.now()
+
     async def expire_due(self, now: float | None = None) -> list[str]:
         """Mark pending requests and unused tokens past their expiry as expired (rows are kept): their ids.
         `now`: the database's clock unless given (tests)."""
@@ -926,7 +930,11 @@ class Approvals:
             digest,
             target_key(target),
         )
-        return req if same and req.state == "pending" and req.expires_at > time.time() else None
+        if not same or req.state != "pending":
+            return None
+        # the database's clock, as the expiry was set: a replica whose own clock lags must not hold a request
+        # no approver can vote on any more, nor one whose clock leads refuse a live one
+        return req if req.expires_at > await self.store.now() else None
 
     @staticmethod
     def facts(req: ApprovalRequest) -> dict[str, Any]:
