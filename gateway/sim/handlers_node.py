@@ -245,6 +245,19 @@ def _parse_time(value: Any) -> float | None:
     raise ApiError(400, "Parameter verification failed.", {"since": "invalid time"})
 
 
+def _node_log(ctx: Ctx, node: str) -> list[tuple[float, str, str]]:
+    """The node's log with its tasks' starts and ends, as PVE's cluster log_msg also writes them to
+    syslog (`pvedaemon[pid]: <user> end task UPID:... <exit status>`), oldest first."""
+    tasks: list[tuple[float, str, str]] = []
+    for t in ctx.rt.cluster.tasks.values():
+        if t.node != node:
+            continue
+        tasks.append((t.starttime, "pvedaemon", f"pvedaemon[{t.pid}]: <{t.user}> starting task {t.upid}"))
+        if t.endtime is not None:
+            tasks.append((t.endtime, "pvedaemon", f"pvedaemon[{t.pid}]: <{t.user}> end task {t.upid} {t.exitstatus}"))
+    return sorted([*ops(ctx.rt.cluster, node).log, *tasks], key=lambda e: e[0])
+
+
 @route("GET", "/nodes/{node}/syslog")
 def get_syslog(ctx: Ctx) -> Any:
     p = ctx.params
@@ -253,7 +266,7 @@ def get_syslog(ctx: Ctx) -> Any:
     service = p.get("service")
     lines = [
         log_line(node, t, msg)
-        for t, unit, msg in ops(ctx.rt.cluster, node).log
+        for t, unit, msg in _node_log(ctx, node)
         if (since is None or t >= since) and (until is None or t <= until) and (not service or unit == service)
     ]
     if not lines:
@@ -269,7 +282,7 @@ def get_journal(ctx: Ctx) -> Any:
     node = str(p["node"])
     entries = [
         (t, log_line(node, t, msg))
-        for t, _unit, msg in ops(ctx.rt.cluster, node).log
+        for t, _unit, msg in _node_log(ctx, node)
         if (p.get("since") is None or t >= int(p["since"])) and (p.get("until") is None or t <= int(p["until"]))
     ]
     if p.get("lastentries") is not None:
