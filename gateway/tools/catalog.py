@@ -569,6 +569,11 @@ class Catalog:
                 used = tools.get(sub)
                 if used is None or used.effect != "read" or used.connector == "composite":
                     raise CatalogError(f"{t.source}: tool {t.name}: uses {sub}, which is not a read-only leaf tool")
-            # the policy grants a composite only where it would grant every leaf it reads through
-            tools[t.name] = replace(t, uses=tuple(tools[sub].policy_view for sub in t.spec.get("uses", [])))
+            fans_out = tuple(t.spec.get("fans_out", []))
+            if stray := sorted(set(fans_out) - set(t.spec.get("uses", []))):
+                raise CatalogError(f"{t.source}: tool {t.name}: fans_out names {', '.join(stray)}, not in its uses")
+            # the policy grants a composite only where it would grant every leaf it reads through, and
+            # decides a leaf it calls beyond its target (fans_out) with no scope to test
+            leaves = tuple(tools[sub].policy_view for sub in t.spec.get("uses", []))
+            tools[t.name] = replace(t, uses=leaves, fans_out=fans_out)
         return cls(tools)

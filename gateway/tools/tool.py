@@ -51,6 +51,8 @@ class Tool:
     dry_run: str | None = None
     source: str = ""
     uses: tuple[dict[str, Any], ...] = ()  # a composite's leaf tools, as the policy sees them
+    # the leaves a composite calls on guests or nodes beyond its own target (every one of the cluster's)
+    fans_out: tuple[str, ...] = ()
     allocates: dict[str, Any] = field(default_factory=dict)  # requested resources (create, attach, grow)
     # where the call puts a guest (clone, migration): destination field -> parameter name
     destination: dict[str, str | None] = field(default_factory=dict)
@@ -102,6 +104,7 @@ class Tool:
             "tags": list(self.tags),
             "scope": self.scope,
             **({"uses": list(self.uses)} if self.uses else {}),
+            **({"fans_out": list(self.fans_out)} if self.fans_out else {}),
             **({"allocates": True} if self.allocates else {}),
         }
 

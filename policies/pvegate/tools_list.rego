@@ -68,6 +68,11 @@ leaf_hidden := {i |
 	some i, t in input.tools
 	some leaf in t.uses
 	not leaf_listed(leaf)
+} | {i |
+	some i, t in input.tools
+	some leaf in t.uses
+	rbac.fans_out(t, leaf) # called beyond any one target: rbac composite.rego
+	not rbac.fan_out_listable(leaf)
 }
 
 # leaf_listed(leaf): the leaf is listable as a tool of its own (the same view at

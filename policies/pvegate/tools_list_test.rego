@@ -60,6 +60,17 @@ per_tool(tools) := {t.name |
 	every leaf in object.get(t, "uses", []) {
 		per_tool_visible(leaf)
 	}
+	every leaf in object.get(t, "uses", []) {
+		fan_out_visible(t, leaf)
+	}
+}
+
+# a leaf the composite calls beyond its target (fans_out) is decided with no scope to test
+fan_out_visible(t, leaf) if not rbac.fans_out(t, leaf)
+
+fan_out_visible(t, leaf) if {
+	rbac.fans_out(t, leaf)
+	rbac.fan_out_listable(leaf)
 }
 
 per_tool_visible(t) if {
@@ -270,12 +281,45 @@ test_a_composite_whose_leaf_is_denied_in_one_pool_is_listed if {
 test_listing_of_composites_agrees_with_per_tool_test if {
 	every scope in [{}, {"scope": {"pools": ["web"]}}] {
 		every p in [fx.contractor, fx.agent, fx.viewer, fx.admin] {
-			listed_for(p, scope, []) == per_tool(composite_catalog) with input as fx.listing_input(p, composite_catalog)
-				with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
-				with data.data.bindings as restricted_binding(scope)
-				with data.data.guardrails.deny_rules as []
+			every tools in [composite_catalog, sweep_catalog] {
+				listed_for_catalog(p, scope, [], tools) == per_tool(tools) with input as fx.listing_input(p, tools)
+					with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+					with data.data.bindings as restricted_binding(scope)
+					with data.data.guardrails.deny_rules as []
+			}
 		}
 	}
+}
+
+# --- a composite calling a leaf beyond its target (fans_out) ----------------------------
+# (no scope can be tested there: a scoped deny of the leaf denies it on every target)
+
+compose_sweep := object.union(compose_stack, {"name": "compose_sweep", "fans_out": ["lxc_docker_inspect"]})
+
+sweep_catalog := array.concat(composite_catalog, [compose_sweep])
+
+listed_for_catalog(p, scope, rules, tools) := v if {
+	v := pvegate.visible_tools with input as fx.listing_input(p, tools)
+		with data.data.roles as object.union(data.data.roles, {"restricted": {"deny": [{"tools": ["lxc_docker_inspect"]}]}})
+		with data.data.bindings as restricted_binding(scope)
+		with data.data.guardrails.deny_rules as rules
+}
+
+test_a_composite_calling_a_leaf_beyond_its_target_is_hidden_by_a_scoped_deny if {
+	v := listed_for_catalog(fx.contractor, {"scope": {"pools": ["web"]}}, [], sweep_catalog)
+	"inspect_compose_stack" in v # the leaf on the target only: callable outside pool web
+	not "compose_sweep" in v
+
+	# nor is it listed under a deny rule that names the leaf on tagged guests only
+	w := listed_for_catalog(
+		object.union(fx.contractor, {"groups": []}), {}, [{"name": "x", "tools": ["lxc_docker_inspect"], "target_tags": ["prod"]}],
+		sweep_catalog,
+	)
+	"inspect_compose_stack" in w
+	not "compose_sweep" in w
+
+	# with nothing denying the leaf, it is listed
+	"compose_sweep" in listed_for_catalog(object.union(fx.contractor, {"groups": []}), {}, [], sweep_catalog)
 }
 
 # A leaf is answered from the listing's own sets when the input lists it as a

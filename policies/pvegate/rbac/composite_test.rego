@@ -92,3 +92,76 @@ test_a_leaf_without_a_name_is_still_reported if {
 	reasons := rbac.deny with input as fx.call(fx.agent, composite("c", "container", "guest", [nameless]), fx.prod_guest)
 	leaf_reason(reasons, "(a leaf without a name)")
 }
+
+# --- a leaf called beyond the composite's target (tool.fans_out) ----------------------
+# check_ip_availability reads every guest's config and every node's neighbour table on a
+# cluster target: no binding's scope can be tested on those, so every deny of the leaf the
+# caller is bound to holds, and only a cluster-wide binding grants it
+
+cluster_target := object.union(fx.node_target, {"node": null, "name": null, "status": null})
+
+ip_sweep := object.union(ip_check, {"fans_out": ["node_arp_table"]})
+
+pve2_fenced_reasons(tool) := reasons if {
+	reasons := rbac.deny with input as fx.call(fx.contractor, tool, cluster_target)
+		with data.data.roles as object.union(data.data.roles, {"no-arp": {"deny": [{"tools": ["node_arp_table"]}]}})
+		with data.data.bindings as array.concat(
+			data.data.bindings,
+			[{"name": "pve2-fence", "role": "no-arp", "groups": ["contractors"], "scope": {"nodes": ["pve2"]}}],
+		)
+}
+
+test_a_scoped_deny_of_a_leaf_called_beyond_the_target_denies_the_composite if {
+	# declared as on the target only, the node-scoped deny never meets the cluster target
+	count(pve2_fenced_reasons(ip_check)) == 0
+	reasons := pve2_fenced_reasons(ip_sweep)
+	leaf_reason(reasons, "node_arp_table")
+	fx.has_reason(reasons, "on every guest and node of cluster default")
+	fx.has_reason(reasons, "role \"no-arp\" forbids it")
+}
+
+prod_only(tool) := [{"name": "prod-only", "tools": [tool], "target_tags": ["prod"]}]
+
+test_a_deny_rule_on_target_tags_holds_for_a_guest_leaf_called_beyond_the_target if {
+	reads := composite("check_ip_availability", "network", "cluster", [arp_table, fx.guest_config_tool])
+	count(rbac.deny) == 0 with input as fx.call(fx.agent, reads, cluster_target)
+		with data.data.guardrails.deny_rules as prod_only("get_guest_config")
+	sweep := object.union(reads, {"fans_out": ["node_arp_table", "get_guest_config"]})
+	reasons := rbac.deny with input as fx.call(fx.agent, sweep, cluster_target)
+		with data.data.guardrails.deny_rules as prod_only("get_guest_config")
+	leaf_reason(reasons, "get_guest_config")
+	fx.has_reason(reasons, "deny rule \"prod-only\" forbids it")
+
+	# a node has no tags: the rule never holds on the neighbour table, here or called directly
+	count(rbac.deny) == 0 with input as fx.call(fx.agent, sweep, cluster_target)
+		with data.data.guardrails.deny_rules as prod_only("node_arp_table")
+}
+
+test_a_pool_scoped_deny_of_a_node_leaf_never_holds if {
+	# a node is in no pool: the pool's deny holds on none of the leaf's targets
+	reasons := rbac.deny with input as fx.call(fx.contractor, ip_sweep, cluster_target)
+		with data.data.roles as object.union(data.data.roles, {"no-arp": {"deny": [{"tools": ["node_arp_table"]}]}})
+		with data.data.bindings as array.concat(
+			data.data.bindings,
+			[{"name": "web-fence", "role": "no-arp", "groups": ["contractors"], "scope": {"pools": ["web"]}}],
+		)
+	count(reasons) == 0
+}
+
+reader_org(scope) := {
+	"roles": {"r": {"allow": [{"effects": ["read"]}]}},
+	"bindings": [object.union({"name": "b", "role": "r", "subjects": ["mallory"]}, scope)],
+}
+
+test_a_leaf_called_beyond_the_target_needs_a_cluster_wide_grant if {
+	sweep := object.union(compose_stack, {"fans_out": ["lxc_docker_inspect"]})
+	web := {"scope": {"pools": ["web"]}}
+
+	# the pool's binding grants the leaf on the pool's guest, not on every guest
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, compose_stack, fx.prod_guest) with data.data as reader_org(web)
+	leaf_reason(rbac.deny, "lxc_docker_inspect") with input as fx.call(fx.nobody, sweep, fx.prod_guest)
+		with data.data as reader_org(web)
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, sweep, fx.prod_guest) with data.data as reader_org({})
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, sweep, fx.prod_guest)
+		with data.data as reader_org({"scope": {"clusters": ["default"]}})
+}
