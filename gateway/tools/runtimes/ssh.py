@@ -400,6 +400,40 @@ async def _read_head(stream: asyncssh.SSHReader[bytes], keep: int) -> bytes:
     return bytes(out)
 
 
+class _Session(asyncssh.SSHClientProcess[bytes]):
+    """A command's session, whose caller may give up on it (its timeout, a cancelled call) while the
+    node has yet to confirm the channel open. asyncssh opens such a channel when the confirmation
+    comes and leaves it open, with no command: sshd counts it against MaxSessions for as long as the
+    pooled connection lives, so a few stalls would leave the node refusing every call. Given up on,
+    the session is closed as it opens, before its command is sent."""
+
+    def __init__(self, given_up: asyncio.Event) -> None:
+        super().__init__()
+        self._given_up = given_up
+
+    def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:  # type: ignore[override]
+        super().connection_made(chan)
+        if self._given_up.is_set():
+            chan.close()
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "the call gave up on this session")
+
+
+async def _open_session(
+    conn: asyncssh.SSHClientConnection, command: str, given_up: asyncio.Event
+) -> asyncssh.SSHClientProcess[bytes]:
+    """conn.create_process(command, encoding=None, stdin=DEVNULL), with a session that can be given up on."""
+    _, proc = await conn.create_session(lambda: _Session(given_up), command, encoding=None)
+    assert isinstance(proc, _Session)  # the factory's
+    await proc.redirect(asyncssh.DEVNULL, asyncssh.PIPE, asyncssh.PIPE)
+    return proc
+
+
+def _discard(opening: asyncio.Future[asyncssh.SSHClientProcess[bytes]]) -> None:
+    """A session opened for a call that gave up on it (its command sent before it did): closed."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
 class SshRuntime:
     def __init__(self, clusters: dict[str, ClusterConfig], resolver: GuestLocator, allow: AllowList) -> None:
         self.pool = SshPool(clusters)
@@ -457,9 +491,18 @@ class SshRuntime:
                     sent = loop.time()
                     # the node stops it by then (TERM, KILL 2 s later); its verdict is awaited a moment longer
                     free_at = sent + limit + KILL_AFTER_SECONDS + ANSWER_GRACE_SECONDS
+                    given_up = asyncio.Event()
+                    opening = asyncio.ensure_future(_open_session(conn, command, given_up))
                     try:
-                        async with asyncio.timeout_at(free_at):
-                            proc = await conn.create_process(command, encoding=None, stdin=asyncssh.DEVNULL)
+                        try:
+                            async with asyncio.timeout_at(free_at):
+                                # shielded: cancelled while awaiting the node's "open", asyncssh would leave
+                                # the channel open for ever once it came (see _Session)
+                                proc = await asyncio.shield(opening)
+                        except (TimeoutError, asyncio.CancelledError):
+                            given_up.set()
+                            opening.add_done_callback(_discard)
+                            raise
                         break
                     except asyncssh.ChannelOpenError as exc:
                         free_at = None  # no session, nothing ran: safe to ask again
