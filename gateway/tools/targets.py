@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway.tools.runtimes.base import ToolError, UpstreamError
-from gateway.tools.runtimes.pve_api import PveApiClient
+from gateway.tools.runtimes.pve_api import PveApiClient, upid_node
 from gateway.tools.runtimes.reducers import tag_list
 from gateway.tools.tool import Tool, parse_release
 
@@ -139,6 +139,26 @@ def destination(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -
         "pool_known": True if pool_param else target.get("pool_known", True),
         "tags": list(target.get("tags") or []),  # a clone copies its source's tags; a migration keeps them
     }
+
+
+def unresolved(tool: Tool, arguments: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """The target of a call whose inventory lookup failed: still not known, but with what the call
+    itself names, so a deny scoped to a node, a vmid range or a pool holds on it (a target without
+    them escaped every scoped deny). The node only where Proxmox acts on the one named (a node's
+    call, or a path the guest is not located for); a named guest's pool is not known (pool_known
+    false), a new guest's is the one the call names."""
+    t = tool.target
+    vmid_param, node_param, new_param = t.get("vmid"), t.get("node"), t.get("new_vmid")
+    named = vmid_param in arguments or new_param in arguments
+    runs_there = f"{{{node_param}}}" in str(tool.spec.get("path", "")) and not tool.spec.get("locate")
+    if node_param in arguments and (not named or runs_there):
+        target["node"] = arguments[node_param]
+    if vmid_param in arguments:
+        target.update(vmid=int(arguments[vmid_param]), pool_known=False)
+    elif new_param in arguments:
+        pool_param = t.get("pool")
+        target.update(vmid=int(arguments[new_param]), pool=arguments.get(pool_param) if pool_param else None)
+    return target
 
 
 # a guest config's lines: `key: value` (lxc.* raw keys carry dots)
@@ -654,6 +674,11 @@ class TargetResolver:
         url_param = tool.target.get("url")
         if url_param:  # the policy allow-lists hosts: hand it the parsed host, never make Rego parse URLs
             target["url_host"] = url_host(arguments.get(url_param))
+        if tool.spec.get("locate") == "upid" and "upid" in arguments:
+            # a task's call acts on the node its UPID names (PveApiRuntime.locate): a deny scoped to
+            # that node holds on it, a grant scoped to nodes covers only that node's tasks
+            with contextlib.suppress(ToolError):
+                target["node"] = upid_node(str(arguments["upid"]))
         if not (vmid_param in arguments or node_param in arguments) or cluster not in self.clients:
             return target
         try:
@@ -663,8 +688,8 @@ class TargetResolver:
             index = await self._index(cluster, fresh=tool.effect != "read")
         except UpstreamError:
             raise  # Proxmox could not be asked at all: that is the answer, not an unknown target
-        except Exception:  # another failed lookup leaves the target unknown; policy decides what that means
-            return target
+        except Exception:  # another failed lookup (a 500, a timeout): unknown, but not unnamed
+            return unresolved(tool, arguments, target)
         new_param = tool.target.get("new_vmid")
         if new_param and new_param in arguments and int(arguments[new_param]) not in index["guests"]:
             # a create: the target is the guest-to-be, on the node and in the pool the call names
