@@ -92,20 +92,39 @@ def token_hash(token: str) -> str:
 
 
 def target_key(target: dict[str, Any]) -> str:
-    """What a token is bound to about the target: the cluster, node, guest and storage it names; and,
-    for a call decided on whose data it destroys, that too: the guest a volume belongs to
-    (target.volume_of), the guests a prune deletes backups of (target.prune_removes). The approvers
-    were checked against those (a scoped approver covers them); a retry that would reach others
-    (the volume's guest replaced, another guest's backups now pruned) needs its own approval."""
-    key = {k: target.get(k) for k in ("cluster", "node", "vmid", "storage")}
-    volume_of = target.get("volume_of")
-    if isinstance(volume_of, dict):
-        key["volume_of"] = [volume_of.get("vmid"), volume_of.get("node")]  # as the target's guest: id and node
+    """What a token is bound to about the target: the cluster, node, guest and storage it names, and the
+    guest's pool and tags; and, for a call decided on whose data it destroys or copies, that guest too:
+    the guest a volume belongs to (target.volume_of), a backup was taken of (target.backup_of), the guests
+    a prune deletes backups of (target.prune_removes). The approvers were checked against those (a scoped
+    approver covers them: nodes, pools, guest tags) and an approval rule may select by tag; a retry that
+    would reach others (the guest moved into another pool, the volume's guest replaced, another guest's
+    backups now pruned) needs its own approval."""
+    key: dict[str, Any] = {k: target.get(k) for k in ("cluster", "node", "vmid", "storage")}
+    key.update(_placed(target))
+    for field_name in ("volume_of", "backup_of"):
+        owner = target.get(field_name)
+        if isinstance(owner, dict):  # as the target's guest: id, node, pool and tags
+            placed = _placed(owner)
+            key[field_name] = [owner.get("vmid"), owner.get("node"), *([placed] if placed else [])]
     prune = target.get("prune_removes")
     if isinstance(prune, dict):
         guests = [g for g in prune.get("guests") or [] if isinstance(g, dict)]
-        key["prune_removes"] = sorted(f"{g.get('vmid')}@{g.get('node')}" for g in guests)
+        key["prune_removes"] = sorted(
+            f"{g.get('vmid')}@{g.get('node')}" + (canonical_json(p) if (p := _placed(g)) else "") for g in guests
+        )
     return canonical_json(key)
+
+
+def _placed(guest: dict[str, Any]) -> dict[str, Any]:
+    """A guest's pool and tags (as a set), only those it has: a guest in no pool and without tags keeps
+    the key it had before these were bound, so its approvals pending across an upgrade stay valid."""
+    out: dict[str, Any] = {}
+    if guest.get("pool") is not None:
+        out["pool"] = guest["pool"]
+    tags = guest.get("tags")
+    if isinstance(tags, list) and tags:
+        out["tags"] = sorted({str(t) for t in tags})
+    return out
 
 
 @dataclass
