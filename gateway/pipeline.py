@@ -303,6 +303,8 @@ async def dispatch(
     m = c.metrics
     t = time.perf_counter()
     flight = flight or Flight(req.request_id)
+    if c.outcomes.cutting:  # the drain cut off the calls in flight before this one left: known unsent
+        return await _cut_unsent(c, req, tool.name, target, flight, approval)
     try:
         output = await c.outcomes.run(flight, c.runtime(tool).call(tool, args, ctx))
     except Refused as exc:  # nothing was sent: a refusal, not a failure
@@ -414,6 +416,25 @@ async def _interrupted(
     else:
         text = f"{tool.name} interrupted: {reason}. A read: nothing changed."
     return CallResult("interrupted", text, structured={"interrupted": True, "task_id": flight.task_id}, is_error=True)
+
+
+SHUT_DOWN_UNSENT = "the gateway is shutting down and sent nothing to Proxmox; retry shortly (on any replica)"
+
+
+async def _cut_unsent(
+    c: Components, req: CallRequest, tool: str, target: dict[str, Any], flight: Flight, approval: dict[str, Any] | None
+) -> CallResult:
+    """Reached the connector after a drain's cut-off (Outcomes.cut), so never sent: a refusal, not an
+    `interrupted` call whose outcome reconciliation must look for in Proxmox. Its record closes it
+    (`sent: false`), and its quota slot and approval are given back for the retry it is asked to make
+    (an approval left spent here was "already used" on that retry, though nothing ever ran)."""
+    body = {"error": SHUT_DOWN_UNSENT, "sent": False}
+    await c.outcomes.settle(
+        AuditRecord(req.request_id, "refusal", req.principal.sub, tool, _tkey(target), "refused", body)
+    )
+    await _give_back_quota(c, flight)
+    await _unspent(c, req, tool, target, approval, SHUT_DOWN_UNSENT)
+    return CallResult("failed", f"{tool} not run: {SHUT_DOWN_UNSENT}", structured={"sent": False}, is_error=True)
 
 
 async def _unspent(
