@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -355,6 +356,35 @@ def log_mask_problem(tree: Path, timeout: float = 120) -> str | None:
     )
 
 
+def signing_key_problem(key: Path) -> str | None:
+    """Why the file `key` cannot sign a bundle (`opa build --signing-alg RS256`), or None: it must be an
+    unencrypted PEM RSA private key (`pvegate bundle keygen`'s bundle-signing.pem). Said before the
+    checks run: OPA finds out only when it signs, and its first refusal read as the optimiser's
+    failure. Never quotes the file's content."""
+    try:
+        pem = key.read_bytes()
+    except FileNotFoundError:
+        return f"signing key {key} not found"
+    except IsADirectoryError:
+        return f"signing key {key} is a directory, not a key file"
+    except OSError as exc:
+        return f"cannot read the signing key {key}: {exc.strerror or exc}"
+    if b"PUBLIC KEY-----" in pem and b"PRIVATE KEY-----" not in pem:
+        return (
+            f"signing key {key} is a public (verification) key: give the private key that signs "
+            "(bundle-signing.pem of `pvegate bundle keygen`)"
+        )
+    try:
+        private = serialization.load_pem_private_key(pem, password=None)
+    except TypeError:  # encrypted: OPA takes no passphrase
+        return f"signing key {key} is encrypted with a passphrase, which OPA cannot use: give it unencrypted"
+    except (ValueError, UnsupportedAlgorithm):
+        return f"signing key {key} is not a PEM private key"
+    if not isinstance(private, rsa.RSAPrivateKey):
+        return f"signing key {key} is not an RSA private key: bundles are signed RS256"
+    return None
+
+
 def build(
     policies: Path,
     output: Path,
@@ -376,8 +406,8 @@ def build(
     """
     if signing_key is None and not unsigned:
         raise BundleError("no --signing-key given: a bundle is signed unless --unsigned is given explicitly")
-    if signing_key is not None and not signing_key.is_file():
-        raise BundleError(f"signing key {signing_key} not found")
+    if signing_key is not None and (problem := signing_key_problem(signing_key)) is not None:
+        raise BundleError(f"{problem}; nothing was built")  # said before minutes of checks
     if not policies.is_dir():
         raise BundleError(f"no policy directory {policies}")
     if output.resolve().is_relative_to(policies.resolve()):
