@@ -109,6 +109,8 @@ def _show(value: Any) -> str:
         # everything from the scheme to the last '@' (no quote or space stops it here); redact() on the result
         # covers a second URL in the value
         value = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://).*@", r"\1***@", value, flags=re.S)
+        # a query string may be a pre-signed URL's signature or a token: its values are not shown either
+        value = re.sub(r"([?&][^=&#\s]*=)[^&#\s]*", r"\1***", value)
     text = redact(repr(value))
     return cut(text, 60)
 
