@@ -95,7 +95,8 @@ def target_key(target: dict[str, Any]) -> str:
     """What a token is bound to about the target: the cluster, node, guest and storage it names, and the
     guest's pool and tags; and, for a call decided on whose data it destroys or copies, that guest too:
     the guest a volume belongs to (target.volume_of), a backup was taken of (target.backup_of), the guests
-    a prune deletes backups of (target.prune_removes). The approvers were checked against those (a scoped
+    a prune deletes backups of (target.prune_removes), the guests a pool membership change moves
+    (target.members). The approvers were checked against those (a scoped
     approver covers them: nodes, pools, guest tags) and an approval rule may select by tag; a retry that
     would reach others (the guest moved into another pool, the volume's guest replaced, another guest's
     backups now pruned) needs its own approval."""
@@ -106,12 +107,13 @@ def target_key(target: dict[str, Any]) -> str:
         if isinstance(owner, dict):  # as the target's guest: id, node, pool and tags
             placed = _placed(owner)
             key[field_name] = [owner.get("vmid"), owner.get("node"), *([placed] if placed else [])]
-    prune = target.get("prune_removes")
-    if isinstance(prune, dict):
-        guests = [g for g in prune.get("guests") or [] if isinstance(g, dict)]
-        key["prune_removes"] = sorted(
-            f"{g.get('vmid')}@{g.get('node')}" + (canonical_json(p) if (p := _placed(g)) else "") for g in guests
-        )
+    for list_name in ("prune_removes", "members"):  # the guests a prune or a pool membership change reaches
+        reached = target.get(list_name)
+        if isinstance(reached, dict):
+            guests = [g for g in reached.get("guests") or [] if isinstance(g, dict)]
+            key[list_name] = sorted(
+                f"{g.get('vmid')}@{g.get('node')}" + (canonical_json(p) if (p := _placed(g)) else "") for g in guests
+            )
     return canonical_json(key)
 
 

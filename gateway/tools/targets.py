@@ -75,6 +75,25 @@ def backup_vmid(volume: Any) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# one guest of a member list: a guest id (101), an HA resource id (vm:101, ct:201) or a
+# replication job id (101-0: the guest it replicates, then the job's number)
+_MEMBER = re.compile(r"(?:(?:vm|ct):)?([0-9]{1,9})(?:-[0-9]{1,9})?")
+
+
+def member_ids(value: Any) -> list[int]:
+    """The guest ids a comma-separated member list names, each once, in order; ValueError for an
+    item that is none of the forms above (its guest is not known)."""
+    ids: list[int] = []
+    for item in str(value or "").split(","):
+        if not item.strip():
+            continue
+        m = _MEMBER.fullmatch(item.strip())
+        if m is None:
+            raise ValueError("not a guest id")
+        ids.append(int(m.group(1)))
+    return list(dict.fromkeys(ids))
+
+
 # A guest's volume, as Proxmox's storage plugins name it (parse_volname): a disk image, a
 # template's base image, a container's subvolume, a cloud-init drive, a saved VM state, an EFI
 # or TPM disk (vm-101-disk-0, base-100-disk-0, subvol-200-disk-0, basevol-..., vm-101-cloudinit,
@@ -504,6 +523,9 @@ class TargetResolver:
         prune_param = tool.target.get("prune")
         if prune_param:
             target["prune_removes"] = await self._prune_removes(tool, arguments, cluster, prune_param)
+        members_param = tool.target.get("members")
+        if members_param:
+            target["members"] = await self._members(arguments.get(members_param), cluster)
         if tool.slot:
             target["slot"] = await self._slot(tool.slot, arguments, cluster, target)
         return target
@@ -555,7 +577,6 @@ class TargetResolver:
                 params=params,
             )
             index = await self._index(cluster, fresh=True)
-            guests = index["guests"]
             removed: set[int] = set()
             for row in marks if isinstance(marks, list) else [None]:
                 if not isinstance(row, dict):  # not the shape Proxmox answers: nothing can be checked
@@ -568,22 +589,41 @@ class TargetResolver:
                 removed.add(int(vmid))
         except Exception:  # unknown facts: the policy refuses a prune it cannot check
             return out
-        for vmid in sorted(removed):
-            row = guests.get(vmid)
-            guest: dict[str, Any] = {
-                "vmid": vmid,
-                "node": None,
-                "pool": None,
-                "pool_known": True,
-                "tags": [],
-                "exists": row is not None,
-            }
-            if row is not None:
-                guest.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
-                guest["pool_known"] = await self._pool_known(cluster, index, row)
-            out["guests"].append(guest)
+        out["guests"] = [await self._listed_guest(cluster, index, vmid) for vmid in sorted(removed)]
         out["known"] = True
         return out
+
+    async def _members(self, vmids: Any, cluster: str) -> dict[str, Any]:
+        """The guests a call names in a member list (`vmids`, comma-separated: member_ids), each as
+        the cluster knows it now, as a prune's: the guests a pool membership change moves (out of
+        their pool), an HA rule places, a backup job backs up, a replication job copies. A
+        binding's scope must cover where each is. `known` false when the guests could not be read
+        or an item names none: the policy refuses what it cannot check."""
+        try:
+            ids = member_ids(vmids)
+        except ValueError:  # a member that names no guest the gateway can tell: not known
+            return {"known": False, "guests": []}
+        out: dict[str, Any] = {"known": not ids, "guests": []}
+        if not ids or cluster not in self.clients:
+            return out
+        try:
+            index = await self._index(cluster, fresh=True)
+            out["guests"] = [await self._listed_guest(cluster, index, vmid) for vmid in ids]
+        except Exception:  # unknown facts: the policy refuses a move it cannot check
+            return out
+        out["known"] = True
+        return out
+
+    async def _listed_guest(self, cluster: str, index: dict[str, Any], vmid: int) -> dict[str, Any]:
+        """A guest a call reaches besides its target, as the cluster's resources list it (`exists`
+        false for one that is not listed: no node, pool or tags)."""
+        row = index["guests"].get(vmid)
+        guest: dict[str, Any] = {"vmid": vmid, "node": None, "pool": None, "pool_known": True, "tags": []}
+        guest["exists"] = row is not None
+        if row is not None:
+            guest.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
+            guest["pool_known"] = await self._pool_known(cluster, index, row)
+        return guest
 
     async def _privileges(self, target: dict[str, Any], archive: Any, cluster: str) -> None:
         """Whether the container a restore replaces is privileged now (target.privileged) and whether

@@ -121,7 +121,7 @@ applies(b, target) if {
 	destination_covered(scope, target)
 	backup_of_covered(scope, target)
 	volume_of_covered(scope, target)
-	prune_covered(scope, target)
+	guests_covered(scope, target)
 }
 
 destination_covered(_, target) if not "destination" in object.keys(target)
@@ -142,12 +142,23 @@ volume_of_covered(_, target) if target.volume_of.content == null
 
 volume_of_covered(scope, target) if scope_covers(scope, target.volume_of)
 
-# a prune deletes the backups of every guest in target.prune_removes: the scope must cover each
-prune_covered(_, target) if not "prune_removes" in object.keys(target)
+# the lists of guests a call reaches besides its target: a prune deletes the backups of every
+# guest in target.prune_removes, a pool membership change moves every guest in target.members
+reach_lists := ["prune_removes", "members"]
 
-prune_covered(scope, target) if {
-	target.prune_removes.known == true # what it would delete, unknown, is not known to be in scope
-	every guest in target.prune_removes.guests {
+# guests_covered(scope, target): the scope covers every guest of each list the target has (what
+# a list reaches, unknown, is not known to be in scope)
+guests_covered(scope, target) if {
+	every k in reach_lists {
+		reach_covered(scope, target, k)
+	}
+}
+
+reach_covered(_, target, k) if not k in object.keys(target)
+
+reach_covered(scope, target, k) if {
+	target[k].known == true
+	every guest in target[k].guests {
 		scope_covers(scope, object.union(guest, {"cluster": target.cluster}))
 	}
 }
@@ -165,11 +176,13 @@ deny_applies(b, target) if {
 	scope_covers(scope, guest)
 }
 
-# a prune whose reach is unknown may delete backups of guests in the scope: fail closed
+# a prune or a pool membership change whose reach is unknown may reach guests in the scope:
+# fail closed
 deny_applies(b, target) if {
 	object.get(b, "scope", {}) != {}
-	_ = target.prune_removes # the key is present (any value, null too)
-	not target.prune_removes.known == true
+	some k in reach_lists
+	_ = target[k] # the key is present (any value, null too)
+	not target[k].known == true
 }
 
 # reached(target): the target and every guest the call reaches (as applies() tests them; a
@@ -179,7 +192,8 @@ reached(target) := ({target} | {v |
 	v := object.get(target, k, null)
 	is_object(v)
 }) | {object.union(g, {"cluster": target.cluster}) |
-	some g in target.prune_removes.guests
+	some k in reach_lists
+	some g in target[k].guests
 }
 
 # --- role permissions ----------------------------------------------------------
@@ -286,7 +300,8 @@ pool_hidden if input.target.backup_of.pool_known == false
 pool_hidden if input.target.volume_of.pool_known == false
 
 pool_hidden if {
-	some guest in input.target.prune_removes.guests
+	some k in reach_lists
+	some guest in input.target[k].guests
 	guest.pool_known == false
 }
 
@@ -315,19 +330,17 @@ in_pool(target, pool) := object.union_n([
 		some k in ["destination", "backup_of", "volume_of"]
 		is_object(target[k])
 	},
-	revealed_prune(target, pool),
+	revealed_lists(target, pool),
 ])
 
 revealed(obj, pool) := object.union(obj, {"pool": pool}) if obj.pool_known == false
 
 else := obj
 
-revealed_prune(target, pool) := {"prune_removes": object.union(
-	target.prune_removes,
-	{"guests": [revealed(g, pool) | some g in target.prune_removes.guests]},
-)} if {
-	is_object(target.prune_removes)
-} else := {}
+revealed_lists(target, pool) := {k: object.union(target[k], {"guests": [revealed(g, pool) | some g in target[k].guests]}) |
+	some k in reach_lists
+	is_object(target[k])
+}
 
 # roles that would grant the call were a hidden pool their binding's: a resource quota for
 # such a role may apply (pvegate.resources)
@@ -383,48 +396,6 @@ denials contains lib.reason("rbac.not_granted", "pvegate.rbac.granting_bindings"
 		"no role of principal %q permits %s tool %q on %s; ask an administrator for a role binding that covers it",
 		[input.principal.sub, input.tool.effect, input.tool.name, target_text],
 	)
-}
-
-# target_text describes the target, and where the call puts it, for messages.
-target_text := concat("", [subject_text, destination_text, backup_of_text, volume_of_text, prune_text])
-
-default subject_text := "an unresolved target"
-
-subject_text := sprintf("guest %v on node %v (pool %v)", [input.target.vmid, input.target.node, input.target.pool]) if {
-	input.target.known == true
-	input.target.vmid != null
-}
-
-subject_text := sprintf("node %v", [input.target.node]) if {
-	input.target.known == true
-	input.target.vmid == null
-}
-
-default backup_of_text := ""
-
-backup_of_text := sprintf(" from a backup of guest %v (pool %v)", [b.vmid, b.pool]) if {
-	b := input.target.backup_of
-}
-
-default volume_of_text := ""
-
-volume_of_text := sprintf(" (volume %v of guest %v, pool %v)", [v.volume, v.vmid, v.pool]) if {
-	v := input.target.volume_of
-	v.content != null
-}
-
-default prune_text := ""
-
-prune_text := sprintf(" (deleting backups of guests %v)", [concat(", ", pruned_vmids)]) if {
-	count(input.target.prune_removes.guests) > 0
-}
-
-pruned_vmids := [sprintf("%v", [g.vmid]) | some g in input.target.prune_removes.guests]
-
-default destination_text := ""
-
-destination_text := sprintf(" into guest %v on node %v (pool %v)", [d.vmid, d.node, d.pool]) if {
-	d := input.target.destination
 }
 
 # --- tools/list ---------------------------------------------------------------

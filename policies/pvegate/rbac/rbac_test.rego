@@ -430,3 +430,64 @@ test_every_hidden_pool_is_revealed_as_the_bindings if {
 		rbac.pool_hidden with input as fx.call(fx.nobody, fx.vm_stop, object.union(fx.node_target, {key: {"pool_known": false}}))
 	}
 }
+
+# --- a pool membership change moves the guests of target.members ------------------------------
+# mallory may change any pool; a binding scoped to pool prod forbids it there
+
+members_tool := fx.tool("pool_members_add", "cluster", "write", "cluster", ["pools"])
+
+pools_fenced_org := {
+	"roles": {
+		"pools": {"allow": [{"tools": ["pool_*"]}]},
+		"prod-fence": {"deny": [{"tools": ["pool_*"]}]},
+	},
+	"bindings": [
+		{"name": "pools", "role": "pools", "subjects": ["mallory"]},
+		{"name": "not-prod", "role": "prod-fence", "subjects": ["mallory"], "scope": {"pools": ["prod"]}},
+	],
+}
+
+moving(known, guests) := object.union_n([
+	fx.node_target,
+	{"node": null, "name": null},
+	{"members": {"known": known, "guests": guests}},
+])
+
+member(vmid, pool, pool_known) := {
+	"vmid": vmid, "node": "pve1", "pool": pool, "pool_known": pool_known,
+	"tags": [], "exists": true,
+}
+
+test_a_pool_scoped_deny_holds_on_a_guest_the_change_moves if {
+	lab := moving(true, [member(205, "lab", true)])
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, members_tool, lab) with data.data as pools_fenced_org
+	prod := moving(true, [member(205, "lab", true), member(101, "prod", true)])
+	reasons := rbac.deny with input as fx.call(fx.nobody, members_tool, prod) with data.data as pools_fenced_org
+	fx.has_reason(reasons, "role \"prod-fence\"")
+}
+
+test_a_moved_guest_of_unknown_or_hidden_pool_meets_the_pools_deny if {
+	unknown := moving(false, [])
+	fx.has_reason(rbac.deny, "role \"prod-fence\"") with input as fx.call(fx.nobody, members_tool, unknown)
+		with data.data as pools_fenced_org
+	hidden := moving(true, [member(101, null, false)])
+	fx.has_reason(rbac.deny, "role \"prod-fence\"") with input as fx.call(fx.nobody, members_tool, hidden)
+		with data.data as pools_fenced_org
+	no_pool := moving(true, [member(101, null, true)])
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, members_tool, no_pool) with data.data as pools_fenced_org
+}
+
+test_a_grant_covers_a_move_only_when_its_reach_is_known if {
+	org := {
+		"roles": {"pools": {"allow": [{"tools": ["pool_*"]}]}},
+		"bindings": [{"name": "cluster-pools", "role": "pools", "subjects": ["mallory"], "scope": {"clusters": ["default"]}}],
+	}
+	count(rbac.granting_bindings) > 0 with input as fx.call(fx.nobody, members_tool, moving(true, [member(205, "lab", true)]))
+		with data.data as org
+	count(rbac.granting_bindings) == 0 with input as fx.call(fx.nobody, members_tool, moving(false, []))
+		with data.data as org
+	other := object.union(org, {"bindings": [object.union(org.bindings[0], {"scope": {"clusters": ["other"]}})]})
+	reasons := rbac.deny with input as fx.call(fx.nobody, members_tool, moving(true, [member(101, "prod", true)]))
+		with data.data as other
+	fx.has_reason(reasons, "(reaching guests 101)")
+}
