@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway.tools.runtimes.base import ToolError, UpstreamError
-from gateway.tools.runtimes.pve_api import PveApiClient, upid_node
+from gateway.tools.runtimes.pve_api import UPID_RE, PveApiClient, upid_node
 from gateway.tools.runtimes.reducers import tag_list
 from gateway.tools.tool import Tool, parse_release
 
@@ -75,14 +75,18 @@ def backup_vmid(volume: Any) -> int | None:
     return int(m.group(1)) if m else None
 
 
-# one guest of a member list: a guest id (101), an HA resource id (vm:101, ct:201) or a
-# replication job id (101-0: the guest it replicates, then the job's number)
-_MEMBER = re.compile(r"(?:(?:vm|ct):)?([0-9]{1,9})(?:-[0-9]{1,9})?")
+# one guest of a member list: a guest id (101), an HA resource id (vm:101, ct:201), a
+# replication job id (101-0: the guest it replicates, then the job's number) or an ACL path on
+# one guest (/vms/101)
+_MEMBER = re.compile(r"(?:(?:vm|ct):|/vms/)?([0-9]{1,9})(?:-[0-9]{1,9})?")
 
 
 def member_ids(value: Any) -> list[int]:
     """The guest ids a comma-separated member list names, each once, in order; ValueError for an
-    item that is none of the forms above (its guest is not known)."""
+    item that is none of the forms above (its guest is not known: an ACL path on a pool, a storage
+    or everything). A task's UPID names the guest of its id field, or none (a node's task)."""
+    if isinstance(value, str) and (m := UPID_RE.fullmatch(value)) is not None:
+        return [int(m["id"])] if m["id"].isdigit() else []
     ids: list[int] = []
     for item in str(value or "").split(","):
         if not item.strip():
@@ -92,6 +96,19 @@ def member_ids(value: Any) -> list[int]:
             raise ValueError("not a guest id")
         ids.append(int(m.group(1)))
     return list(dict.fromkeys(ids))
+
+
+def _members_beyond_the_list(tool: Tool, arguments: dict[str, Any]) -> bool:
+    """Whether the call reaches guests its member list does not name: a pool's (members_pool: every
+    guest of it, those added later too), every guest (members_all), or, the list not given, those the
+    object it changes has saved (members_saved: a job's or a rule's). None of those is looked up:
+    the members are not known, and every scoped deny holds."""
+    t = tool.target
+    if (p := t.get("members_pool")) and arguments.get(p) not in (None, ""):
+        return True
+    if (p := t.get("members_all")) and arguments.get(p) is True:
+        return True
+    return bool(t.get("members_saved")) and arguments.get(t["members"]) in (None, "")
 
 
 # A guest's volume, as Proxmox's storage plugins name it (parse_volname): a disk image, a
@@ -526,6 +543,8 @@ class TargetResolver:
         members_param = tool.target.get("members")
         if members_param:
             target["members"] = await self._members(arguments.get(members_param), cluster)
+            if _members_beyond_the_list(tool, arguments):
+                target["members"] = {"known": False, "guests": []}
         if tool.slot:
             target["slot"] = await self._slot(tool.slot, arguments, cluster, target)
         return target

@@ -39,7 +39,8 @@ def gw(fsim: Any, tmp_path: Path) -> Iterator[Api]:
 
 
 def upid(node: str) -> str:
-    return f"UPID:{node}:00001234:00005678:6500AAAA:vzdump:101:root@pam:"
+    """A backup task of a guest on that node (101 on pve1, 103 on pve2): the task's guest is decided on too."""
+    return f"UPID:{node}:00001234:00005678:6500AAAA:vzdump:{101 if node == 'pve1' else 103}:root@pam:"
 
 
 async def test_a_node_deny_holds_on_a_task_of_that_node(gw: Api, fsim: Any) -> None:

@@ -1,0 +1,72 @@
+"""Calls that reach guests beyond a member list: a pool's, every guest, a saved job's, an ACL path, a task.
+
+After target.members named the guests a member list picks, four ways around it were left (found by
+the hunt that fixed the lists): a backup job selecting a pool or `all` (a stop-mode job then stops
+prod's guests every night), a job or HA rule updated without its list (its saved selection stays),
+an ACL set on `/vms/101` or `/pool/prod` (a Proxmox user gets rights on prod's guests outside the
+gateway), and task_stop on a prod guest's task (the UPID's id field names it). A principal fenced
+off pool prod, with an unscoped grant beside it, was only asked for an approval for each. Now the
+guest a path or a UPID names is a member, and a selection the gateway does not list (a pool, all,
+a saved one, any other ACL path) makes the members not known: every scoped deny holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gateway.tools.targets import member_ids
+from tests.approvals.conftest import outcome, text
+from tests.e2e.test_s50_member_lists_reach import gateway_on
+from tests.support import mutations
+
+APT = "UPID:pve1:00001234:00005678:6500AAAA:aptupdate::root@pam:"
+
+
+def upid(kind: str, vmid: int, node: str = "pve1") -> str:
+    return f"UPID:{node}:00001234:00005678:6500AAAA:{kind}:{vmid}:root@pam:"
+
+
+def test_a_guests_acl_path_and_task_name_it() -> None:
+    assert member_ids("/vms/101") == [101]
+    assert member_ids(upid("qmstart", 101)) == [101]
+    assert member_ids(APT) == []  # a node's task: no guest
+    for other in ("/", "/pool/prod", "/storage/local", "/vms"):
+        try:
+            member_ids(other)
+        except ValueError:
+            continue
+        raise AssertionError(f"{other} read as guests")
+
+
+async def test_selections_beyond_the_list_meet_the_prod_deny(fsim: Any, tmp_path: Path) -> None:
+    gateway, gw = gateway_on(fsim, tmp_path)
+    try:
+        who = gw.human("s50-all")
+        job = {"id": "nightly", "schedule": "02:00", "storage": "local", "mode": "stop"}
+        acl = {"roles": "PVEVMAdmin", "users": "mallory@pve"}
+        for name, args in [
+            ("backup_job_create", {**job, "all": True}),
+            ("backup_job_create", {**job, "pool": "lab"}),
+            ("backup_job_update", {"id": "backup-prod-nightly", "mode": "stop"}),
+            ("acl_set", {**acl, "path": "/vms/101"}),
+            ("acl_set", {**acl, "path": "/pool/lab"}),
+            ("acl_remove", {**acl, "path": "/"}),
+            ("task_stop", {"upid": upid("qmstart", 101)}),
+        ]:
+            res = await gw.call(who, name, args)
+            assert outcome(res) == "denied", (name, args, text(res))
+            assert "s50-no-prod" in text(res), (name, text(res))
+        assert not mutations(fsim)
+        # what names lab guests or no guest only: the deny does not hold, decided as before
+        for name, args in [
+            ("backup_job_create", {**job, "vmids": "103"}),
+            ("backup_job_update", {"id": "backup-prod-nightly", "vmids": "103"}),
+            ("acl_set", {**acl, "path": "/vms/103"}),
+            ("task_stop", {"upid": upid("qmstart", 103, "pve2")}),
+            ("task_stop", {"upid": APT}),
+        ]:
+            res = await gw.call(who, name, args)
+            assert outcome(res) != "denied", (name, args, text(res))
+    finally:
+        gateway.stop()
