@@ -65,7 +65,18 @@ def normalise_group(name: str, mode: str) -> str:
     return stripped  # strip_slash
 
 
-def groups(claims: dict[str, Any], cfg: AuthConfig) -> tuple[str, ...]:
+# Keycloak's built-in optional client scope: its mapper writes the user's realm roles into the
+# claim `groups`, merged with the group mapper's paths. Any user may ask for an optional scope, so
+# a role (`/x` and `x` are one group under strip_slash) would pass for a group membership.
+KEYCLOAK_ROLES_AS_GROUPS_SCOPE = "microprofile-jwt"
+
+
+def groups(claims: dict[str, Any], cfg: AuthConfig, scopes: tuple[str, ...] = ()) -> tuple[str, ...]:
+    if KEYCLOAK_ROLES_AS_GROUPS_SCOPE in scopes and "groups" in _paths(cfg.groups_claim):
+        raise ClaimError(
+            f"token scope {KEYCLOAK_ROLES_AS_GROUPS_SCOPE} puts roles in the groups claim: "
+            "ask for the token without it (docs/identity.md)"
+        )
     out: dict[str, None] = {}
     for g in _joined(claims, cfg.groups_claim):
         if name := normalise_group(g, cfg.group_paths):
@@ -79,6 +90,15 @@ def client_id(claims: dict[str, Any], cfg: AuthConfig) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+# the username Keycloak gives a client's service-account user (ServiceAccountConstants)
+KEYCLOAK_SERVICE_ACCOUNT_PREFIX = "service-account-"
+
+
+def _service_account(claims: dict[str, Any]) -> bool:
+    username = claims.get("preferred_username")
+    return isinstance(username, str) and username.startswith(KEYCLOAK_SERVICE_ACCOUNT_PREFIX)
 
 
 def kind(claims: dict[str, Any], client: str | None, rules: KindConfig) -> str:
@@ -96,7 +116,9 @@ def kind(claims: dict[str, Any], client: str | None, rules: KindConfig) -> str:
             return rules.values[value]
     if client is not None and client in rules.human_clients:
         return "human"
-    if any(claim(claims, path) not in (None, "") for path in rules.human_when_claims):
+    # a session is no person's when a Keycloak service account holds it: the client option "Use
+    # refresh tokens for client credentials grant" gives client-credentials tokens a `sid`
+    if not _service_account(claims) and any(claim(claims, path) not in (None, "") for path in rules.human_when_claims):
         return "human"
     return rules.default
 
@@ -110,7 +132,7 @@ def principal(claims: dict[str, Any], cfg: AuthConfig, scopes: tuple[str, ...]) 
         sub=sub,
         iss=str(claims["iss"]),
         roles=_joined(claims, cfg.roles_claim),
-        groups=groups(claims, cfg),
+        groups=groups(claims, cfg, scopes),
         scopes=scopes,
         client_id=client,
         kind=kind(claims, client, cfg.kind),
