@@ -545,6 +545,9 @@ class TargetResolver:
             target["members"] = await self._members(arguments.get(members_param), cluster)
             if _members_beyond_the_list(tool, arguments):
                 target["members"] = {"known": False, "guests": []}
+        on_node = tool.target.get("members_on_node")
+        if on_node:
+            target["members"] = await self._guests_on(arguments.get(on_node), cluster)
         if tool.slot:
             target["slot"] = await self._slot(tool.slot, arguments, cluster, target)
         return target
@@ -629,6 +632,21 @@ class TargetResolver:
             index = await self._index(cluster, fresh=True)
             out["guests"] = [await self._listed_guest(cluster, index, vmid) for vmid in ids]
         except Exception:  # unknown facts: the policy refuses a move it cannot check
+            return out
+        out["known"] = True
+        return out
+
+    async def _guests_on(self, node: Any, cluster: str) -> dict[str, Any]:
+        """Every guest on `node`, as target.members: a node's reboot or shutdown stops them all, so a
+        deny covering one of them holds. `known` false when the guests could not be read."""
+        out: dict[str, Any] = {"known": False, "guests": []}
+        if not node or cluster not in self.clients:
+            return out
+        try:
+            index = await self._index(cluster, fresh=True)
+            on = sorted(int(v) for v, row in index["guests"].items() if row.get("node") == node)
+            out["guests"] = [await self._listed_guest(cluster, index, vmid) for vmid in on]
+        except Exception:  # unknown facts: the policy refuses what it cannot check
             return out
         out["known"] = True
         return out

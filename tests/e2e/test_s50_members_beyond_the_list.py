@@ -70,3 +70,20 @@ async def test_selections_beyond_the_list_meet_the_prod_deny(fsim: Any, tmp_path
             assert outcome(res) != "denied", (name, args, text(res))
     finally:
         gateway.stop()
+
+
+async def test_a_node_reboot_reaches_every_guest_on_it(fsim: Any, tmp_path: Path) -> None:
+    """node_reboot and node_shutdown stop every guest on the node: a deny scoped to pool prod holds on
+    a node hosting prod's guests (pve1: 100, 101), not on one hosting none (pve3: 300, in no pool)."""
+    gateway, gw = gateway_on(fsim, tmp_path)
+    try:
+        who = gw.human("s50-all")
+        for name in ("node_reboot", "node_shutdown"):
+            res = await gw.call(who, name, {"node": "pve1"})
+            assert outcome(res) == "denied", (name, text(res))
+            assert "s50-no-prod" in text(res), (name, text(res))
+        assert not mutations(fsim)
+        other = await gw.call(who, "node_reboot", {"node": "pve3"})
+        assert outcome(other) != "denied", text(other)
+    finally:
+        gateway.stop()
