@@ -48,6 +48,21 @@ mutation_factors contains factor if {
 	}
 }
 
+# ... and of the guests a call reaches besides its target (a volume's owner, the guests whose
+# backups a prune deletes, a member list's guests): the target of such a call is a storage, the
+# cluster or a node, which carries no tags, so a critical guest's replicas deleted or backups
+# pruned would otherwise weigh no more than a lab guest's. A tag counts once.
+mutation_factors contains factor if {
+	some tag, vmids in reached_tag_guests
+	not tag in lib.tags_of(input.target)
+	points := cfg.target_tag_points[tag]
+	factor := {
+		"name": sprintf("target_tag:%s", [tag]),
+		"points": points,
+		"why": sprintf("guest %s, which the call reaches, is tagged %q", [concat(", ", vmids), tag]),
+	}
+}
+
 # tool tags that carry risk, e.g. irreversible (a template never starts again)
 mutation_factors contains factor if {
 	some tag in input.tool.tags
@@ -186,3 +201,15 @@ arguments_match(rule) if {
 		input.arguments[name] in values
 	}
 }
+
+# reached_tag_guests[tag]: the ids of the reached guests carrying the tag
+reached_tag_guests[tag] := sort({sprintf("%v", [g.vmid]) | some g in reached_guests; tag in lib.tags_of(g)}) if {
+	some guest in reached_guests
+	some tag in lib.tags_of(guest)
+}
+
+reached_guests contains input.target.volume_of if is_object(input.target.volume_of)
+
+reached_guests contains guest if some guest in input.target.prune_removes.guests
+
+reached_guests contains guest if some guest in input.target.members.guests

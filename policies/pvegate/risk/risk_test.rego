@@ -114,3 +114,54 @@ test_critical_call_stays_critical_under_negative_points if {
 	risk.level == "low" with input as dry with data.data.risk.critical_calls as crit
 		with data.data.risk.target_tag_points as {"lab": -60}
 }
+
+# --- the tags of the guests a call reaches besides its target ----------------------------------
+# A replication job's delete, a volume's delete, a prune and a pool move name the cluster, a
+# storage or a node as their target, which has no tags: a critical guest they reach must weigh as
+# much as one they target (deleting a critical guest's replicas is critical: two approvers).
+
+replication_delete := fx.tool("replication_job_delete", "cluster", "write", "cluster", ["replication"])
+
+cluster_target := object.union(fx.unknown_target, {"known": true})
+
+reaching(key, guests) := object.union(cluster_target, {key: {"known": true, "guests": guests}})
+
+reached(vmid, tags) := {"vmid": vmid, "node": "pve1", "pool": "db", "pool_known": true, "tags": tags, "exists": true}
+
+test_a_reached_guests_tags_count_as_the_targets if {
+	inp := fx.call(fx.admin, replication_delete, reaching("members", [reached(100, ["critical", "prod"])]))
+	risk.score == 95 with input as inp
+	risk.level == "critical" with input as inp
+	factor_names(inp) == {"effect:write", "blast_radius:cluster", "target_tag:critical", "target_tag:prod"}
+	whys := {f.why | some f in risk.factors; f.name == "target_tag:critical"} with input as inp
+	whys == {"guest 100, which the call reaches, is tagged \"critical\""}
+}
+
+test_a_tag_counts_once_however_many_guests_carry_it if {
+	guests := [reached(100, ["critical"]), reached(101, ["critical"]), reached(102, [])]
+	inp := fx.call(fx.admin, replication_delete, reaching("members", guests))
+	risk.score == 75 with input as inp
+	whys := {f.why | some f in risk.factors; f.name == "target_tag:critical"} with input as inp
+	whys == {"guest 100, 101, which the call reaches, is tagged \"critical\""}
+
+	# the target's own tag is counted once, as the target's
+	on_target := object.union(fx.prod_guest, {"members": {"known": true, "guests": [reached(100, ["prod"])]}})
+	factor_names(fx.call(fx.agent, fx.vm_stop, on_target)) == {"effect:write", "target_tag:prod", "ha_managed"}
+}
+
+test_a_pruned_or_deleted_volumes_guest_counts if {
+	prune := fx.tool("backup_prune", "backup", "destroy", "storage", ["backup", "prune"])
+	pruned := fx.call(fx.admin, prune, reaching("prune_removes", [reached(100, ["critical"])]))
+	"target_tag:critical" in factor_names(pruned)
+	risk.level == "critical" with input as pruned
+
+	delete := fx.tool("storage_volume_delete", "storage", "destroy", "storage", ["content"])
+	volume := object.union(reached(100, ["critical"]), {"volume": "local:backup/vzdump-qemu-100-x.vma.zst", "content": "backup"})
+	deleted := fx.call(fx.admin, delete, object.union(cluster_target, {"volume_of": volume}))
+	"target_tag:critical" in factor_names(deleted)
+	risk.level == "critical" with input as deleted
+
+	# a read reaching them scores nothing
+	read := fx.tool("backup_prune_preview", "backup", "read", "storage", ["backup", "prune"])
+	factor_names(fx.call(fx.admin, read, reaching("prune_removes", [reached(100, ["critical"])]))) == set()
+}
