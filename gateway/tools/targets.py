@@ -87,6 +87,8 @@ def member_ids(value: Any) -> list[int]:
     or everything). A task's UPID names the guest of its id field, or none (a node's task)."""
     if isinstance(value, str) and (m := UPID_RE.fullmatch(value)) is not None:
         return [int(m["id"])] if m["id"].isdigit() else []
+    if isinstance(value, str) and value.split("/")[1:2] in (["storage"], ["nodes"], ["access"], ["sdn"], ["mapping"]):
+        return []  # an ACL path on no guest (Proxmox's /vms and /pool trees are the guests')
     ids: list[int] = []
     for item in str(value or "").split(","):
         if not item.strip():
@@ -581,9 +583,10 @@ class TargetResolver:
     ) -> dict[str, Any]:
         """The guests whose backups a prune would delete, as Proxmox's own preview marks them now
         (GET .../prunebackups with the call's retention and guest), each as the cluster knows it
-        (node, pool, tags; `exists` false for a guest that is gone): without a guest named, a prune
-        reaches every guest's backups on the storage, a protected one's too. `known` false when the
-        preview or the guests could not be read: the policy refuses what it cannot check."""
+        (node, pool, tags; `exists` false for a guest gone from the whole cluster): without a guest
+        named, a prune reaches every guest's backups on the storage, a protected one's too. `known`
+        false when the preview or the guests could not be read, or a guest is hidden from the token:
+        the policy refuses what it cannot check."""
         out: dict[str, Any] = {"known": False, "guests": []}
         node, storage = arguments.get(tool.target.get("node", "")), arguments.get(tool.target.get("storage", ""))
         if not node or not storage or cluster not in self.clients:
@@ -609,9 +612,12 @@ class TargetResolver:
                 if vmid is None:  # a backup Proxmox removes without saying whose: nothing can be checked
                     return out
                 removed.add(int(vmid))
+            guests = [await self._listed_guest(cluster, index, vmid) for vmid in sorted(removed)]
+            if any(g["exists"] is None for g in guests):
+                return out  # a guest hidden from the token (no VM.Audit): its tags are not known
         except Exception:  # unknown facts: the policy refuses a prune it cannot check
             return out
-        out["guests"] = [await self._listed_guest(cluster, index, vmid) for vmid in sorted(removed)]
+        out["guests"] = guests
         out["known"] = True
         return out
 
@@ -630,9 +636,14 @@ class TargetResolver:
             return out
         try:
             index = await self._index(cluster, fresh=True)
-            out["guests"] = [await self._listed_guest(cluster, index, vmid) for vmid in ids]
+            guests = [await self._listed_guest(cluster, index, vmid) for vmid in ids]
         except Exception:  # unknown facts: the policy refuses a move it cannot check
             return out
+        if not all(g["exists"] for g in guests):
+            # hidden from the token (its pool and tags are not known), or no guest yet: Proxmox takes an
+            # id a backup job or an ACL names before the guest exists, and places it where it is made
+            return out
+        out["guests"] = guests
         out["known"] = True
         return out
 
@@ -652,11 +663,14 @@ class TargetResolver:
         return out
 
     async def _listed_guest(self, cluster: str, index: dict[str, Any], vmid: int) -> dict[str, Any]:
-        """A guest a call reaches besides its target, as the cluster's resources list it (`exists`
-        false for one that is not listed: no node, pool or tags)."""
+        """A guest a call reaches besides its target, as the cluster's resources list it: `exists`
+        false for an id no guest of the cluster has (no node, pool or tags), null for one the token
+        may not see (listed only with VM.Audit: its pool and tags are not known)."""
         row = index["guests"].get(vmid)
         guest: dict[str, Any] = {"vmid": vmid, "node": None, "pool": None, "pool_known": True, "tags": []}
         guest["exists"] = row is not None
+        if row is None and not await self._id_unused(cluster, vmid):
+            guest.update(exists=None, pool_known=False)
         if row is not None:
             guest.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
             guest["pool_known"] = await self._pool_known(cluster, index, row)
@@ -684,8 +698,9 @@ class TargetResolver:
     async def _volume_owner(self, volume: Any, cluster: str) -> dict[str, Any]:
         """The guest a volume belongs to, as its name says (volume_owner) and the cluster knows
         it now: a fresh lookup, so a guest tagged protected a moment ago counts. `exists` true
-        (node, pool, tags filled), false (no such guest: an orphan), null when not known (the
-        name says no owner, or not which one, or the lookup failed): the policy refuses to
+        (node, pool, tags filled), false (no such guest in the whole cluster: an orphan), null
+        when not known (the name says no owner, or not which one, the guest is hidden from the
+        token, or the lookup failed): the policy refuses to
         destroy a guest's volume whose owner it cannot check."""
         owner = volume_owner(volume)
         out: dict[str, Any] = {
@@ -706,6 +721,10 @@ class TargetResolver:
         try:
             index = await self._index(cluster, fresh=True)
             row = index["guests"].get(out["vmid"])
+            if row is None and not await self._id_unused(cluster, out["vmid"]):
+                # listed only with VM.Audit, while Proxmox deletes a disk with Datastore.Allocate alone:
+                # a guest the token cannot see is no orphan; its pool and tags are not known
+                return out
         except Exception:  # unknown facts: the policy refuses to destroy what it cannot check
             return out
         out["exists"] = row is not None
@@ -714,6 +733,13 @@ class TargetResolver:
             out.update(node=row.get("node"), pool=row.get("pool"), tags=tag_list(row.get("tags")))
             out["pool_known"] = await self._pool_known(cluster, index, row)
         return out
+
+    async def _id_unused(self, cluster: str, vmid: int) -> bool:
+        """Whether no guest of the whole cluster has the id: GET /cluster/nextid?vmid= answers from
+        the cluster's guest list, whatever the token may see (PVE: user => 'all'), the id itself
+        when free and an error when in use. Anything else, or an error: not known to be free."""
+        answer = await self.clients[cluster].request("GET", "/cluster/nextid", params={"vmid": str(vmid)})
+        return str(answer) == str(vmid)
 
     async def _backed_up(self, volume: Any, cluster: str) -> dict[str, Any]:
         """The guest a backup volume was taken of, as the cluster knows it now: a restore copies it,
@@ -751,7 +777,7 @@ class TargetResolver:
         url_param = tool.target.get("url")
         if url_param:  # the policy allow-lists hosts: hand it the parsed host, never make Rego parse URLs
             target["url_host"] = url_host(arguments.get(url_param))
-        if tool.spec.get("locate") == "upid" and "upid" in arguments:
+        if "upid" in arguments and "upid" in (tool.parameters.get("properties") or {}):
             # a task's call acts on the node its UPID names (PveApiRuntime.locate): a deny scoped to
             # that node holds on it, a grant scoped to nodes covers only that node's tasks
             with contextlib.suppress(ToolError):

@@ -31,7 +31,9 @@ def test_a_guests_acl_path_and_task_name_it() -> None:
     assert member_ids("/vms/101") == [101]
     assert member_ids(upid("qmstart", 101)) == [101]
     assert member_ids(APT) == []  # a node's task: no guest
-    for other in ("/", "/pool/prod", "/storage/local", "/vms"):
+    for no_guest in ("/storage/local", "/nodes/pve1", "/access/groups", "/sdn/zones/z1", "/mapping/pci/gpu"):
+        assert member_ids(no_guest) == [], no_guest
+    for other in ("/", "/pool/prod", "/vms"):
         try:
             member_ids(other)
         except ValueError:
@@ -53,6 +55,11 @@ async def test_selections_beyond_the_list_meet_the_prod_deny(fsim: Any, tmp_path
             ("acl_set", {**acl, "path": "/pool/lab"}),
             ("acl_remove", {**acl, "path": "/"}),
             ("task_stop", {"upid": upid("qmstart", 101)}),
+            # no guest 999 yet: Proxmox takes the id, and the guest made later may be prod's
+            ("backup_job_create", {**job, "vmids": "103,999"}),
+            ("acl_set", {**acl, "path": "/vms/999"}),
+            # into prod: the pool the guests go into is reached too
+            ("pool_members_add", {"poolid": "prod", "vmids": "103", "allow_move": True}),
         ]:
             res = await gw.call(who, name, args)
             assert outcome(res) == "denied", (name, args, text(res))
@@ -65,6 +72,7 @@ async def test_selections_beyond_the_list_meet_the_prod_deny(fsim: Any, tmp_path
             ("acl_set", {**acl, "path": "/vms/103"}),
             ("task_stop", {"upid": upid("qmstart", 103, "pve2")}),
             ("task_stop", {"upid": APT}),
+            ("acl_set", {**acl, "path": "/storage/local"}),  # a storage's ACL reaches no guest
         ]:
             res = await gw.call(who, name, args)
             assert outcome(res) != "denied", (name, args, text(res))
@@ -87,3 +95,14 @@ async def test_a_node_reboot_reaches_every_guest_on_it(fsim: Any, tmp_path: Path
         assert outcome(other) != "denied", text(other)
     finally:
         gateway.stop()
+
+
+def test_an_ha_rule_moves_its_guests_to_nodes_the_ha_manager_picks() -> None:
+    """A node-affinity rule moves its guests onto its nodes: the destination node is not known, so a
+    node-scoped deny holds (as for an HA group, ha_resource_group_set)."""
+    from gateway.tools.catalog import Catalog
+
+    catalog = Catalog.load(Path(__file__).resolve().parents[2] / "connectors")
+    for name in ("ha_rule_create", "ha_rule_update", "ha_resource_group_set"):
+        assert catalog.get(name).destination == {"node": None}, name
+    assert catalog.get("pool_members_add").destination == {"pool": "poolid"}

@@ -48,6 +48,9 @@ async def test_a_node_deny_holds_on_a_task_of_that_node(gw: Api, fsim: Any) -> N
     stop = await gw.call(who, "task_stop", {"upid": upid("pve1")})
     assert outcome(stop) == "denied", text(stop)
     assert "s50-no-pve1" in text(stop), text(stop)
+    # a read of a pve1 task's log through the composite: the UPID's node is the target's too
+    tail = await gw.call(who, "task_log_tail", {"upid": upid("pve1")})
+    assert outcome(tail) == "denied" and "s50-no-pve1" in text(tail), text(tail)
     assert not [m for m in mutations(fsim) if "/tasks/" in m[1]]
     # a task on another node: the deny does not hold there, decided as before (held for an approval)
     other = await gw.call(who, "task_stop", {"upid": upid("pve2")})

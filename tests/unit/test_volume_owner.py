@@ -66,7 +66,12 @@ class Cluster:
         self.rows = rows
         self.asked = 0
 
-    async def request(self, method: str, path: str, **_: Any) -> Any:
+    async def request(self, method: str, path: str, params: dict[str, str] | None = None, **_: Any) -> Any:
+        if (method, path) == ("GET", "/cluster/nextid"):  # PVE: the id when no guest has it, else an error
+            assert params is not None and self.rows is not None
+            if any(str(r.get("vmid")) == params["vmid"] for r in self.rows):
+                raise RuntimeError(f"VM {params['vmid']} already exists")
+            return int(params["vmid"])
         assert (method, path) == ("GET", "/cluster/resources")
         self.asked += 1
         if self.rows is None:
