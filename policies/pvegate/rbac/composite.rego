@@ -53,6 +53,7 @@ leaf_roles(leaf) := {b.role |
 leaf_deny_roles(leaf) := {b.role |
 	some b in caller_bindings
 	may_hold_on(b, leaf)
+	attr_listed(object.get(b, "scope", {}), "clusters", input.target, "cluster") # not another cluster's fence
 } if {
 	fans_out(input.tool, leaf)
 } else := deny_roles

@@ -165,3 +165,13 @@ test_a_leaf_called_beyond_the_target_needs_a_cluster_wide_grant if {
 	count(rbac.deny) == 0 with input as fx.call(fx.nobody, sweep, fx.prod_guest)
 		with data.data as reader_org({"scope": {"clusters": ["default"]}})
 }
+
+test_a_deny_fencing_another_cluster_does_not_reach_the_leaf if {
+	reasons := rbac.deny with input as fx.call(fx.contractor, ip_sweep, cluster_target)
+		with data.data.roles as object.union(data.data.roles, {"no-arp": {"deny": [{"tools": ["node_arp_table"]}]}})
+		with data.data.bindings as array.concat(
+			data.data.bindings,
+			[{"name": "other-fence", "role": "no-arp", "groups": ["contractors"], "scope": {"clusters": ["other"]}}],
+		)
+	count(reasons) == 0
+}

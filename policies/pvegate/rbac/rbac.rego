@@ -179,7 +179,9 @@ deny_applies(b, target) if {
 # a prune or a pool membership change whose reach is unknown may reach guests in the scope:
 # fail closed
 deny_applies(b, target) if {
-	object.get(b, "scope", {}) != {}
+	scope := object.get(b, "scope", {})
+	scope != {}
+	attr_listed(scope, "clusters", target, "cluster") # a deny fencing another cluster stays there
 	some k in reach_lists
 	_ = target[k] # the key is present (any value, null too)
 	not target[k].known == true

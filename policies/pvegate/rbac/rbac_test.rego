@@ -491,3 +491,8 @@ test_a_grant_covers_a_move_only_when_its_reach_is_known if {
 		with data.data as other
 	fx.has_reason(reasons, "(reaching guests 101)")
 }
+
+test_an_unknown_reach_meets_only_the_fences_of_its_cluster if {
+	org := json.patch(pools_fenced_org, [{"op": "add", "path": "/bindings/1/scope/clusters", "value": ["other"]}])
+	count(rbac.deny) == 0 with input as fx.call(fx.nobody, members_tool, moving(false, [])) with data.data as org
+}
