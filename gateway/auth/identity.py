@@ -97,8 +97,13 @@ KEYCLOAK_SERVICE_ACCOUNT_PREFIX = "service-account-"
 
 
 def _service_account(claims: dict[str, Any]) -> bool:
-    username = claims.get("preferred_username")
-    return isinstance(username, str) and username.startswith(KEYCLOAK_SERVICE_ACCOUNT_PREFIX)
+    """The token is the service account's of the client it was issued to: a person whose username
+    merely begins so (brokered, or chosen where usernames are editable) is not one (Keycloak keeps
+    usernames in lower case)."""
+    username, azp = claims.get("preferred_username"), claims.get("azp")
+    if not isinstance(username, str) or not isinstance(azp, str) or not azp:
+        return False
+    return username.lower() == f"{KEYCLOAK_SERVICE_ACCOUNT_PREFIX}{azp}".lower()
 
 
 def kind(claims: dict[str, Any], client: str | None, rules: KindConfig) -> str:

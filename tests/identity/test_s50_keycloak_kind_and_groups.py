@@ -55,3 +55,19 @@ async def test_roles_asked_into_the_groups_claim_are_refused(keycloak: KeycloakS
 
     with pytest.raises(AuthError, match="microprofile-jwt puts roles in the groups claim"):
         await auth.authenticate(f"Bearer {token('openid microprofile-jwt')}")  # was groups ('sre-leads', …)
+
+
+def test_only_the_issuing_clients_service_account_is_taken_for_one() -> None:
+    """A person whose username merely begins with service-account- (brokered, or chosen where usernames
+    are editable) keeps the session rule: only the account of the client the token was issued to
+    (Keycloak: service-account-<client id>, in lower case) is an agent through it."""
+    from gateway.auth.identity import principal
+    from gateway.core.config import AuthConfig
+
+    cfg = AuthConfig(issuer="https://kc.example/realms/x", audience="pvegate-mcp")
+    base = {"iss": cfg.issuer, "sub": "s", "sid": "a-session", "azp": "Pvegate-Agent"}
+    assert principal({**base, "preferred_username": "service-account-pvegate-agent"}, cfg, ()).kind == "agent"
+    assert principal({**base, "preferred_username": "service-account-someone"}, cfg, ()).kind == "human"
+    assert principal({**base, "preferred_username": "service-account-pvegate-agent", "azp": None}, cfg, ()).kind == (
+        "human"
+    )
