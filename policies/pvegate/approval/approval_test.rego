@@ -202,3 +202,18 @@ test_the_lifetime_is_not_checked_when_no_approval_is_required if {
 	not approval.required with input as inp
 	count(approval.problems) == 0 with input as inp with data.data.approval.default_ttl_seconds as 1
 }
+
+# an approval rule on target_tags holds where a guest the call reaches carries one (a pool move's
+# members); a waiver, which lifts approvals, still reads the target's own tags only
+test_a_tag_rule_holds_on_a_guest_the_call_reaches if {
+	rules := [{"name": "prod-moves", "tools": ["pool_members_remove"], "target_tags": ["prod"], "min_approvals": 2}]
+	tool := fx.tool("pool_members_remove", "cluster", "write", "cluster", ["pools"])
+	member := {"vmid": 101, "node": "pve1", "pool": "prod", "pool_known": true, "tags": ["prod"], "exists": true}
+	target := object.union_n([fx.node_target, {"node": null, "name": null}, {"members": {"known": true, "guests": [member]}}])
+	r := approval.result with input as fx.call(fx.admin, tool, target) with data.data.approval.rules as rules
+	contains(r.reason, "approval rule \"prod-moves\"")
+	r.min_approvals == 2
+	waiver := {"name": "prod-incident", "active": true, "target_tags": ["prod"]}
+	approval.required with input as fx.call(fx.admin, tool, target) with data.data.approval.rules as rules
+		with data.data.approval.waivers as [waiver]
+}

@@ -401,3 +401,24 @@ test_no_prune_rule_without_the_prune_fact if {
 	codes := {r.code | some r in guardrails.denials} with input as inp
 	not "guardrail.prune_unknown" in codes
 }
+
+# a deny rule on target_tags holds where a guest the call reaches carries one, not only its
+# target: an HA rule, a pool move or a prune whose target is the cluster or a storage
+critical_member := {"vmid": 100, "node": "pve1", "pool": "prod", "pool_known": true, "tags": ["critical"], "exists": true}
+
+reaching(guests) := object.union_n([
+	fx.node_target,
+	{"node": null, "name": null},
+	{"members": {"known": true, "guests": guests}},
+])
+
+test_a_deny_rule_on_tags_holds_on_a_guest_the_call_reaches if {
+	rule := [{"name": "no-critical-moves", "tools": ["pool_members_remove"], "target_tags": ["critical"], "reason": "c"}]
+	tool := fx.tool("pool_members_remove", "cluster", "write", "cluster", ["pools"])
+	lab := object.union(critical_member, {"vmid": 205, "pool": "lab", "tags": ["lab"]})
+	reasons := guardrails.deny with input as fx.call(fx.admin, tool, reaching([lab, critical_member]))
+		with data.data.guardrails.deny_rules as rule
+	fx.has_reason(reasons, "c (rule \"no-critical-moves\")")
+	count(guardrails.deny) == 0 with input as fx.call(fx.admin, tool, reaching([lab]))
+		with data.data.guardrails.deny_rules as rule
+}

@@ -190,12 +190,58 @@ else := {"*"}
 
 # index_hit(exact, sel): a candidate the index found for the call matches it;
 # exact is exact_selector(sel) (data only, a constant once partially evaluated):
-# its effects, principal kinds and tool names settle every key call_matches tests
+# its effects, principal kinds and tool names settle every key call_matches tests.
+# For a selector that restricts (a deny rule, an approval rule, a quota): its
+# target_tags hold where the target or a guest the call reaches carries one.
 index_hit(exact, sel) if {
 	exact == true
 	call_parts_defined
 } else if {
+	reaching_call_matches(sel)
+}
+
+# index_hit_on_target(exact, sel): index_hit for a selector that permits (a secret
+# revealed): its target_tags hold on the target's own tags only, never widened by
+# another guest's
+index_hit_on_target(exact, sel) if {
+	exact == true
+	call_parts_defined
+} else if {
 	call_matches(sel, input.principal, input.tool, input.target)
+}
+
+# reaching_call_matches(sel): call_matches on the call decided, a restricting
+# selector's target_tags tested against the tags of the target and of every guest
+# the call reaches besides it (reached_tags): a rule on `critical` guests holds on
+# an HA rule, a pool move or a prune reaching one
+reaching_call_matches(sel) if {
+	tool_matches(sel, input.tool)
+	principal_matches(sel, input.principal)
+	any_in_list(sel, "target_tags", reached_tags)
+}
+
+# reached_tags: the tags of the call's target and of the guests it reaches besides it
+reached_tags contains tag if {
+	some tag in tags_of(input.target)
+}
+
+reached_tags contains tag if {
+	some guest in beyond_target
+	some tag in tags_of(guest)
+}
+
+# beyond_target: the guests a call reaches besides its target: a clone's or a
+# migration's destination, a restore's backed-up guest, a volume's owner, the
+# guests whose backups a prune deletes, the guests of a member list
+beyond_target contains guest if {
+	some k in ["destination", "backup_of", "volume_of"]
+	guest := input.target[k]
+	is_object(guest)
+}
+
+beyond_target contains guest if {
+	some k in ["prune_removes", "members"]
+	some guest in input.target[k].guests
 }
 
 # call_parts_defined: the call has every part call_matches reads (whatever their

@@ -75,12 +75,12 @@ default reveal_secrets := false
 
 reveal_secrets if {
 	some i in reveal_index[input.tool.effect][input.principal.kind][input.tool.name]
-	lib.index_hit(reveal_exact[i], config.reveal_secrets[i])
+	lib.index_hit_on_target(reveal_exact[i], config.reveal_secrets[i])
 }
 
 reveal_secrets if {
 	some i in reveal_index[input.tool.effect][input.principal.kind]["*"]
-	lib.index_hit(reveal_exact[i], config.reveal_secrets[i])
+	lib.index_hit_on_target(reveal_exact[i], config.reveal_secrets[i])
 }
 
 # the reveal_secrets selectors by the effects, principal kinds and tool names they

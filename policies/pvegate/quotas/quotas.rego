@@ -85,7 +85,7 @@ exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds
 
 exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)} if {
 	some [q, false] in index[input.tool.effect][input.principal.kind][input.tool.name]
-	lib.call_matches(q, input.principal, input.tool, input.target)
+	lib.reaching_call_matches(q)
 	counter := object.get(q, "counter", "tool")
 	n := used(counter, q.window)
 	n >= q.limit
@@ -101,7 +101,7 @@ exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds
 
 exceeded contains {"quota": q, "counter": counter, "used": n, "resets_in_seconds": resets_in_seconds(q.window)} if {
 	some [q, false] in index[input.tool.effect][input.principal.kind]["*"]
-	lib.call_matches(q, input.principal, input.tool, input.target)
+	lib.reaching_call_matches(q)
 	counter := object.get(q, "counter", "tool")
 	n := used(counter, q.window)
 	n >= q.limit

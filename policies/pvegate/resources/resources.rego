@@ -64,7 +64,7 @@ resizes if is_object(input.resources.final)
 applicable contains q if {
 	allocates
 	some q in config.resource_quotas
-	lib.call_matches(q, input.principal, input.tool, input.target)
+	lib.reaching_call_matches(q)
 	roles_match(q)
 	pools_match(q)
 }
@@ -92,7 +92,7 @@ maybe_applicable contains q if {
 	pool_hidden
 	some q in config.resource_quotas
 	"pools" in object.keys(q)
-	lib.call_matches(q, input.principal, input.tool, input.target)
+	lib.reaching_call_matches(q)
 	maybe_roles_match(q)
 }
 

@@ -48,10 +48,11 @@ mutation_factors contains factor if {
 	}
 }
 
-# ... and of the guests a call reaches besides its target (a volume's owner, the guests whose
-# backups a prune deletes, a member list's guests): the target of such a call is a storage, the
-# cluster or a node, which carries no tags, so a critical guest's replicas deleted or backups
-# pruned would otherwise weigh no more than a lab guest's. A tag counts once.
+# ... and of the guests a call reaches besides its target (lib.beyond_target: a volume's owner,
+# the guests whose backups a prune deletes, a member list's guests, a restore's backed-up guest):
+# the target of such a call is often a storage, the cluster or a node, which carries no tags, so
+# a critical guest's replicas deleted or backups pruned would otherwise weigh no more than a lab
+# guest's. A tag counts once.
 mutation_factors contains factor if {
 	some tag, vmids in reached_tag_guests
 	not tag in lib.tags_of(input.target)
@@ -134,14 +135,14 @@ mutation_factors contains factor if {
 critical_matches contains rule if {
 	not obligations.dry_run
 	some rule in critical_index[input.tool.name]
-	lib.call_matches(rule, input.principal, input.tool, input.target)
+	lib.reaching_call_matches(rule)
 	arguments_match(rule)
 }
 
 critical_matches contains rule if {
 	not obligations.dry_run
 	some rule in critical_index["*"]
-	lib.call_matches(rule, input.principal, input.tool, input.target)
+	lib.reaching_call_matches(rule)
 	arguments_match(rule)
 }
 
@@ -202,14 +203,8 @@ arguments_match(rule) if {
 	}
 }
 
-# reached_tag_guests[tag]: the ids of the reached guests carrying the tag
-reached_tag_guests[tag] := sort({sprintf("%v", [g.vmid]) | some g in reached_guests; tag in lib.tags_of(g)}) if {
-	some guest in reached_guests
+# reached_tag_guests[tag]: the ids of the guests the call reaches besides its target carrying the tag
+reached_tag_guests[tag] := sort({sprintf("%v", [g.vmid]) | some g in lib.beyond_target; tag in lib.tags_of(g)}) if {
+	some guest in lib.beyond_target
 	some tag in lib.tags_of(guest)
 }
-
-reached_guests contains input.target.volume_of if is_object(input.target.volume_of)
-
-reached_guests contains guest if some guest in input.target.prune_removes.guests
-
-reached_guests contains guest if some guest in input.target.members.guests
