@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.admin.reach import reached
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
 from gateway.core import jsonread
@@ -673,7 +674,7 @@ pre{{background:#f4f4f4;padding:.6em;white-space:pre-wrap;word-break:break-all}}
 <tr><th>Requested by</th><td>{requester}</td></tr>
 <tr><th>Tool</th><td><code>{tool}</code></td></tr>
 <tr><th>Target</th><td>{target}</td></tr>
-<tr><th>Risk</th><td>{risk}</td></tr>
+{reached}<tr><th>Risk</th><td>{risk}</td></tr>
 <tr><th>Why approval</th><td>{reason}</td></tr>
 <tr><th>Approver groups</th><td>{groups} (needs {min_approvals}, has {approvals})</td></tr>
 <tr><th>Arguments digest</th><td><code>{digest}</code></td></tr>
@@ -718,6 +719,8 @@ def _page(req: ApprovalRequest, approvals: Approvals) -> HTMLResponse:
         requester=e(req.requester),
         tool=e(req.tool),
         target=e(tdesc or "-"),
+        # the guests it reaches beyond its target (a pool move's, a prune's...): the approval is bound to them
+        reached="".join(f"<tr><th>{e(what)}</th><td>{e(text)}</td></tr>\n" for what, text in reached(target)),
         risk=e(f"{req.risk.get('level', '?')} (score {req.risk.get('score', '?')})"),
         reason=e(req.reason),
         groups=e(", ".join(req.approver_groups) or "-"),

@@ -34,6 +34,7 @@ from starlette.routing import Route
 from gateway.admin import api as adminapi
 from gateway.admin.console.oidc import Login, Provider, SignInError, pkce_pair
 from gateway.admin.console.session import Session, Sessions, csrf_ok, same_origin
+from gateway.admin.reach import reached
 from gateway.auth import identity
 from gateway.auth.tokens import Authenticator, AuthError
 from gateway.components import Components
@@ -139,6 +140,7 @@ _env.filters["day"] = lambda ts: _stamp(ts, "%Y-%m-%d", "")
 _env.filters["clock"] = lambda ts: _stamp(ts, "%H:%M:%S", "-")
 _env.filters["ago"] = _ago
 _env.filters["pretty"] = _pretty
+_env.filters["reach_count"] = lambda target: len(reached(target)) if isinstance(target, dict) else 0
 
 
 class Console:
@@ -678,6 +680,7 @@ async def _approval_view(request: Request, session: Session, result: dict[str, A
         may=may,
         result=result,
         sends=_sends(tool) if tool else "-",
+        reached=reached(req.target),
         auth_age=int(time.time() - session.auth_time),
     )
 

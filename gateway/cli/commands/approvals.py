@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.admin.reach import reached
 from gateway.core.config import Config, load
 from gateway.core.text import one_line, visible
 from gateway.mcp.wellknown import token_resource
@@ -125,16 +126,27 @@ def _shown(value: Any) -> str:
     return one_line(visible(str(value)))
 
 
-def _print_request(view: dict[str, Any]) -> None:
+def _print_request(view: dict[str, Any], impact: str | None = None) -> None:
     t = view["target"]
     tdesc = "/".join(_shown(t.get(k)) for k in ("cluster", "node", "vmid") if t.get(k) is not None)
     print(f"{view['id']}  {view['state']}")
     print(f"  requester:  {_shown(view['requester'])}")
     name = f" ({_shown(t['name'])})" if t.get("name") else ""
     print(f"  tool:       {_shown(view['tool'])}  on {tdesc or '-'}{name}")
+    if t.get("vmid") is not None:  # the target guest's pool and tags: what a scope or a tag rule selected
+        tags = t.get("tags") if isinstance(t.get("tags"), list) else []
+        pool = t.get("pool") if t.get("pool") is not None else "none" if t.get("pool_known", True) else "not known"
+        print(f"  guest:      pool {_shown(pool)}; tags {_shown(', '.join(str(x) for x in tags) or 'none')}")
+    for what, text in reached(t):  # the guests it reaches beyond its target: the approval is bound to them
+        print(f"  {what + ':':11} {_shown(text)}")
     print(f"  arguments:  {json.dumps(view['arguments'], sort_keys=True)}")
+    if impact is not None:
+        print(f"  would:      {_shown(impact)}")
     print(f"  digest:     {view['arguments_digest']}")
-    print(f"  risk:       {view['risk'].get('level', '?')} (score {view['risk'].get('score', '?')})")
+    print(f"  risk:       {_shown(view['risk'].get('level', '?'))} (score {_shown(view['risk'].get('score', '?'))})")
+    for f in view["risk"].get("factors") or []:
+        if isinstance(f, dict):
+            print(f"    {_shown(f.get('name', ''))} (+{_shown(f.get('points', '?'))}) {_shown(f.get('why', ''))}")
     print(f"  reason:     {_shown(view['reason'])}")
     got = ", ".join(_shown(a["approver"]) for a in view["approvals"]) or "none"
     groups = ", ".join(_shown(g) for g in view["approver_groups"]) or "-"
@@ -147,6 +159,25 @@ def _print_request(view: dict[str, Any]) -> None:
         )
     if view["used_at"]:
         print(f"  used:       {view['used_at']} by request {view['used_by_request']}")
+
+
+def _impact(cfg: Config, view: dict[str, Any]) -> str | None:
+    """The tool's dry-run sentence with the call's values (as the console's preview says it): what Proxmox
+    is asked to do. The arguments are the stored ones (secrets already masked); the node and type are the
+    target's, where the connector would locate the guest. None when the catalog cannot tell."""
+    from gateway.tools.catalog import Catalog, CatalogError
+    from gateway.tools.runtimes.pve_api import dry_run_text
+
+    try:
+        tool = Catalog.load(cfg.connectors_dir).get(str(view["tool"]))
+    except (CatalogError, OSError):
+        return None
+    if tool is None:
+        return "(the tool is no longer in the catalog)"
+    t = view["target"]
+    located = {k: t[k] for k in ("node", "type") if t.get(k) is not None}
+    values = {**view["arguments"], **located} if isinstance(view["arguments"], dict) else located
+    return dry_run_text(tool, values) or None
 
 
 def _outcome(out: VoteOutcome, verdict: str) -> int:
@@ -222,7 +253,7 @@ def _show(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(view, indent=1))
         else:
-            _print_request(view)
+            _print_request(view, _impact(cfg, view))
         return 0
 
     return _guard(cfg, lambda: asyncio.run(_run(args, cfg, False, go)))
