@@ -322,6 +322,14 @@ test_a_composite_calling_a_leaf_beyond_its_target_is_hidden_by_a_scoped_deny if 
 	"compose_sweep" in listed_for_catalog(object.union(fx.contractor, {"groups": []}), {}, [], sweep_catalog)
 }
 
+# a deny fencing another cluster holds on none of this cluster's guests (rbac composite.rego
+# leaf_deny_roles): the composite is callable here, so the listing shows it
+test_a_composite_calling_a_leaf_beyond_its_target_is_listed_despite_another_clusters_fence if {
+	every scope in [{"clusters": ["other"]}, {"clusters": ["other"], "nodes": ["pve1"]}] {
+		"compose_sweep" in listed_for_catalog(fx.contractor, {"scope": scope}, [], sweep_catalog)
+	}
+}
+
 # A leaf is answered from the listing's own sets when the input lists it as a
 # tool with the same view; otherwise (not in the catalog sent, or sent with
 # another view) it is tested on its own, and the answers agree either way.

@@ -115,9 +115,12 @@ fan_out_listable(leaf) if {
 	role_grants(b.role, leaf)
 }
 
+# (a binding fencing named clusters denies only there, as leaf_deny_roles says: a cluster
+# elsewhere escapes it, so the listing, which knows no cluster yet, does not hide for it)
 fan_out_denied(leaf) if {
 	some b in caller_bindings
 	may_hold_on(b, leaf)
+	not "clusters" in object.keys(object.get(b, "scope", {}))
 	role_denies(b.role, leaf)
 }
 
