@@ -22,8 +22,13 @@ For each open call, oldest first:
   `vmid` filter sent then; a volume deletion's, `imgdel`: its owner (target.volume_of) and storage,
   `103@local`, or `local` for a volume nobody owns, and a record that does not say whose volume it is
   is `reconciled` with `proxmox: unverifiable` and the reason, never matched to a task that may be
-  another deletion's; start time). Found: as
-  above (`found_by: task_list`). Nothing: `reconciled` with `proxmox: not_found` (the request
+  another deletion's; start time). Found, and no other call may own it (Reconciler._rivals: one of the
+  same type, node and worker id, around its start, whose records name no task and do not say none was
+  started: two restarts or apt refreshes on one node, two deletions of one guest's backups, a previous
+  run's call whose task is not recorded): as above (`found_by: task_list`); else `reconciled` with
+  `proxmox: unverifiable`, the task (`candidate`) and the other calls (`rivals`), never a guess that could
+  give each the other's outcome (left open while a rival is still in flight here).
+  Nothing: `reconciled` with `proxmox: not_found` (the request
   never reached Proxmox, or Proxmox refused it before starting a task). A call that names no
   node is looked for on every node the cluster lists; while one of them is not online (its
   task list cannot be read, and the task may be there) the call is left open, never
@@ -150,6 +155,18 @@ CLAIMED_SQL = """
 SELECT body FROM audit WHERE ts >= ? AND kind IN ('dispatch', 'result') AND body LIKE '%"task_id":"%'
 """
 PG_OPEN_CALLS_SQL = OPEN_CALLS_SQL
+# Allowed calls decided in [?, ?] (not call ?) whose records do not say that no task was left unnamed: see
+# rival_calls. Those whose records name a task id are dropped after reading them (the id may be in any record).
+RIVALS_SQL = """
+SELECT d.seq, d.request_id, d.ts, d.principal, d.tool, d.target FROM audit d
+WHERE d.kind = 'decision' AND d.outcome = 'allow' AND d.ts >= ? AND d.ts <= ? AND d.request_id <> ?
+AND NOT EXISTS (SELECT 1 FROM audit r WHERE r.request_id = d.request_id AND r.seq > d.seq AND (
+    r.kind = 'refusal'
+    OR (r.kind = 'result' AND (
+        r.outcome IN ('ok', 'failed', 'upstream_error')
+        OR (r.outcome = 'interrupted' AND r.body LIKE '%"pending_reconcile":false%')))))
+ORDER BY d.seq
+"""
 PG_CLAIMED_SQL = CLAIMED_SQL
 
 
@@ -205,33 +222,49 @@ def open_calls(
             rows = con.execute(sql, bounds).fetchall()
         calls: list[OpenCall] = []
         for d in rows:
-            call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
-            call.seq = int(d["seq"])
-            related = con.execute(
-                "SELECT seq, kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,)
-            )
-            for r in related.fetchall():
-                # a body that is not JSON (edited outside the gateway) must not stall every other call's
-                # pass; the call itself cannot be matched to Proxmox on half its facts (Reconciler.settle)
-                kind, body = r["kind"], auditlib.body_or_empty(r["body"])
-                if not body and (r["body"] or "").strip() not in ("", "{}"):
-                    call.unreadable = int(r["seq"])
-                if kind == "received":
-                    call.target = _obj(body.get("target"))
-                    call.arguments = _obj(body.get("arguments"))
-                    call.effect = body.get("effect")
-                    call.dry_run = bool(body.get("dry_run"))
-                elif kind == "decision":
-                    call.owner = body.get("replica")
-                    call.hold = held_by(auditlib.unpack_input(body))
-                    if _obj(body.get("obligations")).get("dry_run"):
-                        call.dry_run = True
-                elif kind == "dispatch":
-                    call.dispatched = True
-                if kind in ("dispatch", "result") and body.get("task_id"):
-                    call.task_id = str(body["task_id"])
-            calls.append(call)
+            calls.append(_read_call(con, d))
         return calls
+    finally:
+        con.close()
+
+
+def _read_call(con: Any, d: Any) -> OpenCall:
+    """A call as its records tell it, from its decision row `d`."""
+    call = OpenCall(str(d["request_id"]), float(d["ts"]), d["principal"], d["tool"], d["target"])
+    call.seq = int(d["seq"])
+    related = con.execute("SELECT seq, kind, body FROM audit WHERE request_id = ? ORDER BY seq", (call.request_id,))
+    for r in related.fetchall():
+        # a body that is not JSON (edited outside the gateway) must not stall every other call's
+        # pass; the call itself cannot be matched to Proxmox on half its facts (Reconciler.settle)
+        kind, body = r["kind"], auditlib.body_or_empty(r["body"])
+        if not body and (r["body"] or "").strip() not in ("", "{}"):
+            call.unreadable = int(r["seq"])
+        if kind == "received":
+            call.target = _obj(body.get("target"))
+            call.arguments = _obj(body.get("arguments"))
+            call.effect = body.get("effect")
+            call.dry_run = bool(body.get("dry_run"))
+        elif kind == "decision":
+            call.owner = body.get("replica")
+            call.hold = held_by(auditlib.unpack_input(body))
+            if _obj(body.get("obligations")).get("dry_run"):
+                call.dry_run = True
+        elif kind == "dispatch":
+            call.dispatched = True
+        if kind in ("dispatch", "result") and body.get("task_id"):
+            call.task_id = str(body["task_id"])
+    return call
+
+
+def rival_calls(path: Path | PgLocation, since: float, until: float, exclude: str) -> list[OpenCall]:
+    """The allowed calls decided in [since, until], other than `exclude`, that may have started a Proxmox task
+    no record names: none of their records carries a task id, and none says nothing was sent or the call ended
+    without a task (refusal; ok, failed, upstream_error; an interrupted read or dry run). Open ones, and those
+    settled from the task list without a task (not_found, unverifiable). Read on a connection of their own."""
+    con = auditlib.connect(path, readonly=True)
+    try:
+        rows = con.execute(RIVALS_SQL, (since, until, exclude)).fetchall()
+        return [c for d in rows if (c := _read_call(con, d)).task_id is None and not c.dry_run]
     finally:
         con.close()
 
@@ -579,6 +612,10 @@ class Reconciler:
                     task_id = await self._search(client, cluster, call, types, claimed, before, tool)
                 except WorkerIdUnknown as exc:
                     return await self._worker_unknown(call, str(exc), turn)
+                if task_id is not None:
+                    rivals = await self._rivals(call, cluster, task_id)
+                    if rivals:
+                        return await self._contested(call, task_id, rivals, turn)
             if task_id is None:
                 body: dict[str, Any] = {
                     "proxmox": "not_found",
@@ -622,6 +659,72 @@ class Reconciler:
             turn,
         )
         return Settled(call.request_id, call.tool, "reconciled", verdict, task_id, exit_status[:300])
+
+    async def _rivals(self, call: OpenCall, cluster: str, upid: str) -> list[OpenCall]:
+        """The other calls whose own search could take the task `upid` found for `call`: of the same cluster, a
+        tool whose task types hold its type, on its node (or none named), whose worker id is its id (or not
+        checked, or unknown), the task's start inside their window, that may have started a task no record
+        names (rival_calls). The task list cannot tell such calls' tasks apart (two service restarts, two apt
+        refreshes on one node; two deletions of one guest's backups; a previous run's call on the guest whose
+        task is not recorded yet): taking the earliest task for the earliest call could give each the other's
+        outcome, a failure recorded as a success. Empty: the task is this call's alone."""
+        m = UPID_RE.fullmatch(upid)
+        if m is None:
+            return []
+        start = int(m["starttime"], 16)
+        # a rival's window holds the start only if it was decided within this much of it (task_window, uncut)
+        reach = 2 * self.config.clusters[cluster].timeout + 10 + 2 * CLOCK_SKEW_SECONDS + 1
+        found = await asyncio.to_thread(
+            rival_calls, self.outcomes.audit.path, float(start - reach), float(start + reach), call.request_id
+        )
+        out: list[OpenCall] = []
+        for other in found:
+            tool = self.catalog.get(other.tool or "")
+            if tool is None or m["type"] not in tool.task_types or self._is_read(other):
+                continue
+            if str(other.target.get("cluster") or self.config.default_cluster) != cluster:
+                continue
+            node = other.target.get("node")
+            if node and str(node) != m["node"]:
+                continue
+            try:
+                want = task_worker(other, tool.task_types, tool)[1]
+            except WorkerIdUnknown:
+                want = None  # its task's id is unknown: it may be this one
+            if want is not None and want != m["id"]:
+                continue
+            since, until = self.task_window(cluster, other.ts, None)
+            if since <= start <= until:
+                out.append(other)
+        return out
+
+    async def _contested(
+        self, call: OpenCall, upid: str, rivals: list[OpenCall], turn: auditlib.Turn | None
+    ) -> Settled:
+        """The task found for a call could as well be another call's (_rivals): never taken for either. A rival
+        this process still runs records its UPID soon (then the task is claimed, or not its): left open until
+        then. Otherwise final, `unverifiable`, naming the task and the rivals for a person to check; a rival's
+        own pass finds this call a rival in turn (it names no task), so neither is settled from the other's."""
+        ids = sorted(r.request_id for r in rivals)
+        if any(rid in self.outcomes.flights for rid in ids):
+            why = f"task {upid} may be that of call(s) {', '.join(ids)}, still in flight"
+            return Settled(call.request_id, call.tool, "open", "running", None, why)
+        why = (
+            f"task {upid}, the one found for it in the task list, could as well be that of call(s) "
+            f"{', '.join(ids)} (same type, node and worker id, around the same time, none of them recorded its "
+            "task): which call started which task cannot be told, so none is taken; check the target"
+        )
+        body: dict[str, Any] = {
+            "proxmox": "unverifiable",
+            "reason": why,
+            "task_id": None,
+            "found_by": None,
+            "candidate": upid,
+            "rivals": ids,
+            "decided_at": call.ts,
+        }
+        await self._write(call, "reconciled", body, turn)
+        return Settled(call.request_id, call.tool, "reconciled", "unverifiable", None, why)
 
     async def _worker_unknown(self, call: OpenCall, why: str, turn: auditlib.Turn | None) -> Settled:
         """A mutation without a recorded UPID whose task's worker id its records do not tell: any task of its
@@ -711,14 +814,7 @@ class Reconciler:
         not online its list cannot be read, and the task may be there: ToolError (the call is left open for a
         later pass), never "not found". WorkerIdUnknown when the call's records do not tell its task's id
         (a volume whose owner they do not say): nothing is searched."""
-        want: str | None
-        if VOLUME_TASK in types:  # a volume deletion: its owner and storage, never unchecked
-            vmid, want = None, volume_worker_id(call)
-        elif tool is not None and tool.task_worker_ids:  # None: no form fits (not checked, as for a call of no guest)
-            vmid, want = None, worker_id(tool.task_worker_ids, tool.target, call)
-        else:
-            vmid = call.target.get("vmid")
-            want = None if vmid is None else str(vmid)
+        vmid, want = task_worker(call, types, tool)
         user = self.token_user(cluster)
         if user is None:
             raise ToolError(f"cannot read the token of cluster {cluster} to search its tasks")
@@ -804,6 +900,17 @@ class Reconciler:
 
 class WorkerIdUnknown(Exception):
     """The worker id of a call's task cannot be told from its records: no task found may be taken as its own."""
+
+
+def task_worker(call: OpenCall, types: tuple[str, ...], tool: Tool | None) -> tuple[Any, str | None]:
+    """(the vmid filter, the worker id) a search for the call's task uses; a worker id of None is not checked
+    (a call of no guest, a task whose id is empty or not the call's). WorkerIdUnknown: see volume_worker_id."""
+    if VOLUME_TASK in types:  # a volume deletion: its owner and storage, never unchecked
+        return None, volume_worker_id(call)
+    if tool is not None and tool.task_worker_ids:  # None: no form fits (not checked, as for a call of no guest)
+        return None, worker_id(tool.task_worker_ids, tool.target, call)
+    vmid = call.target.get("vmid")
+    return vmid, None if vmid is None else str(vmid)
 
 
 def worker_id(forms: tuple[str, ...], params: dict[str, str], call: OpenCall) -> str | None:
