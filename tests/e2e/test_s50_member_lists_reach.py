@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from gateway.tools.targets import member_ids
-from tests.approvals.conftest import Api, outcome, text
-from tests.support import GatewayThread, example_env, mutations
+from tests.approvals.conftest import outcome, text
+from tests.e2e.fenced import fenced_gateway
+from tests.support import mutations
 
 
 def fenced(data: dict[str, Any]) -> None:
@@ -44,11 +45,6 @@ def pve9(tmp_path: Path) -> Iterator[Any]:
     handle.stop()
 
 
-def gateway_on(sim: Any, tmp_path: Path) -> tuple[GatewayThread, Api]:
-    env = example_env(tmp_path, sim, fenced)
-    return GatewayThread(env.config).start(), Api(env)
-
-
 def test_member_lists_name_their_guests() -> None:
     assert member_ids("101,102,101") == [101, 102]
     assert member_ids("vm:101,ct:201") == [101, 201]
@@ -60,8 +56,7 @@ def test_member_lists_name_their_guests() -> None:
 
 
 async def test_ha_rules_on_prod_guests_meet_the_prod_deny(pve9: Any, tmp_path: Path) -> None:
-    gateway, gw = gateway_on(pve9, tmp_path)
-    try:
+    with fenced_gateway(pve9, tmp_path, fenced) as gw:
         who = gw.human("s50-all")
         pin = {"rule": "pin", "type": "node-affinity", "resources": "vm:102,vm:101", "nodes": "edge3", "strict": True}
         created = await gw.call(who, "ha_rule_create", pin)
@@ -73,13 +68,10 @@ async def test_ha_rules_on_prod_guests_meet_the_prod_deny(pve9: Any, tmp_path: P
         # guests in no pool: the deny does not hold, decided as before (the example policy's approval or allow)
         free = await gw.call(who, "ha_rule_create", {**pin, "resources": "vm:102,ct:202"})
         assert outcome(free) != "denied", text(free)
-    finally:
-        gateway.stop()
 
 
 async def test_backup_and_replication_jobs_on_prod_guests_meet_the_prod_deny(fsim: Any, tmp_path: Path) -> None:
-    gateway, gw = gateway_on(fsim, tmp_path)
-    try:
+    with fenced_gateway(fsim, tmp_path, fenced) as gw:
         who = gw.human("s50-all")
         job = {"id": "nightly", "schedule": "02:00", "storage": "local", "vmids": "103,101", "mode": "stop"}
         for name, args in [
@@ -97,5 +89,3 @@ async def test_backup_and_replication_jobs_on_prod_guests_meet_the_prod_deny(fsi
         for name, args in [("backup_job_create", {**job, "vmids": "103"}), ("replication_job_delete", {"id": "103-0"})]:
             res = await gw.call(who, name, args)
             assert outcome(res) != "denied", (name, text(res))
-    finally:
-        gateway.stop()

@@ -17,7 +17,8 @@ from typing import Any
 
 from gateway.tools.targets import member_ids
 from tests.approvals.conftest import outcome, text
-from tests.e2e.test_s50_member_lists_reach import gateway_on
+from tests.e2e.fenced import fenced_gateway
+from tests.e2e.test_s50_member_lists_reach import fenced
 from tests.support import mutations
 
 APT = "UPID:pve1:00001234:00005678:6500AAAA:aptupdate::root@pam:"
@@ -42,8 +43,7 @@ def test_a_guests_acl_path_and_task_name_it() -> None:
 
 
 async def test_selections_beyond_the_list_meet_the_prod_deny(fsim: Any, tmp_path: Path) -> None:
-    gateway, gw = gateway_on(fsim, tmp_path)
-    try:
+    with fenced_gateway(fsim, tmp_path, fenced) as gw:
         who = gw.human("s50-all")
         job = {"id": "nightly", "schedule": "02:00", "storage": "local", "mode": "stop"}
         acl = {"roles": "PVEVMAdmin", "users": "mallory@pve"}
@@ -76,15 +76,12 @@ async def test_selections_beyond_the_list_meet_the_prod_deny(fsim: Any, tmp_path
         ]:
             res = await gw.call(who, name, args)
             assert outcome(res) != "denied", (name, args, text(res))
-    finally:
-        gateway.stop()
 
 
 async def test_a_node_reboot_reaches_every_guest_on_it(fsim: Any, tmp_path: Path) -> None:
     """node_reboot and node_shutdown stop every guest on the node: a deny scoped to pool prod holds on
     a node hosting prod's guests (pve1: 100, 101), not on one hosting none (pve3: 300, in no pool)."""
-    gateway, gw = gateway_on(fsim, tmp_path)
-    try:
+    with fenced_gateway(fsim, tmp_path, fenced) as gw:
         who = gw.human("s50-all")
         for name in ("node_reboot", "node_shutdown"):
             res = await gw.call(who, name, {"node": "pve1"})
@@ -93,8 +90,6 @@ async def test_a_node_reboot_reaches_every_guest_on_it(fsim: Any, tmp_path: Path
         assert not mutations(fsim)
         other = await gw.call(who, "node_reboot", {"node": "pve3"})
         assert outcome(other) != "denied", text(other)
-    finally:
-        gateway.stop()
 
 
 def test_an_ha_rule_moves_its_guests_to_nodes_the_ha_manager_picks() -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.approvals.conftest import Api, outcome, text
-from tests.support import GatewayThread, example_env, mutations
+from tests.e2e.fenced import fenced_gateway
+from tests.support import mutations
 
 
 def fenced(data: dict[str, Any]) -> None:
@@ -30,12 +31,8 @@ def fenced(data: dict[str, Any]) -> None:
 
 @pytest.fixture
 def gw(fsim: Any, tmp_path: Path) -> Iterator[Api]:
-    env = example_env(tmp_path, fsim, fenced)
-    gateway = GatewayThread(env.config).start()
-    try:
-        yield Api(env)
-    finally:
-        gateway.stop()
+    with fenced_gateway(fsim, tmp_path, fenced) as api:
+        yield api
 
 
 def upid(node: str) -> str:
