@@ -124,13 +124,10 @@ fan_out_denied(leaf) if {
 	role_denies(b.role, leaf)
 }
 
+# (a deny rule without target_tags that matches the leaf needs no clause here: it hides the
+# leaf from the listing, guardrails.hidden_from_list, and so its composites, tools_list.leaf_hidden)
 fan_out_denied(leaf) if {
 	leaf.scope == "guest"
 	some rule in config.deny_rules
 	lib.call_matches(object.remove(rule, ["target_tags"]), input.principal, leaf, {})
-}
-
-fan_out_denied(leaf) if {
-	some rule in config.deny_rules
-	lib.call_matches(rule, input.principal, leaf, {})
 }
