@@ -215,6 +215,22 @@ def sim_tasks(sim: Any) -> list[dict[str, Any]]:
     return list(tasks.values()) if isinstance(tasks, dict) else list(tasks or [])
 
 
+async def task_stopped(sim: Any, upid: str) -> dict[str, Any]:
+    """The simulator's task once it has stopped: what Proxmox ran, finished."""
+    done: list[dict[str, Any]] = await wait_for(
+        lambda: [t for t in sim_tasks(sim) if t["upid"] == upid and t["status"] == "stopped"], 20, upid
+    )
+    return done[0]
+
+
+def reconciled(db: Path, rid: str) -> dict[str, Any]:
+    """The body of the call's one result, which reconciliation recorded."""
+    (res,) = [r for r in records(db, rid) if r["kind"] == "result"]
+    assert res["outcome"] == "reconciled", res
+    body: dict[str, Any] = res["body"]
+    return body
+
+
 def process_state(pid: int) -> str:
     """R running, S sleeping, T stopped (/proc/<pid>/stat)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -240,6 +256,12 @@ def reconcile_cli(env: DevEnv, *extra: str) -> subprocess.CompletedProcess[str]:
         text=True,
         cwd=REPO,
     )
+
+
+def reconcile_all(env: DevEnv) -> None:
+    """`pvegate audit reconcile` of every open call, whatever its age; each must be settled."""
+    done = reconcile_cli(env, "--min-age", "0s", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @contextlib.contextmanager

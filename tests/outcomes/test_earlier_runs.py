@@ -28,7 +28,7 @@ from gateway.store.outcomes import Outcomes
 from gateway.store.reconcile import LOOKBACK_SECONDS, Reconciler
 from gateway.tools.catalog import Catalog
 from gateway.tools.runtimes.pve_api import PveApiClient
-from tests.outcomes.helpers import Gateway, env_for, reconcile_cli, records, sim_tasks, verify, wait_for
+from tests.outcomes.helpers import Gateway, env_for, reconcile_cli, records, task_stopped, verify, wait_for
 
 GUEST = {"cluster": "default", "node": "pve2", "type": "qemu", "vmid": 102}
 GUEST_KEY = "default/qemu/102"
@@ -85,7 +85,7 @@ async def _post(sim: Any, method: str, path: str) -> str:
     )
     assert r.status_code == 200, r.text[:300]
     upid = str(r.json()["data"])
-    await wait_for(lambda: [t for t in sim_tasks(sim) if t["upid"] == upid and t["status"] == "stopped"], 20, upid)
+    await task_stopped(sim, upid)
     return upid
 
 

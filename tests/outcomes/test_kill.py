@@ -17,6 +17,7 @@ from tests.outcomes.helpers import (
     records,
     request_ids,
     sim_tasks,
+    task_stopped,
     verify,
     wait_for,
 )
@@ -51,7 +52,7 @@ async def test_sigkill_while_waiting_on_a_task_is_reconciled_by_its_upid(fsim: A
     upid = dispatch[0]["body"]["task_id"]
     assert dispatch[0]["outcome"] == "accepted" and upid.startswith("UPID:pve2:") and ":qmstart:102:" in upid
     assert _kinds(records(db, rid)) == [("received", None), ("decision", "allow"), ("dispatch", "accepted")]
-    await wait_for(lambda: [t for t in sim_tasks(fsim) if t["upid"] == upid and t["status"] == "stopped"], 20, "task")
+    await task_stopped(fsim, upid)
 
     env = new_port(env)
     gw = await Gateway(env, tmp_path / "serve.log").start().wait_up()

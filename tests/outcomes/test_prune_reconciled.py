@@ -20,10 +20,12 @@ from tests.outcomes.helpers import (
     Gateway,
     call,
     new_port,
-    reconcile_cli,
+    reconcile_all,
+    reconciled,
     records,
     request_ids,
     sim_tasks,
+    task_stopped,
     verify,
     wait_for,
 )
@@ -120,10 +122,7 @@ async def _delete(sim: Any, path: str) -> dict[str, Any]:
     )
     assert r.status_code == 200, r.text[:300]
     upid = str(r.json()["data"])
-    done: list[dict[str, Any]] = await wait_for(
-        lambda: [t for t in sim_tasks(sim) if t["upid"] == upid and t["status"] == "stopped"], 20, upid
-    )
-    return done[0]
+    return await task_stopped(sim, upid)
 
 
 async def test_a_prune_is_matched_by_the_form_its_call_fills(fsim: Any, tmp_path: Path) -> None:
@@ -153,14 +152,10 @@ async def test_a_prune_is_matched_by_the_form_its_call_fills(fsim: Any, tmp_path
     everything = await _delete(fsim, "/nodes/pve2/storage/local/prunebackups?prune-backups=keep-last%3D5")
     guest = await _delete(fsim, "/nodes/pve2/storage/local/prunebackups?prune-backups=keep-last%3D1&vmid=103")
     assert (everything["id"], guest["id"]) == ("local", "103@local")
-    done = reconcile_cli(env, "--min-age", "0s", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+    reconcile_all(env)
 
     def result(rid: str) -> dict[str, Any]:
-        (res,) = [r for r in records(env.config.audit_path, rid) if r["kind"] == "result"]
-        assert res["outcome"] == "reconciled", res
-        out: dict[str, Any] = res["body"]
-        return out
+        return reconciled(env.config.audit_path, rid)
 
     assert (result("prune-one")["proxmox"], result("prune-one")["task_id"]) == ("ok", guest["upid"])
     assert (result("prune-all")["proxmox"], result("prune-all")["task_id"]) == ("ok", everything["upid"])

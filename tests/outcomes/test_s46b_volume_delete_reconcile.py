@@ -22,7 +22,7 @@ from gateway.policy.opa_sidecar import REPO_ROOT
 from gateway.store.audit import AuditLog, AuditRecord
 from gateway.store.reconcile import VOLUME_TASK, OpenCall, WorkerIdUnknown, volume_worker_id
 from gateway.tools.catalog import Catalog
-from tests.outcomes.helpers import env_for, reconcile_cli, records, sim_tasks, wait_for
+from tests.outcomes.helpers import env_for, reconcile_all, reconciled, task_stopped
 
 ISO = "local:iso/debian-12.7.0-amd64-netinst.iso"
 TARGET = {"cluster": "default", "node": "pve2", "storage": "local"}
@@ -71,22 +71,7 @@ async def _delete(sim: Any, volume: str) -> dict[str, Any]:
         r = c.delete(f"{sim.api_url.rstrip('/')}/nodes/pve2/storage/local/content/{quote(volume, safe='')}")
     assert r.status_code == 200, r.text[:300]
     upid = str(r.json()["data"])
-    done: list[dict[str, Any]] = await wait_for(
-        lambda: [t for t in sim_tasks(sim) if t["upid"] == upid and t["status"] == "stopped"], 20, upid
-    )
-    return done[0]
-
-
-def _result(env: Any, rid: str) -> dict[str, Any]:
-    (res,) = [r for r in records(env.config.audit_path, rid) if r["kind"] == "result"]
-    assert res["outcome"] == "reconciled", res
-    body: dict[str, Any] = res["body"]
-    return body
-
-
-def _reconcile(env: Any) -> None:
-    done = reconcile_cli(env, "--min-age", "0s", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+    return await task_stopped(sim, upid)
 
 
 def test_a_volume_deletions_task_type_is_the_one_matched_by_its_owner() -> None:
@@ -145,9 +130,10 @@ async def test_two_concurrent_deletions_are_each_settled_from_their_own_task(fsi
     time.sleep(1.1)  # a later start time (whole seconds): the backup's task is the earliest on the node
     of_iso = await _delete(fsim, ISO)
     assert (of_backup["id"], of_iso["id"]) == ("103@local", "local")  # PVE's worker ids (Content.pm)
-    _reconcile(env)
-    assert (_result(env, "del-iso")["proxmox"], _result(env, "del-iso")["task_id"]) == ("ok", of_iso["upid"])
-    got = _result(env, "del-backup")
+    reconcile_all(env)
+    got = reconciled(env.config.audit_path, "del-iso")
+    assert (got["proxmox"], got["task_id"]) == ("ok", of_iso["upid"])
+    got = reconciled(env.config.audit_path, "del-backup")
     assert (got["proxmox"], got["task_id"], got["found_by"]) == ("ok", of_backup["upid"], "task_list")
 
 
@@ -173,11 +159,11 @@ async def test_a_deletion_is_never_settled_from_another_deletions_task(fsim: Any
     time.sleep(0.05)
     task = await _delete(fsim, other)
     assert task["id"] == "201@local", task
-    _reconcile(env)
+    reconcile_all(env)
     for rid in ("del-103", "del-iso"):
-        got = _result(env, rid)
+        got = reconciled(env.config.audit_path, rid)
         assert (got["proxmox"], got["task_id"]) == ("not_found", None), (rid, got)
     for rid in ("del-ambiguous", "del-older"):
-        got = _result(env, rid)
+        got = reconciled(env.config.audit_path, rid)
         assert (got["proxmox"], got["task_id"]) == ("unverifiable", None), (rid, got)
         assert "worker id" in got["reason"], got

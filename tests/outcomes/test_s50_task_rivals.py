@@ -23,7 +23,7 @@ from urllib.parse import quote
 import httpx
 
 from gateway.store.audit import AuditLog, AuditRecord
-from tests.outcomes.helpers import env_for, reconcile_cli, records, sim_tasks, wait_for
+from tests.outcomes.helpers import env_for, reconcile_all, reconciled, task_stopped
 
 NODE = {"cluster": "default", "node": "pve2"}
 
@@ -53,26 +53,11 @@ async def _send(sim: Any, method: str, path: str) -> dict[str, Any]:
         r = c.request(method, sim.api_url.rstrip("/") + path)
     assert r.status_code == 200, r.text[:300]
     upid = str(r.json()["data"])
-    done: list[dict[str, Any]] = await wait_for(
-        lambda: [t for t in sim_tasks(sim) if t["upid"] == upid and t["status"] == "stopped"], 20, upid
-    )
-    return done[0]
-
-
-def _result(env: Any, rid: str) -> dict[str, Any]:
-    (res,) = [r for r in records(env.config.audit_path, rid) if r["kind"] == "result"]
-    assert res["outcome"] == "reconciled", res
-    body: dict[str, Any] = res["body"]
-    return body
-
-
-def _reconcile(env: Any) -> None:
-    done = reconcile_cli(env, "--min-age", "0s", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+    return await task_stopped(sim, upid)
 
 
 def _contested(env: Any, rid: str, other: str, upid: str | None = None) -> None:
-    got = _result(env, rid)
+    got = reconciled(env.config.audit_path, rid)
     assert (got["proxmox"], got["task_id"]) == ("unverifiable", None), (rid, got)
     assert got["rivals"] == [other] and other in got["reason"], (rid, got)
     if upid is not None:
@@ -97,9 +82,9 @@ async def test_two_service_restarts_never_get_each_others_outcome(fsim: Any, tmp
     time.sleep(1.1)  # a later start time (whole seconds): the failed task is the earliest on the node
     ok = await _send(fsim, "POST", "/nodes/pve2/services/pveproxy/restart")
     assert failed["exitstatus"] != "OK" and ok["exitstatus"] == "OK", (failed, ok)
-    _reconcile(env)
+    reconcile_all(env)
     for rid, other in (("restart-proxy", "restart-ntp"), ("restart-ntp", "restart-proxy")):
-        got = _result(env, rid)
+        got = reconciled(env.config.audit_path, rid)
         assert got["proxmox"] != "ok" or rid != "restart-ntp", got  # never the failed restart recorded ok
         _contested(env, rid, other)
 
@@ -120,7 +105,7 @@ async def test_a_task_only_one_of_two_calls_started_is_taken_by_neither(fsim: An
     time.sleep(0.05)
     task = await _send(fsim, "POST", "/nodes/pve2/apt/update")
     assert task["id"] == "", task
-    _reconcile(env)
+    reconcile_all(env)
     _contested(env, "apt-1", "apt-2", task["upid"])
     _contested(env, "apt-2", "apt-1", task["upid"])
 
@@ -148,6 +133,6 @@ async def test_two_deletions_of_one_guests_backups_are_not_swapped(fsim: Any, tm
     time.sleep(1.1)
     of_first = await _send(fsim, "DELETE", f"/nodes/pve2/storage/local/content/{quote(first, safe='')}")
     assert of_second["id"] == of_first["id"] == "103@local"
-    _reconcile(env)
+    reconcile_all(env)
     _contested(env, "del-1", "del-2", of_second["upid"])
     _contested(env, "del-2", "del-1")

@@ -20,7 +20,7 @@ import pytest
 
 from gateway.sim.scenario import scenario_path
 from gateway.store.audit import AuditLog, AuditRecord
-from tests.outcomes.helpers import env_for, reconcile_cli, records, sim_tasks, wait_for
+from tests.outcomes.helpers import env_for, reconcile_all, reconciled, task_stopped
 
 GUEST = {"cluster": "default", "node": "pve2", "type": "qemu", "vmid": 102}
 GUEST_KEY = "default/qemu/102"
@@ -54,22 +54,7 @@ async def _start_guest(sim: Any, token: str) -> dict[str, Any]:
     )
     assert r.status_code == 200, r.text[:300]
     upid = r.json()["data"]
-    done: list[dict[str, Any]] = await wait_for(
-        lambda: [t for t in sim_tasks(sim) if t["upid"] == upid and t["status"] == "stopped"], 20, "the start task"
-    )
-    return done[0]
-
-
-def _settled(env: Any, rid: str) -> dict[str, Any]:
-    (res,) = [r for r in records(env.config.audit_path, rid) if r["kind"] == "result"]
-    assert res["outcome"] == "reconciled", res
-    body: dict[str, Any] = res["body"]
-    return body
-
-
-def _reconcile(env: Any) -> None:
-    done = reconcile_cli(env, "--min-age", "0s", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+    return await task_stopped(sim, str(upid))
 
 
 async def test_a_task_is_taken_only_by_a_call_of_a_tool_of_its_type(fsim: Any, tmp_path: Path) -> None:
@@ -88,16 +73,16 @@ async def test_a_task_is_taken_only_by_a_call_of_a_tool_of_its_type(fsim: Any, t
     task = await _start_guest(fsim, fsim.tokens["admin"])  # the gateway's own token (root@pam!pvegate)
     assert task["type"] == "qmstart" and task["upid"].split(":")[7] == "root@pam!pvegate", task
     searched_before = len([r for r in fsim.requests_log() if r["path"].endswith("/tasks")])
-    _reconcile(env)
+    reconcile_all(env)
 
-    sync = _settled(env, "sync-1")
+    sync = reconciled(env.config.audit_path, "sync-1")
     assert sync["proxmox"] == "unverifiable" and sync["synchronous"] is True and sync["task_id"] is None, sync
     assert "without a task" in sync["reason"], sync
-    stop = _settled(env, "stop-1")
+    stop = reconciled(env.config.audit_path, "stop-1")
     assert stop["proxmox"] == "not_found" and stop["task_id"] is None, stop
-    start = _settled(env, "start-1")
+    start = reconciled(env.config.audit_path, "start-1")
     assert start["proxmox"] == "ok" and start["task_id"] == task["upid"] and start["found_by"] == "task_list", start
-    gone = _settled(env, "gone-1")
+    gone = reconciled(env.config.audit_path, "gone-1")
     assert gone["proxmox"] == "unverifiable" and "not in this catalog" in gone["reason"], gone
     # the task lists read: one type each, only those of the tools searched for (none for the tags call)
     lists = [r for r in fsim.requests_log() if r["path"].endswith("/tasks")][searched_before:]
@@ -131,8 +116,8 @@ async def test_another_tokens_task_is_never_the_gateways(two_token_sim: Any, tmp
     time.sleep(0.05)
     other = await _start_guest(sim, sim.tokens["backup"])
     assert other["upid"].split(":")[7] == "root@pam!pvegate-backup", other
-    _reconcile(env)
-    body = _settled(env, "start-1")
+    reconcile_all(env)
+    body = reconciled(env.config.audit_path, "start-1")
     assert body["proxmox"] == "not_found" and body["task_id"] is None, body
 
 
@@ -145,6 +130,6 @@ async def test_a_task_that_started_before_the_decision_time_is_found(fsim: Any, 
     time.sleep(3.2)
     await _write_open_calls(env, ("start-1", "vm_start"))
     time.sleep(0.05)
-    _reconcile(env)
-    body = _settled(env, "start-1")
+    reconcile_all(env)
+    body = reconciled(env.config.audit_path, "start-1")
     assert body["proxmox"] == "ok" and body["task_id"] == task["upid"], body

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.store.audit import AuditLog, AuditRecord
-from tests.outcomes.helpers import env_for, reconcile_cli, records
+from tests.outcomes.helpers import env_for, reconcile_all, reconciled
 
 
 def _open_call(rid: str, tool: str, target: dict[str, Any], tkey: str) -> list[AuditRecord]:
@@ -35,14 +35,10 @@ async def test_calls_without_a_task_are_settled_unverifiable_with_the_reason(fsi
         await log.close()
     time.sleep(0.05)  # decided strictly before the pass
 
-    done = reconcile_cli(env, "--min-age", "0s", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+    reconcile_all(env)
 
     def settled(rid: str) -> dict[str, Any]:
-        (res,) = [r for r in records(cfg.audit_path, rid) if r["kind"] == "result"]
-        assert res["outcome"] == "reconciled", res
-        body: dict[str, Any] = res["body"]
-        return body
+        return reconciled(cfg.audit_path, rid)
 
     sync = settled("sync-1")
     assert sync["proxmox"] == "unverifiable" and sync["synchronous"] is True, sync
