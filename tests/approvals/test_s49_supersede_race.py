@@ -18,10 +18,9 @@ import pytest
 
 from gateway.core.principal import Principal
 from gateway.store.approvals import ApprovalStore, VoteOutcome
-from gateway.store.db import PostgresDatabase
 from tests.approvals.test_queue_paging import held
 from tests.pgserver import PostgresServer
-from tests.store.auditstore import new_pg_database
+from tests.store.auditstore import approval_replicas, new_pg_database
 
 
 @pytest.fixture
@@ -31,14 +30,8 @@ async def dsn(postgres: PostgresServer) -> str:
 
 @pytest.fixture
 async def replicas(dsn: str) -> AsyncIterator[tuple[ApprovalStore, ApprovalStore]]:
-    a, b = ApprovalStore(PostgresDatabase(dsn)), ApprovalStore(PostgresDatabase(dsn))
-    await a.open()
-    await b.open()
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
+    async with approval_replicas(dsn) as stores:
+        yield stores
 
 
 async def _waiting_on_locks(conn: asyncpg.Connection, n: int) -> None:

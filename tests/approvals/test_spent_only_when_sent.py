@@ -12,8 +12,10 @@ The real gateway, its managed OPA (killed for a moment in the second test) and a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +70,9 @@ def _released(api: Api, result: dict[str, Any], aid: str) -> list[dict[str, Any]
     return [r for r in rows if r["kind"] == "approval" and r["outcome"] == "released" and aid in r["body"]]
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Any:
+@contextlib.contextmanager
+def quota_gateway(tmp_path: Path) -> Iterator[tuple[Any, GatewayThread, Api]]:
+    """A simulator of its own and the real gateway over it, with the small vm_shutdown quota."""
     from gateway.sim.harness import start_simulator
 
     sim = start_simulator("small", tmp_path / "sim", ssh=False)
@@ -80,6 +83,12 @@ def gateway(tmp_path: Path) -> Any:
     finally:
         gw.stop()
         sim.stop()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[Any, GatewayThread, Api]]:
+    with quota_gateway(tmp_path) as g:
+        yield g
 
 
 async def test_a_call_refused_by_a_quota_gives_its_approval_back(gateway: Any) -> None:

@@ -17,31 +17,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.approvals.conftest import Api, approvals_env, outcome, text
+from tests.approvals.conftest import Api, outcome, text
 from tests.approvals.test_flow import sim_shutdowns
-from tests.approvals.test_spent_only_when_sent import _approved, _policy, _released, _state
+from tests.approvals.test_spent_only_when_sent import _approved, _released, _state, quota_gateway
 from tests.support import GatewayThread, audit_rows
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Any:
-    from gateway.sim.harness import start_simulator
-
-    sim = start_simulator("small", tmp_path / "sim", ssh=False)
-    env = approvals_env(sim, _policy(tmp_path / "pol"), tmp_path / "gw")
-    gw = GatewayThread(env.config).start()
-    try:
-        yield sim, gw, Api(env)
-    finally:
-        gw.stop()
-        sim.stop()
+def gateway(tmp_path: Path) -> Iterator[tuple[Any, GatewayThread, Api]]:
+    with quota_gateway(tmp_path) as g:
+        yield g
 
 
 async def test_a_call_cut_off_before_it_was_sent_is_refused_unsent_and_gives_its_approval_back(

@@ -22,10 +22,9 @@ import pytest
 import gateway.store.approvals as approvals_module
 from gateway.core.principal import Principal
 from gateway.store.approvals import APPROVAL_REQUEST_META, Approvals, ApprovalStore
-from gateway.store.db import PostgresDatabase
 from tests.approvals.test_queue_paging import TARGET, held
 from tests.pgserver import PostgresServer
-from tests.store.auditstore import new_pg_database
+from tests.store.auditstore import approval_replicas, new_pg_database
 
 AGENT = Principal("agent-s50", "test", ("operator",), (), (), None, "agent")
 SKEW_SECONDS = 120.0
@@ -33,15 +32,8 @@ SKEW_SECONDS = 120.0
 
 @pytest.fixture
 async def replicas(postgres: PostgresServer) -> AsyncIterator[tuple[ApprovalStore, ApprovalStore]]:
-    dsn = await new_pg_database(postgres, "wait_")
-    a, b = ApprovalStore(PostgresDatabase(dsn)), ApprovalStore(PostgresDatabase(dsn))
-    await a.open()
-    await b.open()
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
+    async with approval_replicas(await new_pg_database(postgres, "wait_")) as stores:
+        yield stores
 
 
 def skew(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from gateway.store import audit as auditlib
+from gateway.store.approvals import ApprovalStore
 from gateway.store.audit import AuditLog, AuditRecord, sign_fresh
 from gateway.store.audit_seal import HeadKey
 from gateway.store.db import PostgresDatabase
@@ -37,6 +40,19 @@ async def new_pg_database(server: PostgresServer, prefix: str = "a_", key: Path 
     finally:
         await db.close()
     return url
+
+
+@contextlib.asynccontextmanager
+async def approval_replicas(dsn: str) -> AsyncIterator[tuple[ApprovalStore, ApprovalStore]]:
+    """Two approval stores on one PostgreSQL database: two replicas' views of the approvals."""
+    a, b = ApprovalStore(PostgresDatabase(dsn)), ApprovalStore(PostgresDatabase(dsn))
+    await a.open()
+    await b.open()
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
 
 
 async def sign_new_chain(url: str, key: Path) -> None:
