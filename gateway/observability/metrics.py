@@ -73,11 +73,11 @@ PRINCIPAL_LIMITED_REASONS = ("inflight", "refusal_budget")
 # upstream kinds by connector: composite tools say so, as their inner step is not known here
 UPSTREAM_KIND = {"pve_api": "api", "ssh": "ssh", "composite": "composite"}
 # every reason of pvegate_upstream_errors_total (upstream_reason): UpstreamError's causes, then timeout, error
-UPSTREAM_REASONS = ("unreachable", "tls", "auth", "circuit_open", "busy", "timeout", "error")
+UPSTREAM_REASONS = ("unreachable", "tls", "host_key", "auth", "circuit_open", "busy", "timeout", "error")
 
 
 def upstream_reason(exc: BaseException) -> str:
-    """Why a connector call failed: an UpstreamError's cause (unreachable, tls, auth, circuit_open, busy),
+    """Why a connector call failed: an UpstreamError's cause (unreachable, tls, host_key, auth, circuit_open, busy),
     'timeout' when a timeout is anywhere in the cause chain, else 'error' (Proxmox answered an
     error, a task or command failed, a guest was not where the call said)."""
     if isinstance(exc, UpstreamError):

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -31,7 +32,14 @@ import jsonschema
 from gateway.core import jsonread
 from gateway.core.config import ClusterConfig, SSHConfig, SSHNodeConfig
 from gateway.tools.catalog import Catalog
-from gateway.tools.runtimes.base import CallContext, CommandFailed, GuestLocator, ToolError, ToolOutput
+from gateway.tools.runtimes.base import (
+    CallContext,
+    CommandFailed,
+    GuestLocator,
+    ToolError,
+    ToolOutput,
+    UpstreamError,
+)
 from gateway.tools.runtimes.base import Refused as BaseRefused
 from gateway.tools.tool import PLACEHOLDER, Tool
 
@@ -284,9 +292,15 @@ class SshPool:
             # shield: a caller giving up (its deadline, a cancelled request) does not abort the
             # attempt others are waiting on; the attempt has its own timeout
             conn = await asyncio.wait_for(asyncio.shield(attempt), ssh.command_timeout)
-        except TimeoutError as exc:
-            raise ToolError(f"SSH to node {node} failed (TimeoutError)") from exc
-        except ToolError as exc:  # the shared attempt's failure, as this caller's own error
+        except TimeoutError as exc:  # no connection yet, so no session: nothing was sent
+            raise UpstreamError(
+                f"SSH to node {node} failed (TimeoutError): no SSH connection within {ssh.command_timeout:g}s; "
+                "nothing was sent",
+                "unreachable",
+            ) from exc
+        except UpstreamError as exc:  # the shared attempt's failure, as this caller's own error
+            raise UpstreamError(str(exc), exc.cause) from exc
+        except ToolError as exc:
             raise ToolError(str(exc)) from exc
         return conn, ssh
 
@@ -319,10 +333,25 @@ class SshPool:
             attempt.exception()  # retrieved here, so a failure nobody waited for is not logged as lost
 
     async def _connect(self, key: tuple[str, str], ssh: SSHConfig, n: SSHNodeConfig) -> asyncssh.SSHClientConnection:
+        """An authenticated connection, or UpstreamError: a session (and so a command) can only be opened on a
+        connection `asyncssh.connect` returned, so a failure here provably sent nothing to run."""
         try:
             if str(ssh.key_file) not in self._keys:
                 self._keys[str(ssh.key_file)] = await asyncio.to_thread(asyncssh.read_private_key, str(ssh.key_file))
+        except (OSError, ValueError, asyncssh.Error) as exc:  # the type only: an exception's text may quote the key
+            raise UpstreamError(
+                f"the gateway's SSH key for cluster {key[0]} (ssh.key_file) could not be read "
+                f"({type(exc).__name__}); nothing was sent",
+                "auth",
+            ) from exc
+        try:
             pinned = asyncssh.import_public_key(n.host_key)
+        except (ValueError, asyncssh.Error) as exc:
+            raise UpstreamError(
+                f"the pinned SSH host key of node {n.name} could not be read ({type(exc).__name__}); nothing was sent",
+                "host_key",
+            ) from exc
+        try:
             conn = await asyncio.wait_for(
                 asyncssh.connect(
                     n.host,
@@ -347,10 +376,8 @@ class SshPool:
                 ),
                 timeout=ssh.command_timeout,
             )
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise ToolError(f"SSH host key of node {n.name} does not match the pinned key; refusing") from exc
-        except (OSError, asyncssh.Error, TimeoutError, ValueError) as exc:  # ValueError: a key that cannot be read
-            raise ToolError(f"SSH to node {n.name} failed ({type(exc).__name__})") from exc
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            raise _not_connected(n, ssh, exc) from exc
         self._conns[key] = conn
         return conn
 
@@ -375,6 +402,29 @@ class SshPool:
         for conn in self._conns.values():
             await conn.wait_closed()
         self._conns.clear()
+
+
+def _not_connected(n: SSHNodeConfig, ssh: SSHConfig, exc: BaseException) -> UpstreamError:
+    """Why the connection to node `n` was not made. In the gateway's own words: the node's (a DisconnectError's
+    reason is the peer's text) and an exception's are never quoted."""
+    name = type(exc).__name__
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return UpstreamError(
+            f"SSH host key of node {n.name} does not match the pinned key; refusing (nothing was sent)", "host_key"
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return UpstreamError(
+            f"SSH to node {n.name} failed ({name}): the node refused the gateway's SSH key for user {ssh.user}; "
+            "nothing was sent",
+            "auth",
+        )
+    if isinstance(exc, TimeoutError):
+        why = f"no SSH connection within {ssh.command_timeout:g}s"
+    elif isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        why = f"{os.strerror(exc.errno).lower()} at {n.host}:{n.port}"  # "connection refused at 10.0.0.1:22"
+    else:  # a name that does not resolve, a handshake the node broke off or could not agree on
+        why = f"no SSH connection to {n.host}:{n.port}"
+    return UpstreamError(f"SSH to node {n.name} failed ({name}): {why}; nothing was sent", "unreachable")
 
 
 STDERR_KEPT = 65536  # of a command's stderr: only its first line is ever shown
