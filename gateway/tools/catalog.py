@@ -239,6 +239,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
     target = {"cluster": "cluster", **dict(raw.get("target", {}))}
     destination = dict(target.pop("destination", None) or {})
     slot = dict(target.pop("slot", None) or {})
+    backup_job = dict(target.pop("backup_job", None) or {})
     tool = Tool(
         name=name,
         title=raw.get("title", name),
@@ -256,6 +257,7 @@ def _tool_from(raw: dict[str, Any], source: str, shared: dict[str, Any]) -> Tool
         allocates=dict(raw.get("allocates") or {}),
         destination=destination,
         slot=slot,
+        backup_job=backup_job,
         pve_versions={k: str(v) for k, v in (raw.get("pve_versions") or {}).items()},
         spec=dict(raw[connector]),
         output=dict(raw.get("output", {})),
@@ -320,6 +322,9 @@ def _check_placeholders(tool: Tool, where: str) -> None:
             raise CatalogError(f"{where}: target {field_name} names undeclared parameter {param}")
     if tool.slot and tool.slot["index"] not in props:
         raise CatalogError(f"{where}: target.slot index names undeclared parameter {tool.slot['index']}")
+    for field_name, job_param in tool.backup_job.items():
+        if job_param not in props:
+            raise CatalogError(f"{where}: target.backup_job {field_name} names undeclared parameter {job_param}")
     for field_name, named in tool.destination.items():
         if named is not None and named not in props:  # null: a node the HA manager picks
             raise CatalogError(f"{where}: target.destination {field_name} names undeclared parameter {named}")

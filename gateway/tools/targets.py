@@ -113,6 +113,20 @@ def _members_beyond_the_list(tool: Tool, arguments: dict[str, Any]) -> bool:
     return bool(t.get("members_saved")) and arguments.get(t["members"]) in (None, "")
 
 
+def _job_beyond_its_ids(job: dict[str, Any]) -> bool:
+    """A saved backup job that selects a pool's guests or every guest (guests joining later too)."""
+    return job.get("pool") not in (None, "") or str(job.get("all", 0)) not in ("0", "", "False", "false")
+
+
+def _keeps_all(retention: Any) -> bool:
+    """Whether a prune-backups value (Proxmox's property string, or the object it may answer) keeps
+    every backup: keep-all=1, which Proxmox admits with no other option."""
+    if isinstance(retention, dict):
+        return str(retention.get("keep-all")) in ("1", "True", "true")
+    parts = [p.strip() for p in str(retention).split(",") if p.strip()]
+    return parts == ["keep-all=1"]
+
+
 # A guest's volume, as Proxmox's storage plugins name it (parse_volname): a disk image, a
 # template's base image, a container's subvolume, a cloud-init drive, a saved VM state, an EFI
 # or TPM disk (vm-101-disk-0, base-100-disk-0, subvol-200-disk-0, basevol-..., vm-101-cloudinit,
@@ -550,6 +564,8 @@ class TargetResolver:
         on_node = tool.target.get("members_on_node")
         if on_node:
             target["members"] = await self._guests_on(arguments.get(on_node), cluster)
+        if tool.backup_job:
+            await self._backup_job(tool.backup_job, arguments, cluster, target)
         if tool.slot:
             target["slot"] = await self._slot(tool.slot, arguments, cluster, target)
         return target
@@ -646,6 +662,116 @@ class TargetResolver:
         out["guests"] = guests
         out["known"] = True
         return out
+
+    async def _backup_job(
+        self, spec: dict[str, str], arguments: dict[str, Any], cluster: str, target: dict[str, Any]
+    ) -> None:
+        """What a call changing a backup job reaches (target key backup_job). Without a new selection
+        (vmids, pool) the job's saved one stays: its guest ids are target.members, a pool's or every
+        guest's not known (guests joining later are backed up too), as a new job's.
+
+        A job's retention is a prune that runs unattended after each run, on each of its guests'
+        backups on its storage (vzdump; without a retention of its own, the storage's). A call that
+        sets a retention deleting backups (keep), or points a job that prunes at other guests or
+        another storage, has target.prune_removes: the guests whose backups the job's runs then
+        prune, as the cluster knows them now, so the protected-guest check of a prune and every
+        scoped deny hold on them. `known` false when the job, its storage or the guests could not
+        be read: the policy refuses what it cannot check."""
+
+        def given(key: str) -> bool:
+            return key in spec and arguments.get(spec[key]) not in (None, "")
+
+        job = await self._job(cluster, arguments.get(spec["id"]))
+        if "vmids" in spec and not given("vmids") and not given("pool"):
+            saved = str(job.get("vmid") or "") if job is not None and not _job_beyond_its_ids(job) else ""
+            target["members"] = await self._members(saved, cluster) if saved else {"known": False, "guests": []}
+        if given("keep"):
+            keep = arguments[spec["keep"]]
+            target["prune_removes"] = (
+                {"known": True, "guests": []} if _keeps_all(keep) else await self._job_guests(cluster, job)
+            )
+            return
+        if given("keep_all") and arguments[spec["keep_all"]] is True:
+            return  # the job keeps every backup from now on: it prunes none
+        if not (given("vmids") or given("pool") or given("storage")):
+            return  # the same guests on the same storage: no backup the job did not already prune
+        storage = arguments[spec["storage"]] if given("storage") else (job or {}).get("storage")
+        prunes = await self._job_prunes(cluster, job, storage)
+        if prunes is False:
+            return
+        unknown: dict[str, Any] = {"known": False, "guests": []}
+        if prunes is None:
+            target["prune_removes"] = unknown
+        elif given("vmids"):
+            target["prune_removes"] = await self._members(arguments[spec["vmids"]], cluster)
+        elif given("pool"):
+            target["prune_removes"] = await self._pool_guests(cluster, arguments[spec["pool"]])
+        else:
+            target["prune_removes"] = await self._job_guests(cluster, job)
+
+    async def _job(self, cluster: str, jid: Any) -> dict[str, Any] | None:
+        """The backup job as Proxmox has it saved (GET /cluster/backup/{id}); None when unreadable."""
+        if not isinstance(jid, str) or not jid or cluster not in self.clients:
+            return None
+        try:
+            job = await self.clients[cluster].request("GET", f"/cluster/backup/{quote(jid, safe='')}")
+        except Exception:  # unknown: what depends on it is not known
+            return None
+        return job if isinstance(job, dict) else None
+
+    async def _job_guests(self, cluster: str, job: dict[str, Any] | None) -> dict[str, Any]:
+        """The guests a saved job backs up now, as Proxmox selects them (its ids, its pool's guests,
+        every guest but the excluded ones: GET /cluster/backup/{id}/included_volumes)."""
+        unknown: dict[str, Any] = {"known": False, "guests": []}
+        if job is None or not isinstance(job.get("id"), str):
+            return unknown
+        try:
+            answer = await self.clients[cluster].request(
+                "GET", f"/cluster/backup/{quote(job['id'], safe='')}/included_volumes"
+            )
+            rows = answer.get("children") if isinstance(answer, dict) else None
+            ids = [r.get("id") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else [None]
+            if not all(isinstance(v, int) for v in ids) or len(ids) != len(rows or []):
+                return unknown  # not the shape Proxmox answers: nothing can be checked
+        except Exception:  # unknown facts: the policy refuses what it cannot check
+            return unknown
+        return await self._members(",".join(str(v) for v in ids), cluster)
+
+    async def _pool_guests(self, cluster: str, pool: Any) -> dict[str, Any]:
+        """A pool's guests now, as GET /pools?poolid= lists them (guests hidden from the token too)."""
+        try:
+            answer = await self.clients[cluster].request("GET", "/pools", params={"poolid": str(pool)})
+            entry = next((p for p in answer or [] if isinstance(p, dict) and p.get("poolid") == pool), None)
+            members = entry.get("members") if entry is not None else None
+            if not isinstance(members, list):
+                return {"known": False, "guests": []}
+            ids = [m.get("vmid") for m in members if isinstance(m, dict) and m.get("type") in ("qemu", "lxc")]
+            if not all(isinstance(v, int) for v in ids):
+                return {"known": False, "guests": []}
+        except Exception:  # unknown facts: the policy refuses what it cannot check
+            return {"known": False, "guests": []}
+        return await self._members(",".join(str(v) for v in ids), cluster)
+
+    async def _job_prunes(self, cluster: str, job: dict[str, Any] | None, storage: Any) -> bool | None:
+        """Whether the job's runs delete backups: its own retention, else its storage's (Proxmox's
+        default keeps all), unless it is set not to prune (remove 0). None when it cannot be read."""
+        if job is None:
+            return None
+        if str(job.get("remove", 1)).lower() in ("0", "false"):
+            return False
+        own = job.get("prune-backups")
+        if own not in (None, "", {}):
+            return not _keeps_all(own)
+        if not isinstance(storage, str) or not storage:
+            return None
+        try:
+            config = await self.clients[cluster].request("GET", f"/storage/{quote(storage, safe='')}")
+        except Exception:  # unknown: the policy refuses what it cannot check
+            return None
+        if not isinstance(config, dict):
+            return None
+        theirs = config.get("prune-backups")
+        return False if theirs in (None, "", {}) else not _keeps_all(theirs)
 
     async def _guests_on(self, node: Any, cluster: str) -> dict[str, Any]:
         """Every guest on `node`, as target.members: a node's reboot or shutdown stops them all, so a

@@ -58,6 +58,9 @@ class Tool:
     destination: dict[str, str | None] = field(default_factory=dict)
     # the config key the call writes (a new disk's scsiN, mpN): {key: "scsi", index: parameter}; target.slot
     slot: dict[str, str] = field(default_factory=dict)
+    # the backup job the call changes: {id, vmids, pool, storage, keep_all, keep} -> parameter names;
+    # its saved selection and retention (target.members, target.prune_removes)
+    backup_job: dict[str, str] = field(default_factory=dict)
     pve_versions: dict[str, str] = field(default_factory=dict)  # {min, max}: the PVE releases it works on
     secret_output: tuple[str, ...] = ()  # output fields shown once (a token secret): only if policy reveals them
     _validator: Any = field(default=None, compare=False, repr=False)

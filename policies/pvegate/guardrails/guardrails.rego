@@ -102,13 +102,14 @@ denials contains lib.reason("guardrail.protected_tag", "data.guardrails.protecte
 	)
 }
 
-# a prune whose reach could not be checked (the preview or the guests could not be read): fail closed
+# a prune whose reach could not be checked (the preview, the backup job or the guests could not
+# be read, a guest is hidden from the gateway's token): fail closed
 denials contains lib.reason("guardrail.prune_unknown", "pvegate.guardrails.prune_unknown", msg) if {
 	_ = input.target.prune_removes # the key is present (any value, null too), without building the set of keys
 	not input.target.prune_removes.known == true
 	msg := concat("", [
-		"the backups this prune would delete could not be checked ",
-		"(Proxmox's prune preview or the guests could not be read); refusing: retry",
+		"the backups this call would prune could not be checked (Proxmox's prune preview, the backup job, ",
+		"its storage or the guests could not be read, or a guest is hidden from the gateway's token); refusing",
 	])
 }
 
