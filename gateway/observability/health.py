@@ -43,8 +43,9 @@ no probe is ever triggered by an unauthenticated request.
 Two views of the same checks. /readyz takes no credential, so it shows the gateway's own words
 only (`checks()`, `readiness()`): the text of an exception or of OPA (a database's host, port, role
 or file path, a bundle server's URL) is left out, its type named at most, with "details in
-/admin/health". GET /admin/health (admin token) asks for the private view (`private=True`), with
-that text. The verdict, the status code and the check names are the same in both.
+/admin/health"; the policy data's problems (rule paths, tools, arguments) are counted, not listed.
+GET /admin/health (admin token) asks for the private view (`private=True`), with that text and those lists.
+The verdict, the status code and the check names are the same in both.
 """
 
 from __future__ import annotations
@@ -210,6 +211,10 @@ class HealthMonitor:
     audit_stat_error: str | None = None
     # the audit file removed or replaced under the running gateway (AuditLog.file_problem), logged once
     audit_file_problem: str | None = None
+    # the audit probe's failure and the free-space check's, as last logged: a failure is logged when it starts
+    # or changes, its end once, not on every probe round (17,000 lines a day at the default interval)
+    _audit_logged: str | None = field(default=None, repr=False)
+    _stat_logged: str | None = field(default=None, repr=False)
     cluster_states: dict[str, ClusterState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
@@ -307,7 +312,7 @@ class HealthMonitor:
     async def _check_catalog_references(self) -> None:
         """The policy data's tool names, tags and arguments the served catalog lacks (a misspelled
         `node_rebot` silently drops its control): asked of the policy once per revision, logged and
-        shown in /admin/health and /readyz. Not a refusal: a bundle may serve other catalogs too."""
+        listed in /admin/health (counted on /readyz). Not a refusal: a bundle may serve other catalogs too."""
         if self.catalog is None:
             return
         try:
@@ -360,7 +365,12 @@ class HealthMonitor:
             # directory renamed or removed, unsearchable for the service's user, a stale NFS handle)
             self.audit_free_bytes = None
             self.audit_stat_error = f"cannot check the audit store's free space ({exc.strerror or exc})"
-            log.error("readiness: %s", self.audit_stat_error)
+        if self.audit_stat_error != self._stat_logged:
+            if self.audit_stat_error:
+                log.error("readiness: %s", self.audit_stat_error)
+            else:
+                log.warning("readiness: the audit store's free space can be checked again")
+            self._stat_logged = self.audit_stat_error
         if local is not None:  # before the probe's write, which it makes fail: the cause is named, not the effect
             problem = await self._audit_file_problem()
             if problem is not None and problem != self.audit_file_problem:  # logged once, not every probe
@@ -389,8 +399,9 @@ class HealthMonitor:
             self.audit_probe_error = f"audit store refuses writes ({_describe(exc)})"
             self.audit_probe_public = f"audit store refuses writes ({type(exc).__name__}; {DETAILS})"
             self.audit_probe_failed_at, self.audit_probe_timed_out = time.monotonic(), False
-        if self.audit_probe_error:
+        if self.audit_probe_error and self.audit_probe_error != self._audit_logged:
             log.error("readiness: %s", self.audit_probe_error)
+            self._audit_logged = self.audit_probe_error
 
     async def _audit_file_problem(self) -> str | None:
         """Why the SQLite file at audit.path is not the one the gateway writes (removed, renamed, replaced),
@@ -398,6 +409,9 @@ class HealthMonitor:
         return await asyncio.to_thread(self.audit.file_problem)
 
     def _probe_ok(self) -> None:
+        if self._audit_logged is not None:
+            log.warning("readiness: the audit store takes writes again")
+            self._audit_logged = None
         self.audit_probe_error = self.audit_probe_public = None
         self.audit_probe_failed_at, self.audit_probe_timed_out = None, False
 
@@ -497,8 +511,11 @@ class HealthMonitor:
         elif self.data_check_error is not None:
             policy_detail = self.data_check_error if private else f"policy data check unavailable ({DETAILS})"
         elif data is not None and not data.valid:
-            # the policy's own data check names the keys at fault: no exception text
-            policy_detail = "policy data invalid, every call is refused: " + "; ".join(data.problems)
+            # the policy's own data check names the keys, rules, tools and arguments at fault: policy
+            # internals, for the authenticated view only; /readyz counts them
+            n = len(data.problems)
+            shown = "; ".join(data.problems) if private else f"{n} problem{'' if n == 1 else 's'} ({DETAILS})"
+            policy_detail = f"policy data invalid, every call is refused: {shown}"
         else:
             policy_detail = None
         policy: dict[str, Any] = {
@@ -508,8 +525,15 @@ class HealthMonitor:
             "source": self.revision_source,
             "since": _iso(self.revision_since),
             "data_valid": None if data is None else data.valid,
-            # None: not checked (no catalog, an older policy without the check, or OPA gave no answer)
-            "catalog_problems": None if self.catalog_problems is None else list(self.catalog_problems),
+            # None: not checked (no catalog, an older policy without the check, or OPA gave no answer). They
+            # name the policy's rule paths, tools and arguments: listed in the private view, counted on /readyz
+            "catalog_problems": (
+                None
+                if self.catalog_problems is None
+                else list(self.catalog_problems)
+                if private
+                else len(self.catalog_problems)
+            ),
         }
         if self.bundle_signed is not None:
             policy["signature_checked"] = self.bundle_signed

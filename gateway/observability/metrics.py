@@ -247,10 +247,15 @@ class _ComponentCollector(Collector):
             value=c.audit.leases_lost,
         )
         sidecar = c.sidecar
+        if sidecar is not None:
+            opa_up = sidecar.alive()
+        else:  # an external OPA: the readiness probe's view of it (the `opa` check of /readyz), never a constant
+            opa_up = c.health is not None and c.health.checks()["opa"]["ok"]
         yield GaugeMetricFamily(
             "pvegate_opa_up",
-            "Whether the managed OPA process runs (1 for an external OPA).",
-            value=int(sidecar.alive()) if sidecar else 1,
+            "Whether OPA is up: the managed OPA process runs; for an external OPA, the readiness probe got a "
+            "decision inside the contract recently (the `opa` check of /readyz).",
+            value=int(opa_up),
         )
         yield CounterMetricFamily(
             "pvegate_opa_restarts", "Restarts of the managed OPA sidecar.", value=sidecar.restarts if sidecar else 0
