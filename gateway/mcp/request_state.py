@@ -1,11 +1,13 @@
 """Integrity-protected opaque tokens the client echoes back to us.
 
-Two uses, one mechanism (HMAC-SHA256 over a purpose-tagged JSON payload):
+Two uses, one key, a purpose-tagged JSON payload (HMAC-SHA256 signed, or AES-GCM encrypted):
 - `requestState` of a 2026-07-28 `input_required` result: bound to the
   principal and the request digest (tool + canonical arguments), short-lived and
   single-use, so a client cannot forge, replay, transplant or reuse it.
 - the legacy-era `Mcp-Session-Id`: remembers what the client declared at
-  `initialize` (e.g. URL elicitation) without server-side session storage.
+  `initialize` (e.g. URL elicitation) without server-side session storage. It is a
+  header, so proxies and logs record it: its payload (the principal's issuer and subject
+  among it) is encrypted (AES-GCM, `Sealer.encrypt`), not only signed.
 
 The key is the same in every replica (`state_key`, or one created in the database:
 store/shared_keys.py), so a retry may reach any of them; `Sealer()` without a key
@@ -23,6 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from gateway.core.principal import Principal
 from gateway.store.handoffs import SharedStates
 
@@ -39,6 +46,10 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+_NONCE_BYTES = 12  # AES-GCM's standard nonce, random per token (NIST SP 800-38D: up to 2^32 per key)
+_TOKEN_MAX = 4096
+
+
 def principal_key(p: Principal) -> str:
     return f"{p.iss}\x1f{p.sub}"
 
@@ -53,10 +64,16 @@ class ApprovalState:
 
 
 class Sealer:
-    """HMAC-SHA256 sealing with a purpose tag, so a session id can never pass as a requestState."""
+    """HMAC-SHA256 sealing with a purpose tag, so a session id can never pass as a requestState; and
+    AES-GCM encryption (same purpose tag as associated data) for what must not be readable either.
+
+    The AES key is derived from the one shared key (HKDF, its own label), so every replica that can
+    verify can decrypt, rotation stays one key, and the HMAC key is never used as a cipher key."""
 
     def __init__(self, key: bytes | None = None) -> None:
         self._key = key or secrets.token_bytes(32)
+        hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"pvegate/aead/v1")
+        self._aead = AESGCM(hkdf.derive(self._key))
 
     def seal(self, purpose: str, payload: dict[str, Any]) -> str:
         body = _b64(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
@@ -73,6 +90,31 @@ class Sealer:
                 raise StateError("bad signature")
             payload = json.loads(_unb64(body))
         except (ValueError, TypeError) as exc:
+            raise StateError("malformed") from exc
+        if not isinstance(payload, dict):
+            raise StateError("malformed")
+        return payload
+
+    def encrypt(self, purpose: str, payload: dict[str, Any]) -> str:
+        """An opaque token (base64url, no dot): nothing of `payload` can be read without the key."""
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        plain = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+        return _b64(nonce + self._aead.encrypt(nonce, plain, purpose.encode()))
+
+    def decrypt(self, purpose: str, token: Any) -> dict[str, Any]:
+        """The payload of a token `encrypt` made for `purpose`; StateError for anything else (a token
+        sealed with `seal`, changed, cut, of another purpose or under another key)."""
+        if not isinstance(token, str) or len(token) > _TOKEN_MAX or "." in token:
+            raise StateError("malformed")
+        try:
+            raw = _unb64(token)
+            if len(raw) <= _NONCE_BYTES:
+                raise StateError("malformed")
+            plain = self._aead.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], purpose.encode())
+            payload = json.loads(plain)
+        except InvalidTag as exc:
+            raise StateError("bad tag") from exc
+        except (ValueError, TypeError) as exc:  # bad base64 (binascii.Error), bad JSON or UTF-8
             raise StateError("malformed") from exc
         if not isinstance(payload, dict):
             raise StateError("malformed")
@@ -169,24 +211,22 @@ class RequestStates:
 
 
 class Sessions:
-    """Legacy-era session ids: a sealed record of the client's declared capabilities."""
+    """Legacy-era session ids: an encrypted record of the client's declared capabilities.
 
-    PURPOSE = "pvegate/session/v1"
+    v1 ids (signed, readable: they showed the principal) are no longer taken: one presented after the
+    upgrade is no session (a plain pending result, as for a client that declared nothing)."""
+
+    PURPOSE = "pvegate/session/v2"
 
     def __init__(self, sealer: Sealer, ttl_seconds: float = 86400.0) -> None:
         self.sealer = sealer
         self.ttl = ttl_seconds
 
     def mint(self, principal: Principal, version: str, url_elicitation: bool) -> str:
-        return self.sealer.seal(
+        # no nonce field: encrypt's random nonce already makes each id distinct
+        return self.sealer.encrypt(
             self.PURPOSE,
-            {
-                "p": principal_key(principal),
-                "v": version,
-                "eu": url_elicitation,
-                "exp": time.time() + self.ttl,
-                "n": secrets.token_hex(8),
-            },
+            {"p": principal_key(principal), "v": version, "eu": url_elicitation, "exp": time.time() + self.ttl},
         )
 
     def url_elicitation(self, token: str | None, principal: Principal) -> bool:
@@ -194,7 +234,7 @@ class Sessions:
         if not token:
             return False
         try:
-            payload = self.sealer.unseal(self.PURPOSE, token)
+            payload = self.sealer.decrypt(self.PURPOSE, token)
         except StateError:
             return False
         exp = payload.get("exp")
