@@ -256,9 +256,25 @@ def _exchange(
     return methods.Exchange(c, principal, version, modern_era, _source_ip(request), url_elicitation, states)
 
 
+# Methods that are requests: sent without an id (a notification) they would be accepted and never run nor
+# answered, the client's mistake unreported; such input is not accepted, so it gets an HTTP error (the spec:
+# 202 only for a notification the server accepts), audited as the other malformed requests are.
+REQUEST_METHODS = frozenset({"initialize", "ping", "tools/list", "tools/call", "server/discover"})
+
+
+def _refuse_request_without_id(msg: Message) -> None:
+    if msg.is_notification and msg.method in REQUEST_METHODS:
+        raise RpcFault(
+            INVALID_REQUEST,
+            f'Invalid Request: {msg.method} needs an "id"; sent without one (as a notification) it is not run',
+            http_status=400,
+        )
+
+
 async def _modern(c: Components, principal: Principal, request: Request, msg: Message, version_header: str) -> Response:
     if msg.is_notification:
         modern.check_notification(version_header)
+        _refuse_request_without_id(msg)
         return Response(status_code=202)
     raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
     version, capabilities = modern.classify(msg, dict(request.headers), raw_headers)
@@ -279,6 +295,7 @@ async def _legacy(
             id_=msg.id,
         )
     if msg.is_notification:  # notifications/initialized, cancelled, ...: accepted, nothing to answer
+        _refuse_request_without_id(msg)
         return Response(status_code=202)
     sessions: Sessions = request.app.state.sessions
     elicit = sessions.url_elicitation(request.headers.get(SESSION_HEADER), principal)
