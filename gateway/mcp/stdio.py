@@ -99,6 +99,7 @@ class StdioSession:
                 msg = parse_message(line)
                 reply_id = msg.id
                 if msg.is_notification:
+                    transport.refuse_request_without_id(msg)  # a tools/call without an id: told, not dropped
                     return None  # notifications/initialized, cancelled, ...: nothing to answer
                 return {"jsonrpc": "2.0", "id": msg.id, "result": await self._dispatch(msg)}
             except RpcFault as fault:

@@ -262,7 +262,7 @@ def _exchange(
 REQUEST_METHODS = frozenset({"initialize", "ping", "tools/list", "tools/call", "server/discover"})
 
 
-def _refuse_request_without_id(msg: Message) -> None:
+def refuse_request_without_id(msg: Message) -> None:
     if msg.is_notification and msg.method in REQUEST_METHODS:
         raise RpcFault(
             INVALID_REQUEST,
@@ -274,7 +274,7 @@ def _refuse_request_without_id(msg: Message) -> None:
 async def _modern(c: Components, principal: Principal, request: Request, msg: Message, version_header: str) -> Response:
     if msg.is_notification:
         modern.check_notification(version_header)
-        _refuse_request_without_id(msg)
+        refuse_request_without_id(msg)
         return Response(status_code=202)
     raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
     version, capabilities = modern.classify(msg, dict(request.headers), raw_headers)
@@ -295,7 +295,7 @@ async def _legacy(
             id_=msg.id,
         )
     if msg.is_notification:  # notifications/initialized, cancelled, ...: accepted, nothing to answer
-        _refuse_request_without_id(msg)
+        refuse_request_without_id(msg)
         return Response(status_code=202)
     sessions: Sessions = request.app.state.sessions
     elicit = sessions.url_elicitation(request.headers.get(SESSION_HEADER), principal)
