@@ -18,7 +18,9 @@ class ToolError(Exception):
 class UpstreamError(ToolError):
     """Proxmox could not be asked: unreachable, TLS verification failed, or it rejected the
     gateway's own API token (401); or no SSH connection to the node was made (refused, timed out,
-    host key not the pinned one, the gateway's key refused), so no command was sent. Nothing was
+    host key not the pinned one, the gateway's key refused), no SSH session for the command was
+    opened (all busy, refused, the connection closed first), or the node has no SSH access
+    configured, so no command was sent. Nothing was
     carried out. Audited as `upstream_error`, never as a policy decision; `cause` is unreachable |
     tls | host_key | auth | circuit_open | busy (the gateway's own connections to the API were all
     taken by other calls)."""

@@ -269,12 +269,21 @@ class SshPool:
         self._held: set[asyncio.TimerHandle] = set()  # slots to free once a command abandoned mid-run has ended
 
     def _config(self, cluster: str, node: str) -> tuple[SSHConfig, SSHNodeConfig]:
+        # a gap in the gateway's configuration, not in the call's arguments (the cluster is a configured one):
+        # nothing was sent, so an upstream_error, as for a node the gateway cannot reach
         cl = self.clusters.get(cluster)
         if cl is None or cl.ssh is None:
-            raise ToolError(f"cluster {cluster} has no SSH access configured")
+            raise UpstreamError(
+                f"cluster {cluster} has no SSH access configured (clusters.{cluster}.ssh); nothing was sent",
+                "unreachable",
+            )
         n = cl.ssh.nodes.get(node)
         if n is None:
-            raise ToolError(f"node {node} has no SSH access configured in cluster {cluster}")
+            raise UpstreamError(
+                f"node {node} has no SSH access configured in cluster {cluster} (clusters.{cluster}.ssh.nodes); "
+                "nothing was sent",
+                "unreachable",
+            )
         return cl.ssh, n
 
     async def get(self, cluster: str, node: str) -> tuple[asyncssh.SSHClientConnection, SSHConfig]:
@@ -460,22 +469,25 @@ class _Session(asyncssh.SSHClientProcess[bytes]):
     def __init__(self, given_up: asyncio.Event) -> None:
         super().__init__()
         self._given_up = given_up
+        # the node confirmed the channel open and asyncssh sends the exec request next: from here on a
+        # failure (its ChannelOpenError "Session request failed" included) may follow a command that ran
+        self.opened = False
 
     def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:  # type: ignore[override]
         super().connection_made(chan)
         if self._given_up.is_set():
             chan.close()
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "the call gave up on this session")
+        self.opened = True
 
 
 async def _open_session(
-    conn: asyncssh.SSHClientConnection, command: str, given_up: asyncio.Event
+    conn: asyncssh.SSHClientConnection, command: str, session: _Session
 ) -> asyncssh.SSHClientProcess[bytes]:
     """conn.create_process(command, encoding=None, stdin=DEVNULL), with a session that can be given up on."""
-    _, proc = await conn.create_session(lambda: _Session(given_up), command, encoding=None)
-    assert isinstance(proc, _Session)  # the factory's
-    await proc.redirect(asyncssh.DEVNULL, asyncssh.PIPE, asyncssh.PIPE)
-    return proc
+    await conn.create_session(lambda: session, command, encoding=None)
+    await session.redirect(asyncssh.DEVNULL, asyncssh.PIPE, asyncssh.PIPE)
+    return session
 
 
 def _discard(opening: asyncio.Future[asyncssh.SSHClientProcess[bytes]]) -> None:
@@ -523,10 +535,11 @@ class SshRuntime:
         try:
             async with asyncio.timeout_at(deadline):
                 await slots.acquire()  # cancelled or timed out while waiting: nothing acquired, nothing to free
-        except TimeoutError as exc:
-            raise ToolError(
+        except TimeoutError as exc:  # no session, so no command: nothing was sent
+            raise UpstreamError(
                 f"command on node {node} not started: all {ssh.max_sessions} SSH sessions to the node stayed busy "
-                f"for {ssh.command_timeout:g}s (ssh.max_sessions)"
+                f"for {ssh.command_timeout:g}s (ssh.max_sessions)",
+                "busy",
             ) from exc
         free_at: float | None = None  # when the node has surely ended the command; None: it has (or never began)
         try:
@@ -542,7 +555,8 @@ class SshRuntime:
                     # the node stops it by then (TERM, KILL 2 s later); its verdict is awaited a moment longer
                     free_at = sent + limit + KILL_AFTER_SECONDS + ANSWER_GRACE_SECONDS
                     given_up = asyncio.Event()
-                    opening = asyncio.ensure_future(_open_session(conn, command, given_up))
+                    session = _Session(given_up)
+                    opening = asyncio.ensure_future(_open_session(conn, command, session))
                     try:
                         try:
                             async with asyncio.timeout_at(free_at):
@@ -555,19 +569,23 @@ class SshRuntime:
                             raise
                         break
                     except asyncssh.ChannelOpenError as exc:
+                        if session.opened:  # the exec request went out (refused, or unanswered): it may have run
+                            raise
                         free_at = None  # no session, nothing ran: safe to ask again
                         if conn.is_closed():  # the connection is gone (sshd restarted, node rebooted): not "busy"
                             self.pool.drop(ctx.cluster, node, conn)
-                            raise ToolError(
-                                f"SSH connection to node {node} was lost before the command started; nothing ran"
+                            raise UpstreamError(
+                                f"SSH connection to node {node} was lost before the command started; nothing ran",
+                                "unreachable",
                             ) from exc
                         # sshd frees a session a moment after its channel closed, so a session opened just
                         # after another's end may be refused: asked again until the deadline
                         if loop.time() + retry >= deadline:
-                            raise ToolError(
+                            raise UpstreamError(
                                 f"node {node} refused a new SSH session ({_CONTROL.sub('?', exc.reason)[:80]}) "
                                 f"for {ssh.command_timeout:g}s: is ssh.max_sessions ({ssh.max_sessions}) above "
-                                "the node's sshd MaxSessions?"
+                                "the node's sshd MaxSessions?",
+                                "busy",
                             ) from exc
                         await asyncio.sleep(retry)
                         retry = min(2 * retry, REOPEN_MAX_DELAY)
@@ -588,7 +606,7 @@ class SshRuntime:
                     f"command on node {node} timed out after {ssh.command_timeout:g}s and the node did not answer"
                 ) from exc
             except (OSError, asyncssh.Error) as exc:
-                if isinstance(exc, OSError | asyncssh.ConnectionLost | asyncssh.DisconnectError):
+                if isinstance(exc, OSError | asyncssh.ConnectionLost | asyncssh.DisconnectError) or conn.is_closed():
                     self.pool.drop(ctx.cluster, node, conn)  # the connection is gone: the next call connects afresh
                 raise ToolError(f"SSH exec on node {node} failed ({type(exc).__name__})") from exc
         finally:
