@@ -77,6 +77,44 @@ def archived_config(vol: Volume, kind: str) -> str:
 _OWNER = re.compile(r"^backup/(?:vzdump-(?:qemu|lxc|openvz)-|(?:vm|ct)/)([1-9][0-9]{2,8})[-/]")
 
 
+# what PVE::VZDump::read_vzdump_defaults starts from (the vzdump schema's defaults)
+VZDUMP_DEFAULTS: dict[str, Any] = {
+    "mode": "snapshot", "compress": "0", "remove": 1, "ionice": 7, "lockwait": 180, "stopwait": 10,
+    "bwlimit": 0, "pigz": 0, "zstd": 1, "stdexcludes": 1, "mailnotification": "always",
+}  # fmt: skip
+
+
+def print_keep(keep: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in keep.items())
+
+
+@route("GET", "/nodes/{node}/vzdump/defaults")
+def get_vzdump_defaults(ctx: Ctx) -> Any:
+    """The vzdump options a backup on this node runs with (pve-manager API2/VZDump.pm `defaults`):
+    the node's /etc/vzdump.conf over the schema's defaults, its legacy `maxfiles` read as
+    keep-last (0: keep-all, PVE::VZDump parse_prune_backups_maxfiles), then the storage's own
+    retention over it when the storage sets one; `prune-backups` printed back as a property string.
+    A job or backup without a retention of its own prunes by this one."""
+    node = ctx.rt.cluster.nodes[str(ctx.params["node"])]
+    conf = dict(node.vzdump_conf)
+    res: dict[str, Any] = {**VZDUMP_DEFAULTS, **{k: v for k, v in conf.items() if k != "maxfiles"}}
+    if conf.get("prune-backups") in (None, ""):
+        maxfiles = conf.get("maxfiles")
+        res["prune-backups"] = "keep-all=1" if maxfiles is None or int(maxfiles) == 0 else f"keep-last={int(maxfiles)}"
+    storage = str(ctx.params.get("storage") or res.get("storage") or "local")
+    res["storage"] = storage
+    ctx.require(f"/storage/{storage}", "Datastore.Audit", "Datastore.AllocateSpace", any_of=True)
+    st = ctx.rt.cluster.storages.get(storage)
+    if st is None:
+        raise ApiError(500, f"storage '{storage}' does not exist")
+    if "backup" not in st.content:
+        raise ApiError(500, f"can't use storage '{storage}' for backups - wrong content type")
+    if st.extra.get("prune-backups") not in (None, ""):
+        res["prune-backups"] = str(st.extra["prune-backups"])
+    res["prune-backups"] = print_keep(parse_keep(str(res["prune-backups"])))
+    return res
+
+
 @route("GET", "/nodes/{node}/vzdump/extractconfig")
 def get_extractconfig(ctx: Ctx) -> Any:
     """The configuration a backup holds, as text (PVE::API2::VZDump extractconfig: check_volume_access,
@@ -400,9 +438,32 @@ def get_schedule_analyze(ctx: Ctx) -> Any:
 
 JOB_FIELDS = {"id", "type", "node"}
 
+# pve-manager decodes these property strings when it reads jobs.cfg (PVE::VZDump::JobBase
+# decode_value over $PVE::VZDump::Common::PROPERTY_STRINGS), so GET /cluster/backup and
+# GET /cluster/backup/{id} answer them as objects: the 9.1 schema types `prune-backups`,
+# `performance` and `fleecing` `object` ({"keep-last": 3}, never "keep-last=3")
+JOB_OBJECTS = ("prune-backups", "performance", "fleecing")
+
+
+def property_object(spec: Any) -> Any:
+    """A property string (`keep-daily=7,keep-weekly=4`) as the object Proxmox decodes it into,
+    numbers as numbers; a value already an object is kept."""
+    if not isinstance(spec, str):
+        return spec
+    out: dict[str, Any] = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        key, eq, value = part.partition("=")
+        if not eq:  # a default key's value given bare (fleecing's `1`)
+            key, value = "enabled", key
+        out[key] = int(value) if value.isdigit() else value
+    return out
+
 
 def job_view(j: dict[str, Any], now: int) -> dict[str, Any]:
     d = dict(j)
+    for key in JOB_OBJECTS:
+        if d.get(key) not in (None, ""):
+            d[key] = property_object(d[key])
     if int(d.get("enabled", 1)) and d.get("schedule"):
         d["next-run"] = next(next_runs(str(d["schedule"]), now, 1), None)
     return d

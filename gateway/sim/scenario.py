@@ -109,6 +109,7 @@ def build_cluster(raw: dict[str, Any], now: float) -> Cluster:
             hashlib.sha256(node.name.encode()).hexdigest().upper()[i : i + 2] for i in range(0, 64, 2)
         )
         node.network = n.get("network") or _default_network(node)
+        node.vzdump_conf = dict(n.get("vzdump_conf") or {})
         cl.nodes[node.name] = node
     for s in raw.get("storages") or []:
         total = s.get("total_gb")

@@ -101,6 +101,9 @@ class Node:
     network: list[dict[str, Any]] = field(default_factory=list)
     neighbours: list[dict[str, Any]] = field(default_factory=list)
     ssl_fingerprint: str = ""
+    # the node's own /etc/vzdump.conf (e.g. {"prune-backups": "keep-last=3"} or a legacy
+    # {"maxfiles": 2}): a backup without a retention of its own or its storage's prunes by it
+    vzdump_conf: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -753,8 +753,13 @@ class TargetResolver:
         return await self._members(",".join(str(v) for v in ids), cluster)
 
     async def _job_prunes(self, cluster: str, job: dict[str, Any] | None, storage: Any) -> bool | None:
-        """Whether the job's runs delete backups: its own retention, else its storage's (Proxmox's
-        default keeps all), unless it is set not to prune (remove 0). None when it cannot be read."""
+        """Whether the job's runs delete backups, as vzdump settles a run's retention (PVE::VZDump
+        `new`): the job's own prune-backups (Proxmox answers it decoded, an object); else its legacy
+        `maxfiles` (keep-last=N; 0 keeps all); else its storage's; else, on each node the job runs on
+        (its `node`, or every node), that node's /etc/vzdump.conf, whose prune-backups or maxfiles
+        prunes although the storage sets no retention (GET /nodes/{node}/vzdump/defaults answers the
+        retention that applies there). Not when the job is set not to prune (remove 0). None when
+        any of it cannot be read: a node not read (offline too) is not one that keeps every backup."""
         if job is None:
             return None
         if str(job.get("remove", 1)).lower() in ("0", "false"):
@@ -762,16 +767,34 @@ class TargetResolver:
         own = job.get("prune-backups")
         if own not in (None, "", {}):
             return not _keeps_all(own)
-        if not isinstance(storage, str) or not storage:
+        maxfiles = job.get("maxfiles")
+        if maxfiles not in (None, ""):  # vzdump: { 'keep-last' => $maxfiles }, keep-all for 0
+            return int(maxfiles) != 0 if str(maxfiles).isdigit() else None
+        if not isinstance(storage, str) or not storage or cluster not in self.clients:
             return None
+        client = self.clients[cluster]
         try:
-            config = await self.clients[cluster].request("GET", f"/storage/{quote(storage, safe='')}")
+            config = await client.request("GET", f"/storage/{quote(storage, safe='')}")
+            if not isinstance(config, dict):
+                return None
+            theirs = config.get("prune-backups")
+            if theirs not in (None, "", {}):
+                return not _keeps_all(theirs)
+            nodes = [job["node"]] if job.get("node") else sorted((await self._index(cluster, fresh=True))["nodes"])
+            prunes = False
+            for node in nodes or [None]:
+                if not isinstance(node, str) or not node:
+                    return None
+                defaults = await client.request(
+                    "GET", f"/nodes/{quote(node, safe='')}/vzdump/defaults", params={"storage": storage}
+                )
+                theirs = defaults.get("prune-backups") if isinstance(defaults, dict) else None
+                if theirs in (None, "", {}):  # Proxmox always answers one (keep-all=1 by default)
+                    return None
+                prunes = prunes or not _keeps_all(theirs)
         except Exception:  # unknown: the policy refuses what it cannot check
             return None
-        if not isinstance(config, dict):
-            return None
-        theirs = config.get("prune-backups")
-        return False if theirs in (None, "", {}) else not _keeps_all(theirs)
+        return prunes
 
     async def _guests_on(self, node: Any, cluster: str) -> dict[str, Any]:
         """Every guest on `node`, as target.members: a node's reboot or shutdown stops them all, so a
