@@ -2,7 +2,11 @@
 written: a key given twice in one mapping (the last one wins without a word, so a second
 `roles:` would drop every role of the first), and a merge (`<<: *b`) of a mapping that itself
 overrides a key it merges (PyYAML 6 then takes the inner merged value, not the override), and a
-merge of several mappings that give the same key (PyYAML 6.0.x may let the last one win)."""
+merge of several mappings that give the same key (PyYAML 6.0.x may let the last one win).
+Refused too, as a clear problem rather than a hang or a traceback: aliases that repeat a vast
+part of the document (a "billion laughs" alias bomb: PyYAML shares the nodes, but every walk of
+the result, a schema check included, meets each repetition), and nesting deeper than the
+parser's recursion."""
 
 from __future__ import annotations
 
@@ -28,17 +32,29 @@ class YamlProblems(ValueError):
 _FAST_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# Nodes that aliases may repeat in one document, in all. The shipped files repeat under 1,500; a
+# bomb of nine aliases nine levels deep repeats 387 million, each met by every walk of the result.
+MAX_REPEATED_NODES = 100_000
+
+
 def load(text: str) -> Any:
     """The document, as yaml.safe_load returns it; YamlProblems if it is read otherwise than
-    written, yaml.YAMLError if it is not YAML. The checks run on the composed nodes, before
-    PyYAML flattens merges into them (after that, a merged key looks given twice)."""
+    written (or would cost too much to read: an alias bomb, nesting too deep), yaml.YAMLError if
+    it is not YAML. The checks run on the composed nodes, before PyYAML flattens merges into
+    them (after that, a merged key looks given twice)."""
     try:
-        return _load(text, _FAST_LOADER)
-    except yaml.YAMLError:
-        if _FAST_LOADER is yaml.SafeLoader:
-            raise
-    # not YAML: the pure Python parser's message quotes the line and points at the column
-    return _load(text, yaml.SafeLoader)
+        try:
+            return _load(text, _FAST_LOADER)
+        except yaml.YAMLError:
+            if _FAST_LOADER is yaml.SafeLoader:
+                raise
+        # not YAML: the pure Python parser's message quotes the line and points at the column
+        return _load(text, yaml.SafeLoader)
+    except RecursionError:
+        # the parser (and the checks) recurse once per level: a problem to name, never a traceback
+        raise YamlProblems(
+            ["nested too deeply to read (no setting, connector or policy data needs that depth)"]
+        ) from None
 
 
 def _load(text: str, loader_class: type[yaml.SafeLoader]) -> Any:
@@ -62,12 +78,14 @@ def _line(node: yaml.Node) -> int:
 def _problems(loader: yaml.SafeLoader, root: yaml.Node) -> list[str]:
     found: list[tuple[int, str]] = []
     done: set[int] = set()  # an alias is the same node: checked once
+    repeats: list[yaml.Node] = []  # each node met again through an alias, once per meeting
 
     def visit(node: yaml.Node, path: frozenset[int]) -> None:
         if id(node) in path:  # an alias inside the node it names: a structure without end
             found.append((_line(node), f"line {_line(node)}: an alias refers to a node that contains it"))
             return
         if id(node) in done:
+            repeats.append(node)
             return
         done.add(id(node))
         inner = path | {id(node)}
@@ -81,7 +99,36 @@ def _problems(loader: yaml.SafeLoader, root: yaml.Node) -> list[str]:
                 visit(value_node, inner)
 
     visit(root, frozenset())
+    if not found and (bomb := _alias_bomb(repeats)):  # sized only without a cycle: that has no size
+        found.append(bomb)
     return [problem for _, problem in sorted(found)]
+
+
+def _alias_bomb(repeats: list[yaml.Node]) -> tuple[int, str] | None:
+    """The alias at which the nodes repeated through aliases pass MAX_REPEATED_NODES, if they do."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:  # the node and all it holds, aliases expanded (memoised: linear)
+        if id(node) not in sizes:
+            if isinstance(node, yaml.SequenceNode):
+                sizes[id(node)] = 1 + sum(size(child) for child in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                sizes[id(node)] = 1 + sum(size(k) + size(v) for k, v in node.value)
+            else:
+                sizes[id(node)] = 1
+        return sizes[id(node)]
+
+    repeated = 0
+    for node in repeats:
+        repeated += size(node)
+        if repeated > MAX_REPEATED_NODES:
+            line = _line(node)
+            return (
+                line,
+                f"line {line}: aliases repeat more than {MAX_REPEATED_NODES} nodes (this anchor's among them): "
+                "an alias bomb, costly to read; write the parts out or repeat less",
+            )
+    return None
 
 
 def _mapping_problems(loader: yaml.SafeLoader, node: yaml.MappingNode) -> list[tuple[int, str]]:
