@@ -102,7 +102,6 @@ def secret_refs(config: Config) -> list[SecretRef]:
 
 
 def check_secrets(config: Config) -> None:
-    console = config.console
     for ref in secret_refs(config):  # docs/deployment.md §4: readable by the gateway's user alone
         if (exposed := ref.exposed()) is not None:
             log.warning("%s", exposed)
@@ -112,17 +111,26 @@ def check_secrets(config: Config) -> None:
                 raise StartupError(f"{ref.setting}: the secret is empty")
         except ConfigError as exc:
             raise StartupError(str(exc)) from exc
+    check_secret_strength(config)
+
+
+def check_secret_strength(config: Config) -> None:
+    """The keys that must be long enough, read (each must be readable): the HS256 secret, the state
+    key and the console's session key. `pvegate config check --files` runs it too, so a key serve
+    refuses is never said OK there."""
+    console = config.console
     hs256 = config.auth.hs256_secret
-    if hs256 is not None and len(hs256.read().encode()) < HS256_MIN_BYTES:
-        # a short HMAC key is guessed offline from any one token it signed (RFC 7518 §3.2: at least 256 bits)
-        raise StartupError(
-            f"{hs256.setting}: the secret is {len(hs256.read().encode())} bytes; an HS256 secret needs at least "
-            f"{HS256_MIN_BYTES} (e.g. `openssl rand -base64 48`)"
-        )
     try:
+        size = len(hs256.read().encode()) if hs256 is not None else HS256_MIN_BYTES
         configured_key(config)  # present and long enough (the database's key is read at start)
     except ConfigError as exc:
         raise StartupError(str(exc)) from exc
+    if hs256 is not None and size < HS256_MIN_BYTES:
+        # a short HMAC key is guessed offline from any one token it signed (RFC 7518 §3.2: at least 256 bits)
+        raise StartupError(
+            f"{hs256.setting}: the secret is {size} bytes; an HS256 secret needs at least "
+            f"{HS256_MIN_BYTES} (e.g. `openssl rand -base64 48`)"
+        )
     if console.enabled and console.session_key is not None:
         try:  # long enough: the console's own check, as the start-up will make it
             Sessions(console.session_key.read(), console.idle_timeout_seconds, console.max_session_seconds)

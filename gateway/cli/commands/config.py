@@ -23,7 +23,14 @@ def _check(args: argparse.Namespace) -> int:
     if args.files:
         # serve's own read-only start checks (gateway/server.py), so the two cannot disagree; then the
         # secrets and the directories serve writes, checked here without creating anything
-        from gateway.server import StartupError, check_files, check_ssh_keys, check_tls, secret_refs
+        from gateway.server import (
+            StartupError,
+            check_files,
+            check_secret_strength,
+            check_ssh_keys,
+            check_tls,
+            secret_refs,
+        )
 
         found: list[str] = []
         try:
@@ -32,7 +39,13 @@ def _check(args: argparse.Namespace) -> int:
             check_tls(config)
         except StartupError as exc:
             found.append(str(exc))
-        found += [p for ref in secret_refs(config) if (p := ref.unavailable()) is not None]
+        missing = [p for ref in secret_refs(config) if (p := ref.unavailable()) is not None]
+        found += missing
+        if not missing:  # all there: long enough as serve's start requires (a short key refuses it)
+            try:
+                check_secret_strength(config)
+            except StartupError as exc:
+                found.append(str(exc))
         found += _write_dir_problems(config)
         for line in dict.fromkeys(w for ref in secret_refs(config) if (w := ref.exposed()) is not None):
             print(f"{args.file}: warning: {line}", file=sys.stderr)  # as serve warns: not a refusal
