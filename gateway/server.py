@@ -15,6 +15,7 @@ import ctypes
 import gc
 import logging
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -114,10 +115,26 @@ def check_secrets(config: Config) -> None:
     check_secret_strength(config)
 
 
+# a Proxmox API token as the gateway sends it (`Authorization: PVEAPIToken=<this>`): USER@REALM!TOKENID=SECRET
+_PVE_TOKEN = re.compile(r"[^\s@!=:]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*=\S+")
+
+
 def check_secret_strength(config: Config) -> None:
-    """The keys that must be long enough, read (each must be readable): the HS256 secret, the state
-    key and the console's session key. `pvegate config check --files` runs it too, so a key serve
-    refuses is never said OK there."""
+    """The secrets whose form serve's start checks, read (each must be readable): each cluster's
+    Proxmox token, and the keys that must be long enough (the HS256 secret, the state key, the
+    console's session key). `pvegate config check --files` runs it too, so a secret serve refuses
+    is never said OK there."""
+    for cluster in config.clusters.values():
+        try:
+            token = cluster.token.read()
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from exc
+        if not _PVE_TOKEN.fullmatch(token):  # its shape only: the token is never shown
+            hint = " (without the `PVEAPIToken=` prefix)" if token.startswith("PVEAPIToken=") else ""
+            raise StartupError(
+                f"{cluster.token.setting}: not a Proxmox API token: one line, USER@REALM!TOKENID=SECRET{hint}, "
+                "as `pveum user token add` prints it (the secret is not shown)"
+            )
     console = config.console
     hs256 = config.auth.hs256_secret
     try:
