@@ -557,7 +557,9 @@ class AuditLog:
         self.replica_id: str | None = replica_name() if self.pg else None
         self._seal: Seal | None = None
         self._head: tuple[str, int, str] | None = None  # (stored text, seq, hash) of the head last checked
-        self._high = 0  # the furthest head this process has seen: a head only moves forward
+        # the furthest head this process has seen, (seq, hash): a head only moves forward, and only along the
+        # chain this process saw (the record it names is still there when another process moved the head on)
+        self._reached: tuple[int, str | None] = (0, None)
         # the high-water mark (next to the key): the furthest head a writer on this host reached, kept
         # outside the database so a start or a verify sees an older head put back (written every
         # MARK_SECONDS at most while the chain grows, and at close: never one fsync per call)
@@ -586,6 +588,10 @@ class AuditLog:
         self.last_commit_at: float | None = None  # monotonic time of the last successful commit
         self.last_error: str | None = None  # why the last commit failed; None once one succeeds
 
+    @property
+    def _high(self) -> int:
+        return self._reached[0]
+
     async def open(self) -> None:
         # the mark is read before the head: a writer elsewhere on the chain may move both meanwhile, and a
         # mark read later than the head could name a record the head read earlier does not reach yet
@@ -603,7 +609,11 @@ class AuditLog:
             await self._open_sqlite(self.path)
         assert self._seal is not None
         try:
-            await asyncio.to_thread(self._start_mark, mark)
+            found = None  # the hash of the record the mark names, as the chain has it now (None: not there)
+            if isinstance(mark, dict) and mark["db"] == self._seal.db_id and isinstance(mark.get("hash"), str):
+                got = await self._read("SELECT hash FROM audit WHERE seq = ?", mark["seq"])
+                found = str(got[0][0]) if got else None
+            await asyncio.to_thread(self._start_mark, mark, found)
         except BaseException:
             await self._close_store()
             raise
@@ -614,13 +624,15 @@ class AuditLog:
         if self._pgdb is not None:
             self._beater = asyncio.create_task(self._beat_loop(), name="audit-heartbeat")
 
-    def _start_mark(self, mark: dict[str, Any] | MarkError | None) -> None:
+    def _start_mark(self, mark: dict[str, Any] | MarkError | None, found: str | None = None) -> None:
         """At every start: log where the chain's head is, and refuse a head below the high-water mark (the
-        end of the chain cut and an older authenticated head put back, from the WAL or an older copy)."""
+        end of the chain cut and an older authenticated head put back, from the WAL or an older copy), or a
+        chain whose record at the mark is not the one marked (cut, then grown again from the older head)."""
         seal = self._seal
         assert seal is not None and seal.head is not None
         seq, ts = seal.head
-        self._high = max(self._high, seq)
+        if seq >= self._high:
+            self._reached = (seq, seal.head_hash)
         where = self.mark_path
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if 0 <= ts < 1e11 else "at an unknown time"
         move = (
@@ -650,6 +662,8 @@ class AuditLog:
                 f"restored; {move}",
                 seq + 1,
             )
+        if mark is not None and mark["db"] == seal.db_id and found is not None and found != mark.get("hash"):
+            raise AuditIntegrityError(f"{_forked(int(mark['seq']), where)}; {move}", int(mark["seq"]))
         log.info(
             "audit: the chain head is record %d, written %s (database %s); high-water mark %s",
             seq,
@@ -673,11 +687,11 @@ class AuditLog:
 
     def _write_mark(self) -> None:
         """Write the furthest head seen to the high-water mark (in a worker thread: one small write and fsync)."""
-        seal, seq = self._seal, self._high
+        seal, (seq, digest) = self._seal, self._reached  # one read: the writer moves it meanwhile
         if seal is None or seq <= self._marked:
             return
         try:
-            write_mark(self.mark_path, seal.key, seal.db_id, seq)
+            write_mark(self.mark_path, seal.key, seal.db_id, seq, digest)
         except OSError as exc:
             if not self._mark_failing:
                 log.error(
@@ -962,7 +976,7 @@ class AuditLog:
             raise
         if moved is not None:
             self._head = moved
-            self._high = moved[1]
+            self._reached = (moved[1], moved[2])
         self.commits += bool(records)  # group commits of records (a probe is not one)
         self.records += len(records)
         self.last_commit_at = time.monotonic()
@@ -998,8 +1012,11 @@ class AuditLog:
             # per commit, in this thread; the records stay with their callers, refused, and readiness says why)
             if (gone := self.file_problem()) is not None:
                 raise AuditStoreError(gone)
-            got = con.execute("SELECT value FROM audit_meta WHERE key = 'head'").fetchone()
-            seq, prev = self._continue_from(None if got is None else str(got[0]))
+            high = self._high
+            got = con.execute(
+                "SELECT value, (SELECT hash FROM audit WHERE seq = ?) FROM audit_meta WHERE key = 'head'", (high,)
+            ).fetchone()
+            seq, prev = self._continue_from(None if got is None else str(got[0]), high, None if got is None else got[1])
             records = _present_dropped(entries, lambda sql, args: con.execute(sql, args).fetchone() is not None)
             # a row past the head (added by another hand, in a gap or not) refuses the commit, a probe's too:
             # readiness sees what every call meets (one lookup on the primary key, under the write lock)
@@ -1070,8 +1087,15 @@ class AuditLog:
         async with conn.transaction():
             # the head row is the chain's lock: every replica's commit waits here for the one before it, for
             # HEAD_LOCK_SECONDS at most (a holder paused mid-commit is ended by the server, its commit fails)
+            high = self._high
             try:
-                text = await conn.fetchval("SELECT value FROM audit_meta WHERE key = 'head' FOR UPDATE")
+                # with the hash of the record this process last saw at the head (one round trip): committed
+                # before this statement began, so its snapshot has it
+                got = await conn.fetchrow(
+                    "SELECT value, (SELECT hash FROM audit WHERE seq = $1) FROM audit_meta WHERE key = 'head' "
+                    "FOR UPDATE",
+                    high,
+                )
             except asyncpg.LockNotAvailableError as exc:
                 raise AuditStoreError(
                     f"another replica holds the audit head: the chain's head row stayed locked for more than "
@@ -1079,7 +1103,7 @@ class AuditLog:
                     f"ends its transaction once it has been idle {IDLE_IN_TRANSACTION_SECONDS} s; or an operator's "
                     "`pvegate audit archive` or `checkpoint` still running)"
                 ) from exc
-            seq, prev = self._continue_from(text)
+            seq, prev = self._continue_from(None if got is None else got[0], high, None if got is None else got[1])
             records: list[_Row] = []
             for entry in entries:  # an _IfAbsent is tested here, under the head row's lock
                 if isinstance(entry, _IfAbsent):
@@ -1155,11 +1179,12 @@ class AuditLog:
             self.replica_id, self._lost_name = new, None
             self.leases_lost += 1
 
-    def _continue_from(self, text: str | None) -> tuple[int, str]:
+    def _continue_from(self, text: str | None, high: int, at_high: Any) -> tuple[int, str]:
         """Where the chain continues: its authenticated head, read inside the write transaction
         (another process or replica may have appended). The writer continues only from there, so
         rows cut or added by another hand stay visible as a gap or a clash and are never
-        re-authenticated; rows and head are compared in full at open and by verify."""
+        re-authenticated; rows and head are compared in full at open and by verify. `at_high` is the
+        hash the chain now has at record `high`, the furthest this process saw (None: not there, archived)."""
         seal = self._seal
         assert seal is not None
         cached = self._head
@@ -1172,8 +1197,18 @@ class AuditLog:
                 "an older head was put back (records after it removed), outside the gateway",
                 seq + 1,
             )
+        # moved on by another process: along the chain this process saw, not a chain cut and grown again from
+        # an older head (another replica continuing from it), which no record number alone tells apart
+        reached_seq, reached_hash = self._reached
+        now = digest if seq == reached_seq else (at_high if high == reached_seq else None)
+        if reached_hash is not None and now is not None and now != reached_hash:
+            raise AuditIntegrityError(
+                f"record {reached_seq} is no longer the record this process saw there: the chain was cut and "
+                "written again from an older head, outside the gateway",
+                reached_seq,
+            )
         self._head = (str(text), seq, digest)
-        self._high = seq
+        self._reached = (seq, digest)
         return seq, digest
 
     async def _read(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -1407,6 +1442,7 @@ class Seal:
     db_id: str
     notes: tuple[str, ...] = ()  # what opening did (key generated, an older database sealed), for the log
     head: tuple[int, float] | None = None  # the head opening found or wrote: (seq, time it was written)
+    head_hash: str | None = None  # the hash of the record that head names
     new_chain: bool = False  # this opening began the chain (a new file, a fresh PostgreSQL chain)
 
 
@@ -1638,9 +1674,10 @@ def _open_seal(con: Any, key_path: Path, new_file: bool, *, create_key: bool = T
     if "created" in meta:
         key = HeadKey.load(key_path)
         seal = Seal(key, check_created(key, meta))
-        seq, _ = check_head(seal, meta.get("head"), last, meta.get("anchor"))
+        seq, digest = check_head(seal, meta.get("head"), last, meta.get("anchor"))
         when = _doc(meta["head"], "chain head").get("ts")
-        return Seal(key, seal.db_id, head=(seq, float(when) if isinstance(when, int | float) else 0.0))
+        at = float(when) if isinstance(when, int | float) else 0.0
+        return Seal(key, seal.db_id, head=(seq, at), head_hash=digest)
     older = last is not None or "anchor" in meta
     key, made = HeadKey.load_or_create(key_path) if create_key else (HeadKey.load(key_path), False)
     notes = [f"generated a new audit head key at {key_path} (key id {key.key_id}): back it up"] if made else []
@@ -1692,7 +1729,7 @@ def _open_seal(con: Any, key_path: Path, new_file: bool, *, create_key: bool = T
             f"sealed the existing audit chain (records up to {seq}, verified) with the audit head key; "
             "records written before this were not protected by a key"
         )
-    return Seal(key, db_id, tuple(notes), head=(seq, now), new_chain=not older)
+    return Seal(key, db_id, tuple(notes), head=(seq, now), head_hash=digest, new_chain=not older)
 
 
 # --- operator side: plain sqlite3, used by the CLI and the admin API ---------------------
@@ -2202,6 +2239,13 @@ def _verify(
                     "the database restored",
                     head_seq + 1,
                 )
+            if isinstance(hwm.get("hash"), str):  # a mark with its record's hash (archived beyond the anchor: gone)
+                got = con.execute("SELECT hash FROM audit WHERE seq = ?", (high_water,)).fetchone()
+                now = str(got[0]) if got is not None else None
+                if got is None and anchor is not None and high_water == anchor["seq"]:
+                    now = str(anchor["hash"])
+                if now is not None and now != hwm["hash"]:
+                    raise _Bad(_forked(high_water, hwm_file), high_water)
         if mark is not None and not checker.checkpoint_seen:
             if mark[0] > checker.end[0]:
                 raise _Bad(
@@ -2225,6 +2269,13 @@ def _verify(
         )
     finally:
         con.close()
+
+
+def _forked(seq: int, mark: Path) -> str:
+    return (
+        f"record {seq} is not the record the high-water mark ({mark}) names: the chain was cut and written "
+        "again from an older head (records from there on replaced), outside the gateway"
+    )
 
 
 def _load_checkpoint(file: Path, key: HeadKey, db_id: str) -> tuple[int, str]:

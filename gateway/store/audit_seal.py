@@ -145,10 +145,12 @@ def mark_text(path: Path) -> str | MarkError | None:
 
 
 def read_mark(path: Path, key: HeadKey, text: str | MarkError | None = None) -> dict[str, Any] | None:
-    """The authenticated high-water mark ({"db", "seq", "ts"}), None when there is no file; MarkError otherwise.
+    """The authenticated high-water mark ({"db", "seq", "ts"}, and "hash" when it names the record's hash), None
+    when there is no file; MarkError otherwise.
 
     The mark is the highest record of the chain a writer on this host reached, kept outside the database
-    (next to the key), so an older authenticated head put back over a cut end is seen (docs/audit.md)."""
+    (next to the key), so an older authenticated head put back over a cut end is seen (docs/audit.md), and by
+    its hash, a chain cut and then grown past the mark again from that older head (another replica's writes)."""
     if text is None:
         text = mark_text(path)
     if text is None:
@@ -161,9 +163,17 @@ def read_mark(path: Path, key: HeadKey, text: str | MarkError | None = None) -> 
         doc = None
     if not isinstance(doc, dict) or doc.get("type") != MARK_TYPE:
         raise MarkError(f"the high-water mark {path} is garbled (not a pvegate high-water mark)")
-    body = {k: doc.get(k) for k in ("db", "seq", "ts", "mac")}
+    # a mark of the release before hashes has none: its MAC covers only these (one with a hash never passes
+    # without it, the MAC covering it)
+    body = {k: doc.get(k) for k in ("db", "seq", "ts", "mac", *(("hash",) if "hash" in doc else ()))}
     seq = body["seq"]
-    if not key.check("mark", body) or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+    if (
+        not key.check("mark", body)
+        or not isinstance(seq, int)
+        or isinstance(seq, bool)
+        or seq < 0
+        or not isinstance(body.get("hash", ""), str)
+    ):
         raise MarkError(
             f"the high-water mark {path} is not authenticated by the audit head key {key.path}: "
             "it was written or changed by another hand, or with another key"
@@ -171,8 +181,9 @@ def read_mark(path: Path, key: HeadKey, text: str | MarkError | None = None) -> 
     return body
 
 
-def write_mark(path: Path, key: HeadKey, db_id: str, seq: int) -> bool:
-    """Record that the chain `db_id` reached record `seq`: never lowers a mark already there for it (another
+def write_mark(path: Path, key: HeadKey, db_id: str, seq: int, digest: str | None = None) -> bool:
+    """Record that the chain `db_id` reached record `seq` (whose hash is `digest`: a chain cut and grown again
+    from an older head has another record there): never lowers a mark already there for it (another
     process on the same chain may have written a higher one). One write and one fsync; the file is
     replaced whole (a temporary file renamed over it), or, where the gateway may not create files in
     the key's directory, rewritten in place (an operator-made file the gateway's user may write).
@@ -181,7 +192,10 @@ def write_mark(path: Path, key: HeadKey, db_id: str, seq: int) -> bool:
         now = read_mark(path, key)
         if now is not None and now["db"] == db_id and now["seq"] >= seq:
             return False
-    doc = key.sign("mark", {"db": db_id, "seq": seq, "ts": time.time()})
+    body: dict[str, Any] = {"db": db_id, "seq": seq, "ts": time.time()}
+    if digest is not None:
+        body["hash"] = digest
+    doc = key.sign("mark", body)
     data = (json.dumps({"type": MARK_TYPE, **doc}, sort_keys=True) + "\n").encode()
     # a name of this write's own: AuditLogs of one process (its threads) and processes on one host may write
     # the same mark at once, and a shared temporary name let one's rename take the other's half-written file

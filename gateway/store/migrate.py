@@ -338,7 +338,7 @@ async def _after_commit(
     # the mark goes where the key is: a replica given this key (and this mark) refuses the chain cut below it
     marked = mark_path(dst_key_path)
     try:
-        if await asyncio.to_thread(write_mark, marked, key, db_id, after.last_seq or 0):
+        if await asyncio.to_thread(write_mark, marked, key, db_id, after.last_seq or 0, after.head_hash):
             say(f"high-water mark {marked}: record {after.last_seq or 0}")
     except OSError as exc:  # the move holds; the replicas write their own marks as they start
         say(

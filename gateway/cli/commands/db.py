@@ -180,7 +180,8 @@ async def _upgrade_sqlite(db: SqliteDatabase, cfg: Config) -> int:
             except Exception as exc:
                 raise _Failed(f"the new audit chain cannot be sealed: {_why(exc, db.kind)}") from exc
             with contextlib.suppress(OSError):  # as the gateway: a mark that cannot be written is not fatal
-                write_mark(mark_path(key_path), seal.key, seal.db_id, seal.head[0] if seal.head else 0)
+                head = seal.head[0] if seal.head else 0
+                write_mark(mark_path(key_path), seal.key, seal.db_id, head, seal.head_hash if seal.head else None)
     except BaseException:
         if new_file:
             _remove_new(path, new_dir, key_path if new_key else None)
