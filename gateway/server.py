@@ -115,8 +115,10 @@ def check_secrets(config: Config) -> None:
     check_secret_strength(config)
 
 
-# a Proxmox API token as the gateway sends it (`Authorization: PVEAPIToken=<this>`): USER@REALM!TOKENID=SECRET
-_PVE_TOKEN = re.compile(r"[^\s@!=:]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*=\S+")
+# a Proxmox API token as the gateway sends it (`Authorization: PVEAPIToken=<this>`): USER@REALM!TOKENID=SECRET,
+# a user name as PVE admits it (PVE::Auth::Plugin: no blank, ':' or '/'; '@', '!', '=' allowed, e.g. an email
+# address in an LDAP or OpenID realm), the realm and the token id as pveum makes them
+_PVE_TOKEN = re.compile(r"[^\s:/]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*=\S+")
 
 
 def check_secret_strength(config: Config) -> None:
@@ -129,8 +131,9 @@ def check_secret_strength(config: Config) -> None:
             token = cluster.token.read()
         except ConfigError as exc:
             raise StartupError(str(exc)) from exc
-        if not _PVE_TOKEN.fullmatch(token):  # its shape only: the token is never shown
-            hint = " (without the `PVEAPIToken=` prefix)" if token.startswith("PVEAPIToken=") else ""
+        prefixed = token.startswith("PVEAPIToken=")  # the header's own prefix: the user part would admit it
+        if prefixed or not _PVE_TOKEN.fullmatch(token):  # its shape only: the token is never shown
+            hint = " (without the `PVEAPIToken=` prefix)" if prefixed else ""
             raise StartupError(
                 f"{cluster.token.setting}: not a Proxmox API token: one line, USER@REALM!TOKENID=SECRET{hint}, "
                 "as `pveum user token add` prints it (the secret is not shown)"

@@ -43,7 +43,18 @@ def test_a_token_of_another_shape_is_refused(base: dict[str, Any], tmp_path: Pat
     assert UUID not in out.stdout + out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_token_as_pveum_prints_it_passes(base: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"pvegate@pve!gw={UUID}",
+        f"svc.gw@corp.example.com@ad!gw-1.a={UUID}",  # an email address as the user, in an LDAP realm
+        f"a=b!c@oidc!t_1={UUID}",  # '=' and '!' in a user name: PVE admits them
+    ],
+)
+def test_a_token_as_pveum_prints_it_passes(base: dict[str, Any], tmp_path: Path, text: str) -> None:
+    token = tmp_path / "secrets" / "pve-token"
+    token.write_text(text + "\n")
+    os.chmod(token, 0o600)
     path = write(tmp_path, base)
     out = run_pvegate("config", "check", "--files", str(path))
     assert out.returncode == 0, out
