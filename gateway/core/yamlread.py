@@ -80,7 +80,7 @@ def _problems(loader: yaml.SafeLoader, root: yaml.Node) -> list[str]:
     done: set[int] = set()  # an alias is the same node: checked once
     repeats: list[yaml.Node] = []  # each node met again through an alias, once per meeting
 
-    def visit(node: yaml.Node, path: frozenset[int]) -> None:
+    def visit(node: yaml.Node, path: frozenset[int], mappings: bool) -> None:
         if id(node) in path:  # an alias inside the node it names: a structure without end
             found.append((_line(node), f"line {_line(node)}: an alias refers to a node that contains it"))
             return
@@ -91,16 +91,22 @@ def _problems(loader: yaml.SafeLoader, root: yaml.Node) -> list[str]:
         inner = path | {id(node)}
         if isinstance(node, yaml.SequenceNode):
             for child in node.value:
-                visit(child, inner)
+                visit(child, inner, mappings)
         elif isinstance(node, yaml.MappingNode):
-            found.extend(_mapping_problems(loader, node))
+            if mappings:
+                found.extend(_mapping_problems(loader, node))
             for key_node, value_node in node.value:
-                visit(key_node, inner)
-                visit(value_node, inner)
+                visit(key_node, inner, mappings)
+                visit(value_node, inner, mappings)
 
-    visit(root, frozenset())
+    # first the aliases alone (linear): a cycle, or a bomb, before the mappings' merge checks, which
+    # walk what each merge brings in (a chain of merges of merges is a bomb too)
+    visit(root, frozenset(), mappings=False)
     if not found and (bomb := _alias_bomb(repeats)):  # sized only without a cycle: that has no size
         found.append(bomb)
+    if not found:
+        done.clear()
+        visit(root, frozenset(), mappings=True)
     return [problem for _, problem in sorted(found)]
 
 

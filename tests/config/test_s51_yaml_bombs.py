@@ -32,6 +32,14 @@ def _bomb(indent: str) -> str:
 DEEP = "x: " + "[" * 5000 + "]" * 5000 + "\n"
 
 
+def _merge_chain(indent: str) -> str:
+    """Merges of merges (review): each level merges the one below twice; the merge checks walked
+    every path through them (2^30) before the bomb was sized."""
+    lines = [f"{indent}m0: &m0 {{k: v}}"]
+    lines += [f"{indent}m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: v}}" for i in range(1, 31)]
+    return "\n".join(lines) + "\n"
+
+
 def _config(tmp_path: Path, base: dict[str, Any], tail: str) -> Path:
     path = write(tmp_path, base)
     path.write_text(path.read_text() + tail)
@@ -45,6 +53,7 @@ def _config(tmp_path: Path, base: dict[str, Any], tail: str) -> Path:
         (_bomb(""), "aliases repeat more than 100000 nodes"),
         ("opa:\n  bundles:\n    b:\n" + _bomb("      "), "aliases repeat more than 100000 nodes"),
         (DEEP, "nested too deeply to read"),
+        (_merge_chain(""), "aliases repeat more than 100000 nodes"),
     ],
 )
 @pytest.mark.parametrize("command", ["check", "serve"])
