@@ -118,6 +118,11 @@ def _job_beyond_its_ids(job: dict[str, Any]) -> bool:
     return job.get("pool") not in (None, "") or str(job.get("all", 0)) not in ("0", "", "False", "false")
 
 
+def _job_enabled(job: dict[str, Any] | None) -> bool:
+    """Whether a saved backup job runs (Proxmox's `enabled`, 1 when absent); False when not known."""
+    return job is not None and str(job.get("enabled", 1)) not in ("0", "False", "false")
+
+
 def _keeps_all(retention: Any) -> bool:
     """Whether a prune-backups value (Proxmox's property string, or the object it may answer) keeps
     every backup: keep-all=1, which Proxmox admits with no other option."""
@@ -693,7 +698,9 @@ class TargetResolver:
             return
         if given("keep_all") and arguments[spec["keep_all"]] is True:
             return  # the job keeps every backup from now on: it prunes none
-        if not (given("vmids") or given("pool") or given("storage")):
+        # a disabled job set to run again prunes again (a job that cannot be read: its state is not known)
+        resumed = given("enabled") and arguments[spec["enabled"]] is True and not _job_enabled(job)
+        if not (given("vmids") or given("pool") or given("storage") or resumed):
             return  # the same guests on the same storage: no backup the job did not already prune
         storage = arguments[spec["storage"]] if given("storage") else (job or {}).get("storage")
         prunes = await self._job_prunes(cluster, job, storage)

@@ -161,3 +161,22 @@ async def test_a_job_that_cannot_be_read_is_not_taken_for_one_that_prunes_nothin
     assert outcome(res) == "denied" and "guardrail.prune_unknown" in codes(res), res
     psim.set_faults()
     assert mutations(psim) == []
+
+
+async def test_a_disabled_pruning_job_enabled_again_is_checked(api: Api, psim: Any) -> None:
+    """Review: enabling a job again made it prune again, unchecked (no guests, no storage given)."""
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(psim.ca_file))) as http:
+        r = http.put(
+            f"{psim.api_url}/cluster/backup/backup-prod-nightly",
+            data={"enabled": "0"},
+            headers={"Authorization": f"PVEAPIToken={psim.tokens['admin']}"},
+        )  # disabled in Proxmox itself
+    assert r.status_code == 200, r.text[:300]
+    res = await api.call(admin(api), "backup_job_update", {"id": "backup-prod-nightly", "enabled": True})
+    assert outcome(res) == "denied" and "guardrail.protected_tag" in codes(res), res  # db01 (101) again
+    args = {"id": "backup-prod-nightly", "enabled": True, "keep_all": True}
+    kept = await api.call(admin(api), "backup_job_update", args)
+    assert "guardrail.protected_tag" not in codes(kept), kept
+    # a job that runs already: enabling it changes nothing it prunes
+    res = await api.call(admin(api), "backup_job_update", {"id": "lab-own-retention", "enabled": True})
+    assert "guardrail.protected_tag" not in codes(res) and "guardrail.prune_unknown" not in codes(res), res
