@@ -46,7 +46,7 @@ from gateway.core import jsonread
 from gateway.core.config import ConfigError
 from gateway.core.headers import repeated as header_repeated
 from gateway.core.principal import Principal
-from gateway.core.text import describe, encodable, may_hold_unencodable, unencodable_path
+from gateway.core.text import describe, encodable, may_hold_unencodable, unencodable_path, visible
 from gateway.observability import metrics as metricslib
 from gateway.store import audit as auditlib
 from gateway.store.approvals import (
@@ -692,8 +692,13 @@ with your token. Or use the CLI: <code>{cli}</code></p>
 const base = location.pathname;
 function hdr() {{ return {{"Authorization": "Bearer " + document.getElementById("tok").value.trim(),
   "Content-Type": "application/json", "Accept": "application/json"}}; }}
+// what a reader would not see as itself (a bidi override, a zero-width space: an agent's name and arguments
+// may hold them) as its \\uXXXX escape, as the console shows it (gateway/core/text.py); layout newlines stay
+const hidden = /(?![\\t\\n\\r])[\\p{{C}}\\p{{Zl}}\\p{{Zp}}\\u115f\\u1160\\u3164\\uffa0\\u2800]/gu;
+function visible(t) {{ return t.replace(hidden, (c) => Array.from({{length: c.length}},
+  (_, i) => "\\\\u" + c.charCodeAt(i).toString(16).padStart(4, "0")).join("")); }}
 async function show(r) {{ document.getElementById("out").textContent =
-  r.status + "\\n" + JSON.stringify(await r.json(), null, 1); }}
+  r.status + "\\n" + visible(JSON.stringify(await r.json(), null, 1)); }}
 document.getElementById("load").onclick = async () => show(await fetch(base, {{headers: hdr()}}));
 for (const v of ["approve", "deny"]) {{
   document.getElementById(v).onclick = async () => show(await fetch(base + "/" + v, {{method: "POST",
@@ -705,7 +710,12 @@ for (const v of ["approve", "deny"]) {{
 
 def _page(req: ApprovalRequest, approvals: Approvals) -> HTMLResponse:
     view = req.view()
-    e = html.escape
+
+    def e(text: str) -> str:
+        # the requester's name, the guest's, the reason are an agent's to choose: what a reader would not see as
+        # itself (a bidi override reordering the line) is shown as its escape, as the console shows it
+        return html.escape(visible(text))
+
     target = req.target
     tdesc = "/".join(str(target.get(k)) for k in ("cluster", "node", "vmid") if target.get(k) is not None)
     if target.get("name"):
