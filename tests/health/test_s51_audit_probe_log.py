@@ -44,9 +44,19 @@ def _each_once(lines: list[str]) -> None:
     assert not repeated, f"logged on every probe round: {repeated}"
 
 
-async def _failing_rounds(http: Any, base: str) -> None:
+async def _failing_rounds(http: Any, base: str, gw: GatewayThread) -> None:
+    """Until the probe has failed ROUNDS times more (each failing round stamps audit_probe_failed_at): a test
+    that saw one slow round only would prove nothing about repeated lines."""
     await wait_for(http, base + "/readyz", lambda r: r.status_code == 503, timeout=10)
-    await asyncio.sleep(ROUNDS * 0.5)  # many probe rounds, all failing the same way
+    health = gw.components.health
+    assert health is not None
+    stamps: set[float] = set()
+    deadline = time.monotonic() + ROUNDS * 0.5 + 30
+    while len(stamps) < ROUNDS:
+        assert time.monotonic() < deadline, f"only {len(stamps)} failing probe rounds"
+        if (at := health.audit_probe_failed_at) is not None:
+            stamps.add(at)
+        await asyncio.sleep(0.05)
 
 
 async def test_a_store_refusing_every_commit_is_logged_once_and_its_recovery_once(
@@ -69,7 +79,7 @@ async def test_a_store_refusing_every_commit_is_logged_once_and_its_recovery_onc
                 (top + 5, time.time(), "x", "decision", "p", "t", None, "allow", "{}", "00", "00"),
             )
             con.commit()
-            await _failing_rounds(http, base)
+            await _failing_rounds(http, base, gw)
             errors = _readiness_lines(caplog, logging.ERROR)
             assert errors and all("audit store refuses writes" in e for e in errors), errors
             _each_once(errors)
@@ -100,7 +110,7 @@ async def test_a_store_directory_renamed_away_is_logged_once_per_reason(
             await wait_for(http, base + "/readyz", lambda r: r.status_code == 200)
             store.rename(tmp_path / "moved")
             try:
-                await _failing_rounds(http, base)
+                await _failing_rounds(http, base, gw)
             finally:
                 (tmp_path / "moved").rename(store)
             errors = _readiness_lines(caplog, logging.ERROR)
@@ -129,7 +139,7 @@ async def test_a_full_disk_is_logged_once_with_its_reason(
             async with http_client(env) as http:
                 await wait_for(http, base + "/readyz", lambda r: r.status_code == 200)
                 ballast = _fill(disk)
-                await _failing_rounds(http, base)
+                await _failing_rounds(http, base, gw)
                 errors = _readiness_lines(caplog, logging.ERROR)
                 assert errors == ["readiness: audit store refuses writes (OperationalError: database or disk is full)"]
                 ballast.unlink()
