@@ -31,6 +31,7 @@ from gateway.store.audit import (
 )
 from gateway.store.holds import CallHold, HoldsUnavailable
 from gateway.store.outcomes import STORE_ERRORS, AuditUnavailable, ClaimLost, Flight, Interrupted
+from gateway.tools.runtimes import transport
 from gateway.tools.runtimes.base import (
     AnswerLost,
     CallContext,
@@ -213,6 +214,8 @@ async def _call_tool(c: Components, req: CallRequest, flight: Flight, hold: Call
             "denials": list(decision.deny_reasons),
         }
         return CallResult("denied", "Denied by policy: " + "; ".join(reasons), structured=denial, is_error=True)
+    # the requests this call sends to Proxmox are this principal's: they take at most its share of the pool
+    transport.CALLER.set(req.principal.sub)
     ctx = CallContext(
         cluster,
         dry_run=dry_run or bool(decision.obligations.get("dry_run")),

@@ -154,6 +154,12 @@ def _connect_failure(exc: BaseException, cluster: ClusterConfig, clean: Callable
     """Name why a connection to the API failed: TLS verification, the endpoint not reachable, or the
     gateway's own connections to it all busy (nothing is known of the API then)."""
     where = urlsplit(cluster.api_url).netloc
+    if isinstance(exc, NotSent) and exc.own:  # the caller's own requests, not anyone else's
+        return UpstreamError(
+            f"this principal's other calls hold all the connections to Proxmox cluster {cluster.name} ({where}) "
+            f"one principal may use ({clean(str(exc))}); nothing was sent, retry when one has finished",
+            "busy",
+        )
     if isinstance(exc, NotSent) and exc.busy:
         return UpstreamError(
             f"the gateway's connections to Proxmox cluster {cluster.name} ({where}) are all busy with other calls "

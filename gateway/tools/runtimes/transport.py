@@ -26,6 +26,7 @@ lists as repeated keys, spaces as +), and redirects are never followed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -50,16 +51,36 @@ MAX_JSON_DEPTH = 64
 # the gateway's own reachability request (the breaker's probe, the readiness check: request(probe=True)) has
 # connections of its own, so callers' slow reads filling the pool never make the API look down to the gateway
 PROBE_CONNECTIONS = 2
+# whose call a request is for (the principal's `sub`, set by the pipeline before it runs the tool); None:
+# the gateway's own. A principal's requests hold at most 1/CALLER_SHARE of a pool's connections: the rest
+# of them wait for its own, never in the queue ahead of another principal's. Without it one principal
+# within its limits (32 calls in flight, each a composite sending several reads at once) could fill the
+# pool and its queue with reads it knows Proxmox is slow to answer, and every other principal's call
+# waited behind them and failed `busy`.
+CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("pvegate_pve_caller", default=None)
+CALLER_SHARE = 2
 
 
 class NotSent(Exception):
     """Nothing was sent. `timeout`: no connection (or free pool slot) within the timeout; `busy`: no
-    free pool slot (the gateway's own requests held them all), which says nothing about the API."""
+    free pool slot (the gateway's own requests held them all), which says nothing about the API;
+    `own` (with busy): the caller's own other requests held its whole share of the pool."""
 
-    def __init__(self, message: str, timeout: bool = False, busy: bool = False) -> None:
+    def __init__(self, message: str, timeout: bool = False, busy: bool = False, own: bool = False) -> None:
         super().__init__(message)
-        self.timeout = timeout or busy
-        self.busy = busy
+        self.timeout = timeout or busy or own
+        self.busy = busy or own
+        self.own = own
+
+
+class _Share:
+    """One caller's part of the pool: a semaphore, and how many of its requests use it (gone at 0)."""
+
+    __slots__ = ("slots", "users")
+
+    def __init__(self, size: int) -> None:
+        self.slots = asyncio.Semaphore(size)
+        self.users = 0
 
 
 class AnswerMissing(Exception):
@@ -130,6 +151,8 @@ class PveHttp:
         self._wait = timeout  # for a free slot, as for a connection
         self._slots = asyncio.Semaphore(max_connections)  # callers' requests
         self._probe_slots = asyncio.Semaphore(PROBE_CONNECTIONS)  # the gateway's own GET /version
+        self.share = max(1, max_connections // CALLER_SHARE)  # the most one caller's requests hold
+        self._shares: dict[str, _Share] = {}  # callers with a request waiting or sent
         self.deadline = DEADLINE_FACTOR * timeout
         self.max_answer_bytes = MAX_ANSWER_BYTES if max_answer_bytes is None else max_answer_bytes
         self._session: aiohttp.ClientSession | None = None
@@ -172,15 +195,38 @@ class PveHttp:
             body = encode_form(data).encode()
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         slots, size = (self._probe_slots, PROBE_CONNECTIONS) if probe else (self._slots, self._limit)
+        caller = None if probe else CALLER.get()
+        share = None
+        if caller is not None:
+            share = self._shares.get(caller) or self._shares.setdefault(caller, _Share(self.share))
+            share.users += 1
+        mine = False  # this request holds one of its caller's slots
         try:
-            async with asyncio.timeout(self._wait):
-                await slots.acquire()
-        except TimeoutError:
-            raise NotSent(f"all {size} connections to the API stayed busy for {self._wait:g}s", busy=True) from None
-        try:
-            return await self._send(method, url, headers, body)
+            try:
+                async with asyncio.timeout(self._wait):  # both waits together: one timeout, as for a connection
+                    if share is not None:
+                        await share.slots.acquire()
+                        mine = True
+                    await slots.acquire()
+            except TimeoutError:
+                if share is not None and not mine:
+                    raise NotSent(
+                        f"this principal's other requests held its share ({self.share} of {size}) of the "
+                        f"connections to the API for {self._wait:g}s",
+                        own=True,
+                    ) from None
+                raise NotSent(f"all {size} connections to the API stayed busy for {self._wait:g}s", busy=True) from None
+            try:
+                return await self._send(method, url, headers, body)
+            finally:
+                slots.release()
         finally:
-            slots.release()
+            if share is not None and caller is not None:
+                if mine:
+                    share.slots.release()
+                share.users -= 1
+                if not share.users and self._shares.get(caller) is share:
+                    del self._shares[caller]
 
     async def _send(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> Reply:
         try:
