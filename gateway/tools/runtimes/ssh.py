@@ -23,6 +23,7 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from gateway.tools.runtimes.base import (
     UpstreamError,
 )
 from gateway.tools.runtimes.base import Refused as BaseRefused
+from gateway.tools.runtimes.transport import CALLER, CALLER_SHARE
 from gateway.tools.tool import PLACEHOLDER, Tool
 
 log = logging.getLogger("pvegate.ssh")
@@ -246,6 +248,17 @@ def node_timeout(seconds: float) -> list[str]:
     return ["timeout", "-k", str(KILL_AFTER_SECONDS), duration]
 
 
+class _Share:
+    """One caller's part of a node's sessions: at most `size` held at once; `users`: its commands holding or
+    waiting for one (the share is forgotten at 0)."""
+
+    __slots__ = ("slots", "users")
+
+    def __init__(self, size: int) -> None:
+        self.slots = asyncio.Semaphore(size)
+        self.users = 0
+
+
 class SshPool:
     """One authenticated connection per (cluster, node), reused; host keys pinned.
 
@@ -257,7 +270,10 @@ class SshPool:
 
     Each pooled connection has `max_sessions` session slots (`slots`): sshd counts a
     session until its command has ended, so a slot is held until the node is known to
-    have ended the command, or could have at the latest (`release_at`).
+    have ended the command, or could have at the latest (`release_at`). One caller (principal) holds at
+    most 1/CALLER_SHARE of them (`share`): its commands that hang on the node (df on a dead NFS mount), as
+    many at once as there are sessions, would otherwise hold them all until their timeout, and every other
+    principal's command to the node waited for a session and failed `busy`.
     """
 
     def __init__(self, clusters: dict[str, ClusterConfig]) -> None:
@@ -267,6 +283,7 @@ class SshPool:
         self._keys: dict[str, asyncssh.SSHKey] = {}
         self._slots: dict[tuple[str, str], tuple[asyncssh.SSHClientConnection, asyncio.Semaphore]] = {}
         self._held: set[asyncio.TimerHandle] = set()  # slots to free once a command abandoned mid-run has ended
+        self._shares: dict[tuple[str, str, str], _Share] = {}  # (cluster, node, caller)
 
     def _config(self, cluster: str, node: str) -> tuple[SSHConfig, SSHNodeConfig]:
         # a gap in the gateway's configuration, not in the call's arguments (the cluster is a configured one):
@@ -321,16 +338,38 @@ class SshPool:
             self._slots[(cluster, node)] = entry
         return entry[1]
 
+    def share(self, cluster: str, node: str, caller: str, size: int) -> _Share:
+        """`caller`'s part of the node's sessions, for one more command (give it back with `unshare`)."""
+        key = (cluster, node, caller)
+        share = self._shares.get(key) or self._shares.setdefault(key, _Share(size))
+        share.users += 1
+        return share
+
+    def unshare(self, cluster: str, node: str, caller: str, share: _Share, held: bool, when: float | None) -> None:
+        """One command done with its caller's share: its slot (if `held`) freed now or at loop time `when`."""
+
+        def done() -> None:
+            if held:
+                share.slots.release()
+            share.users -= 1
+            if not share.users and self._shares.get((cluster, node, caller)) is share:
+                del self._shares[(cluster, node, caller)]
+
+        self._later(when, done)
+
     def release_at(self, slots: asyncio.Semaphore, when: float | None) -> None:
         """Free one slot now (when=None or past), or at loop time `when`."""
+        self._later(when, slots.release)
+
+    def _later(self, when: float | None, fn: Callable[[], None]) -> None:
         loop = asyncio.get_running_loop()
         if when is None or when <= loop.time():
-            slots.release()
+            fn()
             return
 
         def free() -> None:
             self._held.discard(handle)
-            slots.release()
+            fn()
 
         handle = loop.call_at(when, free)
         self._held.add(handle)
@@ -406,6 +445,7 @@ class SshPool:
             handle.cancel()
         self._held.clear()
         self._slots.clear()
+        self._shares.clear()
         for conn in self._conns.values():
             conn.close()
         for conn in self._conns.values():
@@ -532,10 +572,28 @@ class SshRuntime:
         slots = self.pool.slots(ctx.cluster, node, conn, ssh.max_sessions)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ssh.command_timeout  # waiting for a session counts against the timeout
+        caller = CALLER.get()
+        size = max(1, ssh.max_sessions // CALLER_SHARE)
+        share = None if caller is None else self.pool.share(ctx.cluster, node, caller, size)
+        mine = False  # this command holds one of its caller's slots
         try:
             async with asyncio.timeout_at(deadline):
+                if share is not None:  # the caller's part first: its other commands queue there, not ahead of others
+                    await share.slots.acquire()
+                    mine = True
                 await slots.acquire()  # cancelled or timed out while waiting: nothing acquired, nothing to free
-        except TimeoutError as exc:  # no session, so no command: nothing was sent
+        except BaseException as exc:
+            if share is not None and caller is not None:
+                self.pool.unshare(ctx.cluster, node, caller, share, mine, None)
+            if not isinstance(exc, TimeoutError):
+                raise
+            if share is not None and not mine:  # no session, so no command: nothing was sent
+                raise UpstreamError(
+                    f"command on node {node} not started: this principal's other commands held its share ({size} of "
+                    f"{ssh.max_sessions}) of the node's SSH sessions for {ssh.command_timeout:g}s; retry when one "
+                    "has finished",
+                    "busy",
+                ) from exc
             raise UpstreamError(
                 f"command on node {node} not started: all {ssh.max_sessions} SSH sessions to the node stayed busy "
                 f"for {ssh.command_timeout:g}s (ssh.max_sessions)",
@@ -611,6 +669,8 @@ class SshRuntime:
                 raise ToolError(f"SSH exec on node {node} failed ({type(exc).__name__})") from exc
         finally:
             self.pool.release_at(slots, free_at)
+            if share is not None and caller is not None:
+                self.pool.unshare(ctx.cluster, node, caller, share, True, free_at)
         signal = proc.exit_signal[0] if proc.exit_signal else None
         status = proc.exit_status if proc.exit_status is not None else -1
         # `timeout` stopped it: 124 after TERM; KILL (signal, or 137 from a shell) when TERM was ignored. Only
