@@ -26,6 +26,11 @@ class YamlProblems(ValueError):
         self.problems = problems
 
 
+class TooDeep(YamlProblems):
+    """A document nested deeper than the parser (and the checks) can recurse: not a problem in its
+    content, which could not be read at all."""
+
+
 # libyaml's parser when PyYAML was built with it (the wheels are): ~8x faster than the pure Python
 # one, which matters for the connector catalog read at every start (1 s of the gateway's start-up
 # on the development VM). Both compose the same nodes; the Python one is kept for its error text.
@@ -52,9 +57,7 @@ def load(text: str) -> Any:
         return _load(text, yaml.SafeLoader)
     except RecursionError:
         # the parser (and the checks) recurse once per level: a problem to name, never a traceback
-        raise YamlProblems(
-            ["nested too deeply to read (no setting, connector or policy data needs that depth)"]
-        ) from None
+        raise TooDeep(["nested too deeply to read (no setting, connector or policy data needs that depth)"]) from None
 
 
 def _load(text: str, loader_class: type[yaml.SafeLoader]) -> Any:

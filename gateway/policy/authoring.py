@@ -144,14 +144,14 @@ def check_data(
         # strictly: OPA keeps the last of a key given twice without a word, so a second `roles:`
         # or a binding's second `scope:` would quietly replace the first in the running policy
         doc = yamlread.load(path.read_text())
+    except (yamlread.TooDeep, RecursionError):  # neither a problem in the data nor a traceback: the check cannot run
+        raise AuthoringError(f"cannot read the data file {path}: it is nested too deeply to be read") from None
     except yamlread.YamlProblems as exc:
         report.schema_problems.extend(f"{path}: {problem}" for problem in exc.problems)
         return report
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         report.schema_problems.append(f"cannot read {path}: {exc}")
         return report
-    except RecursionError:  # neither a problem in the data nor a traceback: the check cannot run
-        raise AuthoringError(f"cannot read the data file {path}: it is nested too deeply to be read") from None
     try:
         schema = json.loads((policies / DATA_SCHEMA).read_text())
     except (OSError, ValueError) as exc:
