@@ -74,11 +74,20 @@ async def test_a_replica_paused_holding_the_head_costs_the_others_seconds_not_th
         def __getattr__(self, name: str) -> Any:
             return getattr(self.conn, name)
 
-        async def fetchval(self, sql: str, *args: Any, **kw: Any) -> Any:
-            got = await self.conn.fetchval(sql, *args, **kw)
+        async def _stall(self, sql: str) -> None:
             if "FOR UPDATE" in sql:
                 locked.set()
                 await wake.wait()
+
+        # the head row is locked by one statement that also reads the record last seen (fetchrow)
+        async def fetchval(self, sql: str, *args: Any, **kw: Any) -> Any:
+            got = await self.conn.fetchval(sql, *args, **kw)
+            await self._stall(sql)
+            return got
+
+        async def fetchrow(self, sql: str, *args: Any, **kw: Any) -> Any:
+            got = await self.conn.fetchrow(sql, *args, **kw)
+            await self._stall(sql)
             return got
 
     async def stalled_commit(conn: Any, records: list[Any]) -> Any:
